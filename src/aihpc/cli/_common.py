@@ -1,0 +1,59 @@
+"""What every command shares: one-line errors with exit code 2, JSON output, the console."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from aihpc.spec.errors import SpecError
+
+__all__ = ["console", "err_console", "fail", "guarded", "print_json"]
+
+console = Console()
+err_console = Console(stderr=True)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Print one line on stderr and exit (2 = bad input)."""
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def guarded(func: F) -> F:
+    """Turn SpecError into exit 2 with its one line; never a traceback for user error."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except SpecError as err:
+            fail(str(err))
+        except KeyboardInterrupt:
+            err_console.print("interrupted")
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _clean(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return None if math.isnan(obj) else (obj if math.isfinite(obj) else None)
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def print_json(obj: Any) -> None:
+    """One JSON document on stdout (NaN / inf become null so any parser reads it)."""
+    sys.stdout.write(json.dumps(_clean(obj), indent=2) + "\n")
+    sys.stdout.flush()

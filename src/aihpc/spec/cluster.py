@@ -1,0 +1,139 @@
+"""ClusterSpec: *where* it is trained — GPU part, node size, scale-up and scale-out networks."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from aihpc.spec._table import check_positive, from_table
+from aihpc.spec.calibration import Calibration
+from aihpc.spec.errors import SpecError
+
+__all__ = ["PRECISIONS", "ClusterSpec", "GPUSpec", "cluster_from_table", "gpu_catalog"]
+
+PRECISIONS = ("bf16", "fp16", "fp8")
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One accelerator part. Peaks are dense tensor-core TFLOP/s; bandwidths per direction."""
+
+    bf16_tflops: float
+    hbm_gib: float
+    hbm_bw_GBps: float
+    scale_up_bw_GBps: float
+    scale_up_domain: int
+    scale_out_bw_GBps: float
+    fp16_tflops: float | None = None
+    fp8_tflops: float | None = None
+    fp32_tflops: float | None = None
+    tdp_w: float | None = None
+    power_limit_w: float | None = None  # set when the part runs capped below its TDP
+    gpus_per_node: int = 8
+    id: str = "custom"  # catalog id
+    name: str = "custom"
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for f in ("bf16_tflops", "hbm_gib", "hbm_bw_GBps", "scale_up_bw_GBps", "scale_up_domain",
+                  "scale_out_bw_GBps", "fp16_tflops", "fp8_tflops", "fp32_tflops", "tdp_w",
+                  "power_limit_w", "gpus_per_node"):
+            check_positive(f"cluster.gpu_spec.{f}", getattr(self, f))
+
+    def peak_tflops(self, precision: str) -> float:
+        """Dense peak at ``precision``; refuses to guess for a precision the part lacks."""
+        value = {"bf16": self.bf16_tflops, "fp16": self.fp16_tflops or self.bf16_tflops,
+                 "fp8": self.fp8_tflops}.get(precision)
+        if value is None:
+            have = [p for p in PRECISIONS if p != "fp8" or self.fp8_tflops]
+            raise SpecError("training.precision", precision,
+                            f"GPU {self.id!r} has no {precision} peak; allowed: {', '.join(have)}")
+        return value
+
+
+@cache
+def gpu_catalog() -> dict[str, dict[str, Any]]:
+    """Catalog tables from ``spec/data/gpus.toml`` (each with its source)."""
+    return tomllib.loads(resources.files("aihpc.spec").joinpath("data/gpus.toml").read_text())
+
+
+def gpu_from_id(gpu_id: str) -> GPUSpec:
+    catalog = gpu_catalog()
+    if gpu_id not in catalog:
+        raise SpecError("cluster.gpu", gpu_id, "allowed: " + ", ".join(sorted(catalog)))
+    return from_table(GPUSpec, {"id": gpu_id, **catalog[gpu_id]}, "cluster.gpu_spec")
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """The machine. Overrides of the GPU's network figures describe a particular cluster."""
+
+    gpu: GPUSpec
+    num_gpus: int
+    gpus_per_node: int
+    scale_up_domain: int  # GPUs on one NVLink domain (a node for HGX, a rack for NVL72)
+    scale_up_bw_GBps: float
+    scale_out_bw_GBps: float
+    storage_write_bw_GBps: float | None = None  # aggregate checkpoint write bandwidth of the job
+    storage_read_bw_GBps: float | None = None
+    calibration: Calibration | None = None
+
+    def __post_init__(self) -> None:
+        for f in ("num_gpus", "gpus_per_node", "scale_up_domain", "scale_up_bw_GBps",
+                  "scale_out_bw_GBps", "storage_write_bw_GBps", "storage_read_bw_GBps"):
+            check_positive(f"cluster.{f}", getattr(self, f))
+        if self.scale_up_domain % self.gpus_per_node and self.gpus_per_node % self.scale_up_domain:
+            raise SpecError("cluster.scale_up_domain", self.scale_up_domain,
+                            f"must be a multiple or a divisor of gpus_per_node {self.gpus_per_node}")
+        if self.num_gpus > self.gpus_per_node and self.num_gpus % self.gpus_per_node:
+            raise SpecError("cluster.num_gpus", self.num_gpus,
+                            f"must be a multiple of gpus_per_node {self.gpus_per_node}")
+
+    @property
+    def num_nodes(self) -> int:
+        return max(1, self.num_gpus // self.gpus_per_node)
+
+    @property
+    def nvlink_domain(self) -> int:
+        """GPUs reachable over the scale-up fabric, capped by the job size."""
+        return min(self.scale_up_domain, self.num_gpus)
+
+
+_CLUSTER_KEYS = ("gpu", "gpu_spec", "num_gpus", "gpus_per_node", "scale_up_domain",
+                 "scale_up_bw_GBps", "scale_out_bw_GBps", "storage_write_bw_GBps",
+                 "storage_read_bw_GBps", "calibration")
+
+
+def cluster_from_table(table: dict[str, Any], calibration: Calibration | None = None) -> ClusterSpec:
+    """``[cluster]`` table → ClusterSpec. ``gpu = "id"`` or a ``[cluster.gpu_spec]`` table."""
+    for key, value in table.items():
+        if key not in _CLUSTER_KEYS:
+            raise SpecError(f"cluster.{key}", value,
+                            "unknown field; allowed: " + ", ".join(sorted(_CLUSTER_KEYS)))
+    if "gpu_spec" in table:
+        spec_table = dict(table["gpu_spec"])
+        if "gpu" in table:  # start from a catalog part, override some figures
+            spec_table = {**gpu_catalog().get(table["gpu"], {}), "id": table["gpu"], **spec_table}
+            gpu_from_id(table["gpu"])  # validates the id
+        gpu = from_table(GPUSpec, spec_table, "cluster.gpu_spec")
+    elif "gpu" in table:
+        if not isinstance(table["gpu"], str):
+            raise SpecError("cluster.gpu", table["gpu"], "expected a catalog id string")
+        gpu = gpu_from_id(table["gpu"])
+    else:
+        raise SpecError("cluster.gpu", None, "required: a catalog id (e.g. \"h100-sxm\") "
+                        "or a [cluster.gpu_spec] table")
+    if "num_gpus" not in table:
+        raise SpecError("cluster.num_gpus", None, "required field is missing")
+    fields = {k: v for k, v in table.items() if k not in ("gpu", "gpu_spec", "calibration")}
+    gpn = fields.get("gpus_per_node", gpu.gpus_per_node)
+    fields.setdefault("gpus_per_node", gpn)
+    # An HGX-style part's NVLink domain is its node; a rack-scale part (NVL72) spans nodes.
+    rack_scale = gpu.scale_up_domain > gpu.gpus_per_node
+    fields.setdefault("scale_up_domain", gpu.scale_up_domain if rack_scale else gpn)
+    fields.setdefault("scale_up_bw_GBps", gpu.scale_up_bw_GBps)
+    fields.setdefault("scale_out_bw_GBps", gpu.scale_out_bw_GBps)
+    return from_table(ClusterSpec, fields, "cluster", gpu=gpu, calibration=calibration)

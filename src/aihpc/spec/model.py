@@ -1,0 +1,105 @@
+"""ModelSpec: *what* is trained — a dense or mixture-of-experts decoder-only transformer."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from aihpc.spec._table import check_choice, check_positive, from_table
+from aihpc.spec.errors import SpecError
+
+__all__ = ["FFN_ACTIVATIONS", "ModelSpec", "model_from_table", "model_presets"]
+
+FFN_ACTIVATIONS = ("gelu", "swiglu", "relu2")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Transformer shape. Field names are the run-spec contract (docs RUN_SPEC.md)."""
+
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    ffn_hidden_size: int
+    vocab_size: int
+    seq_length: int
+    num_kv_heads: int | None = None  # None: multi-head attention (= num_attention_heads)
+    ffn_activation: str = "gelu"
+    tied_embeddings: bool = False
+    head_dim: int | None = None  # None: hidden_size / num_attention_heads
+    # Mixture of experts; num_experts = 0 is dense.
+    num_experts: int = 0
+    moe_top_k: int = 0
+    moe_ffn_hidden_size: int | None = None
+    num_shared_experts: int = 0
+    first_dense_layers: int = 0
+    name: str = "custom"
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for f in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
+                  "vocab_size", "seq_length", "num_kv_heads", "head_dim"):
+            check_positive(f"model.{f}", getattr(self, f))
+        check_choice("model.ffn_activation", self.ffn_activation, FFN_ACTIVATIONS)
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise SpecError("model.num_attention_heads", self.num_attention_heads,
+                            f"must divide hidden_size {self.hidden_size} (or set model.head_dim)")
+        if self.num_attention_heads % self.kv_heads:
+            raise SpecError("model.num_kv_heads", self.num_kv_heads,
+                            f"must divide num_attention_heads {self.num_attention_heads}")
+        for f in ("num_experts", "moe_top_k", "num_shared_experts", "first_dense_layers"):
+            check_positive(f"model.{f}", getattr(self, f), allow_zero=True)
+        if self.num_experts:
+            if not 1 <= self.moe_top_k <= self.num_experts:
+                raise SpecError("model.moe_top_k", self.moe_top_k,
+                                f"must be between 1 and num_experts {self.num_experts}")
+            if self.first_dense_layers >= self.num_layers:
+                raise SpecError("model.first_dense_layers", self.first_dense_layers,
+                                f"must be below num_layers {self.num_layers}")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_attention_heads
+
+    @property
+    def kv_channels(self) -> int:
+        """Per-head dimension."""
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.first_dense_layers if self.is_moe else 0
+
+    @property
+    def expert_ffn_hidden_size(self) -> int:
+        return self.moe_ffn_hidden_size or self.ffn_hidden_size
+
+
+@cache
+def model_presets() -> dict[str, dict[str, Any]]:
+    """Preset tables from ``spec/data/models.toml`` (every number there has a source)."""
+    text = resources.files("aihpc.spec").joinpath("data/models.toml").read_text()
+    return tomllib.loads(text)
+
+
+def model_from_table(table: dict[str, Any]) -> ModelSpec:
+    """``[model]`` table → ModelSpec; ``preset = "id"`` starts from a preset, fields override."""
+    table = dict(table)
+    preset = table.pop("preset", None)
+    base: dict[str, Any] = {}
+    if preset is not None:
+        presets = model_presets()
+        if preset not in presets:
+            raise SpecError("model.preset", preset, "allowed: " + ", ".join(sorted(presets)))
+        base = dict(presets[preset])
+        base.setdefault("name", preset)
+        if table:  # an edited preset is no longer the published model
+            base["name"] = f"{preset} (modified)" if "name" not in table else table["name"]
+    return from_table(ModelSpec, {**base, **table}, "model")

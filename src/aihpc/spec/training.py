@@ -1,0 +1,55 @@
+"""TrainingSpec: numerics, optimizer and the trainer's schedule; CheckpointSpec for the runtime."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aihpc.spec._table import check_choice, check_positive
+from aihpc.spec.cluster import PRECISIONS
+
+__all__ = ["OPTIMIZERS", "CheckpointSpec", "TrainingSpec"]
+
+OPTIMIZERS = ("adamw", "adam", "sgd")
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    """``[training]``. The planner reads precision and optimizer; the trainer reads all of it."""
+
+    precision: str = "bf16"  # bf16 | fp16 | fp8 (fp8 GEMMs, bf16 elsewhere)
+    optimizer: str = "adamw"
+    train_steps: int = 100
+    learning_rate: float = 3e-4
+    min_lr_ratio: float = 0.1  # cosine decays to learning_rate * min_lr_ratio
+    warmup_steps: int = 10
+    weight_decay: float = 0.1
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
+    seed: int = 1234
+    log_interval: int = 1
+
+    def __post_init__(self) -> None:
+        check_choice("training.precision", self.precision, PRECISIONS)
+        check_choice("training.optimizer", self.optimizer, OPTIMIZERS)
+        check_positive("training.train_steps", self.train_steps)
+        check_positive("training.learning_rate", self.learning_rate)
+        check_positive("training.warmup_steps", self.warmup_steps, allow_zero=True)
+        check_positive("training.weight_decay", self.weight_decay, allow_zero=True)
+        check_positive("training.grad_clip", self.grad_clip, allow_zero=True)
+        check_positive("training.log_interval", self.log_interval)
+        if not 0 <= self.min_lr_ratio <= 1:
+            check_choice("training.min_lr_ratio", self.min_lr_ratio, ["a number in [0, 1]"])
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """``[checkpoint]``: how the runtime checkpoints (aihpc.resilience)."""
+
+    interval_steps: int = 50
+    keep_last: int = 3
+    async_save: bool = True
+
+    def __post_init__(self) -> None:
+        check_positive("checkpoint.interval_steps", self.interval_steps)
+        check_positive("checkpoint.keep_last", self.keep_last)
