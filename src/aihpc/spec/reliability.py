@@ -1,15 +1,83 @@
 """ReliabilitySpec: ``[reliability]`` — failure rates and recovery costs for the goodput model.
 
-Owned by the goodput work (aihpc.perf.goodput); every default carries its source there.
+Owned by the goodput work (aihpc.perf.goodput); every default carries its source in
+``aihpc/perf/data/reliability.toml``. A field left out (None) takes that default. Example::
+
+    [reliability]
+    checkpoint_strategy = "in_memory"      # sync | async | in_memory
+    failure_rate_scale = 2.0               # twice the published per-component rates
+    failure_rates = { gpu_hbm = 5e-6 }     # one component, failures per unit-hour
+    restart_time_s = 60                    # hot spares + in-process restart
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["ReliabilitySpec"]
+from aihpc.spec._table import check_choice, check_positive
+from aihpc.spec.errors import SpecError
+
+__all__ = ["CHECKPOINT_STRATEGIES", "ReliabilitySpec"]
+
+CHECKPOINT_STRATEGIES = ("sync", "async", "in_memory")
 
 
 @dataclass(frozen=True)
 class ReliabilitySpec:
     """Overrides of the published default failure and recovery figures (none set = defaults)."""
+
+    # How checkpoints are taken. None: "async" when [checkpoint] async_save (the default), else
+    # "sync". in_memory = snapshot to host memory and replicate to a peer node (Gemini, NVRx local
+    # checkpoints); restart reads the peer copy instead of the file system.
+    checkpoint_strategy: str | None = None
+    checkpoint_interval_s: float | None = None  # None: the ETTR-optimal interval
+    # Failure rates. failure_rates overrides single components (names and units as in
+    # perf/data/reliability.toml: failures per GPU-hour or per node-hour); failure_rate_scale
+    # multiplies every unexpected-failure rate; mtbf_s replaces the whole sum.
+    failure_rates: dict[str, Any] | None = None
+    failure_rate_scale: float | None = None
+    mtbf_s: float | None = None
+    planned_interruptions_per_day: float | None = None
+    # Recovery: detection + restart (rescheduling, relaunch, init) + load of the checkpoint.
+    detection_time_s: float | None = None
+    restart_time_s: float | None = None
+    load_time_s: float | None = None  # None: checkpoint bytes / read bandwidth
+    failures_during_recovery: bool = True  # a failure can strike while the job restarts
+    # Checkpoint cost. None: derived from checkpoint bytes and bandwidths.
+    checkpoint_blocking_s: float | None = None  # training paused per save
+    checkpoint_persist_s: float | None = None  # background persist until the save is durable
+    checkpoint_overhead_s: float | None = None  # fixed coordination cost of every save
+    host_copy_bw_GBps: float | None = None  # per-GPU device-to-host staging bandwidth
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_strategy is not None:
+            check_choice(
+                "reliability.checkpoint_strategy", self.checkpoint_strategy, CHECKPOINT_STRATEGIES
+            )
+        for f in ("checkpoint_interval_s", "failure_rate_scale", "mtbf_s", "host_copy_bw_GBps"):
+            _check_finite(f"reliability.{f}", getattr(self, f))
+            check_positive(f"reliability.{f}", getattr(self, f))
+        for f in (
+            "planned_interruptions_per_day",
+            "detection_time_s",
+            "restart_time_s",
+            "load_time_s",
+            "checkpoint_blocking_s",
+            "checkpoint_persist_s",
+            "checkpoint_overhead_s",
+        ):
+            _check_finite(f"reliability.{f}", getattr(self, f))
+            check_positive(f"reliability.{f}", getattr(self, f), allow_zero=True)
+        for name, rate in (self.failure_rates or {}).items():
+            field = f"reliability.failure_rates.{name}"
+            if isinstance(rate, bool) or not isinstance(rate, int | float):
+                raise SpecError(field, rate, "expected a number (failures per unit-hour)")
+            _check_finite(field, rate)
+            check_positive(field, rate, allow_zero=True)
+
+
+def _check_finite(field: str, value: float | None) -> None:
+    if value is not None and not math.isfinite(value):
+        raise SpecError(field, value, "must be a finite number")
