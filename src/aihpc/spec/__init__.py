@@ -13,8 +13,22 @@ from aihpc.spec.runspec import RunSpec, load_runspec, runspec_from_dict
 from aihpc.spec.training import CheckpointSpec, TrainingSpec
 
 __all__ = [
-    "Calibration", "CheckpointSpec", "ClusterSpec", "GPUSpec", "ModelSpec", "ParallelPlan",
-    "PartialPlan", "ReliabilitySpec", "RunSpec", "SpecError", "TrainingSpec", "gpu_catalog",
-    "load_calibration", "load_runspec", "model_presets", "plan_problem", "runspec_from_dict",
+    "Calibration",
+    "CheckpointSpec",
+    "ClusterSpec",
+    "GPUSpec",
+    "ModelSpec",
+    "ParallelPlan",
+    "PartialPlan",
+    "ReliabilitySpec",
+    "RunSpec",
+    "SpecError",
+    "TrainingSpec",
+    "gpu_catalog",
+    "load_calibration",
+    "load_runspec",
+    "model_presets",
+    "plan_problem",
+    "runspec_from_dict",
     "validate_plan",
 ]

@@ -37,7 +37,12 @@ def _coerce(value: Any, tp: Any, field: str) -> Any:
     allowed = _allowed_types(tp)
     if isinstance(value, bool) and bool not in allowed:
         raise SpecError(field, value, f"expected {_type_name(allowed)}")
-    if isinstance(value, int) and not isinstance(value, bool) and float in allowed and int not in allowed:
+    if (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and float in allowed
+        and int not in allowed
+    ):
         return float(value)
     if dict in allowed and isinstance(value, dict):
         return value
@@ -47,8 +52,15 @@ def _coerce(value: Any, tp: Any, field: str) -> Any:
 
 
 def _type_name(allowed: tuple[type, ...]) -> str:
-    names = {bool: "true/false", int: "an integer", float: "a number", str: "a string",
-             dict: "a table", list: "a list", type(None): "nothing"}
+    names = {
+        bool: "true/false",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        dict: "a table",
+        list: "a list",
+        type(None): "nothing",
+    }
     return " or ".join(names.get(t, t.__name__) for t in allowed if t is not type(None))
 
 
@@ -66,8 +78,10 @@ def from_table(cls: type[T], table: dict[str, Any], where: str, **extra: Any) ->
         return cls(**kwargs)
     except TypeError as err:  # a required field is missing
         missing = [
-            name for name, f in fields.items()
-            if name not in kwargs and f.default is dataclasses.MISSING
+            name
+            for name, f in fields.items()
+            if name not in kwargs
+            and f.default is dataclasses.MISSING
             and f.default_factory is dataclasses.MISSING
         ]
         if missing:

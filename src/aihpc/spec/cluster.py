@@ -32,26 +32,61 @@ class GPUSpec:
     fp32_tflops: float | None = None
     tdp_w: float | None = None
     power_limit_w: float | None = None  # set when the part runs capped below its TDP
+    gemm_efficiency: float | None = None  # sustained fraction of peak on large GEMMs
+    gemm_efficiency_fp8: float | None = None
     gpus_per_node: int = 8
     id: str = "custom"  # catalog id
     name: str = "custom"
     source: str = ""
 
     def __post_init__(self) -> None:
-        for f in ("bf16_tflops", "hbm_gib", "hbm_bw_GBps", "scale_up_bw_GBps", "scale_up_domain",
-                  "scale_out_bw_GBps", "fp16_tflops", "fp8_tflops", "fp32_tflops", "tdp_w",
-                  "power_limit_w", "gpus_per_node"):
+        for f in (
+            "bf16_tflops",
+            "hbm_gib",
+            "hbm_bw_GBps",
+            "scale_up_bw_GBps",
+            "scale_up_domain",
+            "scale_out_bw_GBps",
+            "fp16_tflops",
+            "fp8_tflops",
+            "fp32_tflops",
+            "tdp_w",
+            "power_limit_w",
+            "gpus_per_node",
+        ):
             check_positive(f"cluster.gpu_spec.{f}", getattr(self, f))
 
     def peak_tflops(self, precision: str) -> float:
         """Dense peak at ``precision``; refuses to guess for a precision the part lacks."""
-        value = {"bf16": self.bf16_tflops, "fp16": self.fp16_tflops or self.bf16_tflops,
-                 "fp8": self.fp8_tflops}.get(precision)
+        value = {
+            "bf16": self.bf16_tflops,
+            "fp16": self.fp16_tflops or self.bf16_tflops,
+            "fp8": self.fp8_tflops,
+        }.get(precision)
         if value is None:
             have = [p for p in PRECISIONS if p != "fp8" or self.fp8_tflops]
-            raise SpecError("training.precision", precision,
-                            f"GPU {self.id!r} has no {precision} peak; allowed: {', '.join(have)}")
+            raise SpecError(
+                "training.precision",
+                precision,
+                f"GPU {self.id!r} has no {precision} peak; allowed: {', '.join(have)}",
+            )
         return value
+
+    def sustained_peak_tflops(self, precision: str) -> float:
+        """Peak at the clock the part sustains under its power limit (what kernels can reach)."""
+        return self.peak_tflops(precision) * self.clock_ratio
+
+    @property
+    def clock_ratio(self) -> float:
+        """Sustained clock under a power cap relative to the TDP clock: (limit / tdp)^(1/3)."""
+        if self.power_limit_w and self.tdp_w and self.power_limit_w < self.tdp_w:
+            return (self.power_limit_w / self.tdp_w) ** (1 / 3)
+        return 1.0
+
+    def large_gemm_efficiency(self, precision: str) -> float | None:
+        if precision == "fp8":
+            return self.gemm_efficiency_fp8 or self.gemm_efficiency
+        return self.gemm_efficiency
 
 
 @cache
@@ -82,15 +117,28 @@ class ClusterSpec:
     calibration: Calibration | None = None
 
     def __post_init__(self) -> None:
-        for f in ("num_gpus", "gpus_per_node", "scale_up_domain", "scale_up_bw_GBps",
-                  "scale_out_bw_GBps", "storage_write_bw_GBps", "storage_read_bw_GBps"):
+        for f in (
+            "num_gpus",
+            "gpus_per_node",
+            "scale_up_domain",
+            "scale_up_bw_GBps",
+            "scale_out_bw_GBps",
+            "storage_write_bw_GBps",
+            "storage_read_bw_GBps",
+        ):
             check_positive(f"cluster.{f}", getattr(self, f))
         if self.scale_up_domain % self.gpus_per_node and self.gpus_per_node % self.scale_up_domain:
-            raise SpecError("cluster.scale_up_domain", self.scale_up_domain,
-                            f"must be a multiple or a divisor of gpus_per_node {self.gpus_per_node}")
+            raise SpecError(
+                "cluster.scale_up_domain",
+                self.scale_up_domain,
+                f"must be a multiple or a divisor of gpus_per_node {self.gpus_per_node}",
+            )
         if self.num_gpus > self.gpus_per_node and self.num_gpus % self.gpus_per_node:
-            raise SpecError("cluster.num_gpus", self.num_gpus,
-                            f"must be a multiple of gpus_per_node {self.gpus_per_node}")
+            raise SpecError(
+                "cluster.num_gpus",
+                self.num_gpus,
+                f"must be a multiple of gpus_per_node {self.gpus_per_node}",
+            )
 
     @property
     def num_nodes(self) -> int:
@@ -102,17 +150,31 @@ class ClusterSpec:
         return min(self.scale_up_domain, self.num_gpus)
 
 
-_CLUSTER_KEYS = ("gpu", "gpu_spec", "num_gpus", "gpus_per_node", "scale_up_domain",
-                 "scale_up_bw_GBps", "scale_out_bw_GBps", "storage_write_bw_GBps",
-                 "storage_read_bw_GBps", "calibration")
+_CLUSTER_KEYS = (
+    "gpu",
+    "gpu_spec",
+    "num_gpus",
+    "gpus_per_node",
+    "scale_up_domain",
+    "scale_up_bw_GBps",
+    "scale_out_bw_GBps",
+    "storage_write_bw_GBps",
+    "storage_read_bw_GBps",
+    "calibration",
+)
 
 
-def cluster_from_table(table: dict[str, Any], calibration: Calibration | None = None) -> ClusterSpec:
+def cluster_from_table(
+    table: dict[str, Any], calibration: Calibration | None = None
+) -> ClusterSpec:
     """``[cluster]`` table → ClusterSpec. ``gpu = "id"`` or a ``[cluster.gpu_spec]`` table."""
     for key, value in table.items():
         if key not in _CLUSTER_KEYS:
-            raise SpecError(f"cluster.{key}", value,
-                            "unknown field; allowed: " + ", ".join(sorted(_CLUSTER_KEYS)))
+            raise SpecError(
+                f"cluster.{key}",
+                value,
+                "unknown field; allowed: " + ", ".join(sorted(_CLUSTER_KEYS)),
+            )
     if "gpu_spec" in table:
         spec_table = dict(table["gpu_spec"])
         if "gpu" in table:  # start from a catalog part, override some figures
@@ -124,8 +186,11 @@ def cluster_from_table(table: dict[str, Any], calibration: Calibration | None = 
             raise SpecError("cluster.gpu", table["gpu"], "expected a catalog id string")
         gpu = gpu_from_id(table["gpu"])
     else:
-        raise SpecError("cluster.gpu", None, "required: a catalog id (e.g. \"h100-sxm\") "
-                        "or a [cluster.gpu_spec] table")
+        raise SpecError(
+            "cluster.gpu",
+            None,
+            'required: a catalog id (e.g. "h100-sxm") or a [cluster.gpu_spec] table',
+        )
     if "num_gpus" not in table:
         raise SpecError("cluster.num_gpus", None, "required field is missing")
     fields = {k: v for k, v in table.items() if k not in ("gpu", "gpu_spec", "calibration")}

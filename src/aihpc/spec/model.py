@@ -40,25 +40,45 @@ class ModelSpec:
     source: str = ""
 
     def __post_init__(self) -> None:
-        for f in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
-                  "vocab_size", "seq_length", "num_kv_heads", "head_dim"):
+        for f in (
+            "num_layers",
+            "hidden_size",
+            "num_attention_heads",
+            "ffn_hidden_size",
+            "vocab_size",
+            "seq_length",
+            "num_kv_heads",
+            "head_dim",
+        ):
             check_positive(f"model.{f}", getattr(self, f))
         check_choice("model.ffn_activation", self.ffn_activation, FFN_ACTIVATIONS)
         if self.head_dim is None and self.hidden_size % self.num_attention_heads:
-            raise SpecError("model.num_attention_heads", self.num_attention_heads,
-                            f"must divide hidden_size {self.hidden_size} (or set model.head_dim)")
+            raise SpecError(
+                "model.num_attention_heads",
+                self.num_attention_heads,
+                f"must divide hidden_size {self.hidden_size} (or set model.head_dim)",
+            )
         if self.num_attention_heads % self.kv_heads:
-            raise SpecError("model.num_kv_heads", self.num_kv_heads,
-                            f"must divide num_attention_heads {self.num_attention_heads}")
+            raise SpecError(
+                "model.num_kv_heads",
+                self.num_kv_heads,
+                f"must divide num_attention_heads {self.num_attention_heads}",
+            )
         for f in ("num_experts", "moe_top_k", "num_shared_experts", "first_dense_layers"):
             check_positive(f"model.{f}", getattr(self, f), allow_zero=True)
         if self.num_experts:
             if not 1 <= self.moe_top_k <= self.num_experts:
-                raise SpecError("model.moe_top_k", self.moe_top_k,
-                                f"must be between 1 and num_experts {self.num_experts}")
+                raise SpecError(
+                    "model.moe_top_k",
+                    self.moe_top_k,
+                    f"must be between 1 and num_experts {self.num_experts}",
+                )
             if self.first_dense_layers >= self.num_layers:
-                raise SpecError("model.first_dense_layers", self.first_dense_layers,
-                                f"must be below num_layers {self.num_layers}")
+                raise SpecError(
+                    "model.first_dense_layers",
+                    self.first_dense_layers,
+                    f"must be below num_layers {self.num_layers}",
+                )
 
     @property
     def kv_heads(self) -> int:
@@ -101,5 +121,5 @@ def model_from_table(table: dict[str, Any]) -> ModelSpec:
         base = dict(presets[preset])
         base.setdefault("name", preset)
         if table:  # an edited preset is no longer the published model
-            base["name"] = f"{preset} (modified)" if "name" not in table else table["name"]
+            base["name"] = table.get("name", f"{preset} (modified)")
     return from_table(ModelSpec, {**base, **table}, "model")

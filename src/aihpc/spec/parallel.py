@@ -10,8 +10,14 @@ from aihpc.spec.cluster import ClusterSpec
 from aihpc.spec.errors import SpecError
 from aihpc.spec.model import ModelSpec
 
-__all__ = ["RECOMPUTE", "ZERO_STAGES", "ParallelPlan", "PartialPlan", "resolve_plan",
-           "validate_plan"]
+__all__ = [
+    "RECOMPUTE",
+    "ZERO_STAGES",
+    "ParallelPlan",
+    "PartialPlan",
+    "resolve_plan",
+    "validate_plan",
+]
 
 RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -42,7 +48,9 @@ class PartialPlan:
             check_choice("parallel.recompute", self.recompute, RECOMPUTE)
 
     def given(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        return {
+            f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None
+        }
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,11 @@ class ParallelPlan:
     def num_gpus(self) -> int:
         return self.model_parallel * self.dp
 
+    def layers_per_stage(self, num_layers: int) -> int:
+        """Layers on the most loaded pipeline rank: stages may be uneven (torchtitan splits 126
+        layers over 8 stages), so the busiest holds ceil(L / (pp*vpp)) per virtual stage."""
+        return -(-num_layers // (self.pp * self.vpp)) * self.vpp
+
     @property
     def num_microbatches(self) -> int:
         """Micro-batches per optimizer step per pipeline (gradient-accumulation steps)."""
@@ -84,18 +97,29 @@ def resolve_plan(partial: PartialPlan, cluster: ClusterSpec) -> ParallelPlan:
     tp, pp, cp = g.get("tp", 1), g.get("pp", 1), g.get("cp", 1)
     mp = tp * pp * cp
     if "dp" not in g and cluster.num_gpus % mp:
-        raise SpecError("parallel", f"tp*pp*cp = {mp}",
-                        f"must divide cluster.num_gpus {cluster.num_gpus}")
+        raise SpecError(
+            "parallel", f"tp*pp*cp = {mp}", f"must divide cluster.num_gpus {cluster.num_gpus}"
+        )
     dp = g.get("dp", cluster.num_gpus // mp)
     mbs = g.get("micro_batch_size", 1)
     if "global_batch_size" not in g:
-        raise SpecError("parallel.global_batch_size", None,
-                        "required: sequences per optimizer step (a multiple of dp x micro_batch_size)")
+        raise SpecError(
+            "parallel.global_batch_size",
+            None,
+            "required: sequences per optimizer step (a multiple of dp x micro_batch_size)",
+        )
     plan = ParallelPlan(
-        tp=tp, pp=pp, vpp=g.get("vpp", 1), cp=cp, dp=dp, ep=g.get("ep", 1),
+        tp=tp,
+        pp=pp,
+        vpp=g.get("vpp", 1),
+        cp=cp,
+        dp=dp,
+        ep=g.get("ep", 1),
         sequence_parallel=g.get("sequence_parallel", tp > 1),
-        zero_stage=g.get("zero_stage", 1), recompute=g.get("recompute", "none"),
-        micro_batch_size=mbs, global_batch_size=g["global_batch_size"],
+        zero_stage=g.get("zero_stage", 1),
+        recompute=g.get("recompute", "none"),
+        micro_batch_size=mbs,
+        global_batch_size=g["global_batch_size"],
     )
     return plan
 
@@ -105,29 +129,49 @@ def plan_problem(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> 
     torchtitan and NeMo enforce at start-up (the search uses the same function)."""
     p = plan
     if p.num_gpus != cluster.num_gpus:
-        return SpecError("parallel.dp", p.dp, f"tp*pp*cp*dp = {p.num_gpus} must equal "
-                         f"cluster.num_gpus {cluster.num_gpus}")
+        return SpecError(
+            "parallel.dp",
+            p.dp,
+            f"tp*pp*cp*dp = {p.num_gpus} must equal cluster.num_gpus {cluster.num_gpus}",
+        )
     if model.num_attention_heads % p.tp:
-        return SpecError("parallel.tp", p.tp,
-                         f"must divide num_attention_heads {model.num_attention_heads}")
+        return SpecError(
+            "parallel.tp", p.tp, f"must divide num_attention_heads {model.num_attention_heads}"
+        )
     if model.kv_heads % p.tp and p.tp % model.kv_heads:
-        return SpecError("parallel.tp", p.tp, f"must divide num_kv_heads {model.kv_heads} "
-                         "(or be a multiple of it, replicating KV heads)")
+        return SpecError(
+            "parallel.tp",
+            p.tp,
+            f"must divide num_kv_heads {model.kv_heads} "
+            "(or be a multiple of it, replicating KV heads)",
+        )
     if model.ffn_hidden_size % p.tp:
-        return SpecError("parallel.tp", p.tp, f"must divide ffn_hidden_size {model.ffn_hidden_size}")
+        return SpecError(
+            "parallel.tp", p.tp, f"must divide ffn_hidden_size {model.ffn_hidden_size}"
+        )
     if p.sequence_parallel and p.tp == 1:
         return SpecError("parallel.sequence_parallel", True, "needs tp > 1")
-    if model.num_layers % (p.pp * p.vpp):
-        return SpecError("parallel.pp", p.pp, f"pp*vpp = {p.pp * p.vpp} must divide "
-                         f"num_layers {model.num_layers}")
+    if p.pp * p.vpp > model.num_layers:
+        return SpecError(
+            "parallel.pp",
+            p.pp,
+            f"pp*vpp = {p.pp * p.vpp} must not exceed num_layers {model.num_layers}",
+        )
     if p.vpp > 1 and p.pp == 1:
         return SpecError("parallel.vpp", p.vpp, "interleaving needs pp > 1")
     if model.seq_length % (2 * p.cp) and p.cp > 1:
-        return SpecError("parallel.cp", p.cp, f"2*cp must divide seq_length {model.seq_length} "
-                         "(load-balanced causal context parallel)")
+        return SpecError(
+            "parallel.cp",
+            p.cp,
+            f"2*cp must divide seq_length {model.seq_length} "
+            "(load-balanced causal context parallel)",
+        )
     if p.sequence_parallel and (model.seq_length // p.cp) % p.tp:
-        return SpecError("parallel.tp", p.tp, "must divide the per-CP-rank sequence length "
-                         "with sequence_parallel")
+        return SpecError(
+            "parallel.tp",
+            p.tp,
+            "must divide the per-CP-rank sequence length with sequence_parallel",
+        )
     if p.ep > 1 and not model.is_moe:
         return SpecError("parallel.ep", p.ep, "expert parallel needs a mixture-of-experts model")
     if model.is_moe and model.num_experts % p.ep:
@@ -135,11 +179,18 @@ def plan_problem(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> 
     if p.ep > 1 and (p.dp * p.cp) % p.ep:
         return SpecError("parallel.ep", p.ep, f"must divide dp*cp = {p.dp * p.cp}")
     if p.global_batch_size % (p.dp * p.micro_batch_size):
-        return SpecError("parallel.global_batch_size", p.global_batch_size,
-                         f"must be a multiple of dp x micro_batch_size = {p.dp * p.micro_batch_size}")
+        return SpecError(
+            "parallel.global_batch_size",
+            p.global_batch_size,
+            f"must be a multiple of dp x micro_batch_size = {p.dp * p.micro_batch_size}",
+        )
     if p.vpp > 1 and p.num_microbatches % p.pp:
-        return SpecError("parallel.vpp", p.vpp, f"interleaved 1F1B needs the micro-batch count "
-                         f"{p.num_microbatches} to be a multiple of pp {p.pp}")
+        return SpecError(
+            "parallel.vpp",
+            p.vpp,
+            f"interleaved 1F1B needs the micro-batch count "
+            f"{p.num_microbatches} to be a multiple of pp {p.pp}",
+        )
     return None
 
 

@@ -46,13 +46,18 @@ def _table(data: dict[str, Any], key: str) -> dict[str, Any]:
     return value
 
 
-def runspec_from_dict(data: dict[str, Any], base_dir: Path | None = None, path: str = "") -> RunSpec:
+def runspec_from_dict(
+    data: dict[str, Any], base_dir: Path | None = None, path: str = ""
+) -> RunSpec:
     for key, value in data.items():
         if key not in SECTIONS:
-            raise SpecError(key, value if not isinstance(value, dict) else "[table]",
-                            "unknown section; allowed: " + ", ".join(SECTIONS))
+            raise SpecError(
+                key,
+                value if not isinstance(value, dict) else "[table]",
+                "unknown section; allowed: " + ", ".join(SECTIONS),
+            )
     if "model" not in data:
-        raise SpecError("model", None, "required: a [model] table (preset = \"...\" or the shape)")
+        raise SpecError("model", None, 'required: a [model] table (preset = "..." or the shape)')
     if "cluster" not in data:
         raise SpecError("cluster", None, "required: a [cluster] table (gpu, num_gpus)")
     cluster_table = _table(data, "cluster")

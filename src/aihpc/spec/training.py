@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from aihpc.spec._table import check_choice, check_positive
 from aihpc.spec.cluster import PRECISIONS
 
-__all__ = ["OPTIMIZERS", "CheckpointSpec", "TrainingSpec"]
+__all__ = ["ATTENTION", "OPTIMIZERS", "CheckpointSpec", "TrainingSpec"]
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
+ATTENTION = ("flash", "unfused")
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,10 @@ class TrainingSpec:
 
     precision: str = "bf16"  # bf16 | fp16 | fp8 (fp8 GEMMs, bf16 elsewhere)
     optimizer: str = "adamw"
+    # flash: fused attention that never stores the s x s scores (FlashAttention, cuDNN);
+    # unfused: scores, softmax and dropout materialised (Megatron-LM before 2023).
+    attention: str = "flash"
+    dropout: float = 0.0  # hidden/attention dropout probability (GPT-3-era runs used 0.1)
     train_steps: int = 100
     learning_rate: float = 3e-4
     min_lr_ratio: float = 0.1  # cosine decays to learning_rate * min_lr_ratio
@@ -32,6 +37,9 @@ class TrainingSpec:
     def __post_init__(self) -> None:
         check_choice("training.precision", self.precision, PRECISIONS)
         check_choice("training.optimizer", self.optimizer, OPTIMIZERS)
+        check_choice("training.attention", self.attention, ATTENTION)
+        if not 0 <= self.dropout < 1:
+            check_choice("training.dropout", self.dropout, ["a number in [0, 1)"])
         check_positive("training.train_steps", self.train_steps)
         check_positive("training.learning_rate", self.learning_rate)
         check_positive("training.warmup_steps", self.warmup_steps, allow_zero=True)

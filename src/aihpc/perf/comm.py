@@ -1,0 +1,127 @@
+"""Collective cost model: hierarchical (scale-up domain, then scale-out), latency + bandwidth with
+nccl-tests' bus-bandwidth factors (nccl-tests doc/PERFORMANCE.md).
+
+Sizes are the whole-buffer size S of nccl-tests: the all-reduce buffer, the all-gather *output*,
+the reduce-scatter *input*. ``time = steps x latency + S x factor(n) / busbw`` where busbw is the
+link bandwidth times a named efficiency, or the measured busbw of a calibration file.
+
+Rank placement follows Megatron-LM's order (tp innermost, then cp, then dp, then pp): a group of
+``n`` ranks with ``stride`` between members keeps ``k = domain // stride`` members inside one
+scale-up domain; when 1 < k < n the collective runs in two tiers (NCCL's NVLS/tree and
+hierarchical algorithms do the same): inside the domain over NVLink on S, across domains over the
+NICs on S / k, every GPU driving its own NIC (rail-optimised fabric).
+"""
+
+from __future__ import annotations
+
+import math
+
+from aihpc.perf.params import ModelParams
+from aihpc.spec.calibration import Calibration
+from aihpc.spec.cluster import ClusterSpec
+
+__all__ = ["BUSBW_FACTORS", "busbw_factor", "collective_time_s", "group_tiers", "p2p_time_s"]
+
+BUSBW_FACTORS = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "send_recv": lambda n: 1.0,
+}
+
+
+def busbw_factor(collective: str, n: int) -> float:
+    """nccl-tests: busbw = algbw x factor (all-reduce 2(n-1)/n; gather/scatter/all-to-all
+    (n-1)/n; broadcast, reduce, send/recv 1)."""
+    return BUSBW_FACTORS[collective](n)
+
+
+def group_tiers(cluster: ClusterSpec, n: int, stride: int) -> tuple[int, int]:
+    """(members per scale-up domain, number of domains spanned) for a group of n ranks."""
+    domain = cluster.nvlink_domain
+    k = min(n, domain // stride) if stride < domain else 1
+    k = max(1, k)
+    return k, math.ceil(n / k)
+
+
+def _tier_time_s(
+    cluster: ClusterSpec,
+    collective: str,
+    size_bytes: float,
+    n: int,
+    tier: str,
+    params: ModelParams,
+    calibration: Calibration | None,
+) -> float:
+    if n <= 1 or size_bytes <= 0:
+        return 0.0
+    factor = busbw_factor(collective, n)
+    fit = calibration.comm_fit(collective, tier) if calibration is not None else None
+    if fit is not None:
+        r = fit.regime(size_bytes)
+        return r.latency_us * 1e-6 + size_bytes * factor / (r.busbw_GBps * 1e9)
+    if tier == "scale_up":
+        bw = cluster.scale_up_bw_GBps * params.scale_up_efficiency
+        latency = params.scale_up_latency_s
+    else:
+        bw = cluster.scale_out_bw_GBps * params.scale_out_efficiency
+        latency = params.scale_out_latency_s
+    # Latency: pipelined ring / tree steps grow with log2(n); an all-reduce is two passes.
+    steps = math.ceil(math.log2(n)) * (2 if collective == "all_reduce" else 1)
+    return steps * latency + size_bytes * factor / (bw * 1e9)
+
+
+def collective_time_s(
+    cluster: ClusterSpec,
+    collective: str,
+    size_bytes: float,
+    n: int,
+    stride: int = 1,
+    params: ModelParams | None = None,
+    calibration: Calibration | None = None,
+) -> float:
+    """Time of one collective of whole-buffer ``size_bytes`` over ``n`` ranks ``stride`` apart."""
+    from aihpc.perf.params import DEFAULT_PARAMS
+
+    params = params or DEFAULT_PARAMS
+    calibration = calibration if calibration is not None else cluster.calibration
+    if n <= 1:
+        return 0.0
+    k, domains = group_tiers(cluster, n, stride)
+    if domains == 1:
+        return _tier_time_s(cluster, collective, size_bytes, n, "scale_up", params, calibration)
+    if k == 1:
+        return _tier_time_s(cluster, collective, size_bytes, n, "scale_out", params, calibration)
+    up = _tier_time_s(
+        cluster,
+        "reduce_scatter" if collective != "all_gather" else "all_gather",
+        size_bytes,
+        k,
+        "scale_up",
+        params,
+        calibration,
+    )
+    out = _tier_time_s(
+        cluster, collective, size_bytes / k, domains, "scale_out", params, calibration
+    )
+    if collective == "all_reduce":  # reduce-scatter in, all-reduce across, all-gather out
+        up *= 2
+    return up + out
+
+
+def p2p_time_s(
+    cluster: ClusterSpec,
+    size_bytes: float,
+    cross_domain: bool,
+    params: ModelParams | None = None,
+    calibration: Calibration | None = None,
+) -> float:
+    """One point-to-point transfer (pipeline stages)."""
+    from aihpc.perf.params import DEFAULT_PARAMS
+
+    params = params or DEFAULT_PARAMS
+    calibration = calibration if calibration is not None else cluster.calibration
+    tier = "scale_out" if cross_domain else "scale_up"
+    return _tier_time_s(cluster, "send_recv", size_bytes, 2, tier, params, calibration)

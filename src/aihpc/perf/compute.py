@@ -1,0 +1,174 @@
+"""Kernel times: GEMMs and attention on a roofline with size-dependent efficiency, element-wise
+work at HBM bandwidth. All times are for one GPU, in seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aihpc.perf.params import ModelParams
+from aihpc.spec.calibration import Calibration
+from aihpc.spec.cluster import GPUSpec
+from aihpc.spec.model import ModelSpec
+from aihpc.spec.parallel import ParallelPlan
+from aihpc.spec.training import TrainingSpec
+
+__all__ = ["LayerTimes", "gemm_time_s", "layer_times", "logits_time_s", "optimizer_time_s"]
+
+
+def gemm_efficiency(
+    gpu: GPUSpec, precision: str, gflop: float, params: ModelParams, calibration: Calibration | None
+) -> float:
+    """Achieved fraction of the dense peak for one GEMM of ``gflop`` GFLOP."""
+    peak = gpu.sustained_peak_tflops(precision)
+    if calibration is not None and precision in calibration.gemm:
+        return calibration.gemm[precision].achieved_tflops(gflop) / peak
+    large = gpu.large_gemm_efficiency(precision) or params.gemm_efficiency
+    return large * gflop / (gflop + params.gemm_half_efficiency_gflop)
+
+
+def gemm_time_s(
+    m: float,
+    n: float,
+    k: float,
+    gpu: GPUSpec,
+    precision: str,
+    params: ModelParams,
+    calibration: Calibration | None = None,
+) -> float:
+    """One (m x k) @ (k x n) GEMM: the slower of compute and memory traffic, plus launch cost."""
+    flops = 2.0 * m * n * k
+    eff = gemm_efficiency(gpu, precision, flops / 1e9, params, calibration)
+    compute = flops / (gpu.sustained_peak_tflops(precision) * 1e12 * eff)
+    elem = 1.0 if precision == "fp8" else 2.0
+    traffic = (m * k + k * n) * elem + m * n * 2.0
+    memory = traffic / (gpu.hbm_bw_GBps * 1e9 * params.hbm_efficiency)
+    return max(compute, memory) + params.kernel_overhead_s
+
+
+def stream_time_s(num_bytes: float, gpu: GPUSpec, params: ModelParams, kernels: int = 1) -> float:
+    """Memory-bound element-wise work moving ``num_bytes`` through HBM."""
+    return (
+        num_bytes / (gpu.hbm_bw_GBps * 1e9 * params.hbm_efficiency)
+        + kernels * params.kernel_overhead_s
+    )
+
+
+@dataclass(frozen=True)
+class LayerTimes:
+    """Compute time of one transformer layer for one micro-batch on one GPU, seconds."""
+
+    fwd_gemm: float
+    fwd_attn: float
+    fwd_elementwise: float
+    bwd_gemm: float
+    bwd_attn: float
+    bwd_elementwise: float
+
+    @property
+    def fwd(self) -> float:
+        return self.fwd_gemm + self.fwd_attn + self.fwd_elementwise
+
+    @property
+    def bwd(self) -> float:
+        return self.bwd_gemm + self.bwd_attn + self.bwd_elementwise
+
+    @property
+    def attn_core_fwd(self) -> float:
+        return self.fwd_attn
+
+
+def layer_times(
+    model: ModelSpec,
+    gpu: GPUSpec,
+    plan: ParallelPlan,
+    training: TrainingSpec,
+    params: ModelParams,
+    calibration: Calibration | None = None,
+    moe: bool = False,
+) -> LayerTimes:
+    t, cp = plan.tp, plan.cp
+    s = model.seq_length
+    tokens = plan.micro_batch_size * s / cp  # rows of every GEMM on this GPU
+    h, d = model.hidden_size, model.kv_channels
+    hq, hkv = model.num_attention_heads * d, model.kv_heads * d
+    ffn = model.expert_ffn_hidden_size if moe else model.ffn_hidden_size
+    f_in = 2 * ffn if model.ffn_activation == "swiglu" else ffn
+    prec = training.precision
+
+    def gemm(m: float, n: float, k: float) -> float:
+        return gemm_time_s(m, n, k, gpu, prec, params, calibration)
+
+    experts = (model.moe_top_k + model.num_shared_experts) if moe else 1
+    fwd_gemm = gemm(tokens, (hq + 2 * hkv) / t, h) + gemm(tokens, h, hq / t)
+    # Routed experts: each token passes top_k expert MLPs (balanced routing assumed).
+    fwd_gemm += experts * (gemm(tokens, f_in / t, h) + gemm(tokens, h, ffn / t))
+    # Backward: gradient w.r.t. inputs and w.r.t. weights, each the size of the forward GEMM.
+    bwd_gemm = 2 * fwd_gemm
+
+    heads = model.num_attention_heads / t
+    if training.attention == "flash":
+        # Causal FlashAttention skips the masked half; the backward recomputes the scores (5
+        # matmuls vs 2: 2.5x the forward FLOPs). Under load-balanced CP each rank does 1/cp.
+        flops = 4 * tokens * s * heads * d * 0.5
+        peak = gpu.sustained_peak_tflops("bf16") * 1e12 * params.flash_attention_efficiency
+        fwd_attn = flops / peak + params.kernel_overhead_s
+        bwd_attn = 2.5 * flops / peak + params.kernel_overhead_s
+        attn_stream_fwd = 0.0
+    else:
+        # Unfused: two batched GEMMs over the full s x s square per head, plus the softmax
+        # (and dropout) reading and writing the scores.
+        seqs = tokens / s
+        bmm = (
+            seqs
+            * heads
+            * (
+                gemm_time_s(s, s, d, gpu, "bf16", params, calibration)
+                + gemm_time_s(s, d, s, gpu, "bf16", params, calibration)
+            )
+        )
+        fwd_attn = bmm
+        bwd_attn = 2 * bmm
+        drop = training.dropout > 0
+        attn_stream_fwd = tokens * heads * s * (2 + 2 + (5 if drop else 0))
+
+    # Element-wise traffic per token, forward (bytes): two norms (read+write 2h each), two
+    # residual adds fused with bias/dropout (read 4h, write 2h each), activation function
+    # (read f_in, write ffn), 16-bit. The backward moves about twice as much.
+    sp = t if plan.sequence_parallel else 1
+    per_token = (8 * h + 12 * h) / sp + 2 * (f_in + ffn) / t
+    if prec == "fp8":  # casting each GEMM's activation input to FP8 (read 2 B, write 1 B)
+        per_token += 3 * (h + hq / t + h + ffn / t)
+    # The attention core (score GEMMs plus, when unfused, the softmax/dropout traffic) is what
+    # selective recompute re-runs, so it is kept in fwd_attn.
+    softmax = stream_time_s(attn_stream_fwd, gpu, params, kernels=2) if attn_stream_fwd else 0.0
+    fwd_stream = stream_time_s(tokens * per_token, gpu, params, kernels=6)
+    bwd_stream = stream_time_s(2 * tokens * per_token, gpu, params, kernels=10)
+    return LayerTimes(
+        fwd_gemm, fwd_attn + softmax, fwd_stream, bwd_gemm, bwd_attn + 2 * softmax, bwd_stream
+    )
+
+
+def logits_time_s(
+    model: ModelSpec,
+    gpu: GPUSpec,
+    plan: ParallelPlan,
+    training: TrainingSpec,
+    params: ModelParams,
+    calibration: Calibration | None = None,
+) -> tuple[float, float]:
+    """(forward, backward) of the output layer and the cross-entropy, one micro-batch."""
+    tokens = plan.micro_batch_size * model.seq_length / plan.cp
+    v = model.vocab_size / plan.tp
+    # The output GEMM runs in 16-bit in Megatron, NeMo and torchtitan even under FP8 recipes.
+    g = gemm_time_s(tokens, v, model.hidden_size, gpu, "bf16", params, calibration)
+    loss = stream_time_s(tokens * v * (2 + 4 + 4), gpu, params, kernels=3)  # upcast, softmax
+    return g + loss, 2 * g + loss
+
+
+def optimizer_time_s(
+    params_local: float, zero_stage: int, shard: int, gpu: GPUSpec, params: ModelParams
+) -> float:
+    """Fused Adam: read param, grad, m, v (fp32) and write param, m, v and the 16-bit copy."""
+    updated = params_local / (shard if zero_stage >= 1 else 1)
+    return stream_time_s(updated * (16 + 12 + 2), gpu, params, kernels=4)

@@ -1,0 +1,263 @@
+"""Estimate one plan: memory, step time split into compute / communication / bubble, MFU.
+
+The estimate is a pure function of (ModelSpec, ClusterSpec, ParallelPlan, TrainingSpec) and the
+model constants (``ModelParams``); the calibration in ClusterSpec overrides measured figures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from aihpc.perf import comm, compute
+from aihpc.perf.flops import embedding_params, layer_flops, model_flops_per_token
+from aihpc.perf.memory import GiB, MemoryBreakdown, _layer_params_local, memory_breakdown
+from aihpc.perf.params import DEFAULT_PARAMS, ModelParams
+from aihpc.perf.pipeline import bubble_slots, p2p_transfers
+from aihpc.spec.cluster import ClusterSpec
+from aihpc.spec.model import ModelSpec
+from aihpc.spec.parallel import ParallelPlan, validate_plan
+from aihpc.spec.runspec import RunSpec
+from aihpc.spec.training import TrainingSpec
+
+__all__ = ["Estimate", "estimate", "estimate_plan"]
+
+TIME_KEYS = (
+    "compute",
+    "recompute",
+    "tp_comm",
+    "cp_comm",
+    "pp_comm",
+    "dp_comm",
+    "pipeline_bubble",
+    "optimizer",
+)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    plan: ParallelPlan
+    fits: bool
+    step_time_s: float
+    tokens_per_s_per_gpu: float
+    model_tflops_per_gpu: float
+    mfu: float
+    hfu: float
+    memory: MemoryBreakdown
+    time_s: dict[str, float]
+    hbm_gib: float
+    bottleneck: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out = {
+            "fits": self.fits,
+            "step_time_s": self.step_time_s,
+            "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
+            "model_tflops_per_gpu": self.model_tflops_per_gpu,
+            "mfu": self.mfu,
+            "hfu": self.hfu,
+            "memory_gib": self.memory.gib(),
+            "time_s": dict(self.time_s),
+            "plan": self.plan.as_dict(),
+            "bottleneck": self.bottleneck,
+        }
+        out.update(self.extra)
+        return out
+
+
+def _group_stride(plan: ParallelPlan, axis: str) -> int:
+    """Distance between members of a parallel group in Megatron's tp-cp-dp-pp rank order."""
+    return {"tp": 1, "cp": plan.tp, "dp": plan.tp * plan.cp, "pp": plan.tp * plan.cp * plan.dp}[
+        axis
+    ]
+
+
+def estimate_plan(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: ParallelPlan,
+    training: TrainingSpec,
+    params: ModelParams = DEFAULT_PARAMS,
+    check: bool = True,
+) -> Estimate:
+    """Estimate a complete plan. ``check=False`` skips the divisibility checks (search did them)."""
+    if check:
+        validate_plan(plan, model, cluster)
+    gpu, cal = cluster.gpu, cluster.calibration
+    p, v, m, t = plan.pp, plan.vpp, plan.num_microbatches, plan.tp
+    s = model.seq_length
+    tokens_mb = plan.micro_batch_size * s / plan.cp
+    layers = plan.layers_per_stage(model.num_layers)
+    moe_frac = model.num_moe_layers / model.num_layers if model.is_moe else 0.0
+
+    # --- compute per micro-batch on the slowest stage (the last: it also runs the output layer)
+    lt = compute.layer_times(model, gpu, plan, training, params, cal)
+    if moe_frac:
+        lt_moe = compute.layer_times(model, gpu, plan, training, params, cal, moe=True)
+        fwd_layer = (1 - moe_frac) * lt.fwd + moe_frac * lt_moe.fwd
+        bwd_layer = (1 - moe_frac) * lt.bwd + moe_frac * lt_moe.bwd
+    else:
+        fwd_layer, bwd_layer = lt.fwd, lt.bwd
+    if plan.recompute == "full":
+        recompute_layer = fwd_layer
+    elif plan.recompute == "selective":
+        recompute_layer = lt.fwd_attn
+    else:
+        recompute_layer = 0.0
+    lfwd, lbwd = compute.logits_time_s(model, gpu, plan, training, params, cal)
+    compute_mb = layers * (fwd_layer + bwd_layer) + lfwd + lbwd
+    recompute_mb = layers * recompute_layer
+
+    # --- tensor parallel: 2 all-reduces forward, 2 backward per layer (AG + RS pairs with SP);
+    # full recompute repeats the forward ones.
+    act_bytes = tokens_mb * model.hidden_size * 2.0
+    tp_mb = 0.0
+    if t > 1:
+        if plan.sequence_parallel:
+            one = comm.collective_time_s(
+                cluster, "all_gather", act_bytes, t, 1, params
+            ) + comm.collective_time_s(cluster, "reduce_scatter", act_bytes, t, 1, params)
+        else:
+            one = comm.collective_time_s(cluster, "all_reduce", act_bytes, t, 1, params)
+        per_layer = (4 + (2 if plan.recompute == "full" else 0)) * one
+        tp_mb = layers * per_layer * (1 - params.tp_overlap_fraction)
+
+    # --- context parallel: ring exchange of K/V chunks, hidden behind the attention blocks.
+    cp_mb = 0.0
+    if plan.cp > 1:
+        kv_chunk = 2 * tokens_mb * model.kv_heads * model.kv_channels / max(1, t // 1) * 2.0
+        if t > model.kv_heads:
+            kv_chunk = 2 * tokens_mb * model.kv_channels * 2.0
+        cross = plan.tp * plan.cp > cluster.nvlink_domain
+        step = comm.p2p_time_s(cluster, kv_chunk, cross, params)
+        fwd_c = (plan.cp - 1) * step
+        bwd_c = 2 * fwd_c
+        hide = params.overlap_efficiency
+        exposed = max(0.0, fwd_c - hide * lt.fwd_attn) + max(0.0, bwd_c - hide * lt.bwd_attn)
+        cp_mb = layers * exposed * (2 if plan.recompute == "full" else 1)
+
+    t_mb = compute_mb + recompute_mb + tp_mb + cp_mb
+
+    # --- pipeline: bubble and point-to-point activations between stages
+    bubble = bubble_slots(p, v) * t_mb
+    pp_time = 0.0
+    if p > 1:
+        msg = act_bytes / (t if plan.sequence_parallel else 1)
+        cross = _group_stride(plan, "pp") >= cluster.nvlink_domain
+        pp_time = p2p_transfers(p, v, m) * comm.p2p_time_s(cluster, msg, cross, params)
+
+    # --- data parallel: gradient reduction and ZeRO parameter gathers
+    dp_n = plan.dp * plan.cp  # gradients are reduced over dp x cp replicas
+    stride = _group_stride(plan, "cp") if plan.cp > 1 else _group_stride(plan, "dp")
+    params_stage = _layer_params_local(model, plan, layers) + embedding_params(model) / t
+    grad_bytes = 4.0 * params_stage  # fp32 gradient reduction (Megatron and FSDP2 default)
+    param_bytes = 2.0 * params_stage
+    hide = params.overlap_efficiency
+    dp_time = 0.0
+    hidden = 0.0
+    if dp_n > 1:
+        def coll(kind, size):
+            return comm.collective_time_s(
+                    cluster,
+                    kind,
+                    size,
+                    dp_n,
+                    stride,
+                    params,
+                )
+        last_bwd = layers * (bwd_layer + recompute_layer)
+        first_fwd = layers * fwd_layer
+        if plan.zero_stage == 0:
+            grads = coll("all_reduce", grad_bytes)
+            dp_time = max(0.0, grads - hide * last_bwd)
+            hidden = grads - dp_time
+        elif plan.zero_stage in (1, 2):
+            grads = coll("reduce_scatter", grad_bytes)
+            gather = coll("all_gather", param_bytes)
+            exp_g = max(0.0, grads - hide * last_bwd)
+            exp_a = max(0.0, gather - hide * first_fwd)
+            dp_time = exp_g + exp_a
+            hidden = grads + gather - dp_time
+        else:  # ZeRO-3 / FSDP: gather for forward and backward, reduce-scatter, every micro-batch
+            per_mb = 2 * coll("all_gather", param_bytes) + coll("reduce_scatter", grad_bytes)
+            window = hide * (compute_mb + recompute_mb)
+            first_layer = coll("all_gather", param_bytes / layers)  # cannot be prefetched
+            dp_time = m * max(0.0, per_mb - window) + first_layer
+            hidden = m * per_mb - dp_time
+    penalty = params.overlap_compute_penalty * max(0.0, hidden)
+
+    shard = dp_n if plan.zero_stage >= 1 else 1
+    opt = compute.optimizer_time_s(params_stage, plan.zero_stage, shard, gpu, params)
+
+    compute_total = m * compute_mb + penalty
+    step = compute_total + m * (recompute_mb + tp_mb + cp_mb) + bubble + pp_time + dp_time + opt
+    time_s = {
+        "compute": compute_total,
+        "recompute": m * recompute_mb,
+        "tp_comm": m * tp_mb,
+        "cp_comm": m * cp_mb,
+        "pp_comm": pp_time,
+        "dp_comm": dp_time,
+        "pipeline_bubble": bubble,
+        "optimizer": opt,
+    }
+
+    # --- throughput and utilisation
+    tokens_step = plan.global_batch_size * s
+    flops_step = model_flops_per_token(model) * tokens_step
+    per_gpu = flops_step / step / cluster.num_gpus
+    peak = gpu.peak_tflops(training.precision) * 1e12
+    recompute_flops = 0.0
+    if plan.recompute == "full":
+        lf = layer_flops(model, 1, s)
+        recompute_flops = model.num_layers * lf.total * tokens_step
+    elif plan.recompute == "selective":
+        recompute_flops = model.num_layers * layer_flops(model, 1, s).attn_core * tokens_step
+    mem = memory_breakdown(model, cluster, plan, training, params)
+    hbm = gpu.hbm_gib
+    return Estimate(
+        plan=plan,
+        fits=mem.total <= hbm * GiB,
+        step_time_s=step,
+        tokens_per_s_per_gpu=tokens_step / step / cluster.num_gpus,
+        model_tflops_per_gpu=per_gpu / 1e12,
+        mfu=per_gpu / peak,
+        hfu=(flops_step + recompute_flops) / step / cluster.num_gpus / peak,
+        memory=mem,
+        time_s=time_s,
+        hbm_gib=hbm,
+        bottleneck=_bottleneck(time_s, step, mem, hbm),
+    )
+
+
+def _bottleneck(time_s: dict[str, float], step: float, mem: MemoryBreakdown, hbm: float) -> str:
+    if mem.total > hbm * GiB:
+        parts = {k: v for k, v in mem.gib().items() if k != "total"}
+        worst = max(parts, key=parts.get)  # type: ignore[arg-type]
+        return (
+            f"Does not fit: {mem.total / GiB:.1f} GiB needed on the {mem.stage} stage vs "
+            f"{hbm:.0f} GiB, mostly {worst} ({parts[worst]:.1f} GiB)."
+        )
+    overhead = {k: v for k, v in time_s.items() if k != "compute"}
+    worst = max(overhead, key=overhead.get)  # type: ignore[arg-type]
+    share = overhead[worst] / step
+    label = {
+        "recompute": "activation recompute",
+        "tp_comm": "exposed tensor-parallel communication",
+        "cp_comm": "exposed context-parallel communication",
+        "pp_comm": "pipeline point-to-point transfers",
+        "dp_comm": "exposed data-parallel gradient/parameter communication",
+        "pipeline_bubble": "the pipeline bubble",
+        "optimizer": "the optimizer step",
+    }[worst]
+    if share < 0.05:
+        return f"Compute-bound: {time_s['compute'] / step:.0%} of the step is useful compute."
+    return f"The largest loss is {label}: {share:.0%} of the step."
+
+
+def estimate(
+    spec: RunSpec, plan: ParallelPlan | None = None, params: ModelParams = DEFAULT_PARAMS
+) -> Estimate:
+    """Estimate the run spec's plan (or ``plan``)."""
+    return estimate_plan(spec.model, spec.cluster, plan or spec.plan(), spec.training, params)

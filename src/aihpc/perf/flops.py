@@ -1,0 +1,119 @@
+"""Parameter counts and FLOPs of a decoder-only transformer.
+
+FLOP convention (fixed, stated in docs/performance-model.md): a multiply-add is 2 FLOPs; the
+backward pass costs twice the forward; **causal attention is counted in full** (the s x s score
+matrix, as in Megatron-LM's 72·B·s·L·h²·(1 + s/6h + V/12Lh) formula of Korthikanti et al. 2022 and
+torchtitan's 6N + 12·L·h·s), so model FLOPs, MFU and the published TFLOP/s of the validation rows
+share one basis. What the GPU actually executes (``executed``) halves the attention core for a
+causal FlashAttention kernel, which skips the masked blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aihpc.spec.model import ModelSpec
+
+__all__ = [
+    "LayerFlops",
+    "layer_flops",
+    "logits_flops",
+    "model_flops_per_token",
+    "num_params",
+    "params_per_layer",
+]
+
+
+def _ffn_in(model: ModelSpec, ffn: int) -> int:
+    """Width of the first FFN projection: gated units (SwiGLU) have gate + up."""
+    return 2 * ffn if model.ffn_activation == "swiglu" else ffn
+
+
+def attention_params(model: ModelSpec) -> int:
+    d = model.kv_channels
+    q = model.num_attention_heads * d
+    kv = model.kv_heads * d
+    return model.hidden_size * (q + 2 * kv) + q * model.hidden_size
+
+
+def mlp_params(model: ModelSpec, ffn: int) -> int:
+    return model.hidden_size * _ffn_in(model, ffn) + ffn * model.hidden_size
+
+
+def params_per_layer(model: ModelSpec, moe: bool = False) -> int:
+    """Weights of one layer (norm weights included; biases are not used by modern models and are
+    <0.1% for GPT-style ones)."""
+    norms = 2 * model.hidden_size
+    if moe:
+        experts = model.num_experts + model.num_shared_experts
+        router = model.hidden_size * model.num_experts
+        return (
+            attention_params(model)
+            + experts * mlp_params(model, model.expert_ffn_hidden_size)
+            + router
+            + norms
+        )
+    return attention_params(model) + mlp_params(model, model.ffn_hidden_size) + norms
+
+
+def embedding_params(model: ModelSpec) -> int:
+    return model.vocab_size * model.hidden_size
+
+
+def num_params(model: ModelSpec) -> int:
+    """All weights: layers, input embedding, output layer (unless tied), final norm."""
+    dense = model.num_layers - model.num_moe_layers
+    total = dense * params_per_layer(model) + model.num_moe_layers * params_per_layer(model, True)
+    total += embedding_params(model) * (1 if model.tied_embeddings else 2)
+    return total + model.hidden_size
+
+
+@dataclass(frozen=True)
+class LayerFlops:
+    """Forward FLOPs of one layer for ``tokens`` tokens of sequences of length ``seq``."""
+
+    qkv: float
+    attn_core: float  # QK^T and AV, causal counted in full
+    proj: float
+    mlp: float
+
+    @property
+    def gemm(self) -> float:
+        return self.qkv + self.proj + self.mlp
+
+    @property
+    def total(self) -> float:
+        return self.gemm + self.attn_core
+
+
+def layer_flops(model: ModelSpec, tokens: float, seq: float, moe: bool = False) -> LayerFlops:
+    h, d = model.hidden_size, model.kv_channels
+    q = model.num_attention_heads * d
+    kv = model.kv_heads * d
+    if moe:
+        ffn = model.expert_ffn_hidden_size
+        active = model.moe_top_k + model.num_shared_experts
+        mlp = 2 * tokens * active * mlp_params(model, ffn) + 2 * tokens * h * model.num_experts
+    else:
+        mlp = 2 * tokens * mlp_params(model, model.ffn_hidden_size)
+    return LayerFlops(
+        qkv=2 * tokens * h * (q + 2 * kv),
+        attn_core=2 * 2 * tokens * seq * q,  # scores (s x s per head) and AV, full square
+        proj=2 * tokens * q * h,
+        mlp=mlp,
+    )
+
+
+def logits_flops(model: ModelSpec, tokens: float) -> float:
+    return 2 * tokens * model.hidden_size * model.vocab_size
+
+
+def model_flops_per_token(model: ModelSpec, seq: int | None = None) -> float:
+    """Training FLOPs per token (forward + backward = 3x forward), no recompute."""
+    seq = seq or model.seq_length
+    dense = model.num_layers - model.num_moe_layers
+    fwd = dense * layer_flops(model, 1, seq).total
+    if model.num_moe_layers:
+        fwd += model.num_moe_layers * layer_flops(model, 1, seq, moe=True).total
+    fwd += logits_flops(model, 1)
+    return 3 * fwd

@@ -1,0 +1,198 @@
+"""Per-GPU memory of the most loaded rank: weights, gradients, optimizer, activations, buffers.
+
+Sources: mixed-precision Adam bytes per parameter and ZeRO stages (Rajbhandari et al. 2020, §3;
+Megatron-LM ``theoretical_memory_usage.py``: 18 B/param, 6 + 12/d with the distributed
+optimizer); activation bytes per layer from the tensors each op saves for backward (Korthikanti
+et al. 2022, §4.1 and Table 2: sbh(34 + 5as/h) without parallelism, /t with SP, 34sbh/t with
+selective recompute, 2sbh with full recompute); in-flight micro-batches of 1F1B and the
+interleaving penalty 1 + (p-1)/(pv) (Korthikanti §4.2.3; Narayanan et al. 2021 §2.2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aihpc.perf.flops import embedding_params, params_per_layer
+from aihpc.perf.params import DEFAULT_PARAMS, ModelParams
+from aihpc.spec.cluster import ClusterSpec
+from aihpc.spec.model import ModelSpec
+from aihpc.spec.parallel import ParallelPlan
+from aihpc.spec.training import TrainingSpec
+
+__all__ = [
+    "GiB",
+    "MemoryBreakdown",
+    "activation_bytes_per_layer",
+    "checkpoint_bytes",
+    "memory_breakdown",
+]
+
+GiB = float(1 << 30)
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes on one GPU. ``logits`` holds the embedding/output/loss buffers; ``other`` the runtime
+    (CUDA context, workspaces, NCCL) and allocator fragmentation."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    logits: float
+    other: float
+    stage: str  # which pipeline stage is the most loaded: "first", "last" or "only"
+
+    @property
+    def total(self) -> float:
+        return (
+            self.weights
+            + self.gradients
+            + self.optimizer
+            + self.activations
+            + self.logits
+            + self.other
+        )
+
+    def gib(self) -> dict[str, float]:
+        parts = ("weights", "gradients", "optimizer", "activations", "logits", "other")
+        out = {"total": self.total / GiB}
+        out.update({p: getattr(self, p) / GiB for p in parts})
+        return out
+
+
+def activation_bytes_per_layer(
+    model: ModelSpec, plan: ParallelPlan, training: TrainingSpec, recompute: str | None = None
+) -> float:
+    """Bytes one layer keeps for its backward, for one micro-batch, on one GPU.
+
+    Counted tensor by tensor (16-bit activations, 1-byte dropout masks): LayerNorm inputs,
+    GEMM inputs, Q/K/V, the attention scores path when unfused, activation-function inputs.
+    """
+    recompute = recompute or plan.recompute
+    h, d = model.hidden_size, model.kv_channels
+    hq, hkv = model.num_attention_heads * d, model.kv_heads * d
+    t = plan.tp
+    tokens = plan.micro_batch_size * model.seq_length / plan.cp
+    sp = t if plan.sequence_parallel else 1
+    if recompute == "full":
+        return 2 * h * tokens / sp  # only the layer input is kept
+    drop = training.dropout > 0
+    # Replicated across TP unless sequence parallel: 2 norm inputs, 2 GEMM inputs, 2 masks.
+    replicated = (8 * h + (2 * h if drop else 0)) / sp
+    ffn = model.expert_ffn_hidden_size if model.is_moe else model.ffn_hidden_size
+    act_in = 4 * ffn if model.ffn_activation == "swiglu" else 2 * ffn  # gate+up, or one input
+    if model.is_moe:  # routed tokens: every token visits top_k (+ shared) experts
+        act_in *= model.moe_top_k + model.num_shared_experts
+    fc2_in = act_in // 2 if model.ffn_activation == "swiglu" else act_in
+    split = 2 * (hq + hkv) + 2 * hkv + 2 * hq + act_in + fc2_in  # Q, K, V, proj input, FFN
+    if training.attention == "unfused" and recompute == "none":
+        a = model.num_attention_heads
+        s_kv = model.seq_length  # scores over the whole sequence
+        split += a * s_kv * (5 if drop else 2)  # softmax out (+ dropout mask and output)
+    elif training.attention == "flash":
+        split += 4 * model.num_attention_heads  # fp32 log-sum-exp per head
+    return tokens * (replicated + split / t)
+
+
+def _layer_params_local(model: ModelSpec, plan: ParallelPlan, layers: int) -> float:
+    dense_layers = layers
+    moe_layers = 0
+    if model.is_moe:
+        moe_layers = round(layers * model.num_moe_layers / model.num_layers)
+        dense_layers = layers - moe_layers
+    dense = dense_layers * params_per_layer(model) / plan.tp
+    moe = moe_layers * params_per_layer(model, moe=True) / (plan.tp * plan.ep)
+    return dense + moe
+
+
+def _state_bytes(
+    params_local: float, plan: ParallelPlan, training: TrainingSpec, layer_params_local: float
+) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes for ``params_local`` parameters on this rank.
+
+    zero 0-2 follow Megatron-LM: 16-bit weights, fp32 main gradients, fp32 master + Adam m, v
+    (18 B/param unsharded). zero 3 follows FSDP2 with mixed precision: the sharded fp32
+    parameter is the master copy, gradients are reduced to fp32 shards, plus the 16-bit
+    parameters of the layers being gathered (current + prefetched) and one layer's gradients.
+    """
+    d = plan.dp * plan.cp  # ranks that hold replicas of these weights
+    opt_bytes = {"adamw": 12.0, "adam": 12.0, "sgd": 8.0}[training.optimizer]
+    fp8_cache = 1.0 if training.precision == "fp8" else 0.0  # FP8 copies of the weights
+    z = plan.zero_stage
+    if z == 3:
+        weights = 4 * params_local / d + (2 + fp8_cache) * 2 * layer_params_local
+        grads = 4 * params_local / d + 4 * layer_params_local
+        optimizer = (opt_bytes - 4) * params_local / d
+        return weights, grads, optimizer
+    weights = (2 + fp8_cache) * params_local
+    grads = 4 * params_local / (d if z == 2 else 1)
+    optimizer = opt_bytes * params_local / (d if z >= 1 else 1)
+    return weights, grads, optimizer
+
+
+def memory_breakdown(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: ParallelPlan,
+    training: TrainingSpec,
+    params: ModelParams = DEFAULT_PARAMS,
+) -> MemoryBreakdown:
+    """Memory of the most loaded GPU (first or last pipeline stage)."""
+    del cluster  # the memory model is independent of the interconnect
+    p, v = plan.pp, plan.vpp
+    layers_per_stage = plan.layers_per_stage(model.num_layers)
+    layer_local = _layer_params_local(model, plan, 1)
+    emb_local = embedding_params(model) / plan.tp
+    m = plan.num_microbatches
+    tokens = plan.micro_batch_size * model.seq_length / plan.cp
+
+    act_layer = activation_bytes_per_layer(model, plan, training)
+    if plan.recompute == "full":  # one layer's full activations live while it is recomputed
+        working = activation_bytes_per_layer(model, plan, training, recompute="none")
+    else:
+        working = 0.0
+    # 1F1B: stage 0 holds min(p, m) micro-batches of its layers; interleaving adds (p-1)/(pv).
+    in_flight = min(p, m)
+    interleave = 1 + (p - 1) / (p * v) if v > 1 else 1.0
+    first_acts = act_layer * layers_per_stage * in_flight * interleave + working
+    last_acts = act_layer * layers_per_stage * 1 + working  # last stage: one in flight
+    # Output layer: 16-bit logits plus the fp32 copy the cross-entropy works on, per vocab shard;
+    # the final norm and output-GEMM inputs.
+    logits = tokens * (6 * model.vocab_size / plan.tp + 4 * model.hidden_size)
+    embed_out = (
+        tokens
+        * model.hidden_size
+        * 2
+        * (in_flight if p > 1 else 1)
+        / (plan.tp if plan.sequence_parallel else 1)
+    )
+
+    def stage(
+        layer_count: int, embed: bool, output: bool, acts: float, buffers: float, name: str
+    ) -> MemoryBreakdown:
+        params_local = _layer_params_local(model, plan, layer_count)
+        if embed:
+            params_local += emb_local
+        if output and (not model.tied_embeddings or not embed):
+            params_local += emb_local
+        w, g, o = _state_bytes(params_local, plan, training, layer_local)
+        live = w + g + o + acts + buffers
+        other = params.runtime_overhead_gib * GiB + params.allocator_fragmentation * live
+        return MemoryBreakdown(w, g, o, acts, buffers, other, name)
+
+    if p == 1:
+        return stage(model.num_layers, True, True, first_acts, logits + embed_out, "only")
+    first = stage(layers_per_stage, True, False, first_acts, embed_out, "first")
+    last = stage(layers_per_stage, False, True, last_acts, logits, "last")
+    return first if first.total >= last.total else last
+
+
+def checkpoint_bytes(model: ModelSpec, training: TrainingSpec) -> float:
+    """Bytes of one full training checkpoint of the whole job: 16-bit weights, fp32 master
+    weights and the optimizer moments (Adam: m and v), i.e. 14 B/param for Adam in mixed
+    precision (Megatron-LM and DCP checkpoints store exactly these)."""
+    from aihpc.perf.flops import num_params
+
+    moments = {"adamw": 8.0, "adam": 8.0, "sgd": 4.0}[training.optimizer]
+    return num_params(model) * (2 + 4 + moments)

@@ -1,0 +1,63 @@
+"""The model's few constants: efficiencies and overheads, each physically meaningful and shared by
+every estimate (no per-run or per-source factors). A calibration file (``aihpc calibrate``)
+overrides the hardware-facing ones with measured values.
+
+Each value carries where it comes from; docs/performance-model.md lists them in one table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["DEFAULT_PARAMS", "ModelParams"]
+
+
+@dataclass(frozen=True)
+class ModelParams:
+    # --- compute -------------------------------------------------------------------------------
+    # Fraction of the dense tensor-core peak a large, well-shaped GEMM reaches (cuBLAS, power and
+    # clock limits included). A100: ~280 of 312 TF/s; H100 SXM: ~700-760 of 989 BF16 TF/s and
+    # ~1,300-1,400 of 1,979 FP8 TF/s (public cuBLAS/ThunderKittens/FA3-paper measurements).
+    # Per part it is the catalog's gemm_efficiency when given, else this.
+    gemm_efficiency: float = 0.80
+    # GEMM size at which efficiency is half of its large-size value, in GFLOP (tile/wave
+    # quantisation and launch ramp; Calculon's size tables fall off in the same range).
+    gemm_half_efficiency_gflop: float = 0.5
+    # Fused causal attention (FlashAttention-2/3, cuDNN) forward, as a fraction of peak; the
+    # backward runs at the same rate on 2.5x the forward FLOPs (it recomputes the scores).
+    # FA2 on A100 ~50-70%, FA3 on H100 ~55-75% (Dao 2023; Shah et al. 2024, fig. 3-5).
+    flash_attention_efficiency: float = 0.55
+    # Achievable fraction of HBM bandwidth for streaming element-wise kernels (norms, activations,
+    # residual adds, softmax, optimizer): ~80-90% on A100/H100 (STREAM-like, vendor guides).
+    hbm_efficiency: float = 0.80
+    # Fixed cost of launching one GPU kernel that cannot be hidden (CPU launch and tail), seconds.
+    kernel_overhead_s: float = 4e-6
+    # --- communication -------------------------------------------------------------------------
+    # Bus bandwidth reached by large NCCL collectives as a fraction of link bandwidth:
+    # NVLink4 all-reduce busbw ~360-480 of 450 GB/s (nccl-tests on DGX H100; 741/900 bidir in the
+    # ASTRA-sim HGX-H100 validation = 0.82); IB NDR ~45 of 50 GB/s per rail (0.9, Calculon's IB).
+    scale_up_efficiency: float = 0.80
+    scale_out_efficiency: float = 0.85
+    # Per-step latency of a ring collective step (NVLink / network), seconds (nccl-tests small
+    # message times: ~5-10 us intra-node, ~15-25 us inter-node for 8-16 ranks).
+    scale_up_latency_s: float = 5e-6
+    scale_out_latency_s: float = 10e-6
+    # Fraction of a collective hidden behind independent compute when the framework overlaps it
+    # (DP gradient reduce-scatter in the backward, ZeRO-3 gathers prefetched, ring-attention
+    # exchange). Overlap is never perfect: the collective steals SMs and HBM bandwidth.
+    overlap_efficiency: float = 0.85
+    # Slow-down of compute while a collective runs beside it (SM and memory contention).
+    overlap_compute_penalty: float = 0.05
+    # Fraction of TP communication the framework hides behind GEMMs (Megatron overlaps the
+    # backward all-reduce with the weight-gradient GEMM; forward ones are exposed).
+    tp_overlap_fraction: float = 0.15
+    # --- memory --------------------------------------------------------------------------------
+    # Memory outside the model's tensors: CUDA context, cuBLAS/cuDNN workspaces, NCCL buffers
+    # (~1-3 GiB seen on H100 jobs), GiB per GPU.
+    runtime_overhead_gib: float = 2.0
+    # Caching-allocator fragmentation, as a fraction of the live tensors' bytes (PyTorch reserved
+    # vs allocated on LLM training, typically 5-15%).
+    allocator_fragmentation: float = 0.08
+
+
+DEFAULT_PARAMS = ModelParams()

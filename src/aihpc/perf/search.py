@@ -1,0 +1,204 @@
+"""Search every valid plan: enumerate the free [parallel] fields under the divisibility rules real
+frameworks enforce, estimate each, prune what does not fit (keeping the reason), rank by
+tokens/s/GPU (or by goodput-adjusted throughput).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from aihpc.perf.estimate import Estimate, estimate_plan
+from aihpc.perf.params import DEFAULT_PARAMS, ModelParams
+from aihpc.spec.cluster import ClusterSpec
+from aihpc.spec.errors import SpecError
+from aihpc.spec.model import ModelSpec
+from aihpc.spec.parallel import RECOMPUTE, ParallelPlan, PartialPlan, plan_problem
+from aihpc.spec.runspec import RunSpec
+from aihpc.spec.training import TrainingSpec
+
+__all__ = ["Rejected", "SearchResult", "candidate_plans", "search"]
+
+MICRO_BATCH_SIZES = (1, 2, 4, 8, 16)
+MAX_VPP = 8
+
+
+@dataclass(frozen=True)
+class Rejected:
+    estimate: Estimate
+    reason: str
+
+
+@dataclass
+class SearchResult:
+    plans: list[Estimate]
+    evaluated: int
+    feasible: int
+    elapsed_s: float
+    rejected_best: list[Rejected] = field(default_factory=list)
+    invalid_reasons: Counter[str] = field(default_factory=Counter)
+
+    def to_json(self, top: int | None = None) -> dict:
+        plans = self.plans if top is None else self.plans[:top]
+        return {
+            "plans": [e.to_json() for e in plans],
+            "evaluated": self.evaluated,
+            "feasible": self.feasible,
+            "elapsed_s": self.elapsed_s,
+        }
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _pow2_upto(n: int) -> list[int]:
+    out, x = [], 1
+    while x <= n:
+        out.append(x)
+        x *= 2
+    return out
+
+
+def candidate_plans(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    partial: PartialPlan,
+    invalid: Counter[str] | None = None,
+) -> Iterator[ParallelPlan]:
+    """Every complete plan consistent with the given fields that passes ``plan_problem``."""
+    g = partial.given()
+    if "global_batch_size" not in g:
+        raise SpecError(
+            "parallel.global_batch_size", None, "required for search: sequences per optimizer step"
+        )
+    n = cluster.num_gpus
+    gbs = g["global_batch_size"]
+    tps = (
+        [g["tp"]]
+        if "tp" in g
+        else [
+            x
+            for x in _pow2_upto(min(cluster.nvlink_domain, n))
+            if model.num_attention_heads % x == 0
+        ]
+    )
+    # Stages may be uneven (the busiest one sets the pace), so powers of two are offered too.
+    pps = (
+        [g["pp"]]
+        if "pp" in g
+        else sorted(
+            {x for x in _divisors(model.num_layers) + _pow2_upto(model.num_layers) if x <= n}
+        )
+    )
+    cps = (
+        [g["cp"]]
+        if "cp" in g
+        else [x for x in _pow2_upto(n) if x == 1 or model.seq_length % (2 * x) == 0]
+    )
+    zeros = [g["zero_stage"]] if "zero_stage" in g else [0, 1, 2, 3]
+    recs = [g["recompute"]] if "recompute" in g else list(RECOMPUTE)
+    mbss = [g["micro_batch_size"]] if "micro_batch_size" in g else list(MICRO_BATCH_SIZES)
+    eps = [g.get("ep", 1)]
+    for tp, pp, cp in itertools.product(tps, pps, cps):
+        mp = tp * pp * cp
+        if n % mp:
+            continue
+        dp = n // mp
+        if "dp" in g and g["dp"] != dp:
+            continue
+        if "vpp" in g:
+            vpps = [g["vpp"]]
+        else:
+            vpps = (
+                [v for v in range(1, MAX_VPP + 1) if pp * v <= model.num_layers] if pp > 1 else [1]
+            )
+        sps = (
+            [g["sequence_parallel"]]
+            if "sequence_parallel" in g
+            else ([True, False] if tp > 1 else [False])
+        )
+        for vpp, sp, zero, rec, mbs, ep in itertools.product(vpps, sps, zeros, recs, mbss, eps):
+            if gbs % (dp * mbs):
+                if invalid is not None:
+                    invalid["global batch not divisible by dp x micro_batch_size"] += 1
+                continue
+            plan = ParallelPlan(
+                tp=tp,
+                pp=pp,
+                vpp=vpp,
+                cp=cp,
+                dp=dp,
+                ep=ep,
+                sequence_parallel=sp,
+                zero_stage=zero,
+                recompute=rec,
+                micro_batch_size=mbs,
+                global_batch_size=gbs,
+            )
+            problem = plan_problem(plan, model, cluster)
+            if problem is not None:
+                if invalid is not None:
+                    invalid[problem.field] += 1
+                continue
+            yield plan
+
+
+def search(
+    spec: RunSpec,
+    top: int | None = None,
+    params: ModelParams = DEFAULT_PARAMS,
+    key: Callable[[Estimate], float] | None = None,
+    progress: Callable[[int], None] | None = None,
+    explain: int = 0,
+) -> SearchResult:
+    """Estimate every valid completion of ``spec.parallel``; best first among those that fit."""
+    return search_plans(
+        spec.model, spec.cluster, spec.parallel, spec.training, top, params, key, progress, explain
+    )
+
+
+def search_plans(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    partial: PartialPlan,
+    training: TrainingSpec,
+    top: int | None = None,
+    params: ModelParams = DEFAULT_PARAMS,
+    key: Callable[[Estimate], float] | None = None,
+    progress: Callable[[int], None] | None = None,
+    explain: int = 0,
+) -> SearchResult:
+    key = key or (lambda e: e.tokens_per_s_per_gpu)
+    start = time.perf_counter()
+    invalid: Counter[str] = Counter()
+    fitting: list[Estimate] = []
+    rejected: list[Rejected] = []
+    evaluated = 0
+    for plan in candidate_plans(model, cluster, partial, invalid):
+        est = estimate_plan(model, cluster, plan, training, params, check=False)
+        evaluated += 1
+        if progress is not None and evaluated % 256 == 0:
+            progress(evaluated)
+        if est.fits:
+            fitting.append(est)
+        elif explain:
+            rejected.append(Rejected(est, est.bottleneck))
+    fitting.sort(key=key, reverse=True)
+    best_key = key(fitting[0]) if fitting else 0.0
+    rejected = sorted(
+        (r for r in rejected if key(r.estimate) > best_key),
+        key=lambda r: key(r.estimate),
+        reverse=True,
+    )[:explain]
+    return SearchResult(
+        plans=fitting[:top] if top else fitting,
+        evaluated=evaluated,
+        feasible=len(fitting),
+        elapsed_s=time.perf_counter() - start,
+        rejected_best=rejected,
+        invalid_reasons=invalid,
+    )

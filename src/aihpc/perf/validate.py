@@ -1,0 +1,311 @@
+"""Check the model against published measured runs (``data/validation``).
+
+Throughput rows: predicted vs measured tokens/s/GPU; a row whose plan cells are empty gets the
+best searched completion with its given fields fixed (what a user of the planner would run).
+Memory rows: Korthikanti et al. 2022 profiled components and torchtitan peak reserved memory.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from aihpc.perf.estimate import Estimate, estimate_plan
+from aihpc.perf.memory import GiB
+from aihpc.perf.params import DEFAULT_PARAMS, ModelParams
+from aihpc.perf.search import search_plans
+from aihpc.spec.errors import SpecError
+from aihpc.spec.parallel import ParallelPlan, PartialPlan
+from aihpc.spec.runspec import RunSpec, runspec_from_dict
+
+__all__ = ["MemoryRow", "ThroughputRow", "ValidationReport", "validate"]
+
+PLAN_INT = ("tp", "pp", "vpp", "cp", "dp", "zero_stage", "micro_batch_size", "global_batch_size")
+MODEL_INT = (
+    "num_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "num_kv_heads",
+    "ffn_hidden_size",
+    "vocab_size",
+    "seq_length",
+)
+
+# Targets of issue #2; a test enforces them.
+TARGET_MAPE = 0.10
+TARGET_MAX_ERROR = 0.25
+TARGET_KORTHIKANTI = 0.10
+TARGET_TORCHTITAN = 0.15
+
+
+def data_file(name: str) -> Path:
+    return Path(str(resources.files("aihpc.perf").joinpath(f"data/validation/{name}")))
+
+
+@dataclass(frozen=True)
+class ThroughputRow:
+    id: str
+    source: str
+    model: str
+    num_gpus: int
+    measured: float
+    predicted: float
+    searched: bool
+    plan: ParallelPlan
+    estimate: Estimate
+    measured_memory_gib: float | None
+
+    @property
+    def error(self) -> float:
+        return (self.predicted - self.measured) / self.measured
+
+
+@dataclass(frozen=True)
+class MemoryRow:
+    id: str
+    source: str
+    component: str
+    measured_gib: float
+    predicted_gib: float
+
+    @property
+    def error(self) -> float:
+        return (self.predicted_gib - self.measured_gib) / self.measured_gib
+
+
+@dataclass
+class ValidationReport:
+    rows: list[ThroughputRow]
+    memory: list[MemoryRow]
+
+    def mape_by_source(self) -> dict[str, float]:
+        groups: dict[str, list[float]] = {}
+        for r in self.rows:
+            groups.setdefault(source_key(r.source), []).append(abs(r.error))
+        return {k: statistics.fmean(v) for k, v in groups.items()}
+
+    @property
+    def mape(self) -> float:
+        return statistics.fmean(abs(r.error) for r in self.rows)
+
+    @property
+    def max_error(self) -> float:
+        return max(abs(r.error) for r in self.rows)
+
+    def memory_max_error(self, kind: str) -> float:
+        errs = [abs(m.error) for m in self.memory if memory_kind(m) == kind]
+        return max(errs) if errs else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rows": [
+                {
+                    "id": r.id,
+                    "source": r.source,
+                    "model": r.model,
+                    "num_gpus": r.num_gpus,
+                    "measured_tokens_per_s_per_gpu": r.measured,
+                    "predicted_tokens_per_s_per_gpu": r.predicted,
+                    "error": r.error,
+                    "searched": r.searched,
+                    "plan": r.plan.as_dict(),
+                }
+                for r in self.rows
+            ],
+            "mape_by_source": self.mape_by_source(),
+            "mape": self.mape,
+            "max_abs_error": self.max_error,
+            "memory": [
+                {
+                    "id": m.id,
+                    "component": m.component,
+                    "measured_gib": m.measured_gib,
+                    "predicted_gib": m.predicted_gib,
+                    "error": m.error,
+                }
+                for m in self.memory
+            ],
+            "memory_max_abs_error": {
+                k: self.memory_max_error(k) for k in ("korthikanti", "torchtitan")
+            },
+            "targets": {
+                "mape": TARGET_MAPE,
+                "max_abs_error": TARGET_MAX_ERROR,
+                "korthikanti_memory": TARGET_KORTHIKANTI,
+                "torchtitan_memory": TARGET_TORCHTITAN,
+            },
+            "passed": self.passed,
+        }
+
+    @property
+    def passed(self) -> bool:
+        return (
+            self.mape <= TARGET_MAPE
+            and self.max_error <= TARGET_MAX_ERROR
+            and self.memory_max_error("korthikanti") <= TARGET_KORTHIKANTI
+            and self.memory_max_error("torchtitan") <= TARGET_TORCHTITAN
+        )
+
+
+def source_key(source: str) -> str:
+    for key in ("Narayanan", "Korthikanti", "Megatron-LM README", "NeMo", "torchtitan"):
+        if key in source:
+            return {"Megatron-LM README": "Megatron-Core"}.get(key, key)
+    return source.split(" ")[0]
+
+
+def memory_kind(row: MemoryRow) -> str:
+    return "torchtitan" if "torchtitan" in row.source else "korthikanti"
+
+
+def _cell(row: dict[str, str], key: str) -> str:
+    return (row.get(key) or "").strip()
+
+
+def row_runspec(row: dict[str, str]) -> RunSpec:
+    model: dict[str, Any] = {k: int(_cell(row, k)) for k in MODEL_INT if _cell(row, k)}
+    model["ffn_activation"] = _cell(row, "ffn_activation")
+    model["tied_embeddings"] = _cell(row, "tied_embeddings").lower() == "true"
+    model["name"] = _cell(row, "model")
+    parallel: dict[str, Any] = {k: int(_cell(row, k)) for k in PLAN_INT if _cell(row, k)}
+    if _cell(row, "sequence_parallel"):
+        parallel["sequence_parallel"] = _cell(row, "sequence_parallel").lower() == "true"
+    if _cell(row, "recompute"):
+        parallel["recompute"] = _cell(row, "recompute")
+    training: dict[str, Any] = {"precision": _cell(row, "precision")}
+    if _cell(row, "attention"):
+        training["attention"] = _cell(row, "attention")
+    if _cell(row, "dropout"):
+        training["dropout"] = float(_cell(row, "dropout"))
+    cluster = {
+        "gpu": _cell(row, "gpu"),
+        "num_gpus": int(_cell(row, "num_gpus")),
+        "gpus_per_node": int(_cell(row, "gpus_per_node")),
+    }
+    return runspec_from_dict(
+        {"model": model, "cluster": cluster, "parallel": parallel, "training": training}
+    )
+
+
+def _complete(partial: PartialPlan) -> bool:
+    return all(
+        getattr(partial, f) is not None
+        for f in (
+            "tp",
+            "pp",
+            "vpp",
+            "cp",
+            "dp",
+            "sequence_parallel",
+            "zero_stage",
+            "recompute",
+            "micro_batch_size",
+            "global_batch_size",
+        )
+    )
+
+
+def predict_row(row: dict[str, str], params: ModelParams = DEFAULT_PARAMS) -> ThroughputRow:
+    spec = row_runspec(row)
+    if _complete(spec.parallel):
+        est = estimate_plan(spec.model, spec.cluster, spec.plan(), spec.training, params)
+        searched = False
+    else:
+        result = search_plans(
+            spec.model, spec.cluster, spec.parallel, spec.training, top=1, params=params, explain=1
+        )
+        if result.plans:
+            est = result.plans[0]
+        elif result.rejected_best:  # the run happened, so estimate it even if we think it OOMs
+            est = result.rejected_best[0].estimate
+        else:
+            raise SpecError(
+                f"validation row {row['id']}", "plan", "no valid completion of the published plan"
+            )
+        searched = True
+    mem = _cell(row, "measured_memory_gib")
+    return ThroughputRow(
+        row["id"],
+        row["source"],
+        row["model"],
+        int(row["num_gpus"]),
+        float(row["measured_tokens_per_s_per_gpu"]),
+        est.tokens_per_s_per_gpu,
+        searched,
+        est.plan,
+        est,
+        float(mem) if mem else None,
+    )
+
+
+def korthikanti_memory(
+    runs: dict[str, dict[str, str]], mem_row: dict[str, str], params: ModelParams
+) -> list[MemoryRow]:
+    """The three profiled components of Korthikanti Fig. 1 for one configuration."""
+    from dataclasses import replace
+
+    from aihpc.perf.memory import memory_breakdown
+
+    spec = row_runspec(runs[mem_row["config_row"]])
+    base = spec.plan()
+    out = []
+    cases = [
+        ("weights_and_optimizer_gib", replace(base, sequence_parallel=True, recompute="selective")),
+        (
+            "activations_no_recompute_no_sp_gib",
+            replace(base, sequence_parallel=False, recompute="none"),
+        ),
+        (
+            "activations_sp_selective_gib",
+            replace(base, sequence_parallel=True, recompute="selective"),
+        ),
+    ]
+    for column, plan in cases:
+        mb = memory_breakdown(spec.model, spec.cluster, plan, spec.training, params)
+        value = (
+            mb.weights + mb.gradients + mb.optimizer
+            if column.startswith("weights")
+            else mb.activations
+        )
+        out.append(
+            MemoryRow(
+                mem_row["id"],
+                mem_row["source"],
+                column.removesuffix("_gib"),
+                float(mem_row[column]),
+                value / GiB,
+            )
+        )
+    return out
+
+
+def validate(
+    runs_csv: Path | None = None,
+    memory_csv: Path | None = None,
+    params: ModelParams = DEFAULT_PARAMS,
+    progress: Callable[[str], None] | None = None,
+) -> ValidationReport:
+    runs_csv = runs_csv or data_file("published_runs.csv")
+    memory_csv = memory_csv or data_file("published_memory.csv")
+    with open(runs_csv, newline="") as fh:
+        runs = list(csv.DictReader(fh))
+    rows = []
+    for row in runs:
+        if progress is not None:
+            progress(row["id"])
+        rows.append(predict_row(row, params))
+    memory: list[MemoryRow] = []
+    by_id = {r["id"]: r for r in runs}
+    with open(memory_csv, newline="") as fh:
+        for mem_row in csv.DictReader(fh):
+            memory.extend(korthikanti_memory(by_id, mem_row, params))
+    for r in rows:
+        if r.measured_memory_gib is not None:
+            total = r.estimate.memory.total / GiB
+            memory.append(MemoryRow(r.id, r.source, "peak_reserved", r.measured_memory_gib, total))
+    return ValidationReport(rows, memory)
