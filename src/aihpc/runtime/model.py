@@ -1,0 +1,216 @@
+"""A Llama-style decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) for one device.
+
+Parallelism is applied from outside (parallelize.py). The model is meant to be built on the
+``meta`` device, parallelised, moved with ``to_empty`` and then filled by ``init_weights``, which
+draws every parameter from its own seeded generator so the initial weights do not depend on the
+world size or on the global RNG.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from aihpc.spec import ModelSpec, SpecError
+
+__all__ = ["Llama", "LlamaConfig"]
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    dim: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    ffn_dim: int
+    vocab_size: int
+    max_seq_len: int
+    tied_embeddings: bool = False
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec) -> LlamaConfig:
+        """The runtime trains dense SwiGLU decoders; other ModelSpec shapes are refused."""
+        if spec.is_moe:
+            raise SpecError(
+                "model.num_experts", spec.num_experts, "the runtime trains dense models only (0)"
+            )
+        if spec.ffn_activation != "swiglu":
+            raise SpecError(
+                "model.ffn_activation",
+                spec.ffn_activation,
+                "the runtime's Llama decoder needs swiglu",
+            )
+        if spec.head_dim not in (None, spec.hidden_size // spec.num_attention_heads):
+            raise SpecError(
+                "model.head_dim",
+                spec.head_dim,
+                "the runtime needs head_dim = hidden_size / num_attention_heads",
+            )
+        if (spec.hidden_size // spec.num_attention_heads) % 2:
+            raise SpecError(
+                "model.hidden_size",
+                spec.hidden_size,
+                "hidden_size / num_attention_heads must be even (RoPE pairs)",
+            )
+        return cls(
+            dim=spec.hidden_size,
+            num_layers=spec.num_layers,
+            num_heads=spec.num_attention_heads,
+            num_kv_heads=spec.kv_heads,
+            ffn_dim=spec.ffn_hidden_size,
+            vocab_size=spec.vocab_size,
+            max_seq_len=spec.seq_length,
+            tied_embeddings=spec.tied_embeddings,
+        )
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 (autocast would otherwise do it in bf16), then cast back.
+        xf = x.float()
+        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return out.type_as(x) * self.weight
+
+
+def rope_tables(
+    seq_len: int, head_dim: int, theta: float, device: torch.device | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape (seq_len, head_dim / 2) (Su et al. 2021, RoFormer eq. 34)."""
+    inv = 1.0 / theta ** (
+        torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim
+    )
+    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (batch, heads, seq, head_dim); rotates consecutive pairs (x[2i], x[2i+1])."""
+    seq = x.shape[-2]
+    xf = x.float().unflatten(-1, (-1, 2))
+    x0, x1 = xf[..., 0], xf[..., 1]
+    c, s = cos[:seq], sin[:seq]
+    out = torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1).flatten(-2)
+    return out.type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+        )
+        self.wq = nn.Linear(cfg.dim, cfg.num_heads * cfg.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.dim, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.dim, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape  # (batch, seq, dim)
+        q = self.wq(x).view(b, s, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # GQA: each group of num_heads / num_kv_heads query heads shares one K/V head.
+        out = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=self.num_kv_heads != self.num_heads
+        )
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU (Shazeer 2020): w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.w1 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.w3 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.w2 = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attention = Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.feed_forward = FeedForward(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Llama(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        if cfg.tied_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        # RoPE tables are derived, not state: non-persistent, rebuilt by init_weights.
+        cos, sin = rope_tables(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: (batch, seq) int64 → logits (batch, seq, vocab)."""
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            h = layer(h, self.rope_cos, self.rope_sin)
+        return self.output(self.norm(h))
+
+    @torch.no_grad()
+    def init_weights(self, seed: int) -> None:
+        """Fill every parameter from a generator seeded by (seed, parameter name).
+
+        Each rank draws the full tensor on the CPU and keeps its own shard, so the result is
+        bitwise the same for any world size and leaves the global RNG untouched.
+        """
+        device = self.rope_cos.device
+        cos, sin = rope_tables(
+            self.cfg.max_seq_len, self.cfg.head_dim, self.cfg.rope_theta, device=device
+        )
+        self.rope_cos.copy_(cos)
+        self.rope_sin.copy_(sin)
+        # Residual-branch outputs scaled by 1/sqrt(2 * layers) (GPT-2, Radford et al. 2019 §2.3).
+        out_std = 0.02 / math.sqrt(2 * self.cfg.num_layers)
+        for name, param in self.named_parameters():
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+            if name.endswith("norm.weight"):
+                full = torch.ones(param.shape)
+            elif name.endswith(("wo.weight", "w2.weight")):
+                full = torch.randn(param.shape, generator=gen) * out_std
+            else:
+                full = torch.randn(param.shape, generator=gen) * 0.02
+            if isinstance(param, DTensor):
+                shard = distribute_tensor(
+                    full, param.device_mesh, param.placements, src_data_rank=None
+                )
+                param.to_local().copy_(shard.to_local())
+            else:
+                param.copy_(full)
