@@ -344,8 +344,10 @@ def goodput_report(
         if math.isfinite(interval)
         else 1.0 / (1.0 + p.planned_rate_per_s * p.planned_cost_s)
     )
-    plan = spec.plan()
-    tokens_per_step = float(plan.global_batch_size * spec.model.seq_length)
+    gbs = spec.parallel.global_batch_size
+    if gbs is None:
+        raise SpecError("parallel.global_batch_size", None, "required: sequences per step")
+    tokens_per_step = float(gbs * spec.model.seq_length)
     report = GoodputReport(
         model, step_time_s, tokens_per_step, days or DEFAULT_DAYS, tokens, interval, optimum, e
     )

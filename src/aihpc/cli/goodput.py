@@ -1,0 +1,173 @@
+"""``aihpc goodput``: time-to-train under failures, checkpoints and restarts."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from aihpc.cli._common import console, guarded, print_json
+from aihpc.spec import SpecError, load_runspec
+
+__all__ = ["parse_count", "register"]
+
+_SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+
+
+def parse_count(field: str, text: str | None) -> float | None:
+    """'15.6T', '1.56e13', '500B' → a number; anything else is a SpecError."""
+    if text is None:
+        return None
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBgGtT]?)\s*", text)
+    if not m:
+        raise SpecError(field, text, "expected a number > 0, e.g. 15.6T or 1.56e13")
+    value = float(m.group(1)) * _SUFFIX[m.group(2).lower()]
+    if not value > 0 or not math.isfinite(value):
+        raise SpecError(field, text, "must be > 0")
+    return value
+
+
+def _step_time_s(spec, step_time: float | None) -> float:  # type: ignore[no-untyped-def]
+    if step_time is not None:
+        return step_time
+    try:
+        from aihpc.perf.estimate import estimate
+    except ImportError as err:  # the performance model is not installed in this build
+        raise SpecError("--step-time", None, "required: seconds per optimizer step") from err
+    return estimate(spec).step_time_s
+
+
+def _fmt_s(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "∞"
+    if seconds >= 7200:
+        return f"{seconds / 3600:.2f} h"
+    if seconds >= 120:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds:.3g} s"
+
+
+def _render(rep) -> None:  # type: ignore[no-untyped-def]
+    d = rep.to_json()
+    ck, rc = d["checkpoint"], d["recovery"]
+    t = Table(
+        title=f"goodput: {rep.num_gpus:,} GPUs, {ck['strategy']} checkpoints",
+        show_header=True,
+        header_style="bold",
+    )
+    t.add_column("quantity")
+    t.add_column("value", justify="right")
+    t.add_column("note")
+    t.add_row("job MTBF (unexpected)", _fmt_s(d["mtbf_s"]), d["failure_rate_source"])
+    t.add_row(
+        "interruptions / day",
+        f"{rep.interruptions_per_day:.2f}",
+        f"incl. {d['planned_interruptions_per_day']:.2f} planned",
+    )
+    t.add_row(
+        "expected_interruptions", f"{d['expected_interruptions']:.0f}", f"over {d['days']:.3g} days"
+    )
+    t.add_row("checkpoint size", f"{ck['bytes'] / 1e12:.2f} TB", "weights + fp32 master + moments")
+    t.add_row("storage write bandwidth", f"{ck['write_bw_GBps']:.0f} GB/s", ck["bw_source"])
+    t.add_row(
+        "save: blocking / persist",
+        f"{_fmt_s(ck['blocking_s'])} / {_fmt_s(ck['persist_s'])}",
+        "persist runs in the background" if ck["persist_s"] else "",
+    )
+    t.add_row(
+        "recovery",
+        _fmt_s(rc["total_s"]),
+        f"detect {_fmt_s(rc['detection_s'])} + restart {_fmt_s(rc['restart_s'])} "
+        f"+ load {_fmt_s(rc['load_s'])}",
+    )
+    t.add_row(
+        "optimal_checkpoint_interval_s",
+        _fmt_s(d["optimal_checkpoint_interval_s"]),
+        f"Young {_fmt_s(d['young_interval_s'])}, Daly {_fmt_s(d['daly_interval_s'])}; "
+        f"used {_fmt_s(d['checkpoint_interval_s'])} = {d['checkpoint_interval_steps']} steps",
+    )
+    t.add_row("ettr", f"{d['ettr']:.1%}", "useful training time / wall-clock time")
+    for key, frac in d["lost_time_fraction"].items():
+        t.add_row(f"  lost: {key}", f"{frac:.1%}", "")
+    t.add_row(
+        "tokens/s per GPU",
+        f"{d['tokens_per_s_per_gpu']:.0f}",
+        f"x ETTR = {d['goodput_tokens_per_s_per_gpu']:.0f} (goodput)",
+    )
+    if "time_to_train_days" in d:
+        t.add_row(
+            "time_to_train_days",
+            f"{d['time_to_train_days']:.1f}",
+            f"{d['tokens']:.3g} tokens, {d['gpu_hours'] / 1e6:.2f} M GPU-hours",
+        )
+    console.print(t)
+    console.print(rep.summary())
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("goodput")
+    @guarded
+    def goodput_cmd(
+        runspec: Path = typer.Argument(..., help="Run spec (TOML)."),
+        days: float | None = typer.Option(
+            None,
+            "--days",
+            help="Horizon for expected_interruptions (default 30, or the time to train --tokens).",
+        ),
+        tokens: str | None = typer.Option(
+            None, "--tokens", help="Token budget, e.g. 15.6T: adds time_to_train_days."
+        ),
+        step_time: float | None = typer.Option(
+            None, "--step-time", help="Seconds per optimizer step (default: aihpc estimate)."
+        ),
+        strategy: str | None = typer.Option(
+            None,
+            "--strategy",
+            help="Checkpoint strategy: sync | async | in_memory "
+            "(overrides [reliability] checkpoint_strategy).",
+        ),
+        plot: Path | None = typer.Option(
+            None,
+            "--plot",
+            help="Write goodput against GPU count for several checkpoint strategies to this .png.",
+        ),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    ) -> None:
+        """Goodput at scale: MTBF, optimal checkpoint interval, ETTR and time-to-train."""
+        from aihpc.perf.goodput import goodput_report
+        from aihpc.perf.goodput_plot import _check_plot_path, plot_goodput
+
+        if days is not None and not (math.isfinite(days) and days > 0):
+            raise SpecError("--days", days, "must be a number of days > 0")
+        if step_time is not None and not (math.isfinite(step_time) and step_time > 0):
+            raise SpecError("--step-time", step_time, "must be seconds > 0")
+        n_tokens = parse_count("--tokens", tokens)
+        if plot is not None:
+            _check_plot_path(plot)  # fail before the (slower) estimate
+        spec = load_runspec(runspec)
+        if strategy is not None:
+            from aihpc.spec.reliability import CHECKPOINT_STRATEGIES
+
+            if strategy not in CHECKPOINT_STRATEGIES:
+                raise SpecError(
+                    "--strategy", strategy, "allowed: " + " | ".join(CHECKPOINT_STRATEGIES)
+                )
+            spec = replace(
+                spec, reliability=replace(spec.reliability, checkpoint_strategy=strategy)
+            )
+        rep = goodput_report(spec, _step_time_s(spec, step_time), days=days, tokens=n_tokens)
+        if plot is not None:
+            plot_goodput(spec, plot)
+        if as_json:
+            out = rep.to_json()
+            if plot is not None:
+                out["plot"] = str(plot)
+            print_json(out)
+        else:
+            _render(rep)
+            if plot is not None:
+                console.print(f"plot written to {plot}")

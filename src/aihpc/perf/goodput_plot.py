@@ -1,0 +1,110 @@
+"""Goodput (ETTR) against GPU count for several checkpoint strategies, and its plot."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from aihpc.perf.goodput import ettr, goodput_model, optimal_interval_s
+from aihpc.spec.errors import SpecError
+from aihpc.spec.runspec import RunSpec
+
+__all__ = ["DEFAULT_VARIANTS", "FAST_RESTART", "goodput_curves", "plot_goodput", "with_scale"]
+
+# A faster restart: hot spare nodes and in-process restart skip rescheduling and relaunch
+# (NVRx in-process restart; DeadPool reports < 40 s hot swaps, arXiv 2607.01646).
+FAST_RESTART = {"detection_time_s": 10.0, "restart_time_s": 60.0}
+DEFAULT_VARIANTS: dict[str, dict[str, object]] = {
+    "sync": {"checkpoint_strategy": "sync"},
+    "async": {"checkpoint_strategy": "async"},
+    "in_memory": {"checkpoint_strategy": "in_memory"},
+    "async + fast restart": {"checkpoint_strategy": "async", **FAST_RESTART},
+    "in_memory + fast restart": {"checkpoint_strategy": "in_memory", **FAST_RESTART},
+}
+
+
+def with_scale(spec: RunSpec, num_gpus: int, **reliability: object) -> RunSpec:
+    """``spec`` on ``num_gpus`` GPUs (same node size), with [reliability] fields replaced."""
+    cluster = replace(spec.cluster, num_gpus=num_gpus)
+    return replace(spec, cluster=cluster, reliability=replace(spec.reliability, **reliability))
+
+
+def default_gpu_counts(spec: RunSpec) -> list[int]:
+    """1K to 128K GPUs in powers of two of whole nodes."""
+    gpn = spec.cluster.gpus_per_node
+    return [gpn * (1 << k) for k in range(20) if 1024 <= gpn * (1 << k) <= 131072]
+
+
+def goodput_curves(
+    spec: RunSpec,
+    gpu_counts: list[int],
+    variants: dict[str, dict[str, object]] | None = None,
+    checkpoint_bytes: float | None = None,
+) -> dict[str, list[float]]:
+    """ETTR at the optimal checkpoint interval for each variant and GPU count."""
+    variants = DEFAULT_VARIANTS if variants is None else variants
+    if checkpoint_bytes is None:
+        checkpoint_bytes = goodput_model(spec).checkpoint.checkpoint_bytes
+    out: dict[str, list[float]] = {}
+    for label, fields in variants.items():
+        row = []
+        for n in gpu_counts:
+            p = goodput_model(with_scale(spec, n, **fields), checkpoint_bytes).params
+            row.append(ettr(p, optimal_interval_s(p)))
+        out[label] = row
+    return out
+
+
+def _check_plot_path(path: Path) -> None:
+    if path.suffix.lower() != ".png":
+        raise SpecError("--plot", str(path), "must be a .png file name")
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise SpecError("--plot", str(path), "is a directory; expected a .png file name")
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise SpecError("--plot", str(path), "its directory must exist and be writable")
+
+
+def plot_goodput(spec: RunSpec, path: str | Path, gpu_counts: list[int] | None = None) -> Path:
+    """Draw ETTR against GPU count for sync / async / in-memory checkpoints and faster restarts.
+
+    Written to a temporary file in the same directory and renamed, so a failed write never
+    leaves a half-written plot.
+    """
+    path = Path(path)
+    _check_plot_path(path)
+    counts = gpu_counts or default_gpu_counts(spec)
+    curves = goodput_curves(spec, counts)
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for label, values in curves.items():
+        style = "--" if "fast restart" in label else "-"
+        ax.plot(counts, [100 * v for v in values], style, marker="o", ms=3, label=label)
+    ax.axvline(spec.cluster.num_gpus, color="grey", lw=0.8, ls=":")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("GPUs")
+    ax.set_ylabel("goodput: effective training time ratio (%)")
+    ax.set_title(f"{spec.model.name} on {spec.cluster.gpu.id}: ETTR at the optimal interval")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png", dpi=120)
+        os.replace(tmp, path)
+    except OSError as err:
+        raise SpecError("--plot", str(path), f"could not be written ({err.strerror})") from err
+    finally:
+        plt.close(fig)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return path

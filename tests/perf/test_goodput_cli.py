@@ -1,0 +1,102 @@
+"""``aihpc goodput``: JSON keys, human output, plot, and exit code 2 with one line on bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from aihpc.cli import app
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "llama3-405b-16k.toml"
+runner = CliRunner()
+
+
+def run(*args: str):
+    return runner.invoke(app, ["goodput", *map(str, args)])
+
+
+def test_json_keys_and_llama3_figures():
+    res = run(EXAMPLE, "--step-time", "10", "--days", "54", "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    for key in ("mtbf_s", "expected_interruptions", "optimal_checkpoint_interval_s", "ettr"):
+        assert isinstance(out[key], float)
+    assert "time_to_train_days" not in out
+    assert abs(out["expected_interruptions"] - 466) / 466 < 0.10  # Llama 3 §3.3.4
+    assert out["ettr"] > 0.90
+
+
+def test_tokens_adds_time_to_train():
+    res = run(EXAMPLE, "--step-time", "10", "--tokens", "15.6T", "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["tokens"] == pytest.approx(15.6e12)
+    assert out["time_to_train_days"] > 0
+    assert out["days"] == pytest.approx(out["time_to_train_days"])
+
+
+def test_human_output_names_the_dominant_loss():
+    res = run(EXAMPLE, "--step-time", "10", "--strategy", "sync")
+    assert res.exit_code == 0, res.output
+    assert "ETTR" in res.stdout and "dominates the lost time" in res.stdout
+
+
+def test_estimate_supplies_the_step_time():
+    pytest.importorskip("aihpc.perf.estimate")
+    res = run(EXAMPLE, "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["step_time_s"] > 0
+
+
+def test_plot_is_written_atomically(tmp_path):
+    target = tmp_path / "goodput.png"
+    res = run(EXAMPLE, "--step-time", "10", "--plot", target, "--json")
+    assert res.exit_code == 0, res.output
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["goodput.png"]  # no temp file left
+
+
+def _bad(res, field: str) -> None:
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and field in lines[0], res.output
+
+
+def test_negative_days_and_bad_tokens():
+    _bad(run(EXAMPLE, "--step-time", "10", "--days", "-3"), "--days")
+    _bad(run(EXAMPLE, "--step-time", "10", "--tokens", "lots"), "--tokens")
+    _bad(run(EXAMPLE, "--step-time", "10", "--strategy", "tape"), "--strategy")
+
+
+def test_bad_reliability_field(tmp_path):
+    spec = tmp_path / "run.toml"
+    spec.write_text(EXAMPLE.read_text() + "\n[reliability]\nfailure_rate_scale = -2\n")
+    _bad(run(spec, "--step-time", "10"), "reliability.failure_rate_scale")
+    spec.write_text(EXAMPLE.read_text() + "\n[reliability]\nmtbf_hours = 3\n")
+    _bad(run(spec, "--step-time", "10"), "reliability.mtbf_hours")
+
+
+def test_bad_plot_path(tmp_path):
+    _bad(run(EXAMPLE, "--step-time", "10", "--plot", tmp_path / "missing" / "x.png"), "--plot")
+    _bad(run(EXAMPLE, "--step-time", "10", "--plot", tmp_path / "x.jpg"), "--plot")
+    _bad(run(EXAMPLE, "--step-time", "10", "--plot", tmp_path), "--plot")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root can write anywhere")
+def test_unwritable_plot_directory(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        _bad(run(EXAMPLE, "--step-time", "10", "--plot", locked / "x.png"), "--plot")
+    finally:
+        locked.chmod(0o700)
+        shutil.rmtree(locked)
