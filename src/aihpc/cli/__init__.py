@@ -9,7 +9,7 @@ from __future__ import annotations
 import typer
 
 from aihpc import __version__
-from aihpc.cli import goodput, plan, train
+from aihpc.cli import bench, goodput, plan, train
 
 __all__ = ["app", "main"]
 
@@ -40,6 +40,7 @@ def _root(
 plan.register(app)
 train.register(app)
 goodput.register(app)
+bench.register(app)
 
 
 def main() -> None:

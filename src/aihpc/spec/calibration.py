@@ -10,6 +10,8 @@ File layout (TOML)::
     tier = "scale_up"              # scale_up (inside the NVLink domain) | scale_out (across it)
     num_ranks = 8                  # ranks in the measured group
     max_rel_error = 0.04           # fit quality over the measured sizes
+    num_points = 24                # optional: measured sizes behind the fit
+    single_regime_max_rel_error = 0.25   # optional: what a one-line fit would have missed by
     regimes = [                    # ascending; the last one has no max_bytes
       { max_bytes = 1048576, latency_us = 9.5, busbw_GBps = 110.0 },
       { latency_us = 31.0, busbw_GBps = 365.0 },
@@ -33,8 +35,17 @@ from typing import Any
 
 from aihpc.spec.errors import SpecError
 
-__all__ = ["COLLECTIVES", "TIERS", "Calibration", "CommFit", "CommRegime", "GemmFit",
-           "load_calibration"]
+__all__ = [
+    "COLLECTIVES",
+    "TIERS",
+    "Calibration",
+    "CommFit",
+    "CommRegime",
+    "GemmFit",
+    "calibration_from_dict",
+    "calibration_to_toml",
+    "load_calibration",
+]
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
 TIERS = ("scale_up", "scale_out")
@@ -54,6 +65,8 @@ class CommFit:
     regimes: tuple[CommRegime, ...]
     num_ranks: int = 0
     max_rel_error: float | None = None
+    num_points: int = 0
+    single_regime_max_rel_error: float | None = None
 
     def regime(self, size_bytes: float) -> CommRegime:
         for r in self.regimes:
@@ -98,10 +111,37 @@ def _num(where: str, value: Any) -> float:
     return float(value)
 
 
+_TOP_KEYS = ("source", "comm", "gemm")
+_COMM_KEYS = (
+    "collective",
+    "tier",
+    "num_ranks",
+    "max_rel_error",
+    "regimes",
+    "num_points",
+    "single_regime_max_rel_error",
+)
+_REGIME_KEYS = ("max_bytes", "latency_us", "busbw_GBps")
+_GEMM_KEYS = ("precision", "points")
+
+
+def _known(where: str, table: Any, allowed: tuple[str, ...]) -> None:
+    # unknown keys are errors: a misspelt busbw must not silently fall back to the defaults
+    if not isinstance(table, dict):
+        raise SpecError(where, table, "expected a table")
+    for key in table:
+        if key not in allowed:
+            raise SpecError(
+                f"{where}.{key}", table[key], "unknown key; allowed: " + ", ".join(allowed)
+            )
+
+
 def calibration_from_dict(data: dict[str, Any], path: str = "") -> Calibration:
+    _known("calibration", data, _TOP_KEYS)
     comm: dict[tuple[str, str], CommFit] = {}
     for i, entry in enumerate(data.get("comm", [])):
         where = f"calibration.comm[{i}]"
+        _known(where, entry, _COMM_KEYS)
         coll, tier = entry.get("collective"), entry.get("tier")
         if coll not in COLLECTIVES:
             raise SpecError(f"{where}.collective", coll, "allowed: " + " | ".join(COLLECTIVES))
@@ -109,28 +149,45 @@ def calibration_from_dict(data: dict[str, Any], path: str = "") -> Calibration:
             raise SpecError(f"{where}.tier", tier, "allowed: " + " | ".join(TIERS))
         regimes = []
         for j, r in enumerate(entry.get("regimes", [])):
+            _known(f"{where}.regimes[{j}]", r, _REGIME_KEYS)
             bw = _num(f"{where}.regimes[{j}].busbw_GBps", r.get("busbw_GBps"))
             if bw <= 0:
                 raise SpecError(f"{where}.regimes[{j}].busbw_GBps", bw, "must be > 0")
-            regimes.append(CommRegime(
-                latency_us=_num(f"{where}.regimes[{j}].latency_us", r.get("latency_us", 0.0)),
-                busbw_GBps=bw,
-                max_bytes=_num(f"{where}.regimes[{j}].max_bytes", r.get("max_bytes", math.inf)),
-            ))
+            regimes.append(
+                CommRegime(
+                    latency_us=_num(f"{where}.regimes[{j}].latency_us", r.get("latency_us", 0.0)),
+                    busbw_GBps=bw,
+                    max_bytes=_num(f"{where}.regimes[{j}].max_bytes", r.get("max_bytes", math.inf)),
+                )
+            )
         if not regimes:
             raise SpecError(f"{where}.regimes", [], "needs at least one regime")
-        comm[(coll, tier)] = CommFit(coll, tier, tuple(sorted(regimes, key=lambda r: r.max_bytes)),
-                                     int(entry.get("num_ranks", 0)), entry.get("max_rel_error"))
+        err = entry.get("max_rel_error")
+        single = entry.get("single_regime_max_rel_error")
+        comm[(coll, tier)] = CommFit(
+            coll,
+            tier,
+            tuple(sorted(regimes, key=lambda r: r.max_bytes)),
+            int(_num(f"{where}.num_ranks", entry.get("num_ranks", 0))),
+            None if err is None else _num(f"{where}.max_rel_error", err),
+            int(_num(f"{where}.num_points", entry.get("num_points", 0))),
+            None if single is None else _num(f"{where}.single_regime_max_rel_error", single),
+        )
     gemm: dict[str, GemmFit] = {}
     for i, entry in enumerate(data.get("gemm", [])):
         where = f"calibration.gemm[{i}]"
-        pts = sorted((_num(f"{where}.points", p[0]), _num(f"{where}.points", p[1]))
-                     for p in entry.get("points", []))
+        _known(where, entry, _GEMM_KEYS)
+        pts = sorted(
+            (_num(f"{where}.points", p[0]), _num(f"{where}.points", p[1]))
+            for p in entry.get("points", [])
+        )
         if not pts or any(p[0] <= 0 or p[1] <= 0 for p in pts):
-            raise SpecError(f"{where}.points", entry.get("points"),
-                            "needs [GFLOP, TFLOP/s] pairs, both > 0")
-        gemm[str(entry.get("precision", "bf16"))] = GemmFit(str(entry.get("precision", "bf16")),
-                                                            tuple(pts))
+            raise SpecError(
+                f"{where}.points", entry.get("points"), "needs [GFLOP, TFLOP/s] pairs, both > 0"
+            )
+        gemm[str(entry.get("precision", "bf16"))] = GemmFit(
+            str(entry.get("precision", "bf16")), tuple(pts)
+        )
     return Calibration(comm=comm, gemm=gemm, source=str(data.get("source", "")), path=path)
 
 
@@ -143,3 +200,44 @@ def load_calibration(path: str | Path) -> Calibration:
     except tomllib.TOMLDecodeError as err:
         raise SpecError("cluster.calibration", str(path), f"not valid TOML ({err})") from err
     return calibration_from_dict(data, str(path))
+
+
+def _fmt(value: float) -> str:
+    # shortest round-trip text; TOML spells infinity "inf"
+    return "inf" if value == math.inf else repr(float(value))
+
+
+def calibration_to_toml(cal: Calibration, header: str = "") -> str:
+    """The TOML text ``load_calibration`` reads back to an equal Calibration."""
+    lines = [f"# {h}" for h in header.splitlines()]
+    lines.append(f"source = {_quote(cal.source)}")
+    for (coll, tier), fit in sorted(cal.comm.items()):
+        lines += [
+            "",
+            "[[comm]]",
+            f'collective = "{coll}"',
+            f'tier = "{tier}"',
+            f"num_ranks = {fit.num_ranks}",
+        ]
+        if fit.num_points:
+            lines.append(f"num_points = {fit.num_points}")
+        if fit.max_rel_error is not None:
+            lines.append(f"max_rel_error = {_fmt(fit.max_rel_error)}")
+        if fit.single_regime_max_rel_error is not None:
+            lines.append(f"single_regime_max_rel_error = {_fmt(fit.single_regime_max_rel_error)}")
+        lines.append("regimes = [")
+        for r in fit.regimes:
+            bound = "" if r.max_bytes == math.inf else f"max_bytes = {_fmt(r.max_bytes)}, "
+            lines.append(
+                f"  {{ {bound}latency_us = {_fmt(r.latency_us)}, "
+                f"busbw_GBps = {_fmt(r.busbw_GBps)} }},"
+            )
+        lines.append("]")
+    for prec, g in sorted(cal.gemm.items()):
+        pts = ", ".join(f"[{_fmt(a)}, {_fmt(b)}]" for a, b in g.points)
+        lines += ["", "[[gemm]]", f"precision = {_quote(prec)}", f"points = [{pts}]"]
+    return "\n".join(lines) + "\n"
+
+
+def _quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ") + '"'

@@ -1,0 +1,391 @@
+"""Measuring commands: ``aihpc bench comm``, ``aihpc bench gemm`` and ``aihpc calibrate``.
+
+torch is imported inside the bench commands only, so ``aihpc calibrate`` on an nccl-tests log
+works on a laptop without torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from aihpc.cli._common import console, err_console, fail, guarded, print_json
+from aihpc.spec.errors import SpecError
+
+__all__ = ["register"]
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write via a temporary file in the same folder and rename: never a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def _progress(total: int, enabled: bool) -> Iterator[Any]:
+    """A rich progress bar on stderr (None when disabled: --json, not rank 0, or no terminal)."""
+    if not enabled or not err_console.is_terminal:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=err_console,
+        transient=True,
+        redirect_stdout=sys.stdout.isatty(),
+    ) as progress:
+        progress.add_task("bench", total=total)
+        yield progress
+
+
+def _comm_worker(cfg: Any, as_json: bool, timeout_s: float, output: str | None) -> dict[str, Any]:
+    """Runs on every rank (spawned by --nproc-per-node, or started by torchrun / srun)."""
+    from aihpc.bench.collectives import format_footer, format_header, format_row
+    from aihpc.bench.comm import device_lines, results_json, run_comm_bench
+    from aihpc.bench.dist import init_distributed
+
+    try:
+        with init_distributed(timeout_s) as ctx:
+            lead = ctx.rank == 0
+            devices = device_lines(ctx)
+            rows: list[Any] = []
+            with _progress(len(cfg.collectives) * len(cfg.sizes), lead and not as_json) as bar:
+
+                def on_start(coll: str, n: int) -> None:
+                    rows.clear()
+                    if lead and not as_json:
+                        print(
+                            format_header(
+                                coll,
+                                n,
+                                min(cfg.sizes),
+                                max(cfg.sizes),
+                                _factor(cfg.sizes),
+                                cfg.warmup,
+                                cfg.iters,
+                                cfg.check,
+                                devices,
+                            ),
+                            flush=True,
+                        )
+
+                def on_result(r: Any) -> None:
+                    rows.append(r)
+                    if bar is not None:
+                        bar.advance(bar.task_ids[0])
+                    if lead and not as_json:
+                        print(
+                            format_row(
+                                r.size_bytes,
+                                r.count,
+                                r.dtype,
+                                r.redop,
+                                r.root,
+                                r.out_of_place,
+                                r.in_place,
+                            ),
+                            flush=True,
+                        )
+                        if len(rows) == len(cfg.sizes):
+                            halves = [h for x in rows for h in (x.out_of_place, x.in_place) if h]
+                            bad = sum(1 for h in halves if h.wrong)
+                            avg = sum(h.busbw_GBps for h in halves) / len(halves)
+                            print(format_footer(r.collective, bad, avg), flush=True)
+
+                results = run_comm_bench(ctx, cfg, on_result, on_start)
+            doc = results_json(results, ctx, cfg)
+            if lead:
+                if as_json:
+                    print_json(doc)
+                if output:
+                    write_atomic(Path(output), json.dumps(doc, indent=2) + "\n")
+            return {"wrong_rows": doc["wrong_rows"]}
+    except SpecError as err:
+        # travels back to the parent of spawned workers, which turns it into exit code 2
+        return {"spec_error": (err.field, err.value, err.allowed)}
+
+
+def _factor(sizes: tuple[int, ...]) -> int:
+    return sizes[1] // sizes[0] if len(sizes) > 1 else 1
+
+
+def register(app: typer.Typer) -> None:
+    bench_app = typer.Typer(
+        help="Micro-benchmarks: collectives (nccl-tests semantics) and GEMM.", no_args_is_help=True
+    )
+    app.add_typer(bench_app, name="bench")
+
+    @bench_app.command("comm")
+    @guarded
+    def comm(
+        collective: str = typer.Option(
+            "all",
+            "--collective",
+            "-C",
+            help="Comma list of all_reduce, all_gather, "
+            "reduce_scatter, all_to_all, broadcast, send_recv; or 'all'.",
+        ),
+        minbytes: str = typer.Option("1K", "-b", "--minbytes", help="Smallest size (K/M/G)."),
+        maxbytes: str = typer.Option("16M", "-e", "--maxbytes", help="Largest size (K/M/G)."),
+        stepfactor: int = typer.Option(4, "-f", "--stepfactor", help="Size multiplier."),
+        iters: int = typer.Option(20, "-n", "--iters", help="Timed iterations per size."),
+        warmup: int = typer.Option(1, "-w", "--warmup-iters", help="Untimed iterations first."),
+        datatype: str = typer.Option(
+            "float", "-d", "--datatype", help="float | half | bfloat16 | double | int32 | int64"
+        ),
+        op: str = typer.Option("sum", "-o", "--op", help="sum | prod | max | min | avg"),
+        root: int = typer.Option(0, "-r", "--root", help="Root rank of broadcast."),
+        check: int = typer.Option(1, "-c", "--check", help="1: count wrong elements; 0: off."),
+        group: str = typer.Option(
+            "world",
+            "--group",
+            help="world | intra (inside each node: "
+            "scale-up tier) | inter (same local rank across nodes: "
+            "scale-out tier).",
+        ),
+        ranks_per_node: int | None = typer.Option(
+            None, "--ranks-per-node", help="Override the node split (default: by hostname)."
+        ),
+        nproc_per_node: int | None = typer.Option(
+            None,
+            "--nproc-per-node",
+            help="Start N local workers (not needed under torchrun / srun).",
+        ),
+        timeout: float = typer.Option(300.0, "--timeout", help="Process-group timeout, s."),
+        output: str | None = typer.Option(None, "--output", help="Also write the JSON here."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    ) -> None:
+        """Collective bandwidth sweep with nccl-tests' size, algbw and busbw definitions."""
+        from aihpc.bench.collectives import COLLECTIVES, parse_size, size_sweep
+
+        colls = (
+            COLLECTIVES
+            if collective == "all"
+            else tuple(c.strip() for c in collective.split(",") if c.strip())
+        )
+        sizes = size_sweep(
+            parse_size(minbytes, "-b/--minbytes"), parse_size(maxbytes, "-e/--maxbytes"), stepfactor
+        )
+        if check not in (0, 1):
+            raise SpecError("-c/--check", check, "allowed: 0 | 1")
+        if nproc_per_node is not None and nproc_per_node < 1:
+            raise SpecError("--nproc-per-node", nproc_per_node, "must be >= 1")
+        # validate before any process starts, so bad input costs no launch
+        from aihpc.bench.comm import CommConfig, validate_comm_config
+        from aihpc.bench.dist import launch_local, launcher_env
+
+        env = launcher_env()
+        world = int(env["WORLD_SIZE"]) if env else (nproc_per_node or 1)
+        cfg = validate_comm_config(
+            CommConfig(
+                collectives=colls,
+                sizes=tuple(sizes),
+                iters=iters,
+                warmup=warmup,
+                dtype=datatype,
+                op=op,
+                check=bool(check),
+                root=root,
+                group=group,
+                ranks_per_node=ranks_per_node,
+            ),
+            world,
+        )
+        if env is not None:
+            status = _comm_worker(cfg, as_json, timeout, output)
+        else:
+            import torch.multiprocessing as tmp
+
+            try:
+                status = launch_local(world, _comm_worker, cfg, as_json, timeout, output)
+            except (tmp.ProcessRaisedException, tmp.ProcessExitedException) as err:
+                last = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+                fail(f"a benchmark worker failed: {last[-1] if last else err}", code=1)
+        if status and "spec_error" in status:
+            raise SpecError(*status["spec_error"])
+        if status and status.get("wrong_rows"):
+            fail(f"{status['wrong_rows']} size(s) returned wrong elements (#wrong > 0)", code=1)
+
+    @bench_app.command("gemm")
+    @guarded
+    def gemm(
+        shape: list[str] = typer.Option(
+            None,
+            "--shape",
+            "-s",
+            help="MxNxK (or N for a cube); "
+            "repeat. Default: cubes 256 .. 2048 on CPU, "
+            "1024 .. 16384 on GPU.",
+        ),
+        precision: str = typer.Option(
+            "bf16", "--precision", "-p", help="bf16 | fp16 | fp32 | tf32"
+        ),
+        iters: int = typer.Option(10, "-n", "--iters", help="Timed iterations per shape."),
+        warmup: int = typer.Option(2, "-w", "--warmup-iters", help="Untimed iterations first."),
+        output: str | None = typer.Option(None, "--output", help="Also write the JSON here."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    ) -> None:
+        """Achieved TFLOP/s of torch.matmul against shape, at one precision."""
+        from aihpc.bench.gemm import PRECISIONS, GemmConfig, parse_shape
+
+        if precision not in PRECISIONS:
+            raise SpecError("--precision", precision, "allowed: " + " | ".join(PRECISIONS))
+        import torch
+
+        from aihpc.bench.gemm import device_name, gemm_json, run_gemm_bench
+
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if shape:
+            shapes = tuple(parse_shape(s) for s in shape)
+        else:
+            cubes = (
+                (256, 512, 1024, 2048) if device.type == "cpu" else (1024, 2048, 4096, 8192, 16384)
+            )
+            shapes = tuple((c, c, c) for c in cubes)
+        cfg = GemmConfig(shapes, precision, iters, warmup)
+        with _progress(len(shapes), not as_json) as bar:
+            results = run_gemm_bench(cfg, device, lambda _r: bar and bar.advance(bar.task_ids[0]))
+        doc = gemm_json(results, device)
+        if output:
+            write_atomic(Path(output), json.dumps(doc, indent=2) + "\n")
+        if as_json:
+            print_json(doc)
+            return
+        table = Table(title=f"torch.matmul {precision} on {device_name(device)}")
+        for col in ("M", "N", "K", "GFLOP", "time (us)", "TFLOP/s"):
+            table.add_column(col, justify="right")
+        for r in results:
+            table.add_row(
+                str(r.m),
+                str(r.n),
+                str(r.k),
+                f"{r.gflop:.3g}",
+                f"{r.time_us:.1f}",
+                f"{r.tflops:.3f}",
+            )
+        console.print(table)
+
+    @app.command("calibrate")
+    @guarded
+    def calibrate(
+        inputs: list[str] = typer.Argument(
+            ..., help="`aihpc bench comm|gemm --json` outputs and/or nccl-tests text logs."
+        ),
+        output: str = typer.Option(
+            "calibration.toml", "--output", "-O", help="Calibration TOML to write."
+        ),
+        tier: str | None = typer.Option(
+            None,
+            "--tier",
+            help="scale_up | scale_out (default: from the run; one host = scale_up).",
+        ),
+        collective: str | None = typer.Option(
+            None, "--collective", help="For nccl-tests logs that do not name their test."
+        ),
+        column: str = typer.Option(
+            "out-of-place", "--column", help="Which time to fit: out-of-place | in-place | min."
+        ),
+        regimes: int = typer.Option(3, "--regimes", help="Size regimes per fit (1-4)."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    ) -> None:
+        """Fit latency / bandwidth per collective and tier (and GEMM efficiency) into a TOML
+        that a run spec names with [cluster] calibration = "FILE"."""
+        from aihpc.bench.calibrate import fit_to_calibration, load_measurements
+        from aihpc.spec.calibration import COLLECTIVES, calibration_to_toml
+
+        if collective is not None and collective not in COLLECTIVES:
+            raise SpecError("--collective", collective, "allowed: " + " | ".join(COLLECTIVES))
+        if not 1 <= regimes <= 4:
+            raise SpecError("--regimes", regimes, "allowed: 1 to 4")
+        comm_pts, gemm_pts = load_measurements(inputs, tier, collective, column)
+        source = "aihpc calibrate " + " ".join(Path(p).name for p in inputs)
+        cal, reports = fit_to_calibration(comm_pts, gemm_pts, source, regimes)
+        header = (
+            "Written by `aihpc calibrate`. Time of a collective of whole-buffer size S on "
+            "n ranks:\nlatency_us + S * busbw_factor(n) / busbw_GBps / 1e3 (us), in the "
+            "regime S falls in."
+        )
+        write_atomic(Path(output), calibration_to_toml(cal, header))
+        summary = {
+            "output": output,
+            "comm": [
+                {
+                    "collective": r.collective,
+                    "tier": r.tier,
+                    "num_ranks": r.num_ranks,
+                    "num_points": r.num_points,
+                    "max_rel_error": r.max_rel_error,
+                    "single_regime_max_rel_error": r.single_regime_max_rel_error,
+                    "regimes": [
+                        {
+                            "max_bytes": g.max_bytes,
+                            "latency_us": g.latency_us,
+                            "busbw_GBps": g.busbw_GBps,
+                        }
+                        for g in r.fit.regimes
+                    ],
+                }
+                for r in reports
+            ],
+            "gemm": [
+                {"precision": p, "points": [list(x) for x in g.points]} for p, g in cal.gemm.items()
+            ],
+        }
+        if as_json:
+            print_json(summary)
+            return
+        table = Table(title=f"calibration written to {output}")
+        for col in (
+            "collective",
+            "tier",
+            "ranks",
+            "regime (bytes)",
+            "latency (us)",
+            "busbw (GB/s)",
+            "max rel err",
+            "1-line err",
+        ):
+            table.add_column(col, justify="right")
+        for r in reports:
+            lo = 0.0
+            for i, g in enumerate(r.fit.regimes):
+                hi = "inf" if g.max_bytes == float("inf") else f"{g.max_bytes:.3g}"
+                first = i == 0
+                table.add_row(
+                    r.collective if first else "",
+                    r.tier if first else "",
+                    str(r.num_ranks) if first else "",
+                    f"{lo:.3g} .. {hi}",
+                    f"{g.latency_us:.2f}",
+                    f"{g.busbw_GBps:.2f}",
+                    f"{r.max_rel_error:.1%}" if first else "",
+                    f"{r.single_regime_max_rel_error:.1%}" if first else "",
+                )
+                lo = g.max_bytes
+        console.print(table)
+        for p, g in cal.gemm.items():
+            console.print(
+                f"gemm {p}: {len(g.points)} points, "
+                f"{min(t for _, t in g.points):.3g} .. "
+                f"{max(t for _, t in g.points):.3g} TFLOP/s"
+            )
