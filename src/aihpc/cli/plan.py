@@ -1,11 +1,311 @@
-"""Planning commands: estimate, search, validate."""
+"""Planning commands: estimate, search, validate. Parse, call aihpc.perf, render."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from aihpc.cli._common import console, err_console, guarded, print_json
+from aihpc.spec import SpecError, load_runspec
 
 __all__ = ["register"]
 
+RUNSPEC_HELP = "Run spec TOML ([model], [cluster], [parallel], [training])."
+TIME_LABELS = {
+    "compute": "compute (forward + backward)",
+    "recompute": "activation recompute",
+    "tp_comm": "tensor-parallel comm (exposed)",
+    "cp_comm": "context-parallel comm (exposed)",
+    "pp_comm": "pipeline p2p (exposed)",
+    "dp_comm": "data-parallel comm (exposed)",
+    "pipeline_bubble": "pipeline bubble",
+    "optimizer": "optimizer step",
+}
+
+
+def _goodput_json(spec, step_time_s: float) -> dict:  # type: ignore[no-untyped-def]
+    from aihpc.perf.goodput import goodput_report
+
+    return goodput_report(spec, step_time_s).to_json()
+
+
+def _plan_line(plan: dict) -> str:
+    return (
+        f"tp {plan['tp']} · pp {plan['pp']} · vpp {plan['vpp']} · cp {plan['cp']} · "
+        f"dp {plan['dp']} · zero {plan['zero_stage']} · sp {str(plan['sequence_parallel'])[0]}"
+        f" · recompute {plan['recompute']} · mbs {plan['micro_batch_size']} · "
+        f"gbs {plan['global_batch_size']}"
+    )
+
+
+def render_estimate(spec, est) -> None:  # type: ignore[no-untyped-def]
+    out = est.to_json()
+    m = spec.model
+    console.print(
+        f"[bold]{m.name}[/] on {spec.cluster.num_gpus} × {spec.cluster.gpu.id} "
+        f"({spec.training.precision})"
+    )
+    console.print(f"plan: {_plan_line(out['plan'])}")
+    t = Table(title="Step time", show_edge=False)
+    t.add_column("part")
+    t.add_column("seconds", justify="right")
+    t.add_column("share", justify="right")
+    for key, value in out["time_s"].items():
+        if value > 0:
+            t.add_row(TIME_LABELS.get(key, key), f"{value:.3f}", f"{value / est.step_time_s:.1%}")
+    t.add_row("[bold]step[/]", f"[bold]{est.step_time_s:.3f}[/]", "100%")
+    console.print(t)
+    mt = Table(title=f"Memory per GPU ({est.memory.stage} stage, GiB)", show_edge=False)
+    mt.add_column("part")
+    mt.add_column("GiB", justify="right")
+    for key, value in out["memory_gib"].items():
+        if key != "total":
+            mt.add_row(key, f"{value:.1f}")
+    fit = "[green]fits[/]" if est.fits else "[red]does NOT fit[/]"
+    mt.add_row(
+        "[bold]total[/]", f"[bold]{est.memory.total / 2**30:.1f}[/] of {est.hbm_gib:.0f} ({fit})"
+    )
+    console.print(mt)
+    console.print(
+        f"tokens/s/GPU [bold]{est.tokens_per_s_per_gpu:,.0f}[/] · model TFLOP/s/GPU "
+        f"{est.model_tflops_per_gpu:.0f} · MFU [bold]{est.mfu:.1%}[/] · HFU {est.hfu:.1%}"
+    )
+    console.print(f"[bold]Bottleneck:[/] {est.bottleneck}")
+
 
 def register(app: typer.Typer) -> None:
-    """Filled in by the performance-model work."""
+    @app.command()
+    @guarded
+    def estimate(
+        runspec: Path = typer.Argument(..., help=RUNSPEC_HELP),
+        json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+        goodput: bool = typer.Option(
+            True, help="Include the goodput figures (failures, checkpoints, restarts)."
+        ),
+    ) -> None:
+        """Estimate memory, step time, MFU and tokens/s of the run spec's plan."""
+        from aihpc.perf.estimate import estimate as run_estimate
+
+        spec = load_runspec(runspec)
+        est = run_estimate(spec)
+        if json_out:
+            out = est.to_json()
+            if goodput:
+                out["goodput"] = _goodput_json(spec, est.step_time_s)
+            print_json(out)
+            return
+        render_estimate(spec, est)
+        if goodput:
+            g = _goodput_json(spec, est.step_time_s)
+            console.print(
+                f"goodput: MTBF {g['mtbf_s'] / 3600:.1f} h · ETTR {g['ettr']:.1%} · "
+                f"checkpoint every {g['optimal_checkpoint_interval_s'] / 60:.0f} min"
+            )
+
+    @app.command()
+    @guarded
+    def search(
+        runspec: Path = typer.Argument(..., help=RUNSPEC_HELP),
+        top: int = typer.Option(10, "--top", min=1, help="How many plans to list."),
+        json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+        explain: bool = typer.Option(
+            False, "--explain", help="Show why faster-looking plans were rejected."
+        ),
+        rank_by: str = typer.Option(
+            "throughput", "--rank-by", help="throughput (tokens/s/GPU) | goodput (× ETTR)."
+        ),
+    ) -> None:
+        """Search every valid plan; [parallel] fields given in the run spec stay fixed."""
+        from aihpc.perf.search import search as run_search
+
+        if rank_by not in ("throughput", "goodput"):
+            raise SpecError("--rank-by", rank_by, "allowed: throughput | goodput")
+        spec = load_runspec(runspec)
+        key = None
+        ettr_of = {}
+        if rank_by == "goodput":
+            from aihpc.perf.goodput import goodput_report
+
+            def key(e):  # type: ignore[no-untyped-def]
+                r = goodput_report(spec, e.step_time_s)
+                ettr_of[id(e)] = r.ettr
+                return e.tokens_per_s_per_gpu * r.ettr
+
+        with Progress(
+            TextColumn("searching plans"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err_console,
+            transient=True,
+            disable=json_out,
+        ) as bar:
+            task = bar.add_task("search", total=None)
+            result = run_search(
+                spec,
+                top=top,
+                key=key,
+                explain=5 if explain else 0,
+                progress=lambda n: bar.update(task, completed=n),
+            )
+        if not result.plans:
+            hint = ""
+            if result.rejected_best:
+                need = min(r.estimate.memory.total for r in result.rejected_best) / 2**30
+                hint = f" (the leanest rejected plan needs {need:.0f} GiB)"
+            raise SpecError(
+                "cluster.num_gpus",
+                spec.cluster.num_gpus,
+                f"no plan fits in {spec.cluster.gpu.hbm_gib:.0f} GiB per GPU"
+                f"{hint}; add GPUs or use a part with more memory",
+            )
+        if json_out:
+            out = result.to_json(top)
+            if rank_by == "goodput":
+                for e, j in zip(result.plans[:top], out["plans"], strict=True):
+                    j["ettr"] = ettr_of.get(id(e))
+            if explain:
+                out["rejected"] = [
+                    {**r.estimate.to_json(), "reason": r.reason} for r in result.rejected_best
+                ]
+                out["invalid_reasons"] = dict(result.invalid_reasons)
+            print_json(out)
+            return
+        console.print(
+            f"{spec.model.name} on {spec.cluster.num_gpus} × {spec.cluster.gpu.id}: "
+            f"{result.evaluated:,} valid plans evaluated, {result.feasible:,} fit, "
+            f"{result.elapsed_s:.2f} s"
+        )
+        if not result.plans:
+            console.print("[red]No plan fits in memory.[/] Try --explain.")
+        t = Table(show_edge=False)
+        for col in (
+            "#",
+            "tp",
+            "pp",
+            "vpp",
+            "cp",
+            "dp",
+            "zero",
+            "sp",
+            "recompute",
+            "mbs",
+            "tok/s/GPU",
+            "MFU",
+            "GiB",
+        ):
+            t.add_column(col, justify="left" if col == "recompute" else "right", no_wrap=True)
+        for i, e in enumerate(result.plans[:top], 1):
+            p = e.plan
+            t.add_row(
+                str(i),
+                str(p.tp),
+                str(p.pp),
+                str(p.vpp),
+                str(p.cp),
+                str(p.dp),
+                str(p.zero_stage),
+                "y" if p.sequence_parallel else "n",
+                p.recompute,
+                str(p.micro_batch_size),
+                f"{e.tokens_per_s_per_gpu:,.1f}",
+                f"{e.mfu:.1%}",
+                f"{e.memory.total / 2**30:.1f}",
+            )
+        console.print(t)
+        if result.plans:
+            console.print(f"[bold]Best plan:[/] {result.plans[0].bottleneck}")
+        if explain:
+            if result.rejected_best:
+                console.print("[bold]Faster-looking plans that were rejected:[/]")
+                for r in result.rejected_best:
+                    console.print(
+                        f"  {_plan_line(r.estimate.plan.as_dict())}: "
+                        f"{r.estimate.tokens_per_s_per_gpu:,.1f} tok/s/GPU — {r.reason}"
+                    )
+            else:
+                console.print("No rejected plan would have been faster than the best one.")
+            if result.invalid_reasons:
+                reasons = ", ".join(f"{k} ({v})" for k, v in result.invalid_reasons.most_common())
+                console.print(f"Combinations skipped by divisibility rules: {reasons}")
+
+    @app.command()
+    @guarded
+    def validate(
+        json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+        runs: Path | None = typer.Option(
+            None, help="Published runs CSV (default: the project's copy)."
+        ),
+        memory: Path | None = typer.Option(None, help="Published memory CSV."),
+    ) -> None:
+        """Predicted vs measured tokens/s/GPU and memory on published runs; MAPE per source."""
+        from aihpc.perf.validate import validate as run_validate
+
+        for name, path in (("--runs", runs), ("--memory", memory)):
+            if path is not None and not path.is_file():
+                raise SpecError(name, str(path), "file not found")
+        with Progress(
+            TextColumn("validating {task.fields[row]}"),
+            BarColumn(),
+            console=err_console,
+            transient=True,
+            disable=json_out,
+        ) as bar:
+            task = bar.add_task("validate", total=None, row="")
+            report = run_validate(
+                runs, memory, progress=lambda rid: bar.update(task, advance=1, row=rid)
+            )
+        if json_out:
+            print_json(report.to_json())
+            return
+        console.print(validation_table(report))
+
+
+def validation_table(report) -> str:  # type: ignore[no-untyped-def]
+    """The validation table as plain Markdown (what docs/performance-model.md quotes)."""
+    lines = [
+        "| id | model | GPUs | plan (searched = *) | measured tok/s/GPU | predicted | error |",
+        "|---|---|---:|---|---:|---:|---:|",
+    ]
+    for r in report.rows:
+        p = r.plan
+        plan = (
+            f"tp{p.tp} pp{p.pp} v{p.vpp} cp{p.cp} dp{p.dp} z{p.zero_stage} "
+            f"{p.recompute} mbs{p.micro_batch_size}{' *' if r.searched else ''}"
+        )
+        lines.append(
+            f"| {r.id} | {r.model} | {r.num_gpus} | {plan} | {r.measured:,.1f} | "
+            f"{r.predicted:,.1f} | {r.error:+.1%} |"
+        )
+    lines += ["", "| source | rows | MAPE |", "|---|---:|---:|"]
+    counts: dict[str, int] = {}
+    from aihpc.perf.validate import memory_kind, source_key
+
+    for r in report.rows:
+        counts[source_key(r.source)] = counts.get(source_key(r.source), 0) + 1
+    for src, mape in report.mape_by_source().items():
+        lines.append(f"| {src} | {counts[src]} | {mape:.1%} |")
+    lines.append(
+        f"| **overall** | {len(report.rows)} | **{report.mape:.1%}** (max {report.max_error:.1%}) |"
+    )
+    lines += [
+        "",
+        "| id | component | measured GiB | predicted GiB | error |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for m in report.memory:
+        lines.append(
+            f"| {m.id} | {m.component} ({memory_kind(m)}) | {m.measured_gib:.1f} | "
+            f"{m.predicted_gib:.1f} | {m.error:+.1%} |"
+        )
+    verdict = "all met" if report.passed else "NOT met"
+    lines += [
+        "",
+        f"Targets (MAPE ≤ 10%, max ≤ 25%, Korthikanti memory ≤ 10%, torchtitan memory "
+        f"≤ 15%): {verdict}. Korthikanti max {report.memory_max_error('korthikanti'):.1%}, "
+        f"torchtitan max {report.memory_max_error('torchtitan'):.1%}.",
+    ]
+    return "\n".join(lines)

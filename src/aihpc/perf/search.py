@@ -113,14 +113,16 @@ def candidate_plans(
         if "vpp" in g:
             vpps = [g["vpp"]]
         else:
+            # Interleaving needs equal model chunks (Megatron-LM's rule); an uneven split
+            # (pp not dividing the layers) runs plain 1F1B.
+            per_stage = model.num_layers // pp if model.num_layers % pp == 0 else 0
             vpps = (
-                [v for v in range(1, MAX_VPP + 1) if pp * v <= model.num_layers] if pp > 1 else [1]
+                [v for v in _divisors(per_stage) if v <= MAX_VPP] if pp > 1 and per_stage else [1]
             )
-        sps = (
-            [g["sequence_parallel"]]
-            if "sequence_parallel" in g
-            else ([True, False] if tp > 1 else [False])
-        )
+        # Sequence parallel moves the same bytes as plain TP (all-gather + reduce-scatter = one
+        # all-reduce) and strictly lowers activation memory and norm/dropout work, so a plan
+        # without it is never better: only SP plans are enumerated unless the field is fixed.
+        sps = [g["sequence_parallel"]] if "sequence_parallel" in g else [tp > 1]
         for vpp, sp, zero, rec, mbs, ep in itertools.product(vpps, sps, zeros, recs, mbss, eps):
             if gbs % (dp * mbs):
                 if invalid is not None:

@@ -1,0 +1,112 @@
+"""The planning CLI: JSON contract and one-line errors with exit code 2."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llama3-70b.toml"
+KEYS = {
+    "fits",
+    "step_time_s",
+    "tokens_per_s_per_gpu",
+    "model_tflops_per_gpu",
+    "mfu",
+    "hfu",
+    "memory_gib",
+    "time_s",
+    "plan",
+}
+
+
+def aihpc(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "aihpc", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_estimate_json_contract() -> None:
+    r = aihpc("estimate", str(EXAMPLE), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out.keys() >= KEYS
+    mem = out["memory_gib"]
+    parts = sum(v for k, v in mem.items() if k != "total")
+    assert mem["total"] == pytest.approx(parts)
+    assert sum(out["time_s"].values()) == pytest.approx(out["step_time_s"])
+    assert out["plan"]["dp"] == 1024 // (8 * 4)
+    n, gbs, s = 1024, out["plan"]["global_batch_size"], 8192
+    assert out["tokens_per_s_per_gpu"] == pytest.approx(gbs * s / out["step_time_s"] / n)
+    assert 0 < out["mfu"] <= out["hfu"] < 1
+
+
+def test_search_json_contract(tmp_path: Path) -> None:
+    spec = tmp_path / "s.toml"
+    spec.write_text(
+        '[model]\npreset = "llama3-8b"\n[cluster]\ngpu = "h100-sxm"\nnum_gpus = 64\n'
+        "[parallel]\nglobal_batch_size = 128\n"
+    )
+    r = aihpc("search", str(spec), "--json", "--top", "3")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert set(out) >= {"plans", "evaluated", "feasible", "elapsed_s"}
+    assert len(out["plans"]) == 3 and out["feasible"] >= 3
+    assert out["plans"][0].keys() >= KEYS
+
+
+BAD = {
+    "unknown field": ('[model]\npreset = "llama3-8b"\nhiden_size = 1\n', "model.hiden_size"),
+    "unknown preset": ('[model]\npreset = "llama9"\n', "model.preset"),
+    "unknown gpu": (
+        '[model]\npreset = "llama3-8b"\n[cluster]\ngpu = "h1000"\nnum_gpus = 8\n',
+        "cluster.gpu",
+    ),
+    "degrees do not divide": ("[parallel]\ntp = 8\npp = 3\nglobal_batch_size = 64\n", "parallel"),
+    "heads vs tp": ("[parallel]\ntp = 64\nglobal_batch_size = 64\n", "parallel.tp"),
+    "batch vs dp": ("[parallel]\ntp = 8\nglobal_batch_size = 100\n", "parallel.global_batch_size"),
+    "bad enum": ('[parallel]\nrecompute = "some"\nglobal_batch_size = 64\n', "parallel.recompute"),
+    "fp8 on a100": ('[training]\nprecision = "fp8"\n', "training.precision"),
+    "negative memory": ("[cluster.gpu_spec]\nhbm_gib = -1\n", "cluster.gpu_spec"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_exits_2_with_one_line(case: str, tmp_path: Path) -> None:
+    snippet, field = BAD[case]
+    base = {
+        "model": '[model]\npreset = "llama3-8b"\n',
+        "cluster": '[cluster]\ngpu = "a100-80gb"\nnum_gpus = 64\n',
+        "parallel": "[parallel]\ntp = 8\nglobal_batch_size = 64\n",
+    }
+    for section in base:
+        if f"[{section}" in snippet:
+            base[section] = ""
+    if "[cluster.gpu_spec]" in snippet:
+        base["cluster"] = '[cluster]\ngpu = "a100-80gb"\nnum_gpus = 64\n'
+    text = "".join(base.values()) + snippet
+    spec = tmp_path / "bad.toml"
+    spec.write_text(text)
+    r = aihpc("estimate", str(spec), "--json")
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr
+    assert field in lines[0] and "Traceback" not in r.stderr
+    assert r.stdout == ""
+
+
+def test_search_with_nothing_fitting_exits_2(tmp_path: Path) -> None:
+    spec = tmp_path / "huge.toml"
+    spec.write_text(
+        '[model]\npreset = "llama3-405b"\n[cluster]\ngpu = "a100-40gb"\nnum_gpus = 8\n'
+        "[parallel]\nglobal_batch_size = 8\n"
+    )
+    r = aihpc("search", str(spec), "--json")
+    assert r.returncode == 2
+    assert "fits" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_missing_file_exits_2() -> None:
+    r = aihpc("estimate", "no-such-file.toml")
+    assert r.returncode == 2 and "file not found" in r.stderr

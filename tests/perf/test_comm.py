@@ -1,0 +1,70 @@
+"""Collective cost model: nccl-tests bus-bandwidth factors, tiers, calibration override."""
+
+import pytest
+
+from aihpc.perf.comm import busbw_factor, collective_time_s, group_tiers
+from aihpc.perf.params import ModelParams
+from aihpc.spec import runspec_from_dict
+from aihpc.spec.calibration import calibration_from_dict
+
+
+def cluster(n=64, gpu="h100-sxm"):
+    return runspec_from_dict(
+        {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": gpu, "num_gpus": n}}
+    ).cluster
+
+
+@pytest.mark.parametrize(
+    ("coll", "n", "factor"),
+    [
+        ("all_reduce", 8, 2 * 7 / 8),
+        ("all_gather", 8, 7 / 8),
+        ("reduce_scatter", 4, 3 / 4),
+        ("all_to_all", 16, 15 / 16),
+        ("broadcast", 8, 1.0),
+        ("send_recv", 2, 1.0),
+    ],
+)
+def test_busbw_factors(coll: str, n: int, factor: float) -> None:
+    assert busbw_factor(coll, n) == pytest.approx(factor)
+
+
+def test_group_tiers_follow_rank_order() -> None:
+    c = cluster(64)
+    assert group_tiers(c, 8, 1) == (8, 1)  # a TP group inside one node
+    assert group_tiers(c, 8, 8) == (1, 8)  # a DP group with one member per node
+    assert group_tiers(c, 16, 2) == (4, 4)  # two tiers
+
+
+def test_large_intra_node_all_reduce_is_bandwidth_bound() -> None:
+    c = cluster(8)
+    p = ModelParams(scale_up_latency_s=0.0)
+    size = 1 << 30
+    t = collective_time_s(c, "all_reduce", size, 8, 1, p)
+    expected = size * 2 * 7 / 8 / (c.scale_up_bw_GBps * 1e9 * p.scale_up_efficiency)
+    assert t == pytest.approx(expected, rel=1e-9)
+
+
+def test_hierarchical_is_faster_than_flat_scale_out() -> None:
+    c = cluster(64)
+    flat = collective_time_s(c, "all_reduce", 1 << 30, 8, 8)  # one GPU per node
+    hier = collective_time_s(c, "all_reduce", 1 << 30, 64, 1)  # all 64 GPUs
+    assert hier < flat * 1.0  # NVLink pre-reduction leaves 1/8 of the bytes for the NICs
+
+
+def test_calibration_overrides_bandwidth() -> None:
+    c = cluster(8)
+    cal = calibration_from_dict(
+        {
+            "comm": [
+                {
+                    "collective": "all_reduce",
+                    "tier": "scale_up",
+                    "regimes": [{"latency_us": 0.0, "busbw_GBps": 100.0}],
+                }
+            ]
+        }
+    )
+    size = 1e9
+    t = collective_time_s(c, "all_reduce", size, 8, 1, calibration=cal)
+    assert t == pytest.approx(size * 2 * 7 / 8 / 100e9, rel=1e-9)

@@ -1,0 +1,105 @@
+"""Memory model: Korthikanti et al. 2022 Table 2 activation formulas and ZeRO state bytes."""
+
+import pytest
+
+from aihpc.perf.memory import GiB, activation_bytes_per_layer, memory_breakdown
+from aihpc.perf.validate import validate
+from aihpc.spec import runspec_from_dict
+
+
+def spec(
+    tp=8,
+    sp=False,
+    recompute="none",
+    mbs=2,
+    dropout=0.1,
+    attention="unfused",
+    zero=0,
+    dp=1,
+    pp=1,
+    gbs=None,
+):
+    return runspec_from_dict(
+        {
+            "model": {
+                "num_layers": 24,
+                "hidden_size": 6144,
+                "num_attention_heads": 64,
+                "ffn_hidden_size": 24576,
+                "vocab_size": 51200,
+                "seq_length": 2048,
+            },
+            "cluster": {"gpu": "a100-80gb", "num_gpus": tp * dp * pp},
+            "parallel": {
+                "tp": tp,
+                "pp": pp,
+                "dp": dp,
+                "sequence_parallel": sp,
+                "recompute": recompute,
+                "micro_batch_size": mbs,
+                "zero_stage": zero,
+                "global_batch_size": gbs or mbs * dp * pp,
+            },
+            "training": {"attention": attention, "dropout": dropout},
+        }
+    )
+
+
+@pytest.mark.parametrize("tp", [1, 2, 8])
+def test_activation_terms_follow_korthikanti_table2(tp: int) -> None:
+    s, b, h, a = 2048, 2, 6144, 64
+    sbh = s * b * h
+    cases = {
+        ("none", False): sbh * (10 + 24 / tp + 5 * a * s / (h * tp)),
+        ("none", True): sbh * (34 + 5 * a * s / h) / tp,
+        ("selective", False): sbh * (10 + 24 / tp),
+        ("selective", True): sbh * 34 / tp,
+        ("full", False): 2 * sbh,
+    }
+    for (recompute, sp), expected in cases.items():
+        if sp and tp == 1:
+            continue
+        r = spec(tp=tp, sp=sp, recompute=recompute)
+        got = activation_bytes_per_layer(r.model, r.plan(), r.training)
+        assert got == pytest.approx(expected, rel=1e-12), (recompute, sp)
+
+
+def test_flash_attention_drops_the_score_matrix() -> None:
+    unfused = spec(attention="unfused")
+    flash = spec(attention="flash")
+    a = activation_bytes_per_layer(unfused.model, unfused.plan(), unfused.training)
+    f = activation_bytes_per_layer(flash.model, flash.plan(), flash.training)
+    score_bytes = 2 * 2048 * 64 * 2048 * 5 / 8  # b * a * s^2 * 5 / t
+    assert a - f == pytest.approx(score_bytes, rel=0.01)
+
+
+@pytest.mark.parametrize(("zero", "bytes_per_param"), [(0, 18), (1, 6 + 12 / 8), (2, 2 + 16 / 8)])
+def test_zero_stage_state_bytes(zero: int, bytes_per_param: float) -> None:
+    """Megatron/ZeRO: 18 B/param unsharded; 6 + 12/d (ZeRO-1); 2 + 16/d (ZeRO-2)."""
+    r = spec(tp=1, zero=zero, dp=8, recompute="full")
+    mb = memory_breakdown(r.model, r.cluster, r.plan(), r.training)
+    from aihpc.perf.flops import num_params
+
+    states = mb.weights + mb.gradients + mb.optimizer
+    assert states == pytest.approx(num_params(r.model) * bytes_per_param, rel=1e-6)
+
+
+def test_interleaving_raises_first_stage_activations() -> None:
+    """Korthikanti §4.2.3: interleaving multiplies stage-0 activations by 1 + (p-1)/(p v)."""
+    base = spec(tp=8, pp=4, mbs=1, gbs=16)
+    from dataclasses import replace
+
+    plain = memory_breakdown(base.model, base.cluster, base.plan(), base.training)
+    inter = memory_breakdown(base.model, base.cluster, replace(base.plan(), vpp=2), base.training)
+    assert inter.activations / plain.activations == pytest.approx(1 + 3 / 8, rel=1e-9)
+
+
+def test_korthikanti_memory_rows_within_target() -> None:
+    """Issue target: Korthikanti Fig. 1 memory components within 10%."""
+    report = validate()
+    rows = [m for m in report.memory if "Korthikanti" in m.source]
+    assert len(rows) == 12
+    worst = max(abs(m.error) for m in rows)
+    assert worst <= 0.10, [(m.id, m.component, f"{m.error:+.1%}") for m in rows]
+    assert all(m.predicted_gib > 1 for m in rows)
+    assert GiB == 2**30
