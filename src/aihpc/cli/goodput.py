@@ -85,7 +85,7 @@ def _render(rep) -> None:  # type: ignore[no-untyped-def]
         f"+ load {_fmt_s(rc['load_s'])}",
     )
     t.add_row(
-        "optimal_checkpoint_interval_s",
+        "optimal interval",
         _fmt_s(d["optimal_checkpoint_interval_s"]),
         f"Young {_fmt_s(d['young_interval_s'])}, Daly {_fmt_s(d['daly_interval_s'])}; "
         f"used {_fmt_s(d['checkpoint_interval_s'])} = {d['checkpoint_interval_steps']} steps",

@@ -179,9 +179,8 @@ def _storage_bw_GBps(cluster: ClusterSpec) -> tuple[float, float, str]:
     parts = []
     if write is None or read is None:
         parts.append(
-            f"default {st['per_node_bw_GBps']:.2f} GB/s per node x {cluster.num_nodes} "
-            f"nodes, capped at {st['aggregate_cap_GBps']:.0f} GB/s (Llama 3 Tectonic, "
-            "2 TB/s sustained for 2,048 nodes)"
+            f"default: {st['per_node_bw_GBps']:.2f} GB/s per node x {cluster.num_nodes} "
+            f"nodes, cap {st['aggregate_cap_GBps']:.0f} GB/s (Llama 3 Tectonic)"
         )
     if write is not None or read is not None:
         parts.append("[cluster] storage_*_bw_GBps")
