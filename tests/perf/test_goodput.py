@@ -226,3 +226,19 @@ def test_bad_arguments():
     with pytest.raises(SpecError):
         goodput_report(spec, 0.0)
     assert ReliabilitySpec().checkpoint_strategy is None
+
+
+def test_interval_is_whole_steps_and_long_steps_cost_goodput():
+    # Saves happen between optimizer steps; a step longer than the optimal interval forces a
+    # longer interval, which is why `search --rank-by goodput` can reorder plans.
+    spec = with_scale(llama3_405b(), 100000)
+    short, long_ = goodput_report(spec, 5.0), goodput_report(spec, 200.0)
+    p = short.model.params
+    assert short.checkpoint_interval_s / 5.0 == pytest.approx(
+        round(short.checkpoint_interval_s / 5)
+    )
+    assert abs(short.checkpoint_interval_s - short.optimal_checkpoint_interval_s) <= 5.0
+    assert long_.optimal_checkpoint_interval_s < 200.0
+    assert long_.checkpoint_interval_s == 200.0
+    assert long_.ettr < short.ettr <= ettr(p, short.optimal_checkpoint_interval_s) + 1e-12
+    assert long_.ettr == pytest.approx(ettr(p, 200.0))

@@ -54,6 +54,7 @@ __all__ = [
     "goodput_report",
     "lost_time_fractions",
     "optimal_interval_s",
+    "whole_step_interval_s",
     "young_interval_s",
 ]
 
@@ -163,6 +164,19 @@ def optimal_interval_s(p: GoodputParams) -> float:
     return math.exp((a + b) / 2)
 
 
+def whole_step_interval_s(p: GoodputParams, optimum_s: float, step_time_s: float) -> float:
+    """The best interval that is a whole number of steps (saves happen between steps): the
+    better of the two multiples around the optimum, at least one step and at least W. This is
+    what makes ETTR depend on the plan: a plan whose step is long next to the optimal interval
+    checkpoints less often than it should."""
+    if not math.isfinite(optimum_s):
+        return optimum_s
+    k_min = max(1, math.ceil(p.min_interval_s / step_time_s - 1e-9))
+    k = optimum_s / step_time_s
+    candidates = {max(k_min, math.floor(k)), max(k_min, math.ceil(k))}
+    return max((c * step_time_s for c in candidates), key=lambda t: ettr(p, t))
+
+
 def lost_time_fractions(p: GoodputParams, interval_s: float) -> dict[str, float]:
     """Where the lost wall time (1 − ETTR) goes: first-order shares, scaled to sum to 1 − ETTR.
 
@@ -222,7 +236,7 @@ class GoodputReport:
     tokens_per_step: float
     days: float
     tokens: float | None
-    checkpoint_interval_s: float  # the interval used: [reliability] override or the optimum
+    checkpoint_interval_s: float  # used: [reliability] override, else the best whole-step one
     optimal_checkpoint_interval_s: float
     ettr: float
 
@@ -338,7 +352,7 @@ def goodput_report(
     optimum = optimal_interval_s(p)
     interval = spec.reliability.checkpoint_interval_s
     if interval is None:
-        interval = optimum
+        interval = whole_step_interval_s(p, optimum, step_time_s)
     e = (
         ettr(p, interval)
         if math.isfinite(interval)
