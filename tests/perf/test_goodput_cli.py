@@ -100,3 +100,27 @@ def test_unwritable_plot_directory(tmp_path):
     finally:
         locked.chmod(0o700)
         shutil.rmtree(locked)
+
+
+def test_estimate_and_search_carry_goodput(tmp_path):
+    pytest.importorskip("aihpc.perf.search")
+    res = runner.invoke(app, ["estimate", str(EXAMPLE), "--json"])
+    assert res.exit_code == 0, res.output
+    est = json.loads(res.stdout)
+    g = est["goodput"]
+    for key in ("mtbf_s", "expected_interruptions", "optimal_checkpoint_interval_s", "ettr"):
+        assert isinstance(g[key], float)
+    assert g["step_time_s"] == pytest.approx(est["step_time_s"])
+    spec = tmp_path / "search.toml"
+    spec.write_text(
+        '[model]\npreset = "llama3-405b"\nnum_layers = 128\n'
+        '[cluster]\ngpu = "h100-sxm"\nnum_gpus = 16384\ngpus_per_node = 8\n'
+        "[parallel]\ntp = 8\npp = 16\nmicro_batch_size = 1\nglobal_batch_size = 2048\n"
+        "[reliability]\nmtbf_s = 600\n"
+    )
+    res = runner.invoke(app, ["search", str(spec), "--rank-by", "goodput", "--json", "--top", "8"])
+    assert res.exit_code == 0, res.output
+    plans = json.loads(res.stdout)["plans"]
+    goodput = [p["tokens_per_s_per_gpu"] * p["ettr"] for p in plans]
+    assert plans and goodput == sorted(goodput, reverse=True)
+    assert all(0 < p["ettr"] < 1 for p in plans)

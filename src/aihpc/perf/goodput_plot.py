@@ -90,6 +90,8 @@ def plot_goodput(spec: RunSpec, path: str | Path, gpu_counts: list[int] | None =
         ax.plot(counts, [100 * v for v in values], style, marker="o", ms=3, label=label)
     ax.axvline(spec.cluster.num_gpus, color="grey", lw=0.8, ls=":")
     ax.set_xscale("log", base=2)
+    ax.set_xticks(counts, [f"{n / 1024:g}K" if n >= 1024 else str(n) for n in counts])
+    ax.minorticks_off()
     ax.set_xlabel("GPUs")
     ax.set_ylabel("goodput: effective training time ratio (%)")
     ax.set_title(f"{spec.model.name} on {spec.cluster.gpu.id}: ETTR at the optimal interval")
