@@ -242,3 +242,16 @@ def test_interval_is_whole_steps_and_long_steps_cost_goodput():
     assert long_.checkpoint_interval_s == 200.0
     assert long_.ettr < short.ettr <= ettr(p, short.optimal_checkpoint_interval_s) + 1e-12
     assert long_.ettr == pytest.approx(ettr(p, 200.0))
+
+
+def test_edge_cases_stay_finite_and_json_clean():
+    zero = {name: 0.0 for name in components()}
+    rep = goodput_report(llama3_405b(failure_rates=zero, planned_interruptions_per_day=0.0), 9.0)
+    assert rep.mtbf_s == math.inf and rep.ettr == 1.0
+    js = rep.to_json()
+    assert js["checkpoint_interval_steps"] is None and "nothing is lost" in js["summary"]
+    assert all(v == 0.0 for v in js["lost_time_fraction"].values())
+    tiny = goodput_report(llama3_405b(mtbf_s=1.0), 9.0)
+    assert 0.0 <= tiny.ettr < 1e-100  # exp overflow handled, no crash
+    huge = goodput_report(llama3_405b(checkpoint_interval_s=1e12), 9.0)
+    assert huge.ettr == 0.0

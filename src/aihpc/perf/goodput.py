@@ -121,8 +121,10 @@ def expected_cycle_s(p: GoodputParams, interval_s: float) -> float:
 def ettr(p: GoodputParams, interval_s: float) -> float:
     """Expected fraction of wall-clock time that is useful training (exact, see module doc)."""
     _check_interval(p, interval_s)
-    cycle = expected_cycle_s(p, interval_s)
-    return interval_s / cycle / (1.0 + p.planned_rate_per_s * p.planned_cost_s)
+    planned = 1.0 + p.planned_rate_per_s * p.planned_cost_s
+    if math.isinf(interval_s):  # never checkpoint: fine only when nothing ever fails
+        return 0.0 if math.isfinite(p.mtbf_s) else 1.0 / planned
+    return interval_s / expected_cycle_s(p, interval_s) / planned
 
 
 def young_interval_s(blocking_s: float, mtbf_s: float) -> float:
@@ -184,8 +186,8 @@ def lost_time_fractions(p: GoodputParams, interval_s: float) -> dict[str, float]
     """
     lam = 1.0 / p.mtbf_s if math.isfinite(p.mtbf_s) else 0.0
     raw = {
-        "checkpoint": p.blocking_s / (interval_s + p.blocking_s),
-        "lost_work": lam * ((interval_s + p.blocking_s) / 2 + p.persist_s),
+        "checkpoint": p.blocking_s / (interval_s + p.blocking_s) if interval_s > 0 else 1.0,
+        "lost_work": lam * ((interval_s + p.blocking_s) / 2 + p.persist_s) if lam else 0.0,
         "recovery": lam * p.recovery_s,
         "planned": p.planned_rate_per_s * p.planned_cost_s,
     }
@@ -288,6 +290,8 @@ class GoodputReport:
         lost = self.lost_time
         key = self.dominant_loss
         every_h = 24.0 / self.interruptions_per_day if self.interruptions_per_day else math.inf
+        if lost[key] <= 0:
+            return f"At {self.num_gpus:,} GPUs nothing is lost: no failures are modelled."
         return (
             f"At {self.num_gpus:,} GPUs the job is interrupted every {every_h:.2g} h; "
             f"{LOSS_NAMES[key]} dominates the lost time ({lost[key]:.1%} of wall-clock), "
@@ -310,8 +314,10 @@ class GoodputReport:
             "checkpoint": m.checkpoint.to_json(),
             "recovery": m.recovery.to_json(),
             "checkpoint_interval_s": self.checkpoint_interval_s,
-            "checkpoint_interval_steps": max(
-                1, round(self.checkpoint_interval_s / self.step_time_s)
+            "checkpoint_interval_steps": (
+                max(1, round(self.checkpoint_interval_s / self.step_time_s))
+                if math.isfinite(self.checkpoint_interval_s)
+                else None
             ),
             "optimal_checkpoint_interval_s": self.optimal_checkpoint_interval_s,
             "young_interval_s": young_interval_s(p.blocking_s, p.mtbf_s),
@@ -353,11 +359,7 @@ def goodput_report(
     interval = spec.reliability.checkpoint_interval_s
     if interval is None:
         interval = whole_step_interval_s(p, optimum, step_time_s)
-    e = (
-        ettr(p, interval)
-        if math.isfinite(interval)
-        else 1.0 / (1.0 + p.planned_rate_per_s * p.planned_cost_s)
-    )
+    e = ettr(p, interval)
     gbs = spec.parallel.global_batch_size
     if gbs is None:
         raise SpecError("parallel.global_batch_size", None, "required: sequences per step")
