@@ -1,0 +1,337 @@
+"""Planner speed: aihpc's full plan search for Llama-3-405B on 16,384 H100-SXM (global batch 2048,
+seq 8192) against llm-analysis evaluating the same configurations, one core, side by side.
+
+    python benchmarks/search_speed.py             # prints the table, writes benchmarks/results/
+    python benchmarks/search_speed.py --sample 500 --repeats 3
+
+llm-analysis (PyPI, 0.2.2) is optional and not an aihpc dependency: ``pip install
+llm-analysis==0.2.2`` into the environment to measure that half; without it the half is skipped.
+This is a speed comparison only: the two tools model different things, so nothing here compares
+their predictions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import logging
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+
+# One core: single-threaded BLAS/OpenMP, set before anything imports numpy.
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT_DIR = ROOT / "benchmarks" / "results"
+TARGET_S = 5.0
+SPEC = {
+    "model": {"preset": "llama3-405b"},
+    "cluster": {"gpu": "h100-sxm", "num_gpus": 16384, "gpus_per_node": 8},
+    "parallel": {"global_batch_size": 2048},
+}
+
+
+def pin_one_core() -> str:
+    """Pin this process to one CPU (where the OS allows it)."""
+    if not hasattr(os, "sched_setaffinity"):
+        return "not pinned (no sched_setaffinity on this OS); BLAS threads = 1"
+    cpu = min(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cpu})
+    return "pinned to 1 CPU; OMP/MKL/OPENBLAS threads = 1"
+
+
+def best_of(fn, repeats: int) -> tuple[float, list[float], object]:  # type: ignore[no-untyped-def]
+    times, result = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t0)
+    return min(times), times, result
+
+
+def sample_evenly(items: list, n: int) -> list:
+    """n items spread evenly over the list (the candidate list is ordered by tp, pp, cp, ...,
+    so its first n would all be tp=1 plans)."""
+    if n >= len(items):
+        return list(items)
+    return [items[i * len(items) // n] for i in range(n)]
+
+
+def aihpc_half(repeats: int, n_sample: int) -> tuple[dict, list]:
+    from aihpc.perf.estimate import estimate_plan
+    from aihpc.perf.search import candidate_plans, search
+    from aihpc.spec import runspec_from_dict
+
+    spec = runspec_from_dict(SPEC)
+    best, times, result = best_of(lambda: search(spec), repeats)
+    candidates = list(candidate_plans(spec.model, spec.cluster, spec.parallel))
+    sample = sample_evenly(candidates, n_sample)
+
+    def estimate_sample() -> int:
+        for plan in sample:
+            estimate_plan(spec.model, spec.cluster, plan, spec.training, check=False)
+        return len(sample)
+
+    s_best, s_times, _ = best_of(estimate_sample, repeats)
+    top = result.plans[0] if result.plans else None
+    out = {
+        "full_search": {
+            "evaluated": result.evaluated,
+            "feasible": result.feasible,
+            "candidates": len(candidates),
+            "wall_s_runs": times,
+            "wall_s_best": best,
+            "plans_per_s": result.evaluated / best,
+            "target_s": TARGET_S,
+            "meets_target": best <= TARGET_S,
+            "best_plan": None
+            if top is None
+            else {**asdict(top.plan), "tokens_per_s_per_gpu": top.tokens_per_s_per_gpu},
+        },
+        "same_sample": {
+            "what": "estimate_plan on the sample llm-analysis evaluates (no enumeration/sorting)",
+            "configs": len(sample),
+            "wall_s_runs": s_times,
+            "wall_s_best": s_best,
+            "configs_per_s": len(sample) / s_best,
+        },
+        "model": {
+            "num_layers": spec.model.num_layers,
+            "hidden_size": spec.model.hidden_size,
+            "num_attention_heads": spec.model.num_attention_heads,
+            "num_kv_heads": spec.model.num_kv_heads,
+            "ffn_hidden_size": spec.model.ffn_hidden_size,
+            "vocab_size": spec.model.vocab_size,
+            "seq_length": spec.model.seq_length,
+        },
+    }
+    return out, sample
+
+
+def llm_analysis_half(sample: list, model: dict, repeats: int) -> dict | None:
+    try:
+        from llm_analysis.analysis import ActivationRecomputation, DSZeRO, LLMAnalysis
+        from llm_analysis.config import DtypeConfig, GPUConfig, ModelConfig, ParallelismConfig
+        from llm_analysis.logger import logger
+    except ImportError:
+        print(
+            "llm-analysis is not installed (pip install llm-analysis==0.2.2): "
+            "skipping the llm-analysis half.",
+            file=sys.stderr,
+        )
+        return None
+    logger.setLevel(logging.CRITICAL + 1)
+    version = metadata.version("llm-analysis")
+    h, ffn = model["hidden_size"], model["ffn_hidden_size"]
+    model_config = ModelConfig(
+        name="llama3-405b-shaped",
+        num_layers=model["num_layers"],
+        n_head=model["num_attention_heads"],
+        hidden_dim=h,
+        vocab_size=model["vocab_size"],
+        max_seq_len=model["seq_length"],
+        num_key_value_heads=model["num_kv_heads"],
+        ffn_embed_dim=ffn,
+        expansion_ratio=ffn / h,  # 3.25: not an integer, so it must be given explicitly
+        model_type="llama",
+    )
+    gpu_config = GPUConfig(
+        name="h100-sxm-like",
+        mem_per_GPU_in_GB=80,
+        hbm_bandwidth_in_GB_per_sec=3350,
+        intra_node_bandwidth_in_GB_per_sec=450,  # NVLink, per direction
+        intra_node_min_message_latency=8e-6,
+        peak_fp16_TFLOPS=989,  # dense BF16
+        inter_node_bandwidth_in_GB_per_sec=50,  # one 400 Gb/s IB NIC per GPU
+    )
+    # 0.2.2 has three levels (NONE=0, SELECTIVE=1, FULL=2); later releases split selective into
+    # finer levels (ATTN_COMPUTE=1 ... FULL=4). Map by name so either works.
+    levels = ActivationRecomputation.__members__
+    recompute = {
+        "none": levels["NONE"],
+        "selective": levels.get("SELECTIVE", levels.get("ATTN_COMPUTE")),
+        "full": levels["FULL"],
+    }
+    seq = model["seq_length"]
+    failures: list[str] = []
+
+    def evaluate_sample() -> int:
+        failures.clear()
+        for p in sample:
+            try:
+                analysis = LLMAnalysis(
+                    model_config,
+                    gpu_config,
+                    DtypeConfig(),  # w16a16e16: BF16 weights and activations
+                    ParallelismConfig(
+                        tp_size=p.tp,
+                        pp_size=p.pp,
+                        dp_size=p.dp,  # cp dropped: the config spans tp*pp*dp = N/cp GPUs
+                        sp_size=p.tp if p.sequence_parallel else 1,
+                    ),
+                )
+                analysis.training(
+                    batch_size_per_gpu=p.micro_batch_size,
+                    global_batch_size=p.global_batch_size,
+                    seq_len=seq,
+                    activation_recomputation=recompute[p.recompute],
+                    ds_zero=DSZeRO(p.zero_stage),
+                    flash_attn=True,
+                    mlp_gated_linear_units=True,
+                )
+            except Exception as err:  # counted and reported, not hidden
+                failures.append(f"{p}: {err!r}"[:300])
+        return len(sample)
+
+    sink = io.StringIO()
+    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        best, times, _ = best_of(evaluate_sample, repeats)
+    return {
+        "version": version,
+        "configs": len(sample),
+        "wall_s_runs": times,
+        "wall_s_best": best,
+        "configs_per_s": len(sample) / best,
+        "us_per_config": best / len(sample) * 1e6,
+        "failures": len(failures),
+        "failure_examples": failures[:5],
+        "output_suppressed_chars": len(sink.getvalue()),
+        "mapping": {
+            "tp": "tp_size",
+            "pp": "pp_size (126 layers not divisible by pp: llm-analysis takes the floor)",
+            "dp": "dp_size",
+            "sequence_parallel": "sp_size = tp if SP else 1",
+            "zero_stage": "ds_zero = DSZeRO(zero_stage)",
+            "recompute": {k: f"{v.name} ({v.value})" for k, v in recompute.items()},
+            "micro_batch_size": "batch_size_per_gpu",
+            "global_batch_size": "global_batch_size",
+            "cp": "not expressible: evaluated with cp=1, keeping dp (so on N/cp GPUs)",
+            "vpp": "not expressible: evaluated with vpp=1 (no interleaving)",
+        },
+        "sample_with_cp_gt_1": sum(p.cp > 1 for p in sample),
+        "sample_with_vpp_gt_1": sum(p.vpp > 1 for p in sample),
+    }
+
+
+def render(res: dict) -> str:
+    a, s, la = res["aihpc"]["full_search"], res["aihpc"]["same_sample"], res["llm_analysis"]
+    base = la["configs_per_s"] if la else None
+
+    def ratio(x: float) -> str:
+        return f"{x / base:.1f}x" if base else "n/a"
+
+    rows = [
+        ("aihpc full search", a["evaluated"], a["wall_s_best"], a["plans_per_s"]),
+        ("aihpc, same sample (estimate_plan)", s["configs"], s["wall_s_best"], s["configs_per_s"]),
+    ]
+    if la:
+        rows.append((f"llm-analysis {la['version']}", la["configs"], la["wall_s_best"], base))
+    lines = [
+        "| tool | configurations evaluated | seconds (best of "
+        f"{res['repeats']}) | configs/s | ratio (aihpc / llm-analysis) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, n, sec, rate in rows:
+        lines.append(f"| {name} | {n:,} | {sec:.3f} | {rate:,.0f} | {ratio(rate)} |")
+    verdict = "meets" if a["meets_target"] else "misses"
+    out = [
+        "# Planner speed: aihpc search vs llm-analysis",
+        "",
+        f"Produced by `{res['command']}` on {res['date']} "
+        f"(Python {res['python']}, {res['cpu']}, {res['cores']}; "
+        f"load average {res['loadavg_before']} before, {res['loadavg_after']} after: "
+        "the machine was shared, so these are upper bounds on time).",
+        "",
+        "Workload: Llama-3-405B (126 layers, hidden 16384, 128 heads / 8 KV heads, SwiGLU FFN "
+        "53248, vocab 128256, seq 8192) on 16,384 H100-SXM, 8 per node, global batch 2048.",
+        "",
+        *lines,
+        "",
+        f"aihpc full search: **{a['wall_s_best']:.2f} s** for {a['evaluated']:,} plans "
+        f"({a['feasible']:,} fit in memory), {verdict} the {TARGET_S:.0f} s target; "
+        f"runs: {', '.join(f'{t:.2f}' for t in a['wall_s_runs'])} s.",
+        "",
+    ]
+    if la:
+        m = la["mapping"]
+        out += [
+            f"llm-analysis evaluated an evenly spaced sample of {la['configs']} of aihpc's "
+            f"{a['candidates']:,} candidate plans (every ~{a['candidates'] // la['configs']}th; "
+            "the list starts with its tp = 1 plans), one `LLMAnalysis(...)` + `.training(...)` per "
+            f"plan with its logging silenced: {la['us_per_config']:.0f} µs per configuration, "
+            f"{la['failures']} raised. aihpc timed on the same sample with `estimate_plan` "
+            "(enumeration and sorting excluded) gives the like-for-like ratio; the full-search "
+            "row includes enumeration, validity checks and ranking.",
+            "",
+            "Mapping: tp → tp_size, pp → pp_size, dp → dp_size, sequence parallel → "
+            "sp_size = tp (else 1), ZeRO stage → ds_zero, micro-batch → batch_size_per_gpu, "
+            "global batch → global_batch_size, recompute none/selective/full → "
+            + ", ".join(m["recompute"].values())
+            + " (0.2.2 has only these three levels). Not expressible in llm-analysis: "
+            f"context parallelism ({la['sample_with_cp_gt_1']} of the sample have cp > 1: "
+            "evaluated with cp = 1, keeping dp, i.e. on N/cp GPUs) and interleaved pipeline "
+            f"stages ({la['sample_with_vpp_gt_1']} have vpp > 1: evaluated with vpp = 1). "
+            "Model: ModelConfig with the shape above (expansion ratio 3.25, gated MLP "
+            "activations via `mlp_gated_linear_units=True`); GPU: GPUConfig with 989 TFLOP/s "
+            "BF16, 80 GB, 3.35 TB/s HBM, NVLink 450 GB/s, IB 50 GB/s per GPU.",
+            "",
+            "Speed only: the tools model different things, so their predictions are not "
+            "compared here.",
+            "",
+        ]
+    else:
+        out += ["llm-analysis not installed: that half was skipped.", ""]
+    return "\n".join(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sample", type=int, default=500, help="plans given to llm-analysis")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (best)")
+    ap.add_argument("--no-save", action="store_true", help="print only")
+    args = ap.parse_args()
+    command = " ".join(["python", "benchmarks/search_speed.py", *sys.argv[1:]])
+    pinned = pin_one_core()
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    aihpc, sample = aihpc_half(args.repeats, args.sample)
+    la = llm_analysis_half(sample, aihpc["model"], args.repeats)
+    res = {
+        "command": command,
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "python": platform.python_version(),
+        "cpu": platform.processor() or platform.machine(),
+        "cores": pinned,
+        "loadavg_before": load_before,
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        "repeats": args.repeats,
+        "spec": SPEC,
+        "aihpc": aihpc,
+        "llm_analysis": la,
+        "ratio_full_search_vs_llm_analysis": (
+            aihpc["full_search"]["plans_per_s"] / la["configs_per_s"] if la else None
+        ),
+        "ratio_same_sample_vs_llm_analysis": (
+            aihpc["same_sample"]["configs_per_s"] / la["configs_per_s"] if la else None
+        ),
+    }
+    text = render(res)
+    print(text)
+    if not args.no_save:
+        OUT_DIR.mkdir(parents=True, exist_ok=True)
+        (OUT_DIR / "search_speed.json").write_text(json.dumps(res, indent=2) + "\n")
+        (OUT_DIR / "search_speed.md").write_text(text)
+        print("written to benchmarks/results/search_speed.{json,md}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
