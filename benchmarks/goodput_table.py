@@ -72,6 +72,25 @@ def main() -> int:
             f"| {sim.ettr:.1%} | {key} {lost[key]:.1%} |"
         )
     model = m.checkpoint.checkpoint_bytes / 1e12
+    shapes = (1.0, 0.8, 0.7, 0.5)
+    wb = [
+        "| GPUs | restart | analytic (exponential) | "
+        + " | ".join(f"sim, Weibull shape {k:g}" for k in shapes)
+        + " |",
+        "|" + "---|" * (3 + len(shapes)),
+    ]
+    for n in (16384, 100000):
+        for restart, extra in (("default", {}), ("fast", FAST_RESTART)):
+            p = goodput_model(with_scale(spec, n, checkpoint_strategy="async", **extra)).params
+            tau = optimal_interval_s(p)
+            sims = [
+                simulate(p, tau, num_failures=20_000, seed=5, weibull_shape=k).ettr for k in shapes
+            ]
+            wb.append(
+                f"| {n:,} | {restart} | {ettr(p, tau):.1%} | "
+                + " | ".join(f"{x:.1%}" for x in sims)
+                + " |"
+            )
     text = "\n".join(
         [
             f"Produced by `{COMMAND}` from `examples/llama3-405b-16k.toml` (checkpoint "
@@ -80,6 +99,11 @@ def main() -> int:
             f"Largest analytic-vs-simulation difference: {worst:.2%}.",
             "",
             *lines,
+            "",
+            "Sensitivity to the exponential assumption (async checkpoints, same MTBF, time "
+            "between failures Weibull with the given shape; shape 1 = exponential):",
+            "",
+            *wb,
             "",
         ]
     )

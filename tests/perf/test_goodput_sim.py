@@ -103,3 +103,17 @@ def test_simulator_rejects_interval_below_persist():
         simulate(p, 50.0, num_failures=10)
     with pytest.raises(ValueError):
         simulate(GoodputParams(math.inf, 1.0, 0.0, 0.0), 50.0)
+
+
+def test_weibull_failures_keep_the_mean_and_exponential_is_conservative():
+    # Same MTBF, clustered failures (shape 0.7, Schroeder & Gibson DSN 2006): the failure count
+    # keeps its mean, and clustering wastes less (several failures share one recovery), so the
+    # exponential model's ETTR is a lower bound here.
+    p = params(100000, "async")
+    tau = optimal_interval_s(p)
+    exp_ = simulate(p, tau, num_failures=20_000, seed=5)
+    wb = simulate(p, tau, num_failures=20_000, seed=5, weibull_shape=0.7)
+    assert wb.failures == pytest.approx((wb.wall_s - wb.planned_s) / p.mtbf_s, rel=0.05)
+    assert wb.ettr > exp_.ettr
+    with pytest.raises(ValueError):
+        simulate(p, tau, num_failures=10, weibull_shape=0.0)
