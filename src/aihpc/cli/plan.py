@@ -261,7 +261,7 @@ def register(app: typer.Typer) -> None:
         if json_out:
             print_json(report.to_json())
             return
-        console.print(validation_table(report))
+        typer.echo(validation_table(report))
 
 
 def validation_table(report) -> str:  # type: ignore[no-untyped-def]

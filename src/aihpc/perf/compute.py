@@ -13,7 +13,14 @@ from aihpc.spec.model import ModelSpec
 from aihpc.spec.parallel import ParallelPlan
 from aihpc.spec.training import TrainingSpec
 
-__all__ = ["LayerTimes", "gemm_time_s", "layer_times", "logits_time_s", "optimizer_time_s"]
+__all__ = [
+    "LayerTimes",
+    "elementwise_bytes_per_token",
+    "gemm_time_s",
+    "layer_times",
+    "logits_time_s",
+    "optimizer_time_s",
+]
 
 
 def gemm_efficiency(
@@ -107,13 +114,18 @@ def layer_times(
     bwd_gemm = 2 * fwd_gemm
 
     heads = model.num_attention_heads / t
-    if training.attention == "flash":
+    if training.attention in ("flash", "flash2"):
         # Causal FlashAttention skips the masked half; the backward recomputes the scores (5
         # matmuls vs 2: 2.5x the forward FLOPs). Under load-balanced CP each rank does 1/cp.
         flops = 4 * tokens * s * heads * d * 0.5
-        peak = gpu.sustained_peak_tflops("bf16") * 1e12 * params.flash_attention_efficiency
-        fwd_attn = flops / peak + params.kernel_overhead_s
-        bwd_attn = 2.5 * flops / peak + params.kernel_overhead_s
+        eff_f, eff_b = gpu.attention_efficiency(training.attention)
+        peak = gpu.sustained_peak_tflops("bf16") * 1e12
+        fwd_attn = (
+            flops / (peak * (eff_f or params.attention_efficiency)) + params.kernel_overhead_s
+        )
+        bwd_attn = (
+            2.5 * flops / (peak * (eff_b or params.attention_efficiency)) + params.kernel_overhead_s
+        )
         attn_stream_fwd = 0.0
     else:
         # Unfused: two batched GEMMs over the full s x s square per head, plus the softmax
@@ -132,13 +144,7 @@ def layer_times(
         drop = training.dropout > 0
         attn_stream_fwd = tokens * heads * s * (2 + 2 + (5 if drop else 0))
 
-    # Element-wise traffic per token, forward (bytes): two norms (read+write 2h each), two
-    # residual adds fused with bias/dropout (read 4h, write 2h each), activation function
-    # (read f_in, write ffn), 16-bit. The backward moves about twice as much.
-    sp = t if plan.sequence_parallel else 1
-    per_token = (8 * h + 12 * h) / sp + 2 * (f_in + ffn) / t
-    if prec == "fp8":  # casting each GEMM's activation input to FP8 (read 2 B, write 1 B)
-        per_token += 3 * (h + hq / t + h + ffn / t)
+    per_token = elementwise_bytes_per_token(model, plan, training, ffn, f_in)
     # The attention core (score GEMMs plus, when unfused, the softmax/dropout traffic) is what
     # selective recompute re-runs, so it is kept in fwd_attn.
     softmax = stream_time_s(attn_stream_fwd, gpu, params, kernels=2) if attn_stream_fwd else 0.0
@@ -147,6 +153,33 @@ def layer_times(
     return LayerTimes(
         fwd_gemm, fwd_attn + softmax, fwd_stream, bwd_gemm, bwd_attn + 2 * softmax, bwd_stream
     )
+
+
+def elementwise_bytes_per_token(
+    model: ModelSpec, plan: ParallelPlan, training: TrainingSpec, ffn: int, f_in: int
+) -> float:
+    """HBM bytes one token moves through a layer's element-wise ops in the forward pass.
+
+    Fused (Megatron/TE kernels, torch.compile): each norm reads and writes h (2 x 4h bytes),
+    each residual add fused with bias/dropout reads 2h and writes h (2 x 6h), the activation
+    reads f_in and writes ffn, RoPE reads and writes q and k. Eager PyTorch runs one kernel per
+    op: RMSNorm upcasts to fp32 and runs pow, mean, rsqrt, two multiplies and a downcast (~36h
+    bytes instead of 4h), SwiGLU is silu then multiply (10 ffn instead of 6 ffn), squared ReLU
+    two kernels, RoPE a complex multiply in fp32 (20 instead of 4 bytes per q/k element).
+    """
+    h, d, t = model.hidden_size, model.kv_channels, plan.tp
+    sp = t if plan.sequence_parallel else 1
+    qk = (model.num_attention_heads + model.kv_heads) * d / t
+    rope = model.position_embedding == "rope"
+    if training.fused_kernels:
+        norms, act, rope_b = 8 * h, 2 * (f_in + ffn), 4 * qk
+    else:
+        eager_act = {"swiglu": 10 * ffn, "relu2": 8 * ffn, "gelu": 4 * ffn}
+        norms, act, rope_b = 72 * h, eager_act[model.ffn_activation], 20 * qk
+    per_token = (norms + 12 * h) / sp + act / t + (rope_b if rope else 0.0)
+    if training.precision == "fp8":  # cast each GEMM's activation input (read 2 B, write 1 B)
+        per_token += 3 * (2 * h + (model.num_attention_heads * d + ffn) / t)
+    return per_token
 
 
 def logits_time_s(

@@ -11,7 +11,13 @@ from typing import Any
 
 from aihpc.perf import comm, compute
 from aihpc.perf.flops import embedding_params, layer_flops, model_flops_per_token
-from aihpc.perf.memory import GiB, MemoryBreakdown, _layer_params_local, memory_breakdown
+from aihpc.perf.memory import (
+    GiB,
+    MemoryBreakdown,
+    _layer_params_local,
+    memory_breakdown,
+    zero3_keeps_unsharded,
+)
 from aihpc.perf.params import DEFAULT_PARAMS, ModelParams
 from aihpc.perf.pipeline import bubble_slots, p2p_transfers
 from aihpc.spec.cluster import ClusterSpec
@@ -157,15 +163,17 @@ def estimate_plan(
     dp_time = 0.0
     hidden = 0.0
     if dp_n > 1:
+
         def coll(kind, size):
             return comm.collective_time_s(
-                    cluster,
-                    kind,
-                    size,
-                    dp_n,
-                    stride,
-                    params,
-                )
+                cluster,
+                kind,
+                size,
+                dp_n,
+                stride,
+                params,
+            )
+
         last_bwd = layers * (bwd_layer + recompute_layer)
         first_fwd = layers * fwd_layer
         if plan.zero_stage == 0:
@@ -179,6 +187,13 @@ def estimate_plan(
             exp_a = max(0.0, gather - hide * first_fwd)
             dp_time = exp_g + exp_a
             hidden = grads + gather - dp_time
+        elif zero3_keeps_unsharded(plan):
+            # FSDP2 under PP: one gather of the stage before its first forward, one
+            # reduce-scatter after its last backward, hidden like ZeRO-1/2's.
+            gather = coll("all_gather", param_bytes)
+            grads = coll("reduce_scatter", grad_bytes)
+            dp_time = max(0.0, gather - hide * first_fwd) + max(0.0, grads - hide * last_bwd)
+            hidden = gather + grads - dp_time
         else:  # ZeRO-3 / FSDP: gather for forward and backward, reduce-scatter, every micro-batch
             per_mb = 2 * coll("all_gather", param_bytes) + coll("reduce_scatter", grad_bytes)
             window = hide * (compute_mb + recompute_mb)

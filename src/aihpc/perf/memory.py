@@ -25,6 +25,7 @@ __all__ = [
     "activation_bytes_per_layer",
     "checkpoint_bytes",
     "memory_breakdown",
+    "zero3_keeps_unsharded",
 ]
 
 GiB = float(1 << 30)
@@ -106,6 +107,11 @@ def _layer_params_local(model: ModelSpec, plan: ParallelPlan, layers: int) -> fl
     return dense + moe
 
 
+def zero3_keeps_unsharded(plan: ParallelPlan) -> bool:
+    """ZeRO-3 under pipeline parallelism gathers each stage once per step and keeps it."""
+    return plan.zero_stage == 3 and plan.pp > 1
+
+
 def _state_bytes(
     params_local: float, plan: ParallelPlan, training: TrainingSpec, layer_params_local: float
 ) -> tuple[float, float, float]:
@@ -115,14 +121,22 @@ def _state_bytes(
     (18 B/param unsharded). zero 3 follows FSDP2 with mixed precision: the sharded fp32
     parameter is the master copy, gradients are reduced to fp32 shards, plus the 16-bit
     parameters of the layers being gathered (current + prefetched) and one layer's gradients.
+    Under pipeline parallelism FSDP2 keeps the stage's parameters gathered across the step's
+    micro-batches and accumulates unsharded fp32 gradients, reduce-scattering once at the end
+    (torchtitan disables resharding after forward with PP): the stage then holds a full 16-bit
+    copy of its weights and a full fp32 gradient.
     """
     d = plan.dp * plan.cp  # ranks that hold replicas of these weights
     opt_bytes = {"adamw": 12.0, "adam": 12.0, "sgd": 8.0}[training.optimizer]
     fp8_cache = 1.0 if training.precision == "fp8" else 0.0  # FP8 copies of the weights
     z = plan.zero_stage
     if z == 3:
-        weights = 4 * params_local / d + (2 + fp8_cache) * 2 * layer_params_local
-        grads = 4 * params_local / d + 4 * layer_params_local
+        if zero3_keeps_unsharded(plan):
+            weights = 4 * params_local / d + (2 + fp8_cache) * params_local
+            grads = 4 * params_local / d + 4 * params_local
+        else:
+            weights = 4 * params_local / d + (2 + fp8_cache) * 2 * layer_params_local
+            grads = 4 * params_local / d + 4 * layer_params_local
         optimizer = (opt_bytes - 4) * params_local / d
         return weights, grads, optimizer
     weights = (2 + fp8_cache) * params_local
@@ -157,9 +171,12 @@ def memory_breakdown(
     interleave = 1 + (p - 1) / (p * v) if v > 1 else 1.0
     first_acts = act_layer * layers_per_stage * in_flight * interleave + working
     last_acts = act_layer * layers_per_stage * 1 + working  # last stage: one in flight
-    # Output layer: 16-bit logits plus the fp32 copy the cross-entropy works on, per vocab shard;
-    # the final norm and output-GEMM inputs.
-    logits = tokens * (6 * model.vocab_size / plan.tp + 4 * model.hidden_size)
+    # Output layer, per vocab shard: 16-bit logits plus the fp32 copy a fused vocab-parallel
+    # cross-entropy works on in place (Megatron-LM, NeMo): 6 B per logit. PyTorch's
+    # F.cross_entropy on upcast logits also keeps its fp32 log-softmax output and, in the
+    # backward, an fp32 gradient of the logits: 14 B. Plus the final-norm and output-GEMM inputs.
+    loss_bytes = 6 if training.fused_loss else 14
+    logits = tokens * (loss_bytes * model.vocab_size / plan.tp + 4 * model.hidden_size)
     embed_out = (
         tokens
         * model.hidden_size

@@ -23,10 +23,9 @@ class ModelParams:
     # GEMM size at which efficiency is half of its large-size value, in GFLOP (tile/wave
     # quantisation and launch ramp; Calculon's size tables fall off in the same range).
     gemm_half_efficiency_gflop: float = 0.5
-    # Fused causal attention (FlashAttention-2/3, cuDNN) forward, as a fraction of peak; the
-    # backward runs at the same rate on 2.5x the forward FLOPs (it recomputes the scores).
-    # FA2 on A100 ~50-70%, FA3 on H100 ~55-75% (Dao 2023; Shah et al. 2024, fig. 3-5).
-    flash_attention_efficiency: float = 0.55
+    # Fused attention fraction of the 16-bit peak for a part whose catalog entry gives none
+    # (the catalog carries FlashAttention-2/3 and cuDNN figures per part, with sources).
+    attention_efficiency: float = 0.50
     # Achievable fraction of HBM bandwidth for streaming element-wise kernels (norms, activations,
     # residual adds, softmax, optimizer): ~80-90% on A100/H100 (STREAM-like, vendor guides).
     hbm_efficiency: float = 0.80

@@ -171,6 +171,8 @@ def row_runspec(row: dict[str, str]) -> RunSpec:
     model: dict[str, Any] = {k: int(_cell(row, k)) for k in MODEL_INT if _cell(row, k)}
     model["ffn_activation"] = _cell(row, "ffn_activation")
     model["tied_embeddings"] = _cell(row, "tied_embeddings").lower() == "true"
+    if _cell(row, "position_embedding"):
+        model["position_embedding"] = _cell(row, "position_embedding")
     model["name"] = _cell(row, "model")
     parallel: dict[str, Any] = {k: int(_cell(row, k)) for k in PLAN_INT if _cell(row, k)}
     if _cell(row, "sequence_parallel"):
@@ -180,6 +182,9 @@ def row_runspec(row: dict[str, str]) -> RunSpec:
     training: dict[str, Any] = {"precision": _cell(row, "precision")}
     if _cell(row, "attention"):
         training["attention"] = _cell(row, "attention")
+    for flag in ("fused_kernels", "fused_loss"):
+        if _cell(row, flag):
+            training[flag] = _cell(row, flag).lower() == "true"
     if _cell(row, "dropout"):
         training["dropout"] = float(_cell(row, "dropout"))
     cluster = {

@@ -34,6 +34,10 @@ class GPUSpec:
     power_limit_w: float | None = None  # set when the part runs capped below its TDP
     gemm_efficiency: float | None = None  # sustained fraction of peak on large GEMMs
     gemm_efficiency_fp8: float | None = None
+    attention_fwd_efficiency: float | None = None  # best fused attention kernel on this part
+    attention_bwd_efficiency: float | None = None
+    flash2_fwd_efficiency: float | None = None  # FlashAttention-2 where it is not the best kernel
+    flash2_bwd_efficiency: float | None = None
     gpus_per_node: int = 8
     id: str = "custom"  # catalog id
     name: str = "custom"
@@ -82,6 +86,12 @@ class GPUSpec:
         if self.power_limit_w and self.tdp_w and self.power_limit_w < self.tdp_w:
             return (self.power_limit_w / self.tdp_w) ** (1 / 3)
         return 1.0
+
+    def attention_efficiency(self, kernel: str) -> tuple[float | None, float | None]:
+        """(forward, backward) fraction of the 16-bit peak for ``kernel`` (flash | flash2)."""
+        if kernel == "flash2" and self.flash2_fwd_efficiency:
+            return self.flash2_fwd_efficiency, self.flash2_bwd_efficiency
+        return self.attention_fwd_efficiency, self.attention_bwd_efficiency
 
     def large_gemm_efficiency(self, precision: str) -> float | None:
         if precision == "fp8":

@@ -29,6 +29,7 @@ class ModelSpec:
     num_kv_heads: int | None = None  # None: multi-head attention (= num_attention_heads)
     ffn_activation: str = "gelu"
     tied_embeddings: bool = False
+    position_embedding: str = "rope"  # rope | learned (GPT-2/3 absolute positions)
     head_dim: int | None = None  # None: hidden_size / num_attention_heads
     # Mixture of experts; num_experts = 0 is dense.
     num_experts: int = 0
@@ -52,6 +53,7 @@ class ModelSpec:
         ):
             check_positive(f"model.{f}", getattr(self, f))
         check_choice("model.ffn_activation", self.ffn_activation, FFN_ACTIVATIONS)
+        check_choice("model.position_embedding", self.position_embedding, ("rope", "learned"))
         if self.head_dim is None and self.hidden_size % self.num_attention_heads:
             raise SpecError(
                 "model.num_attention_heads",

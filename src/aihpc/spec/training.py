@@ -10,7 +10,7 @@ from aihpc.spec.cluster import PRECISIONS
 __all__ = ["ATTENTION", "OPTIMIZERS", "CheckpointSpec", "TrainingSpec"]
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
-ATTENTION = ("flash", "unfused")
+ATTENTION = ("flash", "flash2", "unfused")
 
 
 @dataclass(frozen=True)
@@ -19,9 +19,17 @@ class TrainingSpec:
 
     precision: str = "bf16"  # bf16 | fp16 | fp8 (fp8 GEMMs, bf16 elsewhere)
     optimizer: str = "adamw"
-    # flash: fused attention that never stores the s x s scores (FlashAttention, cuDNN);
-    # unfused: scores, softmax and dropout materialised (Megatron-LM before 2023).
+    # flash: the best fused attention kernel for the GPU (FlashAttention-3 / cuDNN / Transformer
+    # Engine on Hopper and newer, FlashAttention-2 on Ampere); flash2: FlashAttention-2 kernels
+    # (PyTorch SDPA's flash backend) on any part; unfused: scores, softmax and dropout
+    # materialised (Megatron-LM before 2023). None of the fused ones stores the s x s scores.
     attention: str = "flash"
+    # true: element-wise ops fused (Megatron/TE kernels, torch.compile); false: eager PyTorch,
+    # one kernel per op (RMSNorm in fp32, RoPE via complex multiply), which moves more bytes.
+    fused_kernels: bool = True
+    # true: fused vocab-parallel cross-entropy working in place on the logits (Megatron-LM, NeMo,
+    # Liger); false: F.cross_entropy on fp32-upcast logits, which keeps more fp32 copies.
+    fused_loss: bool = True
     dropout: float = 0.0  # hidden/attention dropout probability (GPT-3-era runs used 0.1)
     train_steps: int = 100
     learning_rate: float = 3e-4
