@@ -18,12 +18,13 @@ __all__ = ["register"]
 
 def _render(summary: dict) -> None:
     console.print(
-        f"[bold]trained[/] {summary['final_step']} steps on {summary['world_size']} "
-        f"rank(s): final loss {summary['final_loss']:.4f}, "
-        f"restarts {summary['restarts']}, resumed from step "
-        f"{summary['resumed_from_step']}"
+        f"[bold]trained[/] {summary['final_step']} steps on {summary['world_size']} rank(s): "
+        f"final loss {summary['final_loss']:.4f}, restarts {summary['restarts']}, "
+        f"resumed from step {summary['resumed_from_step']}",
+        highlight=False,
+        soft_wrap=True,
     )
-    console.print(f"state_sha256 {summary['state_sha256']}")
+    console.print(f"state_sha256 {summary['state_sha256']}", highlight=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:
@@ -103,11 +104,10 @@ def register(app: typer.Typer) -> None:
                 progress=not as_json,
             )
             summary = run_training(spec, opts, timeout_s=max(600.0, 4 * hang_timeout))
-            if rank != 0:
-                return
+            if rank != 0 or os.environ.get("AIHPC_ELASTIC_AGENT"):
+                return  # under our own agent, the agent prints the summary
         if as_json:
             print_json(summary)
         else:
             _render(summary)
         sys.stdout.flush()
-        os.environ.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)

@@ -8,8 +8,9 @@ Layout under ``root``::
 
 Why not plain ``dcp.save(..., overwrite=True)`` into one folder: a crash while re-saving there
 leaves an old ``.metadata`` next to truncated new shards, and DCP has no checksums
-(fault-tolerance notes, section 5). Every save therefore goes into a fresh folder; the manifest is written last and the
-folder renamed into place, so a checkpoint is either committed whole or not at all.
+(fault-tolerance notes, section 5). Every save therefore goes into a fresh folder; the manifest
+is written last and the folder renamed into place, so a checkpoint is either committed whole or
+not at all.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ def launch_elastic(
     # With the shared rendezvous store, restarted gloo workers read the dead generation's
     # addresses and fail (pytorch#135712); a store per attempt makes restarts reliable.
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    os.environ["AIHPC_ELASTIC_AGENT"] = "1"  # workers leave the summary to the agent
     if nproc_per_node > 1:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     config = LaunchConfig(

@@ -1,0 +1,240 @@
+"""``aihpc train`` end to end in real processes: bitwise resume after SIGKILL, kill during a
+checkpoint write, corrupt-checkpoint fallback, restart under the elastic agent, hang detection,
+and user errors. Every comparison is against an uninterrupted run of the same spec."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from aihpc.cli import app
+
+pytestmark = pytest.mark.slow
+
+SPEC = """
+[model]
+preset = "tiny-llama"
+seq_length = 32
+[cluster]
+gpu = "h100-sxm"
+num_gpus = 2
+gpus_per_node = 2
+[parallel]
+zero_stage = {zero_stage}
+micro_batch_size = 1
+global_batch_size = 4
+[training]
+train_steps = 10
+learning_rate = 3e-3
+warmup_steps = 3
+[checkpoint]
+interval_steps = 3
+keep_last = 2
+async_save = {async_save}
+"""
+
+
+def write_spec(path, zero_stage=3, async_save=True):
+    path.write_text(SPEC.format(zero_stage=zero_stage, async_save=str(async_save).lower()))
+    return path
+
+
+def train(spec, run_dir, *extra, timeout=240):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "aihpc",
+            "train",
+            str(spec),
+            "--run-dir",
+            str(run_dir),
+            "--json",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+
+
+def ok(proc):
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def losses(run_dir):
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss_hex"]) for r in rows]
+
+
+def events(run_dir, name):
+    rows = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["event"] == name]
+
+
+@pytest.fixture(scope="module")
+def ref1(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ref1")
+    summary = ok(train(write_spec(d / "run.toml"), d / "run"))
+    assert summary["final_step"] == 10 and summary["restarts"] == 0
+    return summary, losses(d / "run")
+
+
+@pytest.fixture(scope="module")
+def ref2(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ref2")
+    summary = ok(train(write_spec(d / "run.toml"), d / "run", "--nproc-per-node", "2"))
+    assert summary["world_size"] == 2
+    return summary, losses(d / "run")
+
+
+@pytest.mark.parametrize(("async_save", "kill_step"), [(False, 5), (True, 7)])
+def test_sigkill_then_resume_is_bitwise_identical(tmp_path, ref1, async_save, kill_step):
+    spec, run = write_spec(tmp_path / "run.toml", async_save=async_save), tmp_path / "run"
+    killed = train(spec, run, "--inject", f"kill:step={kill_step}")
+    assert killed.returncode == -signal.SIGKILL
+    assert losses(run)[-1][0] == kill_step
+    summary = ok(train(spec, run))
+    assert 0 < summary["resumed_from_step"] < kill_step
+    assert losses(run) == ref1[1]  # every step's loss, bit for bit
+    assert summary["state_sha256"] == ref1[0]["state_sha256"]
+    assert summary["final_loss"] == ref1[0]["final_loss"]
+
+
+def test_sigkill_during_checkpoint_write(tmp_path, ref1):
+    spec, run = write_spec(tmp_path / "run.toml", async_save=False), tmp_path / "run"
+    killed = train(spec, run, "--inject", "kill:step=6:at=save")
+    assert killed.returncode == -signal.SIGKILL
+    ckpts = run / "checkpoints"
+    assert (ckpts / "LATEST").read_text() == "step_00000003"
+    assert (ckpts / "step_00000006.partial").is_dir()
+    assert not (ckpts / "step_00000006").exists()
+    summary = ok(train(spec, run))
+    assert summary["resumed_from_step"] == 3
+    assert not list(ckpts.glob("*.partial"))
+    assert summary["state_sha256"] == ref1[0]["state_sha256"]
+    assert losses(run) == ref1[1]
+
+
+def test_corrupt_checkpoint_falls_back_and_names_file(tmp_path, ref1):
+    spec, run = write_spec(tmp_path / "run.toml"), tmp_path / "run"
+    killed = train(spec, run, "--inject", "corrupt-checkpoint:step=6", "--inject", "kill:step=7")
+    assert killed.returncode == -signal.SIGKILL
+    summary = ok(train(spec, run))
+    assert summary["resumed_from_step"] == 3
+    assert summary["state_sha256"] == ref1[0]["state_sha256"]
+    bad = events(run, "fault_corrupt")[0]["file"]
+    assert bad.endswith(".distcp")
+
+
+def test_corrupt_checkpoint_error_names_file_on_stderr(tmp_path):
+    spec, run = write_spec(tmp_path / "run.toml"), tmp_path / "run"
+    killed = train(
+        spec, run, "--inject", "corrupt-checkpoint:step=3:mode=truncate", "--inject", "kill:step=4"
+    )
+    assert killed.returncode == -signal.SIGKILL
+    bad = events(run, "fault_corrupt")[0]["file"]
+    resumed = train(spec, run)
+    assert resumed.returncode == 1  # the only checkpoint is damaged: loud, no silent restart
+    assert bad in resumed.stderr and "truncated" in resumed.stderr
+
+
+def test_kill_under_max_restarts_recovers_without_help(tmp_path, ref2):
+    spec, run = write_spec(tmp_path / "run.toml"), tmp_path / "run"
+    summary = ok(
+        train(
+            spec,
+            run,
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "1",
+            "--inject",
+            "kill:step=5:rank=1",
+        )
+    )
+    assert summary["restarts"] == 1 and summary["resumed_from_step"] == 3
+    assert summary["state_sha256"] == ref2[0]["state_sha256"]
+    assert losses(run) == ref2[1]
+
+
+def test_hang_is_detected_within_bound_and_job_restarts(tmp_path, ref2):
+    spec, run = write_spec(tmp_path / "run.toml"), tmp_path / "run"
+    bound = 3.0
+    summary = ok(
+        train(
+            spec,
+            run,
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "1",
+            "--hang-timeout",
+            str(bound),
+            "--inject",
+            "hang:step=4:rank=1",
+        )
+    )
+    assert summary["restarts"] == 1
+    assert summary["state_sha256"] == ref2[0]["state_sha256"]
+    stopped = events(run, "fault")[0]["time_unix"]
+    detected = events(run, "hang_detected")
+    assert detected and detected[0]["rank"] == 0 and 1 in detected[0]["killed_peers"]
+    latency = detected[0]["time_unix"] - stopped
+    assert bound <= latency + 0.5 and latency <= bound + 1.5, latency
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["--inject", "kill:step=x"], "--inject"),
+        (["--inject", "kill:step=2:rank=5"], "--inject"),
+        (["--data", "no-such-file.txt"], "--data"),
+        (["--nproc-per-node", "0"], "--nproc-per-node"),
+        (["--hang-timeout", "0"], "--hang-timeout"),
+    ],
+)
+def test_user_errors_exit_2_with_one_line(tmp_path, args, field):
+    spec = write_spec(tmp_path / "run.toml")
+    result = CliRunner().invoke(app, ["train", str(spec), "--run-dir", str(tmp_path / "r"), *args])
+    assert result.exit_code == 2, result.output
+    assert field in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()  # nothing written for bad input
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ("vocab_size = 1000", "model.vocab_size"),
+        ('ffn_activation = "gelu"', "model.ffn_activation"),
+    ],
+)
+def test_spec_the_runtime_cannot_train_exits_2(tmp_path, change, field):
+    spec = tmp_path / "bad.toml"
+    spec.write_text(
+        write_spec(tmp_path / "x.toml")
+        .read_text()
+        .replace("seq_length = 32", "seq_length = 32\n" + change)
+    )
+    result = CliRunner().invoke(app, ["train", str(spec), "--run-dir", str(tmp_path / "r")])
+    assert result.exit_code == 2 and field in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_user_data_file(tmp_path):
+    data = tmp_path / "mine.txt"
+    data.write_text("All the world's a stage, and all the men and women merely players. " * 60)
+    spec = write_spec(tmp_path / "run.toml")
+    spec.write_text(spec.read_text().replace("train_steps = 10", "train_steps = 2"))
+    summary = ok(train(spec, tmp_path / "run", "--data", str(data)))
+    assert summary["final_step"] == 2 and summary["final_loss"] < 6.0
