@@ -280,10 +280,10 @@ def fit_to_calibration(
         by_gflop: dict[float, list[float]] = defaultdict(list)
         for g, tf in pts:
             if g > 0 and tf > 0:
-                by_gflop[round(g, 6)].append(tf)
+                by_gflop[float(f"{g:.6g}")].append(tf)
         if by_gflop:
             gemm_fits[prec] = GemmFit(
-                prec, tuple((g, round(float(np.mean(v)), 3)) for g, v in sorted(by_gflop.items()))
+                prec, tuple((g, float(f"{np.mean(v):.4g}")) for g, v in sorted(by_gflop.items()))
             )
     cal = Calibration(
         comm={(r.collective, r.tier): r.fit for r in reports}, gemm=gemm_fits, source=source

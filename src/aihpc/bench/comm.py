@@ -40,7 +40,7 @@ from aihpc.bench.collectives import (
     element_counts,
     is_reducing,
 )
-from aihpc.bench.dist import DistContext
+from aihpc.bench.dist import DistContext, init_distributed
 from aihpc.spec.errors import SpecError
 
 __all__ = [
@@ -433,6 +433,17 @@ def run_comm_bench(
                 on_result(res)
     # sub-groups are torn down with the default group by init_distributed()
     return results
+
+
+def run_in_new_group(
+    cfgs: Sequence[CommConfig], timeout_s: float = 300.0
+) -> list[list[CommResult]]:
+    """Join (or create) the process group, run each config in turn, tear the group down.
+
+    Module level so that ``launch_local`` can start it in spawned workers.
+    """
+    with init_distributed(timeout_s) as ctx:
+        return [run_comm_bench(ctx, cfg) for cfg in cfgs]
 
 
 def results_json(results: Sequence[CommResult], ctx: DistContext, cfg: CommConfig) -> dict:
