@@ -217,3 +217,20 @@ def test_synthetic_noise_is_not_hidden():
         )
     assert rep.max_rel_error == pytest.approx(float(np.max(errs)), abs=1e-4)
     assert rep.max_rel_error > 0.02
+
+
+def test_shipped_example_is_what_calibrate_produces():
+    from aihpc.bench.calibrate import fit_to_calibration, load_measurements
+
+    root = Path(__file__).parents[2]
+    logs = [
+        DATA / n
+        for n in (
+            "all_reduce_perf_8xH100_1node.txt",
+            "all_reduce_perf_2x8xH100_ib.txt",
+            "all_gather_perf_2x8xH100_ib.txt",
+        )
+    ]
+    comm, gemm = load_measurements(logs)
+    cal, _ = fit_to_calibration(comm, gemm, "x")
+    assert load_calibration(root / "examples" / "calibration-h100.toml").comm == cal.comm

@@ -125,6 +125,13 @@ def _comm_worker(cfg: Any, as_json: bool, timeout_s: float, output: str | None) 
         return {"spec_error": (err.field, err.value, err.allowed)}
 
 
+def _human(n: float) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
 def _factor(sizes: tuple[int, ...]) -> int:
     return sizes[1] // sizes[0] if len(sizes) > 1 else 1
 
@@ -354,34 +361,34 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json(summary)
             return
-        table = Table(title=f"calibration written to {output}")
-        for col in (
-            "collective",
-            "tier",
-            "ranks",
-            "regime (bytes)",
-            "latency (us)",
-            "busbw (GB/s)",
-            "max rel err",
-            "1-line err",
-        ):
-            table.add_column(col, justify="right")
+        from rich import box
+
+        table = Table(
+            title=f"{output}: latency in us, busbw in GB/s", box=box.SIMPLE_HEAD, pad_edge=False
+        )
+        cols = ("collective", "tier", "n", "sizes", "latency", "busbw", "max err", "1-line")
+        for col in cols:
+            table.add_column(col, justify="right", no_wrap=True)
         for r in reports:
-            lo = 0.0
+            prev = 0.0
             for i, g in enumerate(r.fit.regimes):
-                hi = "inf" if g.max_bytes == float("inf") else f"{g.max_bytes:.3g}"
+                span = (
+                    f"<= {_human(g.max_bytes)}"
+                    if g.max_bytes != float("inf")
+                    else (f"> {_human(prev)}")
+                )
                 first = i == 0
                 table.add_row(
                     r.collective if first else "",
                     r.tier if first else "",
                     str(r.num_ranks) if first else "",
-                    f"{lo:.3g} .. {hi}",
-                    f"{g.latency_us:.2f}",
-                    f"{g.busbw_GBps:.2f}",
+                    span,
+                    f"{g.latency_us:.1f}",
+                    f"{g.busbw_GBps:.1f}",
                     f"{r.max_rel_error:.1%}" if first else "",
                     f"{r.single_regime_max_rel_error:.1%}" if first else "",
                 )
-                lo = g.max_bytes
+                prev = g.max_bytes
         console.print(table)
         for p, g in cal.gemm.items():
             console.print(
