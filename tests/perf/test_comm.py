@@ -68,3 +68,16 @@ def test_calibration_overrides_bandwidth() -> None:
     size = 1e9
     t = collective_time_s(c, "all_reduce", size, 8, 1, calibration=cal)
     assert t == pytest.approx(size * 2 * 7 / 8 / 100e9, rel=1e-9)
+
+
+def test_ring_latency_grows_with_ranks_tree_latency_with_log() -> None:
+    """Tiny messages: an all-gather ring pays n-1 hops, a tree all-reduce 2 log2(n)."""
+    c = cluster(1024)
+    p = ModelParams()
+    tiny = 8.0
+    ag_16 = collective_time_s(c, "all_gather", tiny, 16, 8, p)
+    ag_128 = collective_time_s(c, "all_gather", tiny, 128, 8, p)
+    assert ag_128 / ag_16 == pytest.approx(127 / 15, rel=0.01)
+    ar_16 = collective_time_s(c, "all_reduce", tiny, 16, 8, p)
+    ar_128 = collective_time_s(c, "all_reduce", tiny, 128, 8, p)
+    assert ar_128 / ar_16 == pytest.approx(7 / 4, rel=0.01)

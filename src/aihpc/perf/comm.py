@@ -68,8 +68,15 @@ def _tier_time_s(
     else:
         bw = cluster.scale_out_bw_GBps * params.scale_out_efficiency
         latency = params.scale_out_latency_s
-    # Latency: pipelined ring / tree steps grow with log2(n); an all-reduce is two passes.
-    steps = math.ceil(math.log2(n)) * (2 if collective == "all_reduce" else 1)
+    # Latency: NCCL runs all-gather and reduce-scatter as rings, n - 1 dependent hops; an
+    # all-reduce at scale uses the double binary tree, 2 log2(n) hops (Sanders et al. 2009;
+    # NCCL 2.4 release notes); all-to-all and point-to-point pay one hop per peer exchange.
+    if collective in ("all_gather", "reduce_scatter"):
+        steps = n - 1
+    elif collective == "all_reduce":
+        steps = 2 * math.ceil(math.log2(n))
+    else:
+        steps = 1
     return steps * latency + size_bytes * factor / (bw * 1e9)
 
 
