@@ -49,6 +49,12 @@ def render_estimate(spec, est) -> None:  # type: ignore[no-untyped-def]
         f"({spec.training.precision})"
     )
     console.print(f"plan: {_plan_line(out['plan'])}")
+    defaulted = [k for k in out["plan"] if k not in spec.parallel.given()]
+    if defaulted:
+        console.print(
+            f"[dim]defaults used for: {', '.join(defaulted)} "
+            "(`aihpc search` chooses them instead)[/]"
+        )
     t = Table(title="Step time", show_edge=False)
     t.add_column("part")
     t.add_column("seconds", justify="right")
