@@ -130,7 +130,9 @@ def fit_comm(points: Sequence[CommPoint], num_regimes: int = 3, min_points: int 
             max_b = float(round(math.sqrt(sizes[hi - 1] * sizes[hi]))) if hi < n else math.inf
             # rounded for a readable file; the reported error is computed after rounding
             regimes.append(
-                CommRegime(latency_us=round(lat, 3), busbw_GBps=round(bw, 3), max_bytes=max_b)
+                CommRegime(
+                    latency_us=float(f"{lat:.6g}"), busbw_GBps=float(f"{bw:.6g}"), max_bytes=max_b
+                )
             )
         return CommFit(p0.collective, p0.tier, tuple(regimes), p0.num_ranks)
 
@@ -191,6 +193,8 @@ def points_from_bench_json(
             if isinstance(r.get("in_place"), dict):
                 times.append(float(r["in_place"]["time_us"]))
             time_us = {"out-of-place": times[0], "in-place": times[-1], "min": min(times)}[column]
+            if float(r["size_bytes"]) <= 0 or time_us <= 0:
+                continue  # an empty chunk (size below n x 16 B) says nothing about the link
             points.append(
                 CommPoint(
                     r["collective"],

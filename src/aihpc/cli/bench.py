@@ -73,6 +73,8 @@ def _comm_worker(cfg: Any, as_json: bool, timeout_s: float, output: str | None) 
 
                 def on_start(coll: str, n: int) -> None:
                     rows.clear()
+                    if bar is not None:
+                        bar.update(bar.task_ids[0], description=coll)
                     if lead and not as_json:
                         print(
                             format_header(
@@ -383,8 +385,8 @@ def register(app: typer.Typer) -> None:
                     r.tier if first else "",
                     str(r.num_ranks) if first else "",
                     span,
-                    f"{g.latency_us:.1f}",
-                    f"{g.busbw_GBps:.1f}",
+                    f"{g.latency_us:.4g}",
+                    f"{g.busbw_GBps:.4g}",
                     f"{r.max_rel_error:.1%}" if first else "",
                     f"{r.single_regime_max_rel_error:.1%}" if first else "",
                 )
