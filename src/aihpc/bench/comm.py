@@ -460,6 +460,8 @@ def results_json(results: Sequence[CommResult], ctx: DistContext, cfg: CommConfi
         "nccl_version": (
             ".".join(map(str, torch.cuda.nccl.version())) if ctx.backend == "nccl" else None
         ),
+        # what decides NCCL's algorithm and protocol travels with the numbers
+        "nccl_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")},
         "iters": cfg.iters,
         "warmup": cfg.warmup,
         "results": rows,

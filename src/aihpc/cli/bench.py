@@ -127,6 +127,10 @@ def _comm_worker(cfg: Any, as_json: bool, timeout_s: float, output: str | None) 
         return {"spec_error": (err.field, err.value, err.allowed)}
 
 
+# above this the fit is reported but flagged (research notes section 1.4 suggest refusing > 15 %)
+_WARN_REL_ERROR = 0.15
+
+
 def _human(n: float) -> str:
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale:
@@ -335,6 +339,13 @@ def register(app: typer.Typer) -> None:
             "regime S falls in."
         )
         write_atomic(Path(output), calibration_to_toml(cal, header))
+        for r in reports:
+            if r.max_rel_error > _WARN_REL_ERROR:
+                err_console.print(
+                    f"warning: {r.collective}/{r.tier} fit misses a measured size by "
+                    f"{r.max_rel_error:.0%}; measure more sizes or try --regimes 4",
+                    highlight=False,
+                )
         summary = {
             "output": output,
             "comm": [
