@@ -101,6 +101,7 @@ def test_per_iteration_and_error_column_layouts():
         "    12.30    0.00    0.00  2e-07",
     ]
     (t,) = parse_nccl_tests(old, "all_reduce_perf.out")
+    assert t.ranks == [(0, "gpu-01", "Tesla V100-SXM2-32GB")]  # no "Group" in 2019 builds
     assert t.rows[0].root == -1 and t.rows[0].out_of_place[0] == 12.5
     assert t.rows[0].in_place[3] is None  # an error magnitude, not a count
 

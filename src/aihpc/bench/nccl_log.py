@@ -20,9 +20,10 @@ from aihpc.spec.errors import SpecError
 
 __all__ = ["NcclRow", "NcclTest", "parse_nccl_tests", "read_nccl_tests_log"]
 
+# "Group" appeared in 2019; older builds print "#   Rank  0 Pid ... on host device 0 [0x06] name"
 _RANK = re.compile(
-    r"^#\s+Rank\s+(\d+)\s+Group\s+(\d+)\s+Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)"
-    r"\s+\[([^\]]*)\]\s*(.*)$"
+    r"^#\s+Rank\s+(?P<rank>\d+)(?:\s+Group\s+\d+)?\s+Pid\s+\d+\s+on\s+(?P<host>\S+)"
+    r"\s+device\s+\d+\s+\[[^\]]*\]\s*(?P<name>.*)$"
 )
 _STARTING = re.compile(r"^#\s*Collective test (?:starting|concluded):\s*(\S+)")
 _AVG = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(\S+)")
@@ -168,7 +169,7 @@ def parse_nccl_tests(lines: Iterable[str], name: str = "") -> list[NcclTest]:
         if current is None:
             continue
         if m := _RANK.match(stripped):
-            current.ranks.append((int(m.group(1)), m.group(4), m.group(7).strip()))
+            current.ranks.append((int(m["rank"]), m["host"], m["name"].strip()))
         elif m := _AVG.match(stripped):
             try:
                 current.avg_busbw_GBps = float(m.group(1))
