@@ -153,6 +153,20 @@ def test_calibrate_cli_from_nccl_tests_logs(tmp_path):
     assert 340 < fit.regime(8e9).busbw_GBps < 380
 
 
+def test_calibrate_from_nccl_tests_json_equals_text(tmp_path):
+    from aihpc.bench.calibrate import fit_to_calibration, load_measurements
+
+    fits = []
+    for name in ("all_reduce_perf_8xH100_1node.json", "all_reduce_perf_8xH100_1node.txt"):
+        comm, gemm = load_measurements([DATA / name])
+        cal, _ = fit_to_calibration(comm, gemm, name)
+        fits.append(cal.comm_fit("all_reduce", "scale_up"))
+    for a, b in zip(fits[0].regimes, fits[1].regimes, strict=True):
+        assert a.max_bytes == b.max_bytes
+        assert a.busbw_GBps == pytest.approx(b.busbw_GBps, rel=1e-3)
+        assert a.latency_us == pytest.approx(b.latency_us, rel=1e-2)
+
+
 def test_calibrate_cli_needs_no_torch(tmp_path):
     code = (
         "import sys; sys.modules['torch'] = None\n"  # any import of torch now fails

@@ -118,3 +118,24 @@ def test_bad_logs_are_spec_errors(tmp_path):
     with pytest.raises(SpecError, match="--collective"):
         read_nccl_tests_log(unnamed)
     assert read_nccl_tests_log(unnamed, "all_reduce")[0].num_ranks == 16
+
+
+def test_nccl_tests_json_output_matches_text():
+    (j,) = read_nccl_tests_log(DATA / "all_reduce_perf_8xH100_1node.json")
+    (t,) = read_nccl_tests_log(ONE_NODE)
+    assert j.collective == "all_reduce"  # from args[0], ./build/all_reduce_perf
+    assert j.ranks == t.ranks and len(j.rows) == len(t.rows)
+    for a, b in zip(j.rows, t.rows, strict=True):
+        assert (a.size_bytes, a.count, a.dtype, a.redop, a.root) == (
+            b.size_bytes,
+            b.count,
+            b.dtype,
+            b.redop,
+            b.root,
+        )
+        for x, y in ((a.out_of_place, b.out_of_place), (a.in_place, b.in_place)):
+            assert x[0] == pytest.approx(y[0], abs=0.06)  # text keeps 7 characters
+            assert x[2] == pytest.approx(y[2], abs=0.006)
+            assert x[3] == y[3] == 0
+    assert j.avg_busbw_GBps == pytest.approx(t.avg_busbw_GBps, abs=1e-3)
+    assert j.mean_busbw() == pytest.approx(j.avg_busbw_GBps, abs=1e-5)

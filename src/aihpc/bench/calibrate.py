@@ -248,12 +248,14 @@ def load_measurements(
             elif kind == "gemm":
                 for prec, pts in gemm_points_from_json(doc, path.name).items():
                     gemm[prec] += pts
+            elif "results" in doc and ("config" in doc or "nccl_version" in doc):
+                comm += points_from_nccl_tests(read_nccl_tests_log(path, collective), tier, column)
             else:
                 raise SpecError(
                     "INPUT",
                     str(path),
-                    "JSON must come from `aihpc bench comm --json`"
-                    " or `aihpc bench gemm --json` (key benchmark = comm | gemm)",
+                    "JSON must come from `aihpc bench comm|gemm --json` (key "
+                    "benchmark = comm | gemm) or nccl-tests -J",
                 )
         else:
             comm += points_from_nccl_tests(read_nccl_tests_log(path, collective), tier, column)

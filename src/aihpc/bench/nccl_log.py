@@ -10,15 +10,23 @@ interleaved by the launcher. A file may hold several tests one after the other.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aihpc.bench.collectives import COLLECTIVES, NCCL_TESTS_BINARIES
 from aihpc.spec.errors import SpecError
 
-__all__ = ["NcclRow", "NcclTest", "parse_nccl_tests", "read_nccl_tests_log"]
+__all__ = [
+    "NcclRow",
+    "NcclTest",
+    "nccl_tests_json",
+    "parse_nccl_tests",
+    "read_nccl_tests_log",
+]
 
 # "Group" appeared in 2019; older builds print "#   Rank  0 Pid ... on host device 0 [0x06] name"
 _RANK = re.compile(
@@ -193,7 +201,16 @@ def read_nccl_tests_log(path: str | Path, collective: str | None = None) -> list
         text = path.read_text(errors="replace")
     except OSError as err:
         raise SpecError("LOG", str(path), f"cannot be read ({err.strerror or err})") from err
-    tests = [t for t in parse_nccl_tests(text.splitlines(), path.name) if t.rows]
+    if text.lstrip().startswith("{"):  # the -J FILE output of nccl-tests
+        try:
+            tests = [nccl_tests_json(json.loads(text), path.name)]
+        except json.JSONDecodeError as err:
+            raise SpecError("LOG", str(path), f"not valid JSON ({err})") from err
+        except (KeyError, TypeError, ValueError) as err:
+            raise SpecError("LOG", str(path), f"not nccl-tests -J output ({err!r})") from err
+        tests = [t for t in tests if t.rows]
+    else:
+        tests = [t for t in parse_nccl_tests(text.splitlines(), path.name) if t.rows]
     if not tests:
         raise SpecError(
             "LOG",
@@ -217,3 +234,48 @@ def read_nccl_tests_log(path: str | Path, collective: str | None = None) -> list
                 "no '#  Rank N Group ...' device lines: the number of ranks is unknown",
             )
     return tests
+
+
+def _json_half(obj: Any) -> tuple[float, float, float, int | None] | None:
+    if not isinstance(obj, dict):
+        return None
+    time_us = obj.get("time", obj.get("cpu_time"))
+    wrong = obj.get("nwrong")
+    return (
+        float(time_us),
+        float(obj["alg_bw"]),
+        float(obj["bus_bw"]),
+        None if wrong is None else int(wrong),
+    )
+
+
+def nccl_tests_json(doc: dict[str, Any], name: str = "") -> NcclTest:
+    """One test from the file nccl-tests writes with ``-J FILE`` (v2.17+; ``src/util.cu``):
+    ``args[0]`` names the binary, ``config.devices`` lists the ranks, ``results`` the rows."""
+    args = doc.get("args") or []
+    test = NcclTest(_collective_from_name(str(args[0])) if args else _collective_from_name(name))
+    for d in (doc.get("config") or {}).get("devices", []):
+        test.ranks.append((int(d["rank"]), str(d["hostname"]), str(d.get("device_info", ""))))
+    for r in doc.get("results", []):
+        oop = _json_half(r.get("out_of_place"))
+        inp = _json_half(r.get("in_place"))
+        if oop is None and inp is None:
+            continue
+        test.rows.append(
+            NcclRow(
+                int(r["size"]),
+                int(r["count"]),
+                str(r["type"]),
+                str(r["redop"]),
+                int(str(r["root"]).strip()),
+                oop or inp,
+                inp if oop is not None else None,
+            )
+        )
+    avg = doc.get("average_bus_bandwidth")
+    if isinstance(avg, dict) and avg.get("bandwidth") is not None:
+        test.avg_busbw_GBps = float(avg["bandwidth"])
+    oob = doc.get("out_of_bounds")
+    if isinstance(oob, dict) and oob.get("count") is not None:
+        test.out_of_bounds = int(oob["count"])
+    return test

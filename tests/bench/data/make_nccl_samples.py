@@ -5,7 +5,8 @@ v2.13.8), re-typed here independently of aihpc's formatter so the parser is not 
 itself. The numbers are not a capture from a real machine: they are modelled on published
 measurements and marked as such in each file's README line below.
 
-* 8x H100 SXM, one DGX node, all_reduce (new v2.19 layout): times log-interpolated between the
+* 8x H100 SXM, one DGX node, all_reduce (new v2.19 layout, and the same run as the JSON file
+  that nccl-tests' -J option writes): times log-interpolated between the
   all_reduce points of Azure's ND H100 v5 table (1 MB 44, 16 MB 234, 256 MB 423, 1 GB 466,
   8 GB 478.9 GB/s busbw; 1 KiB 0.07 GB/s) (Azure/AI-benchmarking-guide, ND_H100_v5_results.md).
 * 2 nodes x 8 H100, 8x 400G NDR InfiniBand (old v2.13 layout, 16 ranks, one file per binary, as
@@ -51,7 +52,7 @@ def old_time_str(t: float) -> str:  # common.cu v2.13
     return "%7.0f" % t if t >= 10000 else ("%7.1f" % t if t >= 100 else "%7.2f" % t)
 
 
-def rows(coll: str, n: int, anchors, rng, new: bool, check: bool) -> tuple[list[str], float]:
+def rows(coll: str, n: int, anchors, rng, new: bool, check: bool, js=None):
     out, bws = [], []
     size = 8
     while size <= 8 << 30:
@@ -67,11 +68,25 @@ def rows(coll: str, n: int, anchors, rng, new: bool, check: bool) -> tuple[list[
             shown, count_col = count * elem, count
         redop = "sum" if coll == "all_reduce" else "none"
         line = "%12li  %12li  %8s  %6s  %6s" % (shown, count_col, "float", redop, "%6i" % -1)
-        for _ in range(2):  # out-of-place, then in-place
+        entry = {
+            "size": shown,
+            "count": count_col,
+            "type": "float",
+            "redop": redop,
+            "root": "%6i" % -1,
+        }
+        for half in ("out_of_place", "in_place"):
             t = interp_time(shown, anchors) * (1 + rng.uniform(-0.012, 0.012))
             alg = shown / 1e9 / (t * 1e-6)
             bus = alg * FACTOR[coll](n)
             bws.append(bus)
+            # jsonDouble prints "%lf": six decimals
+            entry[half] = {
+                "time": round(t, 6),
+                "alg_bw": round(alg, 6),
+                "bus_bw": round(bus, 6),
+                "nwrong": 0.0 if check else None,
+            }
             if new:
                 line += "  %7s  %6s  %6s" % (float_str(t, 7), float_str(alg, 6), float_str(bus, 6))
                 line += "  %6g" % 0 if check else "    N/A"
@@ -82,6 +97,8 @@ def rows(coll: str, n: int, anchors, rng, new: bool, check: bool) -> tuple[list[
                     else "  %7s  %6.2f  %6.2f  %5s" % (old_time_str(t), alg, bus, "N/A")
                 )
         out.append(line)
+        if js is not None:
+            js.append({**entry, "actual_iterations": 20, "experiment_name": ""})
         size *= 2
     return out, sum(bws) / len(bws)
 
@@ -221,8 +238,81 @@ def multi_node_old_part(coll: str, anchors, seed: int, check: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+def single_node_json() -> str:
+    """The same run as single_node_new, as nccl-tests -J writes it (src/util.cu, version 3)."""
+    import json
+
+    rng = random.Random(17)
+    anchors = [
+        (8, 24.0),
+        (1024, 25.6),
+        (65536, 28.0),
+        (1 << 20, 41.7),
+        (16 << 20, 125.5),
+        (256 << 20, 1110.0),
+        (1 << 30, 4032.0),
+        (8 << 30, 31390.0),
+    ]
+    results: list[dict] = []
+    _, avg = rows("all_reduce", 8, anchors, rng, new=True, check=True, js=results)
+    devices = [
+        {
+            "rank": r,
+            "group": 0,
+            "pid": 412873,
+            "hostname": "dgx-h100-017",
+            "device": r,
+            "device_hex": "0000:%02x:00" % bus,
+            "device_info": GPU,
+        }
+        for r, bus in enumerate(DGX_H100_BUS)
+    ]
+    doc = {
+        "version": 3,
+        "start_time": "2025-11-03 14:07:51",
+        "args": [
+            "./build/all_reduce_perf",
+            "-b",
+            "8",
+            "-e",
+            "8G",
+            "-f",
+            "2",
+            "-g",
+            "8",
+            "-J",
+            "all_reduce_perf_8xH100_1node.json",
+        ],
+        "env": ["NCCL_DEBUG=VERSION"],
+        "nccl_version": 22105,
+        "config": {
+            "nthreads": 1,
+            "ngpus": 8,
+            "minimum_bytes": 8,
+            "maximum_bytes": 8589934592,
+            "step_factor": 2,
+            "warmup_iters": 5,
+            "iterations": 20,
+            "aggregated_iterations": 1,
+            "validation": 1,
+            "graph": 0,
+            "blocking_collectives": False,
+            "per_iter_timing": False,
+            "per_iter_skip": 0,
+            "parallel_init": False,
+            "devices": devices,
+        },
+        "results": results,
+        "out_of_bounds": {"count": 0, "okay": True},
+        "average_bus_bandwidth": {"bandwidth": round(avg, 6), "okay": True},
+        "end_time": "2025-11-03 14:09:12",
+    }
+    return json.dumps(doc, indent=2) + "\n"
+
+
 def main() -> None:
     (HERE / "all_reduce_perf_8xH100_1node.txt").write_text(single_node_new())
+    (HERE / "all_reduce_perf_8xH100_1node.json").write_text(single_node_json())
     ar = [
         (8, 42.0),
         (65536, 55.0),
