@@ -109,7 +109,7 @@ def test_comm_table_is_nccl_tests_layout():
         (["-n", "0"], "-n/--iters"),
         (["-c", "3"], "-c/--check"),
         (["--nproc-per-node", "3", "--ranks-per-node", "2"], "--ranks-per-node"),
-        (["-C", "send_recv"], "send_recv"),
+        (["--nproc-per-node", "1", "-C", "send_recv"], "send_recv"),
         (["-o", "avg", "-d", "int32"], "-o/--op"),
     ],
 )

@@ -182,7 +182,8 @@ def register(app: typer.Typer) -> None:
         nproc_per_node: int | None = typer.Option(
             None,
             "--nproc-per-node",
-            help="Start N local workers (not needed under torchrun / srun).",
+            help="Start N local workers (default: one per local GPU, or 2 on CPU; "
+            "not used under torchrun / srun).",
         ),
         timeout: float = typer.Option(300.0, "--timeout", help="Process-group timeout, s."),
         output: str | None = typer.Option(None, "--output", help="Also write the JSON here."),
@@ -208,7 +209,14 @@ def register(app: typer.Typer) -> None:
         from aihpc.bench.dist import launch_local, launcher_env
 
         env = launcher_env()
+        if env is None and nproc_per_node is None:
+            import torch
+
+            # a collective on one rank measures nothing: default to every local GPU, or 2 on CPU
+            nproc_per_node = torch.cuda.device_count() if torch.cuda.is_available() else 2
         world = int(env["WORLD_SIZE"]) if env else (nproc_per_node or 1)
+        if collective == "all" and world < 2:
+            colls = tuple(c for c in colls if c != "send_recv")  # needs a peer
         cfg = validate_comm_config(
             CommConfig(
                 collectives=colls,
