@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from aihpc.spec.calibration import COLLECTIVES
+from aihpc.spec.calibration import COLLECTIVES, busbw_factor
 from aihpc.spec.errors import SpecError
 
 __all__ = [
@@ -72,20 +72,6 @@ NCCL_TESTS_BINARIES = {
     "send_recv": "sendrecv_perf",
 }
 _REDUCING = ("all_reduce", "reduce_scatter")
-
-
-def busbw_factor(collective: str, num_ranks: int) -> float:
-    """nccl-tests' algbw -> busbw factor (doc/PERFORMANCE.md; ``*GetBw`` in src/*.cu)."""
-    n = num_ranks
-    if n < 1:
-        raise SpecError("num_ranks", n, "must be >= 1")
-    if collective == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n
-    if collective in ("broadcast", "send_recv"):
-        return 1.0
-    raise SpecError("collective", collective, "allowed: " + " | ".join(COLLECTIVES))
 
 
 def algbw_GBps(size_bytes: float, time_us: float) -> float:

@@ -17,25 +17,10 @@ from __future__ import annotations
 import math
 
 from aihpc.perf.params import ModelParams
-from aihpc.spec.calibration import Calibration
+from aihpc.spec.calibration import Calibration, busbw_factor
 from aihpc.spec.cluster import ClusterSpec
 
-__all__ = ["BUSBW_FACTORS", "busbw_factor", "collective_time_s", "group_tiers", "p2p_time_s"]
-
-BUSBW_FACTORS = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "all_to_all": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0,
-    "send_recv": lambda n: 1.0,
-}
-
-
-def busbw_factor(collective: str, n: int) -> float:
-    """nccl-tests: busbw = algbw x factor (all-reduce 2(n-1)/n; gather/scatter/all-to-all
-    (n-1)/n; broadcast, reduce, send/recv 1)."""
-    return BUSBW_FACTORS[collective](n)
+__all__ = ["busbw_factor", "collective_time_s", "group_tiers", "p2p_time_s"]
 
 
 def group_tiers(cluster: ClusterSpec, n: int, stride: int) -> tuple[int, int]:

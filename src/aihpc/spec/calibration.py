@@ -42,6 +42,7 @@ __all__ = [
     "CommFit",
     "CommRegime",
     "GemmFit",
+    "busbw_factor",
     "calibration_from_dict",
     "calibration_to_toml",
     "load_calibration",
@@ -49,6 +50,22 @@ __all__ = [
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
 TIERS = ("scale_up", "scale_out")
+
+
+def busbw_factor(collective: str, num_ranks: int) -> float:
+    """nccl-tests' algbw -> busbw factor (doc/PERFORMANCE.md; ``*GetBw`` in src/*.cu): all-reduce
+    2(n-1)/n; all-gather, reduce-scatter, all-to-all (n-1)/n; broadcast and send/recv 1. The one
+    definition the benchmarks (aihpc.bench) and the model (aihpc.perf) share."""
+    n = num_ranks
+    if n < 1:
+        raise SpecError("num_ranks", n, "must be >= 1")
+    if collective == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    if collective in ("broadcast", "send_recv"):
+        return 1.0
+    raise SpecError("collective", collective, "allowed: " + " | ".join(COLLECTIVES))
 
 
 @dataclass(frozen=True)
