@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from aihpc.perf.params import ModelParams
+from aihpc.perf.params import DEFAULT_PARAMS, ModelParams
 from aihpc.spec.calibration import Calibration, busbw_factor
 from aihpc.spec.cluster import ClusterSpec
 
@@ -75,8 +75,6 @@ def collective_time_s(
     calibration: Calibration | None = None,
 ) -> float:
     """Time of one collective of whole-buffer ``size_bytes`` over ``n`` ranks ``stride`` apart."""
-    from aihpc.perf.params import DEFAULT_PARAMS
-
     params = params or DEFAULT_PARAMS
     calibration = calibration if calibration is not None else cluster.calibration
     if n <= 1:
@@ -111,8 +109,6 @@ def p2p_time_s(
     calibration: Calibration | None = None,
 ) -> float:
     """One point-to-point transfer (pipeline stages)."""
-    from aihpc.perf.params import DEFAULT_PARAMS
-
     params = params or DEFAULT_PARAMS
     calibration = calibration if calibration is not None else cluster.calibration
     tier = "scale_out" if cross_domain else "scale_up"
