@@ -72,6 +72,22 @@ NCCL_TESTS_BINARIES = {
     "send_recv": "sendrecv_perf",
 }
 _REDUCING = ("all_reduce", "reduce_scatter")
+# The data columns of an nccl-tests table: the row's description, then out-of-place and in-place.
+NCCL_TESTS_COLUMNS = (
+    "size",
+    "count",
+    "type",
+    "redop",
+    "root",
+    "time",
+    "algbw",
+    "busbw",
+    "#wrong",
+    "time",
+    "algbw",
+    "busbw",
+    "#wrong",
+)
 
 
 def algbw_GBps(size_bytes: float, time_us: float) -> float:
@@ -183,22 +199,7 @@ def format_header(
         "#",
         "# %10s  %12s  %8s  %6s  %6s           out-of-place                       "
         "in-place          " % ("", "", "", "", ""),
-        "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s "
-        % (
-            "size",
-            "count",
-            "type",
-            "redop",
-            "root",
-            "time",
-            "algbw",
-            "busbw",
-            "#wrong",
-            "time",
-            "algbw",
-            "busbw",
-            "#wrong",
-        ),
+        "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s " % NCCL_TESTS_COLUMNS,
         "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s "
         % (
             "(B)",

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aihpc.bench.collectives import COLLECTIVES, NCCL_TESTS_BINARIES
+from aihpc.bench.collectives import COLLECTIVES, NCCL_TESTS_BINARIES, NCCL_TESTS_COLUMNS
 from aihpc.spec.errors import SpecError
 
 __all__ = [
@@ -106,21 +106,7 @@ class _Layout:
     """Column positions taken from the ``#  size  count ...`` header line."""
 
     def __init__(self, names: list[str] | None = None) -> None:
-        names = names or [
-            "size",
-            "count",
-            "type",
-            "redop",
-            "root",
-            "time",
-            "algbw",
-            "busbw",
-            "#wrong",
-            "time",
-            "algbw",
-            "busbw",
-            "#wrong",
-        ]
+        names = names or list(NCCL_TESTS_COLUMNS)
         starts = [i for i, n in enumerate(names) if n in ("time", "cputime")]
         self.preamble = starts[0] if starts else 5
         self.has_root = "root" in names[: self.preamble]
