@@ -1,0 +1,38 @@
+"""Shared by the runtime benchmarks: machine facts and writing results with their command."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def machine() -> dict:
+    import torch
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "load_avg": [round(x, 2) for x in os.getloadavg()],
+        "date_utc": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+def save(name: str, data: dict, markdown: str) -> None:
+    """benchmarks/results/NAME.json and NAME.md, both naming the command that produced them."""
+    RESULTS.mkdir(exist_ok=True)
+    command = "python " + " ".join([f"benchmarks/{Path(sys.argv[0]).name}", *sys.argv[1:]])
+    data = {"command": command, **data}
+    (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n")
+    (RESULTS / f"{name}.md").write_text(
+        f"Produced by `{command}` on {data['machine']['date_utc']} "
+        f"({data['machine']}).\n\n{markdown}\n"
+    )
+    print(markdown)
