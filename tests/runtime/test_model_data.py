@@ -141,3 +141,27 @@ def test_watchdog_fires_within_bound(tmp_path):
         wd.stop()
     assert fired and fired[0]["step"] == 4
     assert 0.4 <= detected <= 0.5 + 0.05 + 0.3
+
+
+def test_launcher_env_from_torchrun_slurm_or_none():
+    from aihpc.runtime import launcher_env
+
+    assert launcher_env({}) is None
+    tr = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "9"}
+    assert launcher_env(tr) == tr
+    slurm = launcher_env(
+        {
+            "SLURM_PROCID": "5",
+            "SLURM_NTASKS": "8",
+            "SLURM_LOCALID": "1",
+            "SLURM_JOB_ID": "123",
+            "SLURM_LAUNCH_NODE_IPADDR": "10.0.0.7",
+        }
+    )
+    assert slurm == {
+        "RANK": "5",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "1",
+        "MASTER_ADDR": "10.0.0.7",
+        "MASTER_PORT": str(20000 + 123),
+    }
