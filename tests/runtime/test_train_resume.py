@@ -238,3 +238,45 @@ def test_user_data_file(tmp_path):
     spec.write_text(spec.read_text().replace("train_steps = 10", "train_steps = 2"))
     summary = ok(train(spec, tmp_path / "run", "--data", str(data)))
     assert summary["final_step"] == 2 and summary["final_loss"] < 6.0
+
+
+def test_started_by_torchrun_matches_own_agent(tmp_path, ref2):
+    """The same command under a plain torchrun gives the same run as under our agent."""
+    from aihpc.runtime.distributed import free_port
+
+    spec, run = write_spec(tmp_path / "run.toml"), tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(free_port()),
+        "-m",
+        "aihpc",
+        "train",
+        str(spec),
+        "--run-dir",
+        str(run),
+        "--json",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
+    summary = ok(proc)  # rank 0 alone prints the JSON summary
+    assert summary["world_size"] == 2
+    assert summary["state_sha256"] == ref2[0]["state_sha256"]
+    assert losses(run) == ref2[1]
+
+
+def test_resume_on_another_world_size(tmp_path, ref1):
+    """Checkpoint written by 2 ranks, run finished by 1: same data sequence, so the losses
+    match the 1-rank run up to reduction order (fp32), not bit for bit."""
+    spec, run = write_spec(tmp_path / "run.toml"), tmp_path / "run"
+    failed = train(spec, run, "--nproc-per-node", "2", "--inject", "kill:step=5:rank=0")
+    assert failed.returncode == 1  # no --max-restarts: the job stops
+    summary = ok(train(spec, run))
+    assert summary["world_size"] == 1 and summary["resumed_from_step"] == 3
+    for (s1, h1), (s2, h2) in zip(losses(run), ref1[1], strict=True):
+        assert s1 == s2
+        assert abs(float.fromhex(h1) - float.fromhex(h2)) <= 1e-4 * abs(float.fromhex(h2))

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -31,6 +32,9 @@ class DistContext:
     device: torch.device
     backend: str
     mesh: DeviceMesh
+    # A second gloo group for checkpoint collectives: a background save must not share the
+    # training group (gloo "collective mismatch" aborts, CPU notes section 4).
+    checkpoint_group: Any = None
 
     @property
     def is_main(self) -> bool:
@@ -99,6 +103,7 @@ def init_distributed(timeout_s: float = 600.0) -> Iterator[DistContext]:
     )
     try:
         mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
+        checkpoint_group = dist.new_group(backend="gloo")
         yield DistContext(
             rank=rank,
             world_size=world,
@@ -106,6 +111,7 @@ def init_distributed(timeout_s: float = 600.0) -> Iterator[DistContext]:
             device=device,
             backend=backend,
             mesh=mesh,
+            checkpoint_group=checkpoint_group,
         )
     finally:
         dist.destroy_process_group()

@@ -13,7 +13,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,7 +93,7 @@ def check_trainable(spec: RunSpec, world_size: int) -> tuple[LlamaConfig, int, i
     return cfg, plan.micro_batch_size, plan.global_batch_size // per_step
 
 
-def lr_lambda(t: TrainingSpec) -> Any:
+def lr_lambda(t: TrainingSpec) -> Callable[[int], float]:
     """Linear warmup to learning_rate, then cosine decay to learning_rate * min_lr_ratio."""
 
     def factor(step: int) -> float:
@@ -234,6 +234,7 @@ def train(spec: RunSpec, opts: TrainOptions, ctx: DistContext) -> dict[str, Any]
             run_dir / "checkpoints",
             keep_last=spec.checkpoint.keep_last,
             async_save=spec.checkpoint.async_save,
+            process_group=ctx.checkpoint_group,
             before_commit=lambda step: injector.fire(step, at="save"),
         )
         events("pg_ready")
