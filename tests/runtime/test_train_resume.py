@@ -169,7 +169,7 @@ def test_kill_under_max_restarts_recovers_without_help(tmp_path, ref2):
 
 def test_hang_is_detected_within_bound_and_job_restarts(tmp_path, ref2):
     spec, run = write_spec(tmp_path / "run.toml"), tmp_path / "run"
-    bound = 3.0
+    bound = 4.0
     summary = ok(
         train(
             spec,

@@ -261,6 +261,7 @@ def train(spec: RunSpec, opts: TrainOptions, ctx: DistContext) -> dict[str, Any]
             metrics,
         )
         result = _loop(job, start, opts.progress)
+        watchdog.expect_slow()  # the last async commit and the hash may outlast a step
         manager.close()
         result["state_sha256"] = state_sha256(state)
         result.update(
