@@ -385,7 +385,11 @@ class CheckpointManager:
             keep.add(self._known_intact)
         for c in infos:
             if c.step not in keep:
-                shutil.rmtree(c.path, ignore_errors=True)
+                # Un-commit by rename first: a crash mid-delete leaves a *.partial (ignored and
+                # cleaned up), never a committed folder with files missing.
+                trash = c.path.with_name(c.path.name + ".deleting.partial")
+                os.replace(c.path, trash)
+                shutil.rmtree(trash, ignore_errors=True)
 
     # ---- load ----------------------------------------------------------------------------
     def load_latest(self, state: Mapping[str, Any]) -> int | None:
