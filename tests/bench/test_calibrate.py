@@ -248,3 +248,12 @@ def test_shipped_example_is_what_calibrate_produces():
     comm, gemm = load_measurements(logs)
     cal, _ = fit_to_calibration(comm, gemm, "x")
     assert load_calibration(root / "examples" / "calibration-h100.toml").comm == cal.comm
+
+
+def test_calibrate_records_ranks_per_node_from_log_hosts() -> None:
+    from aihpc.bench.calibrate import fit_to_calibration, load_measurements
+
+    data = Path(__file__).resolve().parent / "data"
+    comm, gemm = load_measurements([data / "all_reduce_perf_2x8xH100_ib.txt"])
+    cal, _ = fit_to_calibration(comm, gemm, "x")
+    assert cal.comm_fit("all_reduce", "scale_out").ranks_per_domain == 8

@@ -81,3 +81,22 @@ def test_ring_latency_grows_with_ranks_tree_latency_with_log() -> None:
     ar_16 = collective_time_s(c, "all_reduce", tiny, 16, 8, p)
     ar_128 = collective_time_s(c, "all_reduce", tiny, 128, 8, p)
     assert ar_128 / ar_16 == pytest.approx(7 / 4, rel=0.01)
+
+
+def test_multi_node_fit_is_scaled_by_nics_per_group() -> None:
+    """A scale-out fit measured over all 8 GPUs of each node (nccl-tests' usual run) holds 8 NICs
+    per node; a DP group with one member per node has only its own NIC."""
+    c = cluster(64)
+    fit = {
+        "collective": "all_reduce",
+        "tier": "scale_out",
+        "num_ranks": 16,
+        "ranks_per_domain": 8,
+        "regimes": [{"latency_us": 0.0, "busbw_GBps": 360.0}],
+    }
+    cal = calibration_from_dict({"comm": [fit]})
+    size = 1 << 30
+    whole = collective_time_s(c, "all_reduce", size, 64, 1, calibration=cal)  # 8 per node
+    rail = collective_time_s(c, "all_reduce", size, 8, 8, calibration=cal)  # 1 per node
+    assert whole == pytest.approx(size * 2 * 63 / 64 / 360e9, rel=1e-9)
+    assert rail == pytest.approx(size * 2 * 7 / 8 / 360e9 * 8, rel=1e-9)

@@ -54,6 +54,7 @@ class CommPoint:
     num_ranks: int
     size_bytes: float
     time_us: float
+    ranks_per_domain: int = 0  # ranks of the group per node (0: unknown)
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,13 @@ def fit_comm(points: Sequence[CommPoint], num_regimes: int = 3, min_points: int 
                     latency_us=float(f"{lat:.6g}"), busbw_GBps=float(f"{bw:.6g}"), max_bytes=max_b
                 )
             )
-        return CommFit(p0.collective, p0.tier, tuple(regimes), p0.num_ranks)
+        return CommFit(
+            p0.collective,
+            p0.tier,
+            tuple(regimes),
+            p0.num_ranks,
+            ranks_per_domain=p0.ranks_per_domain,
+        )
 
     single = build([])
     single_err = float(_rel_errors(single, factor, sizes, t).max())
@@ -157,6 +164,7 @@ def fit_comm(points: Sequence[CommPoint], num_regimes: int = 3, min_points: int 
         round(err, 4),
         num_points=n,
         single_regime_max_rel_error=round(single_err, 4),
+        ranks_per_domain=best.ranks_per_domain,
     )
     return FitReport(p0.collective, p0.tier, p0.num_ranks, n, err, single_err, fit)
 
@@ -168,6 +176,7 @@ def points_from_nccl_tests(
     points = []
     for test in tests:
         t_tier = tier or ("scale_up" if len(test.hosts) <= 1 else "scale_out")
+        per_domain = test.num_ranks // max(1, len(test.hosts))
         for row in test.rows:
             times = [row.out_of_place[0]]
             if row.in_place is not None:
@@ -176,7 +185,12 @@ def points_from_nccl_tests(
             if row.size_bytes > 0 and time_us > 0:
                 points.append(
                     CommPoint(
-                        str(test.collective), t_tier, test.num_ranks, float(row.size_bytes), time_us
+                        str(test.collective),
+                        t_tier,
+                        test.num_ranks,
+                        float(row.size_bytes),
+                        time_us,
+                        per_domain,
                     )
                 )
     return points
@@ -202,6 +216,7 @@ def points_from_bench_json(
                     int(r["num_ranks"]),
                     float(r["size_bytes"]),
                     time_us,
+                    int(r.get("ranks_per_domain", 0)),
                 )
             )
         except (KeyError, TypeError, ValueError) as err:

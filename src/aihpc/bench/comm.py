@@ -104,6 +104,7 @@ class CommResult:
     tier: str
     group: str
     num_ranks: int
+    ranks_per_domain: int
     size_bytes: int
     count: int
     dtype: str
@@ -120,6 +121,7 @@ class CommResult:
             "tier": self.tier,
             "group": self.group,
             "num_ranks": self.num_ranks,
+            "ranks_per_domain": self.ranks_per_domain,
             "size_bytes": self.size_bytes,
             "count": self.count,
             "dtype": self.dtype,
@@ -177,6 +179,7 @@ class _Group:
     pg: Any  # None = the default (world) group
     ranks: list[int]  # global ranks, in group-rank order
     tier: str
+    ranks_per_domain: int  # members of the group on one node (what the scale-out NICs share)
     rank: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -192,7 +195,10 @@ def _make_group(ctx: DistContext, cfg: CommConfig) -> _Group:
     num_nodes = len(set(node_of))
     if cfg.group == "world":
         return _Group(
-            None, list(range(ctx.world_size)), "scale_up" if num_nodes == 1 else "scale_out"
+            None,
+            list(range(ctx.world_size)),
+            "scale_up" if num_nodes == 1 else "scale_out",
+            ctx.world_size // num_nodes,
         )
     nodes = [[r for r in range(ctx.world_size) if node_of[r] == n] for n in range(num_nodes)]
     if len({len(n) for n in nodes}) != 1:
@@ -211,7 +217,13 @@ def _make_group(ctx: DistContext, cfg: CommConfig) -> _Group:
     # every rank must create every group, in the same order (torch.distributed's rule)
     pgs = [dist.new_group(ranks) for ranks in lists]
     mine = next(i for i, ranks in enumerate(lists) if ctx.rank in ranks)
-    return _Group(pgs[mine], lists[mine], "scale_up" if cfg.group == "intra" else "scale_out")
+    intra = cfg.group == "intra"
+    return _Group(
+        pgs[mine],
+        lists[mine],
+        "scale_up" if intra else "scale_out",
+        len(lists[mine]) if intra else 1,
+    )
 
 
 def _values(idx: torch.Tensor, r: int, n: int, op: str, dtype: str, seed: int) -> torch.Tensor:
@@ -420,6 +432,7 @@ def run_comm_bench(
                 g.tier,
                 cfg.group,
                 n,
+                g.ranks_per_domain,
                 case.size,
                 case.count,
                 cfg.dtype,

@@ -82,6 +82,15 @@ def collective_time_s(
     k, domains = group_tiers(cluster, n, stride)
     if domains == 1:
         return _tier_time_s(cluster, collective, size_bytes, n, "scale_up", params, calibration)
+    fit = calibration.comm_fit(collective, "scale_out") if calibration is not None else None
+    if fit is not None and fit.ranks_per_domain != 1:
+        # The fit timed a whole multi-node collective (nccl-tests over every GPU of the nodes):
+        # its busbw already holds the NVLink phase and k_m NICs per node sharing the bytes. A
+        # group with k members per domain spreads the inter-node bytes over k NICs instead.
+        k_measured = fit.ranks_per_domain or k
+        r = fit.regime(size_bytes)
+        bw_time = size_bytes * busbw_factor(collective, n) / (r.busbw_GBps * 1e9)
+        return r.latency_us * 1e-6 + bw_time * k_measured / k
     if k == 1:
         return _tier_time_s(cluster, collective, size_bytes, n, "scale_out", params, calibration)
     up = _tier_time_s(

@@ -9,6 +9,7 @@ File layout (TOML)::
                                    # broadcast | send_recv
     tier = "scale_up"              # scale_up (inside the NVLink domain) | scale_out (across it)
     num_ranks = 8                  # ranks in the measured group
+    ranks_per_domain = 8           # optional: of them, ranks per node / NVLink domain (0: unknown)
     max_rel_error = 0.04           # fit quality over the measured sizes
     num_points = 24                # optional: measured sizes behind the fit
     single_regime_max_rel_error = 0.25   # optional: what a one-line fit would have missed by
@@ -84,6 +85,9 @@ class CommFit:
     max_rel_error: float | None = None
     num_points: int = 0
     single_regime_max_rel_error: float | None = None
+    # Ranks of the measured group per node: a scale-out figure measured with 8 GPUs per node
+    # moved 1/8 of the bytes through each NIC (0 = unknown).
+    ranks_per_domain: int = 0
 
     def regime(self, size_bytes: float) -> CommRegime:
         for r in self.regimes:
@@ -137,6 +141,7 @@ _COMM_KEYS = (
     "regimes",
     "num_points",
     "single_regime_max_rel_error",
+    "ranks_per_domain",
 )
 _REGIME_KEYS = ("max_bytes", "latency_us", "busbw_GBps")
 _GEMM_KEYS = ("precision", "points")
@@ -189,6 +194,7 @@ def calibration_from_dict(data: dict[str, Any], path: str = "") -> Calibration:
             None if err is None else _num(f"{where}.max_rel_error", err),
             int(_num(f"{where}.num_points", entry.get("num_points", 0))),
             None if single is None else _num(f"{where}.single_regime_max_rel_error", single),
+            int(_num(f"{where}.ranks_per_domain", entry.get("ranks_per_domain", 0))),
         )
     gemm: dict[str, GemmFit] = {}
     for i, entry in enumerate(data.get("gemm", [])):
@@ -236,6 +242,8 @@ def calibration_to_toml(cal: Calibration, header: str = "") -> str:
             f'tier = "{tier}"',
             f"num_ranks = {fit.num_ranks}",
         ]
+        if fit.ranks_per_domain:
+            lines.append(f"ranks_per_domain = {fit.ranks_per_domain}")
         if fit.num_points:
             lines.append(f"num_points = {fit.num_points}")
         if fit.max_rel_error is not None:
