@@ -103,7 +103,7 @@ def register(app: typer.Typer) -> None:
                 data=data,
                 faults=faults,
                 hang_timeout_s=hang_timeout,
-                progress=not as_json,
+                progress=True,
             )
             summary = run_training(spec, opts, timeout_s=max(600.0, 4 * hang_timeout))
             if rank != 0 or os.environ.get("AIHPC_ELASTIC_AGENT"):

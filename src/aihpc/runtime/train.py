@@ -11,11 +11,10 @@ import json
 import logging
 import math
 import os
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +51,6 @@ class TrainOptions:
     hang_timeout_s: float = 300.0
     startup_timeout_s: float = 600.0
     progress: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def check_trainable(
@@ -197,14 +195,16 @@ def _rewrite_metrics(path: Path, keep_through: int) -> None:
 
 
 @contextmanager
-def _progress(enabled: bool, total: int, done: int) -> Iterator[Any]:
+def _progress(enabled: bool, total: int, done: int) -> Iterator[Callable[[int, str, bool], None]]:
+    """Yield ``report(step, info, log)``: a rich bar on a terminal; ``log`` lines always (through
+    the bar's console, so they print above the bar instead of through it)."""
     if not enabled:
-        yield None
+        yield lambda step, info, log: None
         return
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
     with Progress(
         TextColumn("train"),
         BarColumn(),
@@ -215,7 +215,13 @@ def _progress(enabled: bool, total: int, done: int) -> Iterator[Any]:
         disable=not console.is_terminal,
     ) as bar:
         task = bar.add_task("train", total=total, completed=done, info="")
-        yield lambda step, info: bar.update(task, completed=step, info=info)
+
+        def report(step: int, info: str, log: bool) -> None:
+            bar.update(task, completed=step, info=info)
+            if log:
+                console.print(f"step {step}/{total}  {info}", markup=False)
+
+        yield report
 
 
 def train(spec: RunSpec, opts: TrainOptions, ctx: DistContext) -> dict[str, Any]:
@@ -331,7 +337,7 @@ def _loop(job: _Job, start: int, progress: bool) -> dict[str, Any]:
         torch.autocast("cuda", dtype=torch.bfloat16) if ctx.device.type == "cuda" else nullcontext()
     )
     step = start
-    with _progress(progress and ctx.is_main, t.train_steps, start) as update:
+    with _progress(progress and ctx.is_main, t.train_steps, start) as report:
         for step in range(start + 1, t.train_steps + 1):
             t0 = time.perf_counter()
             batches = loader.next_batch(ctx.rank, ctx.world_size, micro)
@@ -378,10 +384,7 @@ def _loop(job: _Job, start: int, progress: bool) -> dict[str, Any]:
                         + "\n"
                     )
                 info = f"loss {loss:.4f}  {dt * 1e3:.0f} ms/step  {tokens_per_step / dt:,.0f} tok/s"
-                if update is not None:
-                    update(step, info)
-                if step % t.log_interval == 0 or step == t.train_steps:
-                    print(f"step {step}/{t.train_steps}  {info}", file=sys.stderr, flush=True)
+                report(step, info, step % t.log_interval == 0 or step == t.train_steps)
             if step == start + 1:
                 events("first_step", step=step)
             if step % spec.checkpoint.interval_steps == 0 or step == t.train_steps:
