@@ -24,6 +24,7 @@ import re
 import shutil
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -273,6 +274,11 @@ class CheckpointManager:
         self.verify = verify
         self.before_commit = before_commit
         self._distributed = dist.is_available() and dist.is_initialized()
+        if not self._distributed:
+            # One process without a process group is a supported mode, not a mistake.
+            warnings.filterwarnings(
+                "ignore", message="torch.distributed is disabled", category=UserWarning
+            )
         self.rank = dist.get_rank() if self._distributed else 0
         self._pg = process_group
         self._own_pg = False

@@ -94,6 +94,10 @@ def init_distributed(timeout_s: float = 600.0) -> Iterator[DistContext]:
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
+        # Exact resume needs run-to-run determinism: cuBLAS needs a fixed workspace and some
+        # CUDA kernels (atomics) need the deterministic variants. Untested on GPU so far.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
         backend = "cpu:gloo,cuda:nccl"  # gloo too, for CPU-staged checkpoint collectives
     else:
         device = torch.device("cpu")
