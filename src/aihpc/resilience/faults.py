@@ -126,6 +126,10 @@ class FaultInjector:
     def corrupt(self, step: int, checkpoint_dir: Path) -> Path | None:
         """Damage one shard of the committed checkpoint ``checkpoint_dir``; the file, or None."""
         for fault in self.due(step, "step", ("corrupt-checkpoint",)):
+            # Rank 0 commits; another rank's save may return first, so wait for the commit.
+            deadline = time.time() + 120
+            while not (checkpoint_dir / "MANIFEST.json").exists() and time.time() < deadline:
+                time.sleep(0.05)
             shards = sorted(checkpoint_dir.glob("*.distcp"))
             if not shards:
                 return None
