@@ -125,15 +125,28 @@ def test_sigkill_during_checkpoint_write(tmp_path, ref1):
     assert losses(run) == ref1[1]
 
 
-def test_corrupt_checkpoint_falls_back_and_names_file(tmp_path, ref1):
+def test_corrupt_checkpoint_drill_falls_back_and_names_file(tmp_path, ref2):
+    """Rank 1's shard of the step-6 checkpoint is damaged, then rank 0 dies: the agent restarts
+    the job, load names the bad file, falls back to step 3 and the run ends as if uninterrupted."""
     spec, run = write_spec(tmp_path / "run.toml"), tmp_path / "run"
-    killed = train(spec, run, "--inject", "corrupt-checkpoint:step=6", "--inject", "kill:step=7")
-    assert killed.returncode == -signal.SIGKILL
-    summary = ok(train(spec, run))
-    assert summary["resumed_from_step"] == 3
-    assert summary["state_sha256"] == ref1[0]["state_sha256"]
+    proc = train(
+        spec,
+        run,
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        "--inject",
+        "corrupt-checkpoint:step=6:rank=1",
+        "--inject",
+        "kill:step=7:rank=0",
+    )
+    summary = ok(proc)
     bad = events(run, "fault_corrupt")[0]["file"]
-    assert bad.endswith(".distcp")
+    assert bad.endswith("__1_0.distcp") and bad in proc.stderr
+    assert summary["restarts"] == 1 and summary["resumed_from_step"] == 3
+    assert summary["state_sha256"] == ref2[0]["state_sha256"]
+    assert losses(run) == ref2[1]
 
 
 def test_corrupt_checkpoint_error_names_file_on_stderr(tmp_path):
