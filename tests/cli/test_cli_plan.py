@@ -110,3 +110,18 @@ def test_search_with_nothing_fitting_exits_2(tmp_path: Path) -> None:
 def test_missing_file_exits_2() -> None:
     r = aihpc("estimate", "no-such-file.toml")
     assert r.returncode == 2 and "file not found" in r.stderr
+
+
+def test_validate_rejects_malformed_tables(tmp_path: Path) -> None:
+    missing = tmp_path / "runs.csv"
+    missing.write_text("id,model\nX1,foo\n")
+    r = aihpc("validate", "--runs", str(missing))
+    assert r.returncode == 2 and "required columns are missing" in r.stderr
+    assert "Traceback" not in r.stderr
+    empty_memory = tmp_path / "memory.csv"
+    empty_memory.write_text(
+        "id,config_row,source,weights_and_optimizer_gib,"
+        "activations_no_recompute_no_sp_gib,activations_sp_selective_gib\n"
+    )
+    r = aihpc("validate", "--memory", str(empty_memory))
+    assert r.returncode == 2 and "no rows" in r.stderr

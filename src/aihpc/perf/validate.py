@@ -289,6 +289,54 @@ def korthikanti_memory(
     return out
 
 
+RUNS_COLUMNS = (
+    "id",
+    "source",
+    "model",
+    *MODEL_INT,
+    "ffn_activation",
+    "gpu",
+    "num_gpus",
+    "gpus_per_node",
+    "global_batch_size",
+    "precision",
+    "measured_tokens_per_s_per_gpu",
+)
+MEMORY_COLUMNS = (
+    "id",
+    "config_row",
+    "source",
+    "weights_and_optimizer_gib",
+    "activations_no_recompute_no_sp_gib",
+    "activations_sp_selective_gib",
+)
+
+
+def read_table(path: Path, required: tuple[str, ...], what: str) -> list[dict[str, str]]:
+    """Rows of a validation CSV; a missing column or an empty table is a one-line error."""
+    with open(path, newline="") as fh:
+        reader = csv.DictReader(fh)
+        missing = [c for c in required if c not in (reader.fieldnames or [])]
+        if missing:
+            raise SpecError(f"{what} {path}", ", ".join(missing), "required columns are missing")
+        rows = list(reader)
+    if not rows:
+        raise SpecError(f"{what} {path}", "no rows", "needs at least one measured row")
+    return rows
+
+
+def _checked(path: Path, row: dict[str, str], func: Callable[[], Any]) -> Any:
+    """Run ``func`` on one row; a malformed cell becomes an error naming the file and row."""
+    try:
+        return func()
+    except (ValueError, KeyError, TypeError) as err:
+        if isinstance(err, SpecError):
+            raise SpecError(
+                f"{path} row {row.get('id')}: {err.field}", err.value, err.allowed
+            ) from err
+        raise SpecError(f"{path} row {row.get('id')}", "cell", f"malformed: {err}") from err
+
+
 def validate(
     runs_csv: Path | None = None,
     memory_csv: Path | None = None,
@@ -297,18 +345,24 @@ def validate(
 ) -> ValidationReport:
     runs_csv = runs_csv or data_file("published_runs.csv")
     memory_csv = memory_csv or data_file("published_memory.csv")
-    with open(runs_csv, newline="") as fh:
-        runs = list(csv.DictReader(fh))
+    runs = read_table(runs_csv, RUNS_COLUMNS, "runs CSV")
     rows = []
     for row in runs:
         if progress is not None:
             progress(row["id"])
-        rows.append(predict_row(row, params))
+        rows.append(_checked(runs_csv, row, lambda row=row: predict_row(row, params)))
     memory: list[MemoryRow] = []
     by_id = {r["id"]: r for r in runs}
-    with open(memory_csv, newline="") as fh:
-        for mem_row in csv.DictReader(fh):
-            memory.extend(korthikanti_memory(by_id, mem_row, params))
+    for mem_row in read_table(memory_csv, MEMORY_COLUMNS, "memory CSV"):
+        if mem_row["config_row"] not in by_id:
+            raise SpecError(
+                f"{memory_csv} row {mem_row['id']}: config_row",
+                mem_row["config_row"],
+                "must name a row of the runs CSV",
+            )
+        memory.extend(
+            _checked(memory_csv, mem_row, lambda m=mem_row: korthikanti_memory(by_id, m, params))
+        )
     for r in rows:
         if r.measured_memory_gib is not None:
             total = r.estimate.memory.total / GiB
