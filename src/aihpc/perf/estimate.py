@@ -242,7 +242,12 @@ def estimate_plan(
         memory=mem,
         time_s=time_s,
         hbm_gib=hbm,
-        bottleneck=_bottleneck(time_s, step, mem, hbm),
+        bottleneck=_bottleneck(time_s, step, mem, hbm)
+        + (
+            " MoE: expert-parallel all-to-all and routing imbalance are not priced yet."
+            if model.is_moe
+            else ""
+        ),
     )
 
 
