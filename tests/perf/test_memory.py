@@ -103,3 +103,23 @@ def test_korthikanti_memory_rows_within_target() -> None:
     assert worst <= 0.10, [(m.id, m.component, f"{m.error:+.1%}") for m in rows]
     assert all(m.predicted_gib > 1 for m in rows)
     assert GiB == 2**30
+
+
+def test_op_level_checkpointing_keeps_every_other_matmul_output() -> None:
+    """torchtitan's op SAC on a Llama layer keeps the input, wq, wv, w1, w2 and attention
+    outputs (tp = 1), far less than no recompute and more than full recompute."""
+    r = runspec_from_dict(
+        {
+            "model": {"preset": "llama3-8b"},
+            "cluster": {"gpu": "h100-sxm", "num_gpus": 8},
+            "parallel": {"recompute": "op", "global_batch_size": 8},
+        }
+    )
+    plan = r.plan()
+    h, f, hkv, tokens = 4096, 14336, 1024, 8192
+    expected = tokens * (2 * h + 2 * h + 4 * 32 + 2 * (h + hkv + f + h))
+    got = activation_bytes_per_layer(r.model, plan, r.training)
+    assert got == pytest.approx(expected, rel=1e-12)
+    none = activation_bytes_per_layer(r.model, plan, r.training, recompute="none")
+    full = activation_bytes_per_layer(r.model, plan, r.training, recompute="full")
+    assert full < got < none

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from aihpc.perf.flops import layer_gemms, op_sac_saved
 from aihpc.perf.params import ModelParams
 from aihpc.spec.calibration import Calibration
 from aihpc.spec.cluster import GPUSpec
@@ -71,6 +72,7 @@ class LayerTimes:
     bwd_gemm: float
     bwd_attn: float
     bwd_elementwise: float
+    fwd_gemm_unsaved_op: float = 0.0  # GEMMs op-level selective checkpointing recomputes
 
     @property
     def fwd(self) -> float:
@@ -107,9 +109,18 @@ def layer_times(
         return gemm_time_s(m, n, k, gpu, prec, params, calibration)
 
     experts = (model.moe_top_k + model.num_shared_experts) if moe else 1
+    # Q, K and V run as one fused GEMM (Megatron, TE); the FFN input as one (gate and up).
     fwd_gemm = gemm(tokens, (hq + 2 * hkv) / t, h) + gemm(tokens, h, hq / t)
     # Routed experts: each token passes top_k expert MLPs (balanced routing assumed).
     fwd_gemm += experts * (gemm(tokens, f_in / t, h) + gemm(tokens, h, ffn / t))
+    # What op-level selective checkpointing recomputes: every other matmul, one by one.
+    unsaved_op = 0.0
+    for i, (name, n_in, n_out, row) in enumerate(layer_gemms(model, moe)):
+        if not op_sac_saved(i):
+            copies = experts if name in ("w1", "w3", "w2", "fc1", "fc2") else 1
+            unsaved_op += copies * (
+                gemm(tokens, n_out, n_in / t) if row else gemm(tokens, n_out / t, n_in)
+            )
     # Backward: gradient w.r.t. inputs and w.r.t. weights, each the size of the forward GEMM.
     bwd_gemm = 2 * fwd_gemm
 
@@ -151,7 +162,13 @@ def layer_times(
     fwd_stream = stream_time_s(tokens * per_token, gpu, params, kernels=6)
     bwd_stream = stream_time_s(2 * tokens * per_token, gpu, params, kernels=10)
     return LayerTimes(
-        fwd_gemm, fwd_attn + softmax, fwd_stream, bwd_gemm, bwd_attn + 2 * softmax, bwd_stream
+        fwd_gemm,
+        fwd_attn + softmax,
+        fwd_stream,
+        bwd_gemm,
+        bwd_attn + 2 * softmax,
+        bwd_stream,
+        unsaved_op,
     )
 
 

@@ -10,7 +10,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aihpc.perf import comm, compute
-from aihpc.perf.flops import embedding_params, layer_flops, model_flops_per_token
+from aihpc.perf.flops import (
+    embedding_params,
+    layer_flops,
+    layer_gemms,
+    model_flops_per_token,
+    op_sac_saved,
+)
 from aihpc.perf.memory import (
     GiB,
     MemoryBreakdown,
@@ -109,6 +115,8 @@ def estimate_plan(
         recompute_layer = fwd_layer
     elif plan.recompute == "selective":
         recompute_layer = lt.fwd_attn
+    elif plan.recompute == "op":  # the unsaved matmuls and every element-wise op
+        recompute_layer = lt.fwd_gemm_unsaved_op + lt.fwd_elementwise
     else:
         recompute_layer = 0.0
     lfwd, lbwd = compute.logits_time_s(model, gpu, plan, training, params, cal)
@@ -229,6 +237,13 @@ def estimate_plan(
         recompute_flops = model.num_layers * lf.total * tokens_step
     elif plan.recompute == "selective":
         recompute_flops = model.num_layers * layer_flops(model, 1, s).attn_core * tokens_step
+    elif plan.recompute == "op":
+        unsaved = sum(
+            2 * n_in * n_out
+            for i, (_, n_in, n_out, _) in enumerate(layer_gemms(model))
+            if not op_sac_saved(i)
+        )
+        recompute_flops = model.num_layers * unsaved * tokens_step
     mem = memory_breakdown(model, cluster, plan, training, params)
     hbm = gpu.hbm_gib
     return Estimate(

@@ -104,6 +104,29 @@ def layer_flops(model: ModelSpec, tokens: float, seq: float, moe: bool = False) 
     )
 
 
+def layer_gemms(model: ModelSpec, moe: bool = False) -> list[tuple[str, int, int, bool]]:
+    """The layer's GEMMs in execution order as (name, in_features, out_features, row_parallel).
+
+    Row-parallel GEMMs (attention output, FFN down) split their input over TP ranks; the others
+    split their output. Llama's SwiGLU runs w1 (gate), w3 (up), w2 (down) (torchtitan's order).
+    """
+    h, d = model.hidden_size, model.kv_channels
+    hq, hkv = model.num_attention_heads * d, model.kv_heads * d
+    ffn = model.expert_ffn_hidden_size if moe else model.ffn_hidden_size
+    out = [("wq", h, hq, False), ("wk", h, hkv, False), ("wv", h, hkv, False), ("wo", hq, h, True)]
+    if model.ffn_activation == "swiglu":
+        out += [("w1", h, ffn, False), ("w3", h, ffn, False), ("w2", ffn, h, True)]
+    else:
+        out += [("fc1", h, ffn, False), ("fc2", ffn, h, True)]
+    return out
+
+
+def op_sac_saved(index: int) -> bool:
+    """torchtitan's op-level selective checkpointing saves every other matmul output, the 1st,
+    3rd, ... of each layer (``mm_count % 2 == 0`` is recomputed), plus attention outputs."""
+    return index % 2 == 0
+
+
 def logits_flops(model: ModelSpec, tokens: float) -> float:
     return 2 * tokens * model.hidden_size * model.vocab_size
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aihpc.perf.flops import embedding_params, params_per_layer
+from aihpc.perf.flops import embedding_params, layer_gemms, op_sac_saved, params_per_layer
 from aihpc.perf.params import DEFAULT_PARAMS, ModelParams
 from aihpc.spec.cluster import ClusterSpec
 from aihpc.spec.model import ModelSpec
@@ -78,6 +78,14 @@ def activation_bytes_per_layer(
     sp = t if plan.sequence_parallel else 1
     if recompute == "full":
         return 2 * h * tokens / sp  # only the layer input is kept
+    if recompute == "op":
+        # Op-level selective checkpointing keeps the layer input, the attention output and
+        # log-sum-exp, and every other matmul output (column-parallel ones split over TP).
+        kept = 2 * h / sp + (2 * hq + 4 * model.num_attention_heads) / t
+        for i, (_, _, n_out, row) in enumerate(layer_gemms(model, model.is_moe)):
+            if op_sac_saved(i):
+                kept += 2 * (n_out if row else n_out / t)
+        return tokens * kept
     drop = training.dropout > 0
     # Replicated across TP unless sequence parallel: 2 norm inputs, 2 GEMM inputs, 2 masks.
     replicated = (8 * h + (2 * h if drop else 0)) / sp
@@ -91,7 +99,7 @@ def activation_bytes_per_layer(
         a = model.num_attention_heads
         s_kv = model.seq_length  # scores over the whole sequence
         split += a * s_kv * (5 if drop else 2)  # softmax out (+ dropout mask and output)
-    elif training.attention == "flash":
+    elif training.attention in ("flash", "flash2"):
         split += 4 * model.num_attention_heads  # fp32 log-sum-exp per head
     return tokens * (replicated + split / t)
 
@@ -162,7 +170,7 @@ def memory_breakdown(
     tokens = plan.micro_batch_size * model.seq_length / plan.cp
 
     act_layer = activation_bytes_per_layer(model, plan, training)
-    if plan.recompute == "full":  # one layer's full activations live while it is recomputed
+    if plan.recompute in ("full", "op"):  # a layer's full activations live while recomputed
         working = activation_bytes_per_layer(model, plan, training, recompute="none")
     else:
         working = 0.0

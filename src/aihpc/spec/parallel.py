@@ -19,7 +19,9 @@ __all__ = [
     "validate_plan",
 ]
 
-RECOMPUTE = ("none", "selective", "full")
+# none | selective (Korthikanti: the attention core) | op (torchtitan's op-level selective
+# checkpointing: every other matmul output and attention outputs kept) | full (layer inputs only)
+RECOMPUTE = ("none", "selective", "op", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 
 
