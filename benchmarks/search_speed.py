@@ -159,6 +159,8 @@ def llm_analysis_half(sample: list, model: dict, repeats: int) -> dict | None:
     recompute = {
         "none": levels["NONE"],
         "selective": levels.get("SELECTIVE", levels.get("ATTN_COMPUTE")),
+        # llm-analysis has no op-level policy: its selective level is the nearest
+        "op": levels.get("SELECTIVE", levels.get("ATTN_COMPUTE")),
         "full": levels["FULL"],
     }
     seq = model["seq_length"]
@@ -274,7 +276,7 @@ def render(res: dict) -> str:
             "",
             "Mapping: tp → tp_size, pp → pp_size, dp → dp_size, sequence parallel → "
             "sp_size = tp (else 1), ZeRO stage → ds_zero, micro-batch → batch_size_per_gpu, "
-            "global batch → global_batch_size, recompute none/selective/full → "
+            "global batch → global_batch_size, recompute none/selective/op/full → "
             + ", ".join(m["recompute"].values())
             + " (0.2.2 has only these three levels). Not expressible in llm-analysis: "
             f"context parallelism ({la['sample_with_cp_gt_1']} of the sample have cp > 1: "
