@@ -82,10 +82,6 @@ class LayerTimes:
     def bwd(self) -> float:
         return self.bwd_gemm + self.bwd_attn + self.bwd_elementwise
 
-    @property
-    def attn_core_fwd(self) -> float:
-        return self.fwd_attn
-
 
 def layer_times(
     model: ModelSpec,

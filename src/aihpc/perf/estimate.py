@@ -6,7 +6,7 @@ model constants (``ModelParams``); the calibration in ClusterSpec overrides meas
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from aihpc.perf import comm, compute
@@ -59,7 +59,6 @@ class Estimate:
     time_s: dict[str, float]
     hbm_gib: float
     bottleneck: str
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -74,7 +73,6 @@ class Estimate:
             "plan": self.plan.as_dict(),
             "bottleneck": self.bottleneck,
         }
-        out.update(self.extra)
         return out
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any
 
 from aihpc.spec._table import check_choice, check_positive, from_table
@@ -205,7 +205,3 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) ->
 
 def partial_from_table(table: dict[str, Any]) -> PartialPlan:
     return from_table(PartialPlan, table, "parallel")
-
-
-def with_fields(plan: ParallelPlan, **changes: Any) -> ParallelPlan:
-    return replace(plan, **changes)
