@@ -4,12 +4,10 @@ Skipped cleanly without a CUDA device."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 
 import pytest
+from train_cli import train
 
 torch = pytest.importorskip("torch")
 
@@ -39,24 +37,8 @@ async_save = true
 
 
 def _train(spec, run_dir, *extra):
-    env = {**os.environ, "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "aihpc",
-            "train",
-            str(spec),
-            "--run-dir",
-            str(run_dir),
-            "--json",
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    # deterministic cuBLAS workspaces, needed for bitwise-identical GPU runs
+    return train(spec, run_dir, *extra, timeout=300, env={"CUBLAS_WORKSPACE_CONFIG": ":4096:8"})
 
 
 def test_gpu_sigkill_resume_is_bitwise_identical(tmp_path):
