@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from aihpc.cli._common import console, err_console, guarded, print_json
-from aihpc.spec import SpecError, load_runspec
+from aihpc.spec import RunSpec, SpecError, load_runspec
+
+if TYPE_CHECKING:  # the planner modules load lazily, inside the commands
+    from aihpc.perf.estimate import Estimate
+    from aihpc.perf.validate import ValidationReport
 
 __all__ = ["register"]
 
@@ -26,7 +31,7 @@ TIME_LABELS = {
 }
 
 
-def _goodput_json(spec, step_time_s: float) -> dict:  # type: ignore[no-untyped-def]
+def _goodput_json(spec: RunSpec, step_time_s: float) -> dict[str, Any]:
     from aihpc.perf.goodput import goodput_report
 
     return goodput_report(spec, step_time_s).to_json()
@@ -41,7 +46,7 @@ def _plan_line(plan: dict) -> str:
     )
 
 
-def render_estimate(spec, est) -> None:  # type: ignore[no-untyped-def]
+def render_estimate(spec: RunSpec, est: Estimate) -> None:
     out = est.to_json()
     m = spec.model
     console.print(
@@ -135,7 +140,7 @@ def register(app: typer.Typer) -> None:
         if rank_by == "goodput":
             from aihpc.perf.goodput import goodput_report
 
-            def key(e):  # type: ignore[no-untyped-def]
+            def key(e: Estimate) -> float:
                 r = goodput_report(spec, e.step_time_s)
                 ettr_of[id(e)] = r.ettr
                 return e.tokens_per_s_per_gpu * r.ettr
@@ -270,7 +275,7 @@ def register(app: typer.Typer) -> None:
         typer.echo(validation_table(report))
 
 
-def validation_table(report) -> str:  # type: ignore[no-untyped-def]
+def validation_table(report: ValidationReport) -> str:
     """The validation table as plain Markdown (what docs/performance-model.md quotes)."""
     lines = [
         "| id | model | GPUs | plan (searched = *) | measured tok/s/GPU | predicted | error |",
