@@ -174,10 +174,13 @@ def memory_breakdown(
         working = activation_bytes_per_layer(model, plan, training, recompute="none")
     else:
         working = 0.0
-    # 1F1B: stage 0 holds min(p, m) micro-batches of its layers; interleaving adds (p-1)/(pv).
-    in_flight = min(p, m)
-    interleave = 1 + (p - 1) / (p * v) if v > 1 else 1.0
-    first_acts = act_layer * layers_per_stage * in_flight * interleave + working
+    # 1F1B: stage 0 holds min(p, m) micro-batches of its layers. Interleaved: its warm-up runs
+    # 2(p-1) + (v-1)p model chunks ahead, so p v + p - 1 chunks of L/v layers are live, i.e.
+    # (1 + (p-1)/(p v)) times 1F1B's (Narayanan et al. SC'21, sec. 2.2.2) -- but never more
+    # than the m v chunks a step has (with m = p every chunk's forward runs before any backward).
+    micro_batches = min(p, m)
+    in_flight = min(m, (p * v + p - 1) / v) if v > 1 else micro_batches
+    first_acts = act_layer * layers_per_stage * in_flight + working
     last_acts = act_layer * layers_per_stage * 1 + working  # last stage: one in flight
     # Output layer, per vocab shard: 16-bit logits plus the fp32 copy a fused vocab-parallel
     # cross-entropy works on in place (Megatron-LM, NeMo): 6 B per logit. PyTorch's
@@ -189,7 +192,7 @@ def memory_breakdown(
         tokens
         * model.hidden_size
         * 2
-        * (in_flight if p > 1 else 1)
+        * (micro_batches if p > 1 else 1)
         / (plan.tp if plan.sequence_parallel else 1)
     )
 
