@@ -18,6 +18,7 @@ def spec(
     dp=1,
     pp=1,
     gbs=None,
+    **training,
 ):
     return runspec_from_dict(
         {
@@ -40,7 +41,7 @@ def spec(
                 "zero_stage": zero,
                 "global_batch_size": gbs or mbs * dp * pp,
             },
-            "training": {"attention": attention, "dropout": dropout},
+            "training": {"attention": attention, "dropout": dropout, **training},
         }
     )
 
@@ -82,6 +83,33 @@ def test_zero_stage_state_bytes(zero: int, bytes_per_param: float) -> None:
 
     states = mb.weights + mb.gradients + mb.optimizer
     assert states == pytest.approx(num_params(r.model) * bytes_per_param, rel=1e-6)
+
+
+@pytest.mark.parametrize(("zero", "bytes_per_param"), [(0, 10), (1, 4 + 6 / 8), (2, 2 + 8 / 8)])
+def test_bf16_gradients_and_optimizer_states_halve_their_bytes(
+    zero: int, bytes_per_param: float
+) -> None:
+    """grad_reduce_dtype = optimizer_dtype = bf16 (NeMo's grad_sync_dtype / optim.dtype):
+    2 B weights + 2 B gradients + 6 B master and moments."""
+    r = spec(
+        tp=1, zero=zero, dp=8, recompute="full", grad_reduce_dtype="bf16", optimizer_dtype="bf16"
+    )
+    mb = memory_breakdown(r.model, r.cluster, r.plan(), r.training)
+    from aihpc.perf.flops import num_params
+
+    states = mb.weights + mb.gradients + mb.optimizer
+    assert states == pytest.approx(num_params(r.model) * bytes_per_param, rel=1e-6)
+
+
+def test_interleaving_cannot_hold_more_than_the_steps_chunks() -> None:
+    """With as many micro-batches as stages (m = p) every chunk's forward runs before the first
+    backward under interleaving too: stage 0 holds m micro-batches, the same as 1F1B."""
+    base = spec(tp=8, pp=4, mbs=1, gbs=4)
+    from dataclasses import replace
+
+    plain = memory_breakdown(base.model, base.cluster, base.plan(), base.training)
+    inter = memory_breakdown(base.model, base.cluster, replace(base.plan(), vpp=2), base.training)
+    assert inter.activations == pytest.approx(plain.activations, rel=1e-9)
 
 
 def test_interleaving_raises_first_stage_activations() -> None:

@@ -176,6 +176,14 @@ def test_preset_fields_can_be_overridden() -> None:
             },
             "extra",
         ),
+        (
+            {"model": {"preset": "llama3-8b"}, "training": {"grad_reduce_dtype": "fp16"}},
+            "training.grad_reduce_dtype",
+        ),
+        (
+            {"model": {"preset": "llama3-8b"}, "training": {"optimizer_dtype": "int8"}},
+            "training.optimizer_dtype",
+        ),
     ],
 )
 def test_bad_input_names_the_field(data: dict, field: str) -> None:

@@ -12,7 +12,7 @@ from aihpc.spec.calibration import Calibration
 from aihpc.spec.cluster import GPUSpec
 from aihpc.spec.model import ModelSpec
 from aihpc.spec.parallel import ParallelPlan
-from aihpc.spec.training import TrainingSpec
+from aihpc.spec.training import DTYPE_BYTES, TrainingSpec
 
 __all__ = [
     "LayerTimes",
@@ -213,8 +213,17 @@ def logits_time_s(
 
 
 def optimizer_time_s(
-    params_local: float, zero_stage: int, shard: int, gpu: GPUSpec, params: ModelParams
+    params_local: float,
+    zero_stage: int,
+    shard: int,
+    gpu: GPUSpec,
+    params: ModelParams,
+    training: TrainingSpec,
 ) -> float:
-    """Fused Adam: read param, grad, m, v (fp32) and write param, m, v and the 16-bit copy."""
+    """Fused Adam: read master weight, gradient, m and v and write weight, m, v and the 16-bit
+    copy (fp32 states: 16 + 12 + 2 bytes per parameter)."""
     updated = params_local / (shard if zero_stage >= 1 else 1)
-    return stream_time_s(updated * (16 + 12 + 2), gpu, params, kernels=4)
+    o = DTYPE_BYTES[training.optimizer_dtype]
+    g = DTYPE_BYTES[training.grad_reduce_dtype]
+    per_param = (3 * o + g) + 3 * o + 2
+    return stream_time_s(updated * per_param, gpu, params, kernels=4)

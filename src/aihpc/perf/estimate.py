@@ -30,7 +30,7 @@ from aihpc.spec.cluster import ClusterSpec
 from aihpc.spec.model import ModelSpec
 from aihpc.spec.parallel import ParallelPlan, validate_plan
 from aihpc.spec.runspec import RunSpec
-from aihpc.spec.training import TrainingSpec
+from aihpc.spec.training import DTYPE_BYTES, TrainingSpec
 
 __all__ = ["Estimate", "estimate", "estimate_plan"]
 
@@ -163,7 +163,9 @@ def estimate_plan(
     dp_n = plan.dp * plan.cp  # gradients are reduced over dp x cp replicas
     stride = _group_stride(plan, "cp") if plan.cp > 1 else _group_stride(plan, "dp")
     params_stage = _layer_params_local(model, plan, layers) + embedding_params(model) / t
-    grad_bytes = 4.0 * params_stage  # fp32 gradient reduction (Megatron and FSDP2 default)
+    # Gradient reduction in grad_reduce_dtype (fp32: Megatron's bf16 default and FSDP2's in
+    # torchtitan; bf16: NeMo's grad_sync_dtype).
+    grad_bytes = DTYPE_BYTES[training.grad_reduce_dtype] * params_stage
     param_bytes = 2.0 * params_stage
     hide = params.overlap_efficiency
     dp_time = 0.0
@@ -209,7 +211,7 @@ def estimate_plan(
     penalty = params.overlap_compute_penalty * max(0.0, hidden)
 
     shard = dp_n if plan.zero_stage >= 1 else 1
-    opt = compute.optimizer_time_s(params_stage, plan.zero_stage, shard, gpu, params)
+    opt = compute.optimizer_time_s(params_stage, plan.zero_stage, shard, gpu, params, training)
 
     compute_total = m * compute_mb + penalty
     step = compute_total + m * (recompute_mb + tp_mb + cp_mb) + bubble + pp_time + dp_time + opt

@@ -17,7 +17,7 @@ from aihpc.perf.params import DEFAULT_PARAMS, ModelParams
 from aihpc.spec.cluster import ClusterSpec
 from aihpc.spec.model import ModelSpec
 from aihpc.spec.parallel import ParallelPlan
-from aihpc.spec.training import TrainingSpec
+from aihpc.spec.training import DTYPE_BYTES, TrainingSpec
 
 __all__ = [
     "GiB",
@@ -132,24 +132,26 @@ def _state_bytes(
     Under pipeline parallelism FSDP2 keeps the stage's parameters gathered across the step's
     micro-batches and accumulates unsharded fp32 gradients, reduce-scattering once at the end
     (torchtitan disables resharding after forward with PP): the stage then holds a full 16-bit
-    copy of its weights and a full fp32 gradient.
+    copy of its weights and a full fp32 gradient. ``grad_reduce_dtype`` and ``optimizer_dtype``
+    = bf16 halve the gradient and the master/moment bytes.
     """
     d = plan.dp * plan.cp  # ranks that hold replicas of these weights
-    opt_bytes = {"adamw": 12.0, "adam": 12.0, "sgd": 8.0}[training.optimizer]
+    g, o = DTYPE_BYTES[training.grad_reduce_dtype], DTYPE_BYTES[training.optimizer_dtype]
+    moments = {"adamw": 2, "adam": 2, "sgd": 1}[training.optimizer]
     fp8_cache = 1.0 if training.precision == "fp8" else 0.0  # FP8 copies of the weights
     z = plan.zero_stage
     if z == 3:
         if zero3_keeps_unsharded(plan):
-            weights = 4 * params_local / d + (2 + fp8_cache) * params_local
-            grads = 4 * params_local / d + 4 * params_local
+            weights = o * params_local / d + (2 + fp8_cache) * params_local
+            grads = g * params_local / d + g * params_local
         else:
-            weights = 4 * params_local / d + (2 + fp8_cache) * 2 * layer_params_local
-            grads = 4 * params_local / d + 4 * layer_params_local
-        optimizer = (opt_bytes - 4) * params_local / d
+            weights = o * params_local / d + (2 + fp8_cache) * 2 * layer_params_local
+            grads = g * params_local / d + g * layer_params_local
+        optimizer = moments * o * params_local / d
         return weights, grads, optimizer
     weights = (2 + fp8_cache) * params_local
-    grads = 4 * params_local / (d if z == 2 else 1)
-    optimizer = opt_bytes * params_local / (d if z >= 1 else 1)
+    grads = g * params_local / (d if z == 2 else 1)
+    optimizer = (1 + moments) * o * params_local / (d if z >= 1 else 1)
     return weights, grads, optimizer
 
 
@@ -217,10 +219,11 @@ def memory_breakdown(
 
 
 def checkpoint_bytes(model: ModelSpec, training: TrainingSpec) -> float:
-    """Bytes of one full training checkpoint of the whole job: 16-bit weights, fp32 master
-    weights and the optimizer moments (Adam: m and v), i.e. 14 B/param for Adam in mixed
-    precision (Megatron-LM and DCP checkpoints store exactly these)."""
+    """Bytes of one full training checkpoint of the whole job: 16-bit weights, master weights and
+    the optimizer moments (Adam: m and v) in ``optimizer_dtype``, i.e. 14 B/param for Adam in
+    fp32 mixed precision (Megatron-LM and DCP checkpoints store exactly these), 8 B in bf16."""
     from aihpc.perf.flops import num_params
 
-    moments = {"adamw": 8.0, "adam": 8.0, "sgd": 4.0}[training.optimizer]
-    return num_params(model) * (2 + 4 + moments)
+    o = DTYPE_BYTES[training.optimizer_dtype]
+    moments = {"adamw": 2, "adam": 2, "sgd": 1}[training.optimizer]
+    return num_params(model) * (2 + o * (1 + moments))

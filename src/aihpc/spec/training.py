@@ -7,10 +7,19 @@ from dataclasses import dataclass
 from aihpc.spec._table import check_choice, check_positive
 from aihpc.spec.cluster import PRECISIONS
 
-__all__ = ["ATTENTION", "OPTIMIZERS", "CheckpointSpec", "TrainingSpec"]
+__all__ = [
+    "ATTENTION",
+    "DTYPE_BYTES",
+    "OPTIMIZERS",
+    "STATE_DTYPES",
+    "CheckpointSpec",
+    "TrainingSpec",
+]
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
 ATTENTION = ("flash", "flash2", "unfused")
+STATE_DTYPES = ("fp32", "bf16")
+DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0}
 
 
 @dataclass(frozen=True)
@@ -31,6 +40,12 @@ class TrainingSpec:
     # Liger); false: F.cross_entropy on fp32-upcast logits, which keeps more fp32 copies.
     fused_loss: bool = True
     dropout: float = 0.0  # hidden/attention dropout probability (GPT-3-era runs used 0.1)
+    # Gradient buffer accumulated and reduced across data-parallel ranks: fp32 (Megatron-LM forces
+    # it for bf16, FSDP2 reduce_dtype in torchtitan) or bf16 (NeMo grad_sync_dtype=bf16).
+    grad_reduce_dtype: str = "fp32"
+    # Master weights and Adam moments: fp32 (mixed-precision default) or bf16 (NeMo optim.dtype,
+    # Megatron's precision-aware optimizer). The planner reads both; the CPU trainer runs in fp32.
+    optimizer_dtype: str = "fp32"
     train_steps: int = 100
     learning_rate: float = 3e-4
     min_lr_ratio: float = 0.1  # cosine decays to learning_rate * min_lr_ratio
@@ -46,6 +61,8 @@ class TrainingSpec:
         check_choice("training.precision", self.precision, PRECISIONS)
         check_choice("training.optimizer", self.optimizer, OPTIMIZERS)
         check_choice("training.attention", self.attention, ATTENTION)
+        check_choice("training.grad_reduce_dtype", self.grad_reduce_dtype, STATE_DTYPES)
+        check_choice("training.optimizer_dtype", self.optimizer_dtype, STATE_DTYPES)
         if not 0 <= self.dropout < 1:
             check_choice("training.dropout", self.dropout, ["a number in [0, 1)"])
         check_positive("training.train_steps", self.train_steps)
