@@ -177,7 +177,7 @@ def test_preset_fields_can_be_overridden() -> None:
             "extra",
         ),
         (
-            {"model": {"preset": "llama3-8b"}, "training": {"grad_reduce_dtype": "fp16"}},
+            {"model": {"preset": "llama3-8b"}, "training": {"grad_reduce_dtype": "fp8"}},
             "training.grad_reduce_dtype",
         ),
         (

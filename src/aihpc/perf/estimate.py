@@ -16,6 +16,7 @@ from aihpc.perf.flops import (
     layer_gemms,
     model_flops_per_token,
     op_sac_saved,
+    param_tensors_per_layer,
 )
 from aihpc.perf.memory import (
     GiB,
@@ -202,8 +203,30 @@ def estimate_plan(
             grads = coll("reduce_scatter", grad_bytes)
             dp_time = max(0.0, gather - hide * first_fwd) + max(0.0, grads - hide * last_bwd)
             hidden = gather + grads - dp_time
-        else:  # ZeRO-3 / FSDP: gather for forward and backward, reduce-scatter, every micro-batch
-            per_mb = 2 * coll("all_gather", param_bytes) + coll("reduce_scatter", grad_bytes)
+        elif training.zero3_gather == "per_tensor":
+            # DeepSpeed 0.3 ZeRO-3 (partition_parameters.py _allgather_param, stage3.py
+            # fetch_sub_module): each tensor gathered alone after torch.cuda.synchronize(), so
+            # gathers never overlap compute; forward, backward and (full recompute) the recompute
+            # each gather again. List-based collectives copy every one of the n partitions with
+            # its own kernel (out of the flat buffer for all-gather, into it for reduce-scatter).
+            # The reduce-scatter itself runs on a side stream behind the backward.
+            # Each gather also zero-fills its fresh buffer and the copies move its bytes once
+            # more (3 x S through HBM); the reduce-scatter's input copies move 2 x S.
+            tensors = layers * param_tensors_per_layer(model)
+            gathers = 2 + (1 if plan.recompute == "full" else 0)
+            copies = dp_n * params.kernel_overhead_s
+            ag = tensors * (coll("all_gather", param_bytes / tensors) + copies)
+            ag += compute.stream_time_s(3 * param_bytes, gpu, params, kernels=0)
+            rs_copies = tensors * copies + compute.stream_time_s(2 * grad_bytes, gpu, params, 0)
+            rs = tensors * coll("reduce_scatter", grad_bytes / tensors)
+            rs_exposed = max(0.0, rs - hide * (layers * bwd_layer))
+            dp_time = m * (gathers * ag + rs_copies + rs_exposed)
+            hidden = m * (rs - rs_exposed)
+        else:  # ZeRO-3 / FSDP: one gather per layer for forward and backward, one reduce-scatter
+            per_mb = layers * (
+                2 * coll("all_gather", param_bytes / layers)
+                + coll("reduce_scatter", grad_bytes / layers)
+            )
             window = hide * (compute_mb + recompute_mb)
             first_layer = coll("all_gather", param_bytes / layers)  # cannot be prefetched
             dp_time = m * max(0.0, per_mb - window) + first_layer

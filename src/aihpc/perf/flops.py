@@ -56,6 +56,16 @@ def params_per_layer(model: ModelSpec, moe: bool = False) -> int:
     return attention_params(model) + mlp_params(model, model.ffn_hidden_size) + norms
 
 
+def param_tensors_per_layer(model: ModelSpec) -> int:
+    """Parameter tensors of one layer as Megatron-LM lays them out (what a per-tensor ZeRO-3
+    gathers one by one): fused QKV, attention output, FFN in (gate and up fused), FFN out; GPT-style
+    models (learned positions) add a bias to each and LayerNorm weight + bias, Llama-style ones
+    have no biases and RMSNorm weights only."""
+    if model.position_embedding == "learned":
+        return 4 + 4 + 2 * 2
+    return 4 + 2
+
+
 def embedding_params(model: ModelSpec) -> int:
     return model.vocab_size * model.hidden_size
 

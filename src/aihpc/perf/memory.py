@@ -115,6 +115,15 @@ def _layer_params_local(model: ModelSpec, plan: ParallelPlan, layers: int) -> fl
     return dense + moe
 
 
+def largest_param_tensor(model: ModelSpec) -> int:
+    """Elements of the layer's largest weight in Megatron's layout (fused QKV; fused gate+up)."""
+    gemms = {name: n_in * n_out for name, n_in, n_out, _ in layer_gemms(model, model.is_moe)}
+    qkv = gemms.pop("wq") + gemms.pop("wk") + gemms.pop("wv")
+    if "w1" in gemms:
+        gemms["w1"] += gemms.pop("w3")
+    return max(qkv, *gemms.values())
+
+
 def zero3_keeps_unsharded(plan: ParallelPlan) -> bool:
     """ZeRO-3 under pipeline parallelism gathers each stage once per step and keeps it."""
     return plan.zero_stage == 3 and plan.pp > 1
@@ -128,7 +137,8 @@ def _state_bytes(
     zero 0-2 follow Megatron-LM: 16-bit weights, fp32 main gradients, fp32 master + Adam m, v
     (18 B/param unsharded). zero 3 follows FSDP2 with mixed precision: the sharded fp32
     parameter is the master copy, gradients are reduced to fp32 shards, plus the 16-bit
-    parameters of the layers being gathered (current + prefetched) and one layer's gradients.
+    parameters of the layers being gathered (current + prefetched) and one layer's gradients
+    (with ``zero3_gather = "per_tensor"``, DeepSpeed 0.3's, the largest tensor instead of a layer).
     Under pipeline parallelism FSDP2 keeps the stage's parameters gathered across the step's
     micro-batches and accumulates unsharded fp32 gradients, reduce-scattering once at the end
     (torchtitan disables resharding after forward with PP): the stage then holds a full 16-bit
@@ -167,6 +177,8 @@ def memory_breakdown(
     p, v = plan.pp, plan.vpp
     layers_per_stage = plan.layers_per_stage(model.num_layers)
     layer_local = _layer_params_local(model, plan, 1)
+    if training.zero3_gather == "per_tensor":  # DeepSpeed 0.3 holds one tensor at a time
+        layer_local = largest_param_tensor(model) / plan.tp
     emb_local = embedding_params(model) / plan.tp
     m = plan.num_microbatches
     tokens = plan.micro_batch_size * model.seq_length / plan.cp

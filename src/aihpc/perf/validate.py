@@ -185,9 +185,9 @@ def row_runspec(row: dict[str, str]) -> RunSpec:
     for flag in ("fused_kernels", "fused_loss"):
         if _cell(row, flag):
             training[flag] = _cell(row, flag).lower() == "true"
-    for dtype in ("grad_reduce_dtype", "optimizer_dtype"):
-        if _cell(row, dtype):
-            training[dtype] = _cell(row, dtype)
+    for text in ("grad_reduce_dtype", "optimizer_dtype", "zero3_gather"):
+        if _cell(row, text):
+            training[text] = _cell(row, text)
     if _cell(row, "dropout"):
         training["dropout"] = float(_cell(row, "dropout"))
     cluster = {

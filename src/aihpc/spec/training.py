@@ -12,14 +12,16 @@ __all__ = [
     "DTYPE_BYTES",
     "OPTIMIZERS",
     "STATE_DTYPES",
+    "ZERO3_GATHERS",
     "CheckpointSpec",
     "TrainingSpec",
 ]
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
 ATTENTION = ("flash", "flash2", "unfused")
-STATE_DTYPES = ("fp32", "bf16")
-DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0}
+STATE_DTYPES = ("fp32", "bf16", "fp16")
+DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
+ZERO3_GATHERS = ("bucketed", "per_tensor")
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,12 @@ class TrainingSpec:
     # Master weights and Adam moments: fp32 (mixed-precision default) or bf16 (NeMo optim.dtype,
     # Megatron's precision-aware optimizer). The planner reads both; the CPU trainer runs in fp32.
     optimizer_dtype: str = "fp32"
+    # How ZeRO-3 moves parameters. bucketed: one flat all-gather per layer, prefetched behind
+    # compute (FSDP, FSDP2, later DeepSpeed). per_tensor: DeepSpeed 0.3's ZeRO-3, which gathers
+    # every parameter tensor on its own after a device synchronize (nothing overlaps) with
+    # list-based collectives that, in PyTorch < 1.10, copy each of the n partitions with its own
+    # kernel, and reduce-scatters gradients per tensor the same way.
+    zero3_gather: str = "bucketed"
     train_steps: int = 100
     learning_rate: float = 3e-4
     min_lr_ratio: float = 0.1  # cosine decays to learning_rate * min_lr_ratio
@@ -63,6 +71,7 @@ class TrainingSpec:
         check_choice("training.attention", self.attention, ATTENTION)
         check_choice("training.grad_reduce_dtype", self.grad_reduce_dtype, STATE_DTYPES)
         check_choice("training.optimizer_dtype", self.optimizer_dtype, STATE_DTYPES)
+        check_choice("training.zero3_gather", self.zero3_gather, ZERO3_GATHERS)
         if not 0 <= self.dropout < 1:
             check_choice("training.dropout", self.dropout, ["a number in [0, 1)"])
         check_positive("training.train_steps", self.train_steps)
