@@ -183,7 +183,9 @@ def estimate_plan(
                 params,
             )
 
-        last_bwd = layers * (bwd_layer + recompute_layer)
+        # What a gradient reduction can hide behind: the last micro-batch's backward, or
+        # nothing when the framework reduces only after the whole backward.
+        last_bwd = layers * (bwd_layer + recompute_layer) if training.grad_reduce_overlap else 0.0
         first_fwd = layers * fwd_layer
         if plan.zero_stage == 0:
             grads = coll("all_reduce", grad_bytes)

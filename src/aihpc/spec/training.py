@@ -48,6 +48,10 @@ class TrainingSpec:
     # Master weights and Adam moments: fp32 (mixed-precision default) or bf16 (NeMo optim.dtype,
     # Megatron's precision-aware optimizer). The planner reads both; the CPU trainer runs in fp32.
     optimizer_dtype: str = "fp32"
+    # true: the gradient reduction runs behind the backward (PyTorch DDP buckets, FSDP, Megatron-
+    # Core --overlap-grad-reduce, NeMo overlap_grad_sync); false: after the whole backward
+    # (Megatron-LM's local DDP before Megatron-Core, e.g. its 2021-2022 papers' runs).
+    grad_reduce_overlap: bool = True
     # How ZeRO-3 moves parameters. bucketed: one flat all-gather per layer, prefetched behind
     # compute (FSDP, FSDP2, later DeepSpeed). per_tensor: DeepSpeed 0.3's ZeRO-3, which gathers
     # every parameter tensor on its own after a device synchronize (nothing overlaps) with

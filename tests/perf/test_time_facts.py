@@ -1,0 +1,67 @@
+"""Run facts that change the step time: when gradients are reduced, how attention is launched."""
+
+from dataclasses import replace
+
+import pytest
+
+from aihpc.perf import comm, compute
+from aihpc.perf.estimate import estimate_plan
+from aihpc.perf.params import DEFAULT_PARAMS
+from aihpc.spec import runspec_from_dict
+
+
+def gpt(overlap: bool, heads: int = 48):
+    return runspec_from_dict(
+        {
+            "model": {
+                "num_layers": 24,
+                "hidden_size": 6144,
+                "num_attention_heads": heads,
+                "ffn_hidden_size": 24576,
+                "vocab_size": 51200,
+                "seq_length": 2048,
+                "position_embedding": "learned",
+            },
+            "cluster": {"gpu": "a100-80gb", "num_gpus": 32},
+            "parallel": {
+                "tp": 1,
+                "pp": 1,
+                "zero_stage": 0,
+                "recompute": "full",
+                "micro_batch_size": 1,
+                "global_batch_size": 32,
+            },
+            "training": {
+                "precision": "fp16",
+                "attention": "unfused",
+                "dropout": 0.1,
+                "grad_reduce_overlap": overlap,
+            },
+        }
+    )
+
+
+def test_gradients_reduced_after_the_backward_are_fully_exposed() -> None:
+    """Megatron-LM's local DDP (2021) all-reduces after the whole backward: the step pays the
+    whole all-reduce; overlapped (DDP buckets) it hides behind the last backward."""
+    late, early = gpt(False), gpt(True)
+    t_late = estimate_plan(late.model, late.cluster, late.plan(), late.training).time_s
+    t_early = estimate_plan(early.model, early.cluster, early.plan(), early.training).time_s
+    from aihpc.perf.flops import embedding_params, params_per_layer
+
+    grads = 4.0 * (24 * params_per_layer(late.model) + embedding_params(late.model))  # fp32
+    full = comm.collective_time_s(late.cluster, "all_reduce", grads, 32)
+    assert t_late["dp_comm"] == pytest.approx(full, rel=1e-9)
+    assert t_early["dp_comm"] < 0.5 * t_late["dp_comm"]
+
+
+@pytest.mark.parametrize("heads", [24, 96])
+def test_unfused_attention_is_one_batched_launch_per_matmul(heads: int) -> None:
+    """QK^T and PV run as one baddbmm / bmm over every (sequence, head): raising the launch
+    cost moves the forward attention by 2 GEMM launches + 2 softmax/dropout kernels, whatever
+    the number of heads."""
+    r = gpt(True, heads)
+    slow = replace(DEFAULT_PARAMS, kernel_overhead_s=1e-3)
+    a = compute.layer_times(r.model, r.cluster.gpu, r.plan(), r.training, DEFAULT_PARAMS)
+    b = compute.layer_times(r.model, r.cluster.gpu, r.plan(), r.training, slow)
+    assert b.fwd_attn - a.fwd_attn == pytest.approx(4 * (1e-3 - DEFAULT_PARAMS.kernel_overhead_s))
