@@ -8,7 +8,7 @@ backend (FlashAttention-2) and to its cuDNN backend, and the output layer with
 ``F.cross_entropy`` on fp32-upcast logits (torchtitan's 2024 loss), forward and forward +
 backward. Beside each it prints the model's figure for the same shapes from
 ``aihpc.perf.compute`` (``attention = "flash2"`` / ``"flash"``; ``fused_kernels`` false for
-eager, true for compiled; ``fused_loss = false``) on the catalog part that matches the GPU.
+eager, true for compiled; ``cross_entropy = "eager"``) on the catalog part that matches the GPU.
 Without a GPU it prints the predictions only; ``--measured FILE`` re-prices a saved GPU run
 with today's model. Writes <out>.json and <out>.md.
 """
@@ -36,7 +36,7 @@ def predictions(preset: str, seq: int, batch: int, gpu: str, attention: str) -> 
             "model": {"preset": preset, "seq_length": seq},
             "cluster": {"gpu": gpu, "num_gpus": 1, "gpus_per_node": 1},
             "parallel": {"micro_batch_size": batch, "global_batch_size": batch},
-            "training": {"precision": "bf16", "attention": attention, "fused_loss": False},
+            "training": {"precision": "bf16", "attention": attention, "cross_entropy": "eager"},
         }
     )
     plan, out = spec.plan(), {"gpu": gpu}

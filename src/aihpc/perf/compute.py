@@ -224,13 +224,17 @@ def logits_time_s(
     v = model.vocab_size / plan.tp
     # The output GEMM runs in 16-bit in Megatron, NeMo and torchtitan even under FP8 recipes.
     g = gemm_time_s(tokens, v, model.hidden_size, gpu, "bf16", params, calibration)
-    # HBM bytes per logit. Fused (Megatron's vocab-parallel cross-entropy working in place):
-    # read the 16-bit logits, write and re-read an fp32 buffer; the backward reads it and writes
-    # the 16-bit gradient: 10 + 10. Eager F.cross_entropy on upcast logits: the upcast (2 + 4),
-    # log-softmax's max, sum and write passes (4 + 4 + 4 + 4) forward; the backward zero-fills
-    # the gradient (4), runs log-softmax's backward (4 + 4 + 4 + 4) and the downcast (4 + 2).
-    # Measured on H200 for Llama 3 8B's 128K vocab: 23 and 31 B (benchmarks/layer_time.py).
-    fwd_b, bwd_b = (10, 10) if training.fused_loss else (22, 26)
+    # HBM bytes per logit (forward, backward), counted from each implementation's passes.
+    # fused (Megatron-Core's jit-fused vocab-parallel CE): upcast + max (2 + 4), exp + sum
+    # (4 + 4), normalise in place (4 + 4); backward: gradient in place (4 + 4), downcast (4 + 2).
+    # vocab_parallel (unfused): upcast (2 + 4), max (4), subtract, exp and normalise in place
+    # (3 x 8), sum (4); backward the same as fused. eager F.cross_entropy on upcast logits:
+    # upcast (2 + 4), log-softmax's max, sum and write passes (4 + 4 + 4 + 4); backward: zero-fill
+    # (4), log-softmax backward (4 + 4 + 4 + 4), downcast (4 + 2) -- measured on H200 for Llama 3
+    # 8B's 128K vocabulary: 23 and 31 B (benchmarks/layer_time.py).
+    fwd_b, bwd_b = {"fused": (22, 14), "vocab_parallel": (38, 14), "eager": (22, 26)}[
+        training.cross_entropy
+    ]
     loss_f = stream_time_s(tokens * v * fwd_b, gpu, params, kernels=3)
     loss_b = stream_time_s(tokens * v * bwd_b, gpu, params, kernels=3)
     return g + loss_f, 2 * g + loss_b

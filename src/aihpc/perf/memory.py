@@ -197,10 +197,10 @@ def memory_breakdown(
     first_acts = act_layer * layers_per_stage * in_flight + working
     last_acts = act_layer * layers_per_stage * 1 + working  # last stage: one in flight
     # Output layer, per vocab shard: 16-bit logits plus the fp32 copy a fused vocab-parallel
-    # cross-entropy works on in place (Megatron-LM, NeMo): 6 B per logit. PyTorch's
+    # cross-entropy (fused or not) works on in place (Megatron-LM, NeMo): 6 B per logit. PyTorch's
     # F.cross_entropy on upcast logits also keeps its fp32 log-softmax output and, in the
     # backward, an fp32 gradient of the logits: 14 B. Plus the final-norm and output-GEMM inputs.
-    loss_bytes = 6 if training.fused_loss else 14
+    loss_bytes = 14 if training.cross_entropy == "eager" else 6
     logits = tokens * (loss_bytes * model.vocab_size / plan.tp + 4 * model.hidden_size)
     embed_out = (
         tokens

@@ -182,10 +182,10 @@ def row_runspec(row: dict[str, str]) -> RunSpec:
     training: dict[str, Any] = {"precision": _cell(row, "precision")}
     if _cell(row, "attention"):
         training["attention"] = _cell(row, "attention")
-    for flag in ("fused_kernels", "fused_loss", "grad_reduce_overlap"):
+    for flag in ("fused_kernels", "grad_reduce_overlap"):
         if _cell(row, flag):
             training[flag] = _cell(row, flag).lower() == "true"
-    for text in ("grad_reduce_dtype", "optimizer_dtype", "zero3_gather"):
+    for text in ("cross_entropy", "grad_reduce_dtype", "optimizer_dtype", "zero3_gather"):
         if _cell(row, text):
             training[text] = _cell(row, text)
     if _cell(row, "dropout"):

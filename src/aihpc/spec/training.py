@@ -9,6 +9,7 @@ from aihpc.spec.cluster import PRECISIONS
 
 __all__ = [
     "ATTENTION",
+    "CROSS_ENTROPY",
     "DTYPE_BYTES",
     "OPTIMIZERS",
     "STATE_DTYPES",
@@ -22,6 +23,7 @@ ATTENTION = ("flash", "flash2", "unfused")
 STATE_DTYPES = ("fp32", "bf16", "fp16")
 DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
 ZERO3_GATHERS = ("bucketed", "per_tensor")
+CROSS_ENTROPY = ("fused", "vocab_parallel", "eager")
 
 
 @dataclass(frozen=True)
@@ -38,9 +40,11 @@ class TrainingSpec:
     # true: element-wise ops fused (Megatron/TE kernels, torch.compile); false: eager PyTorch,
     # one kernel per op (RMSNorm in fp32, RoPE via complex multiply), which moves more bytes.
     fused_kernels: bool = True
-    # true: fused vocab-parallel cross-entropy working in place on the logits (Megatron-LM, NeMo,
-    # Liger); false: F.cross_entropy on fp32-upcast logits, which keeps more fp32 copies.
-    fused_loss: bool = True
+    # The loss kernel. fused: Megatron-Core's fused vocab-parallel cross-entropy
+    # (--cross-entropy-loss-fusion; NeMo cross_entropy_loss_fusion); vocab_parallel: Megatron's
+    # unfused one, several passes in place over an fp32 copy of the logits (its default);
+    # eager: F.cross_entropy on fp32-upcast logits (torchtitan 2024), which keeps more fp32 copies.
+    cross_entropy: str = "fused"
     dropout: float = 0.0  # hidden/attention dropout probability (GPT-3-era runs used 0.1)
     # Gradient buffer accumulated and reduced across data-parallel ranks: fp32 (Megatron-LM forces
     # it for bf16, FSDP2 reduce_dtype in torchtitan) or bf16 (NeMo grad_sync_dtype=bf16).
@@ -76,6 +80,7 @@ class TrainingSpec:
         check_choice("training.grad_reduce_dtype", self.grad_reduce_dtype, STATE_DTYPES)
         check_choice("training.optimizer_dtype", self.optimizer_dtype, STATE_DTYPES)
         check_choice("training.zero3_gather", self.zero3_gather, ZERO3_GATHERS)
+        check_choice("training.cross_entropy", self.cross_entropy, CROSS_ENTROPY)
         if not 0 <= self.dropout < 1:
             check_choice("training.dropout", self.dropout, ["a number in [0, 1)"])
         check_positive("training.train_steps", self.train_steps)
