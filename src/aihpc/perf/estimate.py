@@ -221,7 +221,7 @@ def estimate_plan(
             ag += compute.stream_time_s(3 * param_bytes, gpu, params, kernels=0)
             rs_copies = tensors * copies + compute.stream_time_s(2 * grad_bytes, gpu, params, 0)
             rs = tensors * coll("reduce_scatter", grad_bytes / tensors)
-            rs_exposed = max(0.0, rs - hide * (layers * bwd_layer))
+            rs_exposed = max(0.0, rs - hide * last_bwd)
             dp_time = m * (gathers * ag + rs_copies + rs_exposed)
             hidden = m * (rs - rs_exposed)
         else:  # ZeRO-3 / FSDP: one gather per layer for forward and backward, one reduce-scatter
