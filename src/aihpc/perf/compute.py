@@ -43,29 +43,11 @@ def gemm_time_s(
     precision: str,
     params: ModelParams,
     calibration: Calibration | None = None,
+    batch: float = 1,
 ) -> float:
-    """One (m x k) @ (k x n) GEMM: the slower of compute and memory traffic, plus launch cost."""
-    flops = 2.0 * m * n * k
-    eff = gemm_efficiency(gpu, precision, flops / 1e9, params, calibration)
-    compute = flops / (gpu.sustained_peak_tflops(precision) * 1e12 * eff)
-    elem = 1.0 if precision == "fp8" else 2.0
-    traffic = (m * k + k * n) * elem + m * n * 2.0
-    memory = traffic / (gpu.hbm_bw_GBps * 1e9 * params.hbm_efficiency)
-    return max(compute, memory) + params.kernel_overhead_s
-
-
-def batched_gemm_time_s(
-    batch: float,
-    m: float,
-    n: float,
-    k: float,
-    gpu: GPUSpec,
-    precision: str,
-    params: ModelParams,
-    calibration: Calibration | None = None,
-) -> float:
-    """``batch`` independent (m x k) @ (k x n) products in one kernel (torch.bmm / baddbmm):
-    the efficiency of the whole launch, each product's own operands through HBM."""
+    """``batch`` (m x k) @ (k x n) products in one kernel (one GEMM, or torch.bmm / baddbmm):
+    the slower of compute, at the efficiency of the whole launch, and memory traffic (each
+    product's own operands), plus one launch cost."""
     flops = 2.0 * batch * m * n * k
     eff = gemm_efficiency(gpu, precision, flops / 1e9, params, calibration)
     compute = flops / (gpu.sustained_peak_tflops(precision) * 1e12 * eff)
@@ -159,9 +141,9 @@ def layer_times(
         # Unfused: two batched GEMMs over the full s x s square per head, plus the softmax
         # (and dropout) reading and writing the scores.
         batch = tokens / s * heads  # Megatron: one baddbmm for QK^T, one bmm for PV
-        bmm = batched_gemm_time_s(
-            batch, s, s, d, gpu, "bf16", params, calibration
-        ) + batched_gemm_time_s(batch, s, d, s, gpu, "bf16", params, calibration)
+        bmm = gemm_time_s(s, s, d, gpu, "bf16", params, calibration, batch) + gemm_time_s(
+            s, d, s, gpu, "bf16", params, calibration, batch
+        )
         fwd_attn = bmm
         bwd_attn = 2 * bmm
         drop = training.dropout > 0

@@ -29,6 +29,7 @@ __all__ = [
 ]
 
 GiB = float(1 << 30)
+MOMENTS = {"adamw": 2, "adam": 2, "sgd": 1}  # optimizer state tensors per parameter
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ def _state_bytes(
     """
     d = plan.dp * plan.cp  # ranks that hold replicas of these weights
     g, o = DTYPE_BYTES[training.grad_reduce_dtype], DTYPE_BYTES[training.optimizer_dtype]
-    moments = {"adamw": 2, "adam": 2, "sgd": 1}[training.optimizer]
+    moments = MOMENTS[training.optimizer]
     fp8_cache = 1.0 if training.precision == "fp8" else 0.0  # FP8 copies of the weights
     z = plan.zero_stage
     if z == 3:
@@ -237,5 +238,5 @@ def checkpoint_bytes(model: ModelSpec, training: TrainingSpec) -> float:
     from aihpc.perf.flops import num_params
 
     o = DTYPE_BYTES[training.optimizer_dtype]
-    moments = {"adamw": 2, "adam": 2, "sgd": 1}[training.optimizer]
+    moments = MOMENTS[training.optimizer]
     return num_params(model) * (2 + o * (1 + moments))

@@ -47,7 +47,7 @@ class TrainingSpec:
     cross_entropy: str = "fused"
     dropout: float = 0.0  # hidden/attention dropout probability (GPT-3-era runs used 0.1)
     # Gradient buffer accumulated and reduced across data-parallel ranks: fp32 (Megatron-LM forces
-    # it for bf16, FSDP2 reduce_dtype in torchtitan) or bf16 (NeMo grad_sync_dtype=bf16).
+    # it for bf16, FSDP2 reduce_dtype in torchtitan), bf16 (NeMo grad_sync_dtype=bf16) or fp16.
     grad_reduce_dtype: str = "fp32"
     # Master weights and Adam moments: fp32 (mixed-precision default) or bf16 (NeMo optim.dtype,
     # Megatron's precision-aware optimizer). The planner reads both; the CPU trainer runs in fp32.
