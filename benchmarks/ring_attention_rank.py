@@ -1,0 +1,180 @@
+"""One context-parallel rank's ring attention emulated on one GPU, beside the model's time.
+
+    python benchmarks/ring_attention_rank.py [--tokens-per-rank 32768] [--cp 2 4 8] [--out PATH]
+
+Runs the kernels a load-balanced ring-attention rank runs (PyTorch's context parallel: head-tail
+sharding, one causal block on its own chunks, then per step either its queries against the first
+half of the arriving K/V or the second half of its queries against all of them; each block
+merged into an fp32 output through its log-sum-exp) with FlashAttention-2 blocks
+(``aten._scaled_dot_product_flash_attention``), forward and forward + backward through autograd,
+with no communication: the arriving K/V are local tensors. Beside it: the model's attention time
+for the same rank (``attention = "flash2"``), i.e. its causal FLOPs / cp at the catalog's FA2
+efficiencies. A ratio near 1 says the kernels and merges of ring attention cost what the model
+charges; what the ring's communication and synchronisation cost is not measured here. Needs a CUDA
+GPU for the measurement. Writes <out>.json and <out>.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from aihpc.perf import compute
+from aihpc.perf.params import DEFAULT_PARAMS
+from aihpc.spec import runspec_from_dict
+
+HEADS, HEAD_DIM = 32, 128  # Llama 3 8B, K/V repeated to every query head (torchtitan 2024)
+
+
+def predicted_ms(tokens_per_rank: int, cp: int, gpu: str) -> dict:
+    spec = runspec_from_dict(
+        {
+            "model": {"preset": "llama3-8b", "seq_length": tokens_per_rank * cp},
+            "cluster": {"gpu": gpu, "num_gpus": cp, "gpus_per_node": 8},
+            "parallel": {"cp": cp, "micro_batch_size": 1, "global_batch_size": 1},
+            "training": {"attention": "flash2"},
+        }
+    )
+    lt = compute.layer_times(
+        spec.model, spec.cluster.gpu, spec.plan(), spec.training, DEFAULT_PARAMS
+    )
+    return {"fwd_ms": lt.fwd_attn * 1e3, "fwd_bwd_ms": (lt.fwd_attn + lt.bwd_attn) * 1e3}
+
+
+def ring_rank(q, ks, vs, rank: int, attn):
+    """Forward of rank ``rank``: ks[0], vs[0] are its own chunks, ks[i], vs[i] step i's."""
+    import torch
+    import torch.nn.functional as F
+
+    half = q.shape[2] // 2
+    out, lse = attn(q, ks[0], vs[0], True)
+    out, lse = out.float(), lse.float().unsqueeze(-1)
+    for i in range(1, len(ks)):
+        if i <= rank:  # all my queries against the first half of the arriving chunks
+            bo, bl = attn(q, ks[i][:, :, :half], vs[i][:, :, :half], False)
+            bo, bl = bo.float(), bl.float().unsqueeze(-1)
+            out = out - torch.sigmoid(bl - lse) * (out - bo)
+            lse = lse - F.logsigmoid(lse - bl)
+        else:  # the second half of my queries against all of them
+            bo, bl = attn(q[:, :, half:], ks[i], vs[i], False)
+            bo, bl = bo.float(), bl.float().unsqueeze(-1)
+            o2, l2 = out[:, :, half:], lse[:, :, half:]
+            o2 = o2 - torch.sigmoid(bl - l2) * (o2 - bo)
+            l2 = l2 - F.logsigmoid(l2 - bl)
+            out = torch.cat([out[:, :, :half], o2], dim=2)
+            lse = torch.cat([lse[:, :, :half], l2], dim=2)
+    return out.to(q.dtype)
+
+
+def flash_attn(q, k, v, causal: bool):
+    import torch
+
+    res = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal)
+    return res[0], res[1]
+
+
+def math_attn(q, k, v, causal: bool):
+    """CPU stand-in with the same (output, log-sum-exp) contract, for a smoke run."""
+    import torch
+
+    scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    if causal:
+        mask = torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(mask, float("-inf"))
+    lse = torch.logsumexp(scores.float(), dim=-1)
+    return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v, lse
+
+
+def measure(tokens_per_rank: int, cp: int, device: str = "cuda") -> dict:
+    import torch
+
+    dev = torch.device(device)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    attn = flash_attn if dev.type == "cuda" else math_attn
+
+    def t(*shape):
+        return torch.randn(*shape, device=dev, dtype=dtype, requires_grad=True)
+
+    shape = (1, HEADS, tokens_per_rank, HEAD_DIM)
+    q = t(*shape)
+    ks, vs = [t(*shape) for _ in range(cp)], [t(*shape) for _ in range(cp)]
+    grad = torch.randn(shape, device=dev, dtype=dtype)
+    rank = cp // 2
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    def timed(fn, iters=3):
+        fn()
+        sync()
+        samples = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            samples.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(samples)
+
+    def fwd():
+        with torch.no_grad():
+            ring_rank(q, ks, vs, rank, attn)
+
+    def fwd_bwd():
+        ring_rank(q, ks, vs, rank, attn).backward(grad)
+
+    return {"fwd_ms": timed(fwd), "fwd_bwd_ms": timed(fwd_bwd)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens-per-rank", type=int, default=32768)
+    ap.add_argument("--cp", type=int, nargs="+", default=[2, 4, 8])
+    ap.add_argument("--gpu", default=None, help="catalog part for the prediction (default: auto)")
+    ap.add_argument("--out", type=Path, default=None, help="output path without suffix")
+    args = ap.parse_args()
+    try:
+        import torch
+
+        name = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    except ImportError:
+        name = None
+    gpu = args.gpu or ("h200" if name and "H200" in name else "h100-sxm")
+    rows = []
+    for cp in args.cp:
+        row = {"cp": cp, "predicted": predicted_ms(args.tokens_per_rank, cp, gpu)}
+        row["measured"] = measure(args.tokens_per_rank, cp) if name else None
+        rows.append(row)
+    lines = [
+        f"# Ring attention, one rank of {args.tokens_per_rank} tokens, Llama 3 8B heads: "
+        f"measured on {name or '(no GPU)'} (no communication) vs model ({gpu}, flash2)",
+        "",
+        "| cp | measured fwd ms | predicted fwd ms | measured fwd+bwd ms | predicted fwd+bwd ms "
+        "| predicted / measured (fwd+bwd) |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        p, m = r["predicted"], r["measured"]
+        mf = f"{m['fwd_ms']:.1f}" if m else "n/a"
+        mb = f"{m['fwd_bwd_ms']:.1f}" if m else "n/a"
+        ratio = f"{p['fwd_bwd_ms'] / m['fwd_bwd_ms']:.3f}" if m else "n/a"
+        lines.append(
+            f"| {r['cp']} | {mf} | {p['fwd_ms']:.1f} | {mb} | {p['fwd_bwd_ms']:.1f} | {ratio} |"
+        )
+    text = "\n".join(lines)
+    print(text)
+    out = args.out or Path(__file__).parent / "results" / f"ring_attention_rank_{gpu}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(
+        json.dumps({"tokens_per_rank": args.tokens_per_rank, "gpu": name, "rows": rows}, indent=1)
+    )
+    out.with_suffix(".md").write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
