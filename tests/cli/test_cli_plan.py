@@ -1,6 +1,7 @@
 """The planning CLI: JSON contract and one-line errors with exit code 2."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +41,28 @@ def test_estimate_json_contract() -> None:
     n, gbs, s = 1024, out["plan"]["global_batch_size"], 8192
     assert out["tokens_per_s_per_gpu"] == pytest.approx(gbs * s / out["step_time_s"] / n)
     assert 0 < out["mfu"] <= out["hfu"] < 1
+
+
+def test_estimate_names_the_software_it_assumed(tmp_path: Path) -> None:
+    """The human output says which [training] facts it priced, and follows the run spec."""
+    spec = tmp_path / "run.toml"
+    spec.write_text(
+        EXAMPLE.read_text().replace(
+            'optimizer = "adamw"',
+            'optimizer = "adamw"\nattention = "flash2"\ncross_entropy = "eager"',
+        )
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "aihpc", "estimate", str(spec)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("software:"))
+    assert "attention flash2" in line and "cross-entropy eager" in line
+    assert "[training]" in line
 
 
 def test_search_json_contract(tmp_path: Path) -> None:

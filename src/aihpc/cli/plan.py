@@ -46,6 +46,22 @@ def _plan_line(plan: dict) -> str:
     )
 
 
+def _software_line(spec: RunSpec, est: Estimate) -> str:
+    """The [training] facts the estimate priced, so a reader sees what was assumed."""
+    tr = spec.training
+    parts = [
+        f"attention {tr.attention}",
+        f"element-wise {'fused' if tr.fused_kernels else 'eager'}",
+        f"cross-entropy {tr.cross_entropy}",
+        f"gradients {tr.grad_reduce_dtype}"
+        + (" reduced during backward" if tr.grad_reduce_overlap else " reduced after backward"),
+        f"optimizer states {tr.optimizer_dtype}",
+    ]
+    if est.plan.zero_stage == 3:
+        parts.append(f"ZeRO-3 gathers {tr.zero3_gather}")
+    return " · ".join(parts)
+
+
 def render_estimate(spec: RunSpec, est: Estimate) -> None:
     out = est.to_json()
     m = spec.model
@@ -60,6 +76,7 @@ def render_estimate(spec: RunSpec, est: Estimate) -> None:
             f"[dim]defaults used for: {', '.join(defaulted)} "
             "(`aihpc search` chooses them instead)[/]"
         )
+    console.print(f"[dim]software: {_software_line(spec, est)} (set in \\[training])[/]")
     t = Table(title="Step time", show_edge=False)
     t.add_column("part")
     t.add_column("seconds", justify="right")
