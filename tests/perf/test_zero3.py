@@ -70,3 +70,32 @@ def test_unknown_gather_kind_is_refused() -> None:
     with pytest.raises(SpecError) as err:
         gpt3(8, "flat")
     assert err.value.field == "training.zero3_gather"
+
+
+def test_per_tensor_zero3_refuses_pipelining_and_search_skips_it() -> None:
+    """DeepSpeed's ZeRO-3 has no pipeline engine: estimating such a plan is bad input, and the
+    search leaves those combinations out with the reason counted."""
+    from aihpc.perf.search import search
+
+    spec = runspec_from_dict(
+        {
+            "model": {"preset": "gpt3-175b", "position_embedding": "learned"},
+            "cluster": {"gpu": "a100-80gb", "num_gpus": 64},
+            "parallel": {"tp": 8, "pp": 8, "zero_stage": 3, "global_batch_size": 64},
+            "training": {"precision": "fp16", "zero3_gather": "per_tensor"},
+        }
+    )
+    with pytest.raises(SpecError) as err:
+        estimate_plan(spec.model, spec.cluster, spec.plan(), spec.training)
+    assert err.value.field == "training.zero3_gather"
+    free_pp = runspec_from_dict(
+        {
+            "model": {"preset": "gpt3-175b", "position_embedding": "learned"},
+            "cluster": {"gpu": "a100-80gb", "num_gpus": 64},
+            "parallel": {"tp": 8, "zero_stage": 3, "global_batch_size": 64},
+            "training": {"precision": "fp16", "zero3_gather": "per_tensor"},
+        }
+    )
+    result = search(free_pp, explain=3)
+    assert all(e.plan.pp == 1 for e in result.plans + [r.estimate for r in result.rejected_best])
+    assert result.invalid_reasons["training.zero3_gather (per-tensor ZeRO-3 has no pipelining)"] > 0

@@ -28,6 +28,7 @@ from aihpc.perf.memory import (
 from aihpc.perf.params import DEFAULT_PARAMS, ModelParams
 from aihpc.perf.pipeline import bubble_slots, p2p_transfers
 from aihpc.spec.cluster import ClusterSpec
+from aihpc.spec.errors import SpecError
 from aihpc.spec.model import ModelSpec
 from aihpc.spec.parallel import ParallelPlan, validate_plan
 from aihpc.spec.runspec import RunSpec
@@ -95,6 +96,12 @@ def estimate_plan(
     """Estimate a complete plan. ``check=False`` skips the divisibility checks (search did them)."""
     if check:
         validate_plan(plan, model, cluster)
+        if training.zero3_gather == "per_tensor" and plan.zero_stage == 3 and plan.pp > 1:
+            raise SpecError(
+                "training.zero3_gather",
+                "per_tensor",
+                "DeepSpeed's per-tensor ZeRO-3 has no pipeline parallelism: pp = 1, or bucketed",
+            )
     gpu, cal = cluster.gpu, cluster.calibration
     p, v, m, t = plan.pp, plan.vpp, plan.num_microbatches, plan.tp
     s = model.seq_length

@@ -180,7 +180,11 @@ def search_plans(
     fitting: list[Estimate] = []
     rejected: list[Rejected] = []
     evaluated = 0
+    per_tensor = training.zero3_gather == "per_tensor"
     for plan in candidate_plans(model, cluster, partial, invalid):
+        if per_tensor and plan.zero_stage == 3 and plan.pp > 1:
+            invalid["training.zero3_gather (per-tensor ZeRO-3 has no pipelining)"] += 1
+            continue
         est = estimate_plan(model, cluster, plan, training, params, check=False)
         evaluated += 1
         if progress is not None and evaluated % 256 == 0:
