@@ -1,11 +1,13 @@
-"""Shared by the runtime benchmarks: machine facts and writing results with their command."""
+"""Shared by the benchmarks: machine facts, timing on a device, results with their command."""
 
 from __future__ import annotations
 
 import json
 import os
 import platform
+import statistics
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -23,6 +25,26 @@ def machine() -> dict:
         "load_avg": [round(x, 2) for x in os.getloadavg()],
         "date_utc": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
     }
+
+
+def median_ms(fn, device, iters: int = 3, warmup: int = 1) -> float:
+    """Median wall time of ``fn()`` in ms after ``warmup`` calls, synchronising a CUDA device."""
+    import torch
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    for _ in range(warmup):
+        fn()
+    sync()
+    samples = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(samples)
 
 
 def save(name: str, data: dict, markdown: str) -> None:

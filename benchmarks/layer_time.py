@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
+
+from _common import median_ms
 
 from aihpc.perf import compute
 from aihpc.perf.params import DEFAULT_PARAMS
@@ -72,21 +72,8 @@ def measure(preset: str, seq: int, batch: int, device: str = "cuda") -> dict:
     x = torch.randn(batch, seq, cfg.dim, device=dev, dtype=bf16, requires_grad=True)
     gy = torch.randn_like(x)
 
-    def sync() -> None:
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-
-    def timed(fn, iters: int = 5, warmup: int = 2) -> float:
-        for _ in range(warmup):
-            fn()
-        sync()
-        samples = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            samples.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(samples)
+    def timed(fn) -> float:
+        return median_ms(fn, dev, 5, 2)
 
     name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
     out = {"gpu": name, "torch": torch.__version__}

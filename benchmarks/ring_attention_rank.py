@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
+
+from _common import median_ms
 
 from aihpc.perf import compute
 from aihpc.perf.params import DEFAULT_PARAMS
@@ -105,20 +105,8 @@ def measure(tokens_per_rank: int, cp: int, device: str = "cuda") -> dict:
     grad = torch.randn(shape, device=dev, dtype=dtype)
     rank = cp // 2
 
-    def sync():
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-
-    def timed(fn, iters=3):
-        fn()
-        sync()
-        samples = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            samples.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(samples)
+    def timed(fn) -> float:
+        return median_ms(fn, dev, 3, 1)
 
     def fwd():
         with torch.no_grad():
