@@ -170,7 +170,10 @@ def estimate_plan(
     # --- data parallel: gradient reduction and ZeRO parameter gathers
     dp_n = plan.dp * plan.cp  # gradients are reduced over dp x cp replicas
     stride = _group_stride(plan, "cp") if plan.cp > 1 else _group_stride(plan, "dp")
-    params_stage = _layer_params_local(model, plan, layers) + embedding_params(model) / t
+    # The first stage's layers and embedding; without PP also the untied output layer.
+    embeddings = 1 if model.tied_embeddings or p > 1 else 2
+    params_stage = _layer_params_local(model, plan, layers)
+    params_stage += embeddings * embedding_params(model) / t
     # Gradient reduction in grad_reduce_dtype (fp32: Megatron's bf16 default and FSDP2's in
     # torchtitan; bf16: NeMo's grad_sync_dtype).
     grad_bytes = DTYPE_BYTES[training.grad_reduce_dtype] * params_stage
@@ -194,24 +197,43 @@ def estimate_plan(
         # nothing when the framework reduces only after the whole backward.
         last_bwd = layers * (bwd_layer + recompute_layer) if training.grad_reduce_overlap else 0.0
         first_fwd = layers * fwd_layer
-        if plan.zero_stage == 0:
-            grads = coll("all_reduce", grad_bytes)
-            dp_time = max(0.0, grads - hide * last_bwd)
-            hidden = grads - dp_time
+        # The edge bucket: the parameters used first in the forward and whose gradients are
+        # ready last in the backward, so its gather and its reduction have nothing to hide
+        # behind. Megatron-Core's distributed optimizer puts the (shared) embedding in a bucket
+        # of its own (param_and_grad_buffer.py, _does_param_require_new_bucket) and launches
+        # that bucket's all-gather just before the forward (distrib_optimizer.py, zero_grad);
+        # DDP's last bucket holds the embedding too (buckets fill in reverse parameter order).
+        # FSDP2 (torchtitan) shards the root module, embedding plus untied output layer, as
+        # one unit gathered at the start of the forward and reduced after the backward.
+        edge = (embeddings if plan.zero_stage == 3 else 1) * embedding_params(model) / t
+        edge_frac = min(1.0, edge / params_stage)
+        if plan.zero_stage == 0 and not training.grad_reduce_overlap:
+            dp_time = coll("all_reduce", grad_bytes)  # one all-reduce after the backward
+        elif plan.zero_stage == 0:
+            tail = coll("all_reduce", grad_bytes * edge_frac)
+            rest = coll("all_reduce", grad_bytes * (1 - edge_frac))
+            exposed = max(0.0, rest - hide * last_bwd)
+            dp_time = tail + exposed
+            hidden = rest - exposed
         elif plan.zero_stage in (1, 2):
-            grads = coll("reduce_scatter", grad_bytes)
-            gather = coll("all_gather", param_bytes)
+            tail = coll("reduce_scatter", grad_bytes * edge_frac)
+            head = coll("all_gather", param_bytes * edge_frac)
+            grads = coll("reduce_scatter", grad_bytes * (1 - edge_frac))
+            gather = coll("all_gather", param_bytes * (1 - edge_frac))
             exp_g = max(0.0, grads - hide * last_bwd)
             exp_a = max(0.0, gather - hide * first_fwd)
-            dp_time = exp_g + exp_a
-            hidden = grads + gather - dp_time
+            dp_time = tail + head + exp_g + exp_a
+            hidden = grads + gather - exp_g - exp_a
         elif zero3_keeps_unsharded(plan):
             # FSDP2 under PP: one gather of the stage before its first forward, one
             # reduce-scatter after its last backward, hidden like ZeRO-1/2's.
-            gather = coll("all_gather", param_bytes)
-            grads = coll("reduce_scatter", grad_bytes)
-            dp_time = max(0.0, gather - hide * first_fwd) + max(0.0, grads - hide * last_bwd)
-            hidden = gather + grads - dp_time
+            head = coll("all_gather", param_bytes * edge_frac)
+            tail = coll("reduce_scatter", grad_bytes * edge_frac)
+            gather = coll("all_gather", param_bytes * (1 - edge_frac))
+            grads = coll("reduce_scatter", grad_bytes * (1 - edge_frac))
+            exp = max(0.0, gather - hide * first_fwd) + max(0.0, grads - hide * last_bwd)
+            dp_time = head + tail + exp
+            hidden = gather + grads - exp
         elif training.zero3_gather == "per_tensor":
             # DeepSpeed 0.3 ZeRO-3 (partition_parameters.py _allgather_param, stage3.py
             # fetch_sub_module): each tensor gathered alone after torch.cuda.synchronize(), so
@@ -232,14 +254,18 @@ def estimate_plan(
             dp_time = m * (gathers * ag + rs_copies + rs_exposed)
             hidden = m * (rs - rs_exposed)
         else:  # ZeRO-3 / FSDP: one gather per layer for forward and backward, one reduce-scatter
-            per_mb = layers * (
-                2 * coll("all_gather", param_bytes / layers)
-                + coll("reduce_scatter", grad_bytes / layers)
+            # The root unit (edge) is gathered before the first layer and reduced after the
+            # last backward, on the critical path each time.
+            body_p = param_bytes * (1 - edge_frac) / layers
+            body_g = grad_bytes * (1 - edge_frac) / layers
+            per_mb = layers * (2 * coll("all_gather", body_p) + coll("reduce_scatter", body_g))
+            edges = coll("all_gather", param_bytes * edge_frac) + coll(
+                "reduce_scatter", grad_bytes * edge_frac
             )
             window = hide * (compute_mb + recompute_mb)
-            first_layer = coll("all_gather", param_bytes / layers)  # cannot be prefetched
-            dp_time = m * max(0.0, per_mb - window) + first_layer
-            hidden = m * per_mb - dp_time
+            exposed = max(0.0, per_mb - window)
+            dp_time = m * (exposed + edges)
+            hidden = m * (per_mb - exposed)
     penalty = params.overlap_compute_penalty * max(0.0, hidden)
 
     shard = dp_n if plan.zero_stage >= 1 else 1
