@@ -84,3 +84,41 @@ def test_embedding_bucket_reduction_is_exposed_even_with_overlap() -> None:
     big = replace(spec.model, vocab_size=4 * spec.model.vocab_size)
     t_big = estimate_plan(big, spec.cluster, plan, spec.training).time_s
     assert t_big["dp_comm"] > t["dp_comm"] + 2 * (rs + ag)
+
+
+def long_context(cp_exchange: str, kv_repeat: bool, gpus_per_node: int = 8):
+    return runspec_from_dict(
+        {
+            "model": {"preset": "llama3-8b", "seq_length": 131072},
+            "cluster": {"gpu": "h100-sxm", "num_gpus": 32, "gpus_per_node": gpus_per_node},
+            "parallel": {
+                "tp": 4,
+                "cp": 8,
+                "zero_stage": 1,
+                "recompute": "full",
+                "micro_batch_size": 1,
+                "global_batch_size": 1,
+            },
+            "training": {"cp_exchange": cp_exchange, "kv_repeat": kv_repeat},
+        }
+    )
+
+
+def test_allgather_context_parallel_is_hidden_only_behind_the_first_block() -> None:
+    """PyTorch's context_parallel all-gathers every rank's K/V at once and can hide that only
+    behind the first of the cp attention blocks; the ring hides each transfer behind a block.
+    Across nodes the all-gather shows, and repeating K/V to every query head (torchtitan's
+    repeat_kv) multiplies the bytes by heads / kv_heads."""
+
+    def cp_time(spec):
+        return estimate_plan(spec.model, spec.cluster, spec.plan(), spec.training).time_s["cp_comm"]
+
+    ring = cp_time(long_context("ring", False))
+    gathered = cp_time(long_context("allgather", False))
+    repeated = cp_time(long_context("allgather", True))
+    assert ring == 0.0  # 7 transfers of GQA K/V hide behind 7 blocks
+    assert gathered > ring
+    assert repeated > 3 * gathered  # 32 heads instead of 8
+    # Within one NVLink domain the same exchange is far cheaper than across nodes.
+    in_node = cp_time(long_context("allgather", True, gpus_per_node=32))
+    assert in_node < repeated / 5

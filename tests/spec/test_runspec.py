@@ -184,6 +184,14 @@ def test_preset_fields_can_be_overridden() -> None:
             {"model": {"preset": "llama3-8b"}, "training": {"optimizer_dtype": "int8"}},
             "training.optimizer_dtype",
         ),
+        (
+            {"model": {"preset": "llama3-8b"}, "training": {"cp_exchange": "p2p"}},
+            "training.cp_exchange",
+        ),
+        (
+            {"model": {"preset": "llama3-8b"}, "training": {"kv_repeat": "yes"}},
+            "training.kv_repeat",
+        ),
     ],
 )
 def test_bad_input_names_the_field(data: dict, field: str) -> None:

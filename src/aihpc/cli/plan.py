@@ -59,6 +59,8 @@ def _software_line(spec: RunSpec, est: Estimate) -> str:
     ]
     if est.plan.zero_stage == 3:
         parts.append(f"ZeRO-3 gathers {tr.zero3_gather}")
+    if est.plan.cp > 1:
+        parts.append(f"CP K/V {tr.cp_exchange}" + (" (heads repeated)" if tr.kv_repeat else ""))
     return " · ".join(parts)
 
 

@@ -143,19 +143,40 @@ def estimate_plan(
         per_layer = (4 + (2 if plan.recompute == "full" else 0)) * one
         tp_mb = layers * per_layer * (1 - params.tp_overlap_fraction)
 
-    # --- context parallel: ring exchange of K/V chunks, hidden behind the attention blocks.
+    # --- context parallel. K/V of this rank's tokens: kv heads (all query heads when the
+    # trainer repeats them before the kernel), split over TP ranks, at least one per rank.
     cp_mb = 0.0
     if plan.cp > 1:
-        kv_chunk = 2 * tokens_mb * model.kv_heads * model.kv_channels / max(1, t // 1) * 2.0
-        if t > model.kv_heads:
-            kv_chunk = 2 * tokens_mb * model.kv_channels * 2.0
+        heads = model.num_attention_heads if training.kv_repeat else model.kv_heads
+        kv_local = 2 * tokens_mb * max(1.0, heads / t) * model.kv_channels * 2.0
         cross = plan.tp * plan.cp > cluster.nvlink_domain
-        step = comm.p2p_time_s(cluster, kv_chunk, cross, params)
-        fwd_c = (plan.cp - 1) * step
-        bwd_c = 2 * fwd_c
         hide = params.overlap_efficiency
-        exposed = max(0.0, fwd_c - hide * lt.fwd_attn) + max(0.0, bwd_c - hide * lt.bwd_attn)
-        cp_mb = layers * exposed * (2 if plan.recompute == "full" else 1)
+        fwd_reps = 2 if plan.recompute == "full" else 1  # the recompute runs the ring again
+        if training.cp_exchange == "allgather":
+            # PyTorch's context_parallel: one all-gather of every rank's K/V per attention call
+            # (forward and backward), hidden only behind the first of the cp blocks; backward
+            # passes the fp32 dK/dV on after every block, the last transfer waited for at the end.
+            ag = comm.collective_time_s(
+                cluster,
+                "all_gather",
+                plan.cp * kv_local,
+                plan.cp,
+                _group_stride(plan, "cp"),
+                params,
+            )
+            dkv = comm.p2p_time_s(cluster, 2 * kv_local, cross, params)
+            blk_f, blk_b = lt.fwd_attn / plan.cp, lt.bwd_attn / plan.cp
+            fwd_x = max(0.0, ag - hide * blk_f)
+            bwd_x = max(0.0, ag - hide * blk_b) + (plan.cp - 1) * max(0.0, dkv - hide * blk_b)
+            bwd_x += dkv
+        else:
+            # Ring: (cp - 1) K/V transfers forward, twice that backward (K/V on, dK/dV back),
+            # hidden behind the attention blocks.
+            step = comm.p2p_time_s(cluster, kv_local, cross, params)
+            fwd_c = (plan.cp - 1) * step
+            fwd_x = max(0.0, fwd_c - hide * lt.fwd_attn)
+            bwd_x = max(0.0, 2 * fwd_c - hide * lt.bwd_attn)
+        cp_mb = layers * (fwd_reps * fwd_x + bwd_x)
 
     t_mb = compute_mb + recompute_mb + tp_mb + cp_mb
 

@@ -182,10 +182,11 @@ def row_runspec(row: dict[str, str]) -> RunSpec:
     training: dict[str, Any] = {"precision": _cell(row, "precision")}
     if _cell(row, "attention"):
         training["attention"] = _cell(row, "attention")
-    for flag in ("fused_kernels", "grad_reduce_overlap"):
+    for flag in ("fused_kernels", "grad_reduce_overlap", "kv_repeat"):
         if _cell(row, flag):
             training[flag] = _cell(row, flag).lower() == "true"
-    for text in ("cross_entropy", "grad_reduce_dtype", "optimizer_dtype", "zero3_gather"):
+    text_facts = ("cross_entropy", "grad_reduce_dtype", "optimizer_dtype", "zero3_gather")
+    for text in (*text_facts, "cp_exchange"):
         if _cell(row, text):
             training[text] = _cell(row, text)
     if _cell(row, "dropout"):

@@ -9,6 +9,7 @@ from aihpc.spec.cluster import PRECISIONS
 
 __all__ = [
     "ATTENTION",
+    "CP_EXCHANGES",
     "CROSS_ENTROPY",
     "DTYPE_BYTES",
     "OPTIMIZERS",
@@ -23,6 +24,7 @@ ATTENTION = ("flash", "flash2", "unfused")
 STATE_DTYPES = ("fp32", "bf16", "fp16")
 DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
 ZERO3_GATHERS = ("bucketed", "per_tensor")
+CP_EXCHANGES = ("ring", "allgather")
 CROSS_ENTROPY = ("fused", "vocab_parallel", "eager")
 
 
@@ -62,6 +64,15 @@ class TrainingSpec:
     # list-based collectives that, in PyTorch < 1.10, copy each of the n partitions with its own
     # kernel, and reduce-scatters gradients per tensor the same way.
     zero3_gather: str = "bucketed"
+    # How context parallelism moves K/V. ring: each rank passes its K/V chunk to the next while
+    # it computes a block (Megatron-Core / Transformer Engine's p2p ring; backward also passes
+    # dK/dV). allgather: K/V all-gathered once per attention call, hidden only behind the first
+    # block, and dK/dV passed around the ring in fp32 by all-to-all after every block (PyTorch's
+    # experimental context_parallel, torchtitan's default rotate method in 2024-2025).
+    cp_exchange: str = "ring"
+    # true: K/V repeated to every query head before the attention kernel (torchtitan's repeat_kv
+    # ahead of SDPA, 2024), so context parallelism moves num_attention_heads of K/V, not kv_heads.
+    kv_repeat: bool = False
     train_steps: int = 100
     learning_rate: float = 3e-4
     min_lr_ratio: float = 0.1  # cosine decays to learning_rate * min_lr_ratio
@@ -81,6 +92,7 @@ class TrainingSpec:
         check_choice("training.optimizer_dtype", self.optimizer_dtype, STATE_DTYPES)
         check_choice("training.zero3_gather", self.zero3_gather, ZERO3_GATHERS)
         check_choice("training.cross_entropy", self.cross_entropy, CROSS_ENTROPY)
+        check_choice("training.cp_exchange", self.cp_exchange, CP_EXCHANGES)
         if not 0 <= self.dropout < 1:
             check_choice("training.dropout", self.dropout, ["a number in [0, 1)"])
         check_positive("training.train_steps", self.train_steps)
