@@ -17,6 +17,17 @@ __all__ = ["PRECISIONS", "ClusterSpec", "GPUSpec", "cluster_from_table", "gpu_ca
 PRECISIONS = ("bf16", "fp16", "fp8")
 
 
+# Throughput of compute-bound work under a power limit scales as (limit / TDP) ** this exponent.
+# Measured, not derived: NVIDIA's MLPerf Inference v4.0 runs of Llama 2 70B (FP8, offline) on
+# DGX H100 gave 21,805.8 tokens/s at 700 W and 17,561.6 at its MaxQ power_limit = 450 W, same batch
+# and software (mlcommons/inference_results_v4.0, closed/NVIDIA/results/DGX-H100_H100-SXM-80GBx8
+# _TRT{,_MaxQ}/llama2-70b-99.9/Offline/performance/run_1/mlperf_log_summary.txt and
+# closed/NVIDIA/configs/llama2-70b/Offline/__init__.py): 0.805 = (450/700) ** 0.49. The cube-root
+# rule of dynamic power (f * V^2 with V ~ f) would give 0.86; static and memory power, which a
+# cap does not lower, leave less for the clocks.
+POWER_CAP_EXPONENT = 0.49
+
+
 @dataclass(frozen=True)
 class GPUSpec:
     """One accelerator part. Peaks are dense tensor-core TFLOP/s; bandwidths per direction."""
@@ -82,9 +93,10 @@ class GPUSpec:
 
     @property
     def clock_ratio(self) -> float:
-        """Sustained clock under a power cap relative to the TDP clock: (limit / tdp)^(1/3)."""
+        """Sustained tensor throughput under a power cap relative to the TDP's:
+        (limit / tdp) ** POWER_CAP_EXPONENT."""
         if self.power_limit_w and self.tdp_w and self.power_limit_w < self.tdp_w:
-            return (self.power_limit_w / self.tdp_w) ** (1 / 3)
+            return (self.power_limit_w / self.tdp_w) ** POWER_CAP_EXPONENT
         return 1.0
 
     def attention_efficiency(self, kernel: str) -> tuple[float | None, float | None]:
