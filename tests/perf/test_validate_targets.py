@@ -45,13 +45,16 @@ def test_every_row_is_predicted_with_its_published_plan(report) -> None:
             assert r.plan.recompute == row["recompute"]
 
 
+def test_throughput_mape_target(report) -> None:
+    assert report.mape <= TARGET_MAPE
+
+
 @pytest.mark.xfail(
     strict=True,
-    reason="overall MAPE 10.3%; six rows worse than 25%: torchtitan CP 4-8 (I08, I09), "
-    "Megatron-Core 1.7B (D01) and DeepSpeed ZeRO-3 on 530B (A14-A16)",
+    reason="four rows worse than 25%: torchtitan CP 4-8 (I08, I09), Megatron-Core 1.7B (D01), "
+    "DeepSpeed ZeRO-3 530B on 2240 GPUs (A16)",
 )
-def test_throughput_targets(report) -> None:
-    assert report.mape <= TARGET_MAPE
+def test_throughput_worst_row_target(report) -> None:
     assert report.max_error <= TARGET_MAX_ERROR
 
 
