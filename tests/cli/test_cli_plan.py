@@ -148,3 +148,19 @@ def test_validate_rejects_malformed_tables(tmp_path: Path) -> None:
     )
     r = aihpc("validate", "--memory", str(empty_memory))
     assert r.returncode == 2 and "no rows" in r.stderr
+
+
+def test_validate_reports_each_target() -> None:
+    """--json gives every target's verdict; the text names the rows over the worst-row limit."""
+    r = aihpc("validate", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    met = data["targets_met"]
+    assert set(met) == {"mape", "max_abs_error", "korthikanti_memory", "torchtitan_memory"}
+    assert data["passed"] == all(met.values())
+    assert met["mape"] == (data["mape"] <= data["targets"]["mape"])
+    over = [row["id"] for row in data["rows"] if abs(row["error"]) > 0.25]
+    text = aihpc("validate").stdout.strip().splitlines()[-1]
+    assert text.startswith("Targets ")
+    for row_id in over:
+        assert row_id in text

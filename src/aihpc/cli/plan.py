@@ -312,7 +312,14 @@ def validation_table(report: ValidationReport) -> str:
         )
     lines += ["", "| source | rows | MAPE |", "|---|---:|---:|"]
     counts: dict[str, int] = {}
-    from aihpc.perf.validate import memory_kind, source_key
+    from aihpc.perf.validate import (
+        TARGET_KORTHIKANTI,
+        TARGET_MAPE,
+        TARGET_MAX_ERROR,
+        TARGET_TORCHTITAN,
+        memory_kind,
+        source_key,
+    )
 
     for r in report.rows:
         counts[source_key(r.source)] = counts.get(source_key(r.source), 0) + 1
@@ -331,11 +338,20 @@ def validation_table(report: ValidationReport) -> str:
             f"| {m.id} | {m.component} ({memory_kind(m)}) | {m.measured_gib:.1f} | "
             f"{m.predicted_gib:.1f} | {m.error:+.1%} |"
         )
-    verdict = "all met" if report.passed else "NOT met"
-    lines += [
-        "",
-        f"Targets (MAPE ≤ 10%, max ≤ 25%, Korthikanti memory ≤ 10%, torchtitan memory "
-        f"≤ 15%): {verdict}. Korthikanti max {report.memory_max_error('korthikanti'):.1%}, "
-        f"torchtitan max {report.memory_max_error('torchtitan'):.1%}.",
+    over = [r.id for r in report.rows if abs(r.error) > TARGET_MAX_ERROR]
+    ko, tt = report.memory_max_error("korthikanti"), report.memory_max_error("torchtitan")
+    met = report.targets_met
+    checks = [
+        (f"MAPE {report.mape:.1%} ≤ {TARGET_MAPE:.0%}", met["mape"]),
+        (
+            f"worst row {report.max_error:.1%} ≤ {TARGET_MAX_ERROR:.0%}"
+            + (f" ({len(over)} over: {', '.join(over)})" if over else ""),
+            met["max_abs_error"],
+        ),
+        (f"Korthikanti memory {ko:.2%} ≤ {TARGET_KORTHIKANTI:.0%}", met["korthikanti_memory"]),
+        (f"torchtitan memory {tt:.2%} ≤ {TARGET_TORCHTITAN:.0%}", met["torchtitan_memory"]),
     ]
+    verdict = "all met" if report.passed else "NOT all met"
+    detail = "; ".join(f"{text} {'met' if ok else 'NOT met'}" for text, ok in checks)
+    lines += ["", f"Targets {verdict}: {detail}."]
     return "\n".join(lines)
