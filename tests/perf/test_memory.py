@@ -151,3 +151,47 @@ def test_op_level_checkpointing_keeps_every_other_matmul_output() -> None:
     none = activation_bytes_per_layer(r.model, plan, r.training, recompute="none")
     full = activation_bytes_per_layer(r.model, plan, r.training, recompute="full")
     assert full < got < none
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full", "op"])
+def test_repeated_kv_is_kept_where_the_attention_inputs_are(recompute: str) -> None:
+    """torchtitan's repeat_kv hands SDPA K and V with every query head, and SDPA saves them for
+    its backward: a GQA layer that keeps its attention inputs keeps (heads - kv_heads) more heads
+    of K and V; with full or op-level checkpointing only the layer being recomputed does."""
+
+    def act(repeat: bool) -> tuple[float, float]:
+        s = runspec_from_dict(
+            {
+                "model": {"preset": "llama3-8b"},
+                "cluster": {"gpu": "h100-sxm", "num_gpus": 2},
+                "parallel": {
+                    "tp": 2,
+                    "recompute": recompute,
+                    "micro_batch_size": 1,
+                    "global_batch_size": 1,
+                },
+                "training": {"attention": "flash2", "kv_repeat": repeat},
+            }
+        )
+        per_layer = activation_bytes_per_layer(s.model, s.plan(), s.training)
+        return per_layer, memory_breakdown(s.model, s.cluster, s.plan(), s.training).activations
+
+    (plain, plain_total), (rep, rep_total) = act(False), act(True)
+    d, tokens, tp = 128, 8192, 2
+    extra = tokens * 2 * 2 * (32 * d - 8 * d) / tp  # K and V, 2 bytes, the repeated heads
+    if recompute in ("full", "op"):
+        assert rep == plain
+        assert rep_total - plain_total == pytest.approx(extra)  # the layer being recomputed
+    else:
+        assert rep - plain == pytest.approx(extra)
+        assert rep_total - plain_total == pytest.approx(32 * extra)  # every layer keeps them
+
+
+def test_recomputed_layer_is_not_counted_twice() -> None:
+    """The layer under recomputation adds what it did not keep, not its kept tensors again."""
+    for recompute in ("full", "op"):
+        s = spec(tp=1, recompute=recompute, mbs=1, dropout=0.0, attention="flash")
+        kept = activation_bytes_per_layer(s.model, s.plan(), s.training)
+        full_set = activation_bytes_per_layer(s.model, s.plan(), s.training, recompute="none")
+        total = memory_breakdown(s.model, s.cluster, s.plan(), s.training).activations
+        assert total == pytest.approx(24 * kept + full_set - kept)

@@ -96,6 +96,8 @@ def activation_bytes_per_layer(
         act_in *= model.moe_top_k + model.num_shared_experts
     fc2_in = act_in // 2 if model.ffn_activation == "swiglu" else act_in
     split = 2 * (hq + hkv) + 2 * hkv + 2 * hq + act_in + fc2_in  # Q, K, V, proj input, FFN
+    if training.kv_repeat:  # the attention kernel saves the K and V repeated to every head
+        split += 4 * (hq - hkv)
     if training.attention == "unfused" and recompute == "none":
         a = model.num_attention_heads
         s_kv = model.seq_length  # scores over the whole sequence
@@ -185,8 +187,11 @@ def memory_breakdown(
     tokens = plan.micro_batch_size * model.seq_length / plan.cp
 
     act_layer = activation_bytes_per_layer(model, plan, training)
-    if plan.recompute in ("full", "op"):  # a layer's full activations live while recomputed
-        working = activation_bytes_per_layer(model, plan, training, recompute="none")
+    if plan.recompute in ("full", "op"):
+        # While a layer is recomputed its full activations live; what it kept (its input, or
+        # op-level checkpointing's saved outputs) is already counted above, so add the rest.
+        none = activation_bytes_per_layer(model, plan, training, recompute="none")
+        working = max(0.0, none - act_layer)
     else:
         working = 0.0
     # 1F1B: stage 0 holds min(p, m) micro-batches of its layers. Interleaved: its warm-up runs
