@@ -164,3 +164,21 @@ def test_validate_reports_each_target() -> None:
     assert text.startswith("Targets ")
     for row_id in over:
         assert row_id in text
+
+
+def test_validate_heldout_runs_and_refuses_mixed_inputs(tmp_path: Path) -> None:
+    """--heldout prices the held-out runs (no memory rows) and says the targets are not theirs;
+    combining it with --runs is refused with exit 2 and one line."""
+    r = aihpc("validate", "--heldout", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["heldout"] is True and data["memory"] == []
+    assert {row["id"] for row in data["rows"]} == {"L1", "L2", "L3"}
+    assert all(row["predicted_tokens_per_s_per_gpu"] > 0 for row in data["rows"])
+    text = aihpc("validate", "--heldout").stdout
+    assert "Held-out rows, not used to develop the model" in text
+    runs = tmp_path / "runs.csv"
+    runs.write_text("id\n")
+    r = aihpc("validate", "--heldout", "--runs", str(runs))
+    assert r.returncode == 2 and "--runs" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

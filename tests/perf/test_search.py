@@ -43,3 +43,46 @@ def test_explain_keeps_rejected_faster_plans() -> None:
     assert all(e.plan.zero_stage == 3 for e in result.plans)
     assert result.rejected_best and not any(r.estimate.fits for r in result.rejected_best)
     assert all("Does not fit" in r.reason for r in result.rejected_best)
+
+
+def llama405(split: str):
+    return runspec_from_dict(
+        {
+            "model": {"preset": "llama3-405b"},  # 126 layers: no pp > 1 power of two divides it
+            "cluster": {"gpu": "h100-sxm", "num_gpus": 8192},
+            "parallel": {"tp": 8, "pp": 16, "zero_stage": 2, "global_batch_size": 2048},
+            "training": {"pipeline_split": split},
+        }
+    )
+
+
+def test_pipeline_split_decides_which_interleavings_are_searched() -> None:
+    """torchtitan and Llama 3's stack run 126 layers on 16 x V uneven chunks; Megatron needs
+    pp x vpp to divide the layers, so with pipeline_split = even no interleaving is offered."""
+    uneven, even = llama405("uneven"), llama405("even")
+    loose = search(uneven, top=1000, explain=1000)
+    strict = search(even, top=1000, explain=1000)
+    vpps = {e.plan.vpp for e in loose.plans} | {r.estimate.plan.vpp for r in loose.rejected_best}
+    assert max(vpps) > 1
+    assert strict.evaluated == 0  # 126 % 16 != 0: Megatron cannot run pp 16 at all
+    assert (
+        strict.invalid_reasons[
+            "training.pipeline_split (even chunks: pp x vpp must divide the layers)"
+        ]
+        > 0
+    )
+
+
+def test_even_split_refuses_a_plan_that_does_not_divide() -> None:
+    import pytest
+
+    from aihpc.spec import SpecError
+
+    s = llama405("even")
+    plan = s.plan()
+    with pytest.raises(SpecError) as err:
+        estimate_plan(s.model, s.cluster, plan, s.training)
+    assert err.value.field == "parallel.pp"
+    assert "divide" in str(err.value) and "\n" not in str(err.value)
+    ok = llama405("uneven")
+    assert estimate_plan(ok.model, ok.cluster, ok.plan(), ok.training).step_time_s > 0

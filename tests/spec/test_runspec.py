@@ -197,6 +197,10 @@ def test_preset_fields_can_be_overridden() -> None:
             {"model": {"preset": "llama3-8b"}, "training": {"kv_repeat": "yes"}},
             "training.kv_repeat",
         ),
+        (
+            {"model": {"preset": "llama3-8b"}, "training": {"pipeline_split": "odd"}},
+            "training.pipeline_split",
+        ),
     ],
 )
 def test_bad_input_names_the_field(data: dict, field: str) -> None:

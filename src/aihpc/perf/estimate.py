@@ -92,10 +92,23 @@ def estimate_plan(
     training: TrainingSpec,
     params: ModelParams = DEFAULT_PARAMS,
     check: bool = True,
+    memo: dict[tuple, Any] | None = None,
 ) -> Estimate:
-    """Estimate a complete plan. ``check=False`` skips the divisibility checks (search did them)."""
+    """Estimate a complete plan. ``check=False`` skips the divisibility checks (search did them).
+
+    ``memo``: a dict shared across calls with the same model, cluster, training and params (the
+    search passes one); the kernel times of a (tp, cp, micro-batch, SP) shape are kept in it.
+    """
     if check:
         validate_plan(plan, model, cluster)
+        chunks = plan.pp * plan.vpp
+        if training.pipeline_split == "even" and plan.pp > 1 and model.num_layers % chunks:
+            raise SpecError(
+                "parallel.vpp" if plan.vpp > 1 else "parallel.pp",
+                plan.vpp if plan.vpp > 1 else plan.pp,
+                f"training.pipeline_split = even needs pp x vpp = {chunks} to divide "
+                f"num_layers {model.num_layers}",
+            )
         if training.zero3_gather == "per_tensor" and plan.zero_stage == 3 and plan.pp > 1:
             raise SpecError(
                 "training.zero3_gather",
@@ -104,15 +117,37 @@ def estimate_plan(
             )
     gpu, cal = cluster.gpu, cluster.calibration
     p, v, m, t = plan.pp, plan.vpp, plan.num_microbatches, plan.tp
+
+    def collective(kind: str, size: float, n: int, stride: int) -> float:
+        key = (kind, size, n, stride)
+        hit = memo.get(key) if memo is not None else None
+        if hit is None:
+            hit = comm.collective_time_s(cluster, kind, size, n, stride, params)
+            if memo is not None:
+                memo[key] = hit
+        return hit
+
     s = model.seq_length
     tokens_mb = plan.micro_batch_size * s / plan.cp
     layers = plan.layers_per_stage(model.num_layers)
     moe_frac = model.num_moe_layers / model.num_layers if model.is_moe else 0.0
 
     # --- compute per micro-batch on the slowest stage (the last: it also runs the output layer)
-    lt = compute.layer_times(model, gpu, plan, training, params, cal)
+    shape = (plan.tp, plan.cp, plan.micro_batch_size, plan.sequence_parallel)
+    kernels = memo.get(shape) if memo is not None else None
+    if kernels is None:
+        kernels = (
+            compute.layer_times(model, gpu, plan, training, params, cal),
+            compute.layer_times(model, gpu, plan, training, params, cal, moe=True)
+            if moe_frac
+            else None,
+            compute.logits_time_s(model, gpu, plan, training, params, cal),
+        )
+        if memo is not None:
+            memo[shape] = kernels
+    lt, lt_moe, (lfwd, lbwd) = kernels
     if moe_frac:
-        lt_moe = compute.layer_times(model, gpu, plan, training, params, cal, moe=True)
+        assert lt_moe is not None
         fwd_layer = (1 - moe_frac) * lt.fwd + moe_frac * lt_moe.fwd
         bwd_layer = (1 - moe_frac) * lt.bwd + moe_frac * lt_moe.bwd
     else:
@@ -125,7 +160,6 @@ def estimate_plan(
         recompute_layer = lt.fwd_gemm_unsaved_op + lt.fwd_elementwise
     else:
         recompute_layer = 0.0
-    lfwd, lbwd = compute.logits_time_s(model, gpu, plan, training, params, cal)
     compute_mb = layers * (fwd_layer + bwd_layer) + lfwd + lbwd
     recompute_mb = layers * recompute_layer
 
@@ -135,11 +169,11 @@ def estimate_plan(
     tp_mb = 0.0
     if t > 1:
         if plan.sequence_parallel:
-            one = comm.collective_time_s(
-                cluster, "all_gather", act_bytes, t, 1, params
-            ) + comm.collective_time_s(cluster, "reduce_scatter", act_bytes, t, 1, params)
+            one = collective("all_gather", act_bytes, t, 1) + collective(
+                "reduce_scatter", act_bytes, t, 1
+            )
         else:
-            one = comm.collective_time_s(cluster, "all_reduce", act_bytes, t, 1, params)
+            one = collective("all_reduce", act_bytes, t, 1)
         per_layer = (4 + (2 if plan.recompute == "full" else 0)) * one
         tp_mb = layers * per_layer * (1 - params.tp_overlap_fraction)
 
@@ -156,14 +190,7 @@ def estimate_plan(
             # PyTorch's context_parallel: one all-gather of every rank's K/V per attention call
             # (forward and backward), hidden only behind the first of the cp blocks; backward
             # passes the fp32 dK/dV on after every block, the last transfer waited for at the end.
-            ag = comm.collective_time_s(
-                cluster,
-                "all_gather",
-                plan.cp * kv_local,
-                plan.cp,
-                _group_stride(plan, "cp"),
-                params,
-            )
+            ag = collective("all_gather", plan.cp * kv_local, plan.cp, _group_stride(plan, "cp"))
             dkv = comm.p2p_time_s(cluster, 2 * kv_local, cross, params)
             blk_f, blk_b = lt.fwd_attn / plan.cp, lt.bwd_attn / plan.cp
             fwd_x = max(0.0, ag - hide * blk_f)
@@ -204,15 +231,8 @@ def estimate_plan(
     hidden = 0.0
     if dp_n > 1:
 
-        def coll(kind, size):
-            return comm.collective_time_s(
-                cluster,
-                kind,
-                size,
-                dp_n,
-                stride,
-                params,
-            )
+        def coll(kind: str, size: float) -> float:
+            return collective(kind, size, dp_n, stride)
 
         # What a gradient reduction can hide behind: the last micro-batch's backward, or
         # nothing when the framework reduces only after the whole backward.

@@ -11,6 +11,7 @@ causal FlashAttention kernel, which skips the masked blocks.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 from aihpc.spec.model import ModelSpec
 
@@ -40,6 +41,7 @@ def mlp_params(model: ModelSpec, ffn: int) -> int:
     return model.hidden_size * _ffn_in(model, ffn) + ffn * model.hidden_size
 
 
+@cache  # pure, and called for every plan the search evaluates
 def params_per_layer(model: ModelSpec, moe: bool = False) -> int:
     """Weights of one layer (norm weights included; biases are not used by modern models and are
     <0.1% for GPT-style ones)."""

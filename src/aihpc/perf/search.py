@@ -10,6 +10,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from aihpc.perf.estimate import Estimate, estimate_plan
 from aihpc.perf.params import DEFAULT_PARAMS, ModelParams
@@ -112,13 +113,20 @@ def candidate_plans(
             continue
         if "vpp" in g:
             vpps = [g["vpp"]]
+        elif pp > 1:
+            # Model chunks may be uneven, as torchtitan and Llama 3's stack run them (126 layers
+            # on 8 x 2 or 16 x V chunks); the busiest chunk is priced. A V whose chunks would
+            # leave the busiest stage more layers than plain 1F1B's is not offered: a larger V
+            # without that excess has both less compute and a smaller bubble. With
+            # training.pipeline_split = "even" (Megatron) search() keeps only equal chunks.
+            busiest = -(-model.num_layers // pp)
+            vpps = [
+                v
+                for v in range(1, MAX_VPP + 1)
+                if pp * v <= model.num_layers and -(-model.num_layers // (pp * v)) * v == busiest
+            ]
         else:
-            # Interleaving needs equal model chunks (Megatron-LM's rule); an uneven split
-            # (pp not dividing the layers) runs plain 1F1B.
-            per_stage = model.num_layers // pp if model.num_layers % pp == 0 else 0
-            vpps = (
-                [v for v in _divisors(per_stage) if v <= MAX_VPP] if pp > 1 and per_stage else [1]
-            )
+            vpps = [1]
         # Sequence parallel moves the same bytes as plain TP (all-gather + reduce-scatter = one
         # all-reduce) and strictly lowers activation memory and norm/dropout work, so a plan
         # without it is never better: only SP plans are enumerated unless the field is fixed.
@@ -181,11 +189,16 @@ def search_plans(
     rejected: list[Rejected] = []
     evaluated = 0
     per_tensor = training.zero3_gather == "per_tensor"
+    even = training.pipeline_split == "even"
+    memo: dict[tuple, Any] = {}
     for plan in candidate_plans(model, cluster, partial, invalid):
         if per_tensor and plan.zero_stage == 3 and plan.pp > 1:
             invalid["training.zero3_gather (per-tensor ZeRO-3 has no pipelining)"] += 1
             continue
-        est = estimate_plan(model, cluster, plan, training, params, check=False)
+        if even and model.num_layers % (plan.pp * plan.vpp):
+            invalid["training.pipeline_split (even chunks: pp x vpp must divide the layers)"] += 1
+            continue
+        est = estimate_plan(model, cluster, plan, training, params, check=False, memo=memo)
         evaluated += 1
         if progress is not None and evaluated % 256 == 0:
             progress(evaluated)

@@ -82,6 +82,7 @@ class MemoryRow:
 class ValidationReport:
     rows: list[ThroughputRow]
     memory: list[MemoryRow]
+    heldout: bool = False  # rows kept out of the model's development (heldout_runs.csv)
 
     def mape_by_source(self) -> dict[str, float]:
         groups: dict[str, list[float]] = {}
@@ -141,6 +142,7 @@ class ValidationReport:
             },
             "targets_met": self.targets_met,
             "passed": self.passed,
+            "heldout": self.heldout,
         }
 
     @property
@@ -192,7 +194,7 @@ def row_runspec(row: dict[str, str]) -> RunSpec:
         if _cell(row, flag):
             training[flag] = _cell(row, flag).lower() == "true"
     text_facts = ("cross_entropy", "grad_reduce_dtype", "optimizer_dtype", "zero3_gather")
-    for text in (*text_facts, "cp_exchange"):
+    for text in (*text_facts, "cp_exchange", "pipeline_split"):
         if _cell(row, text):
             training[text] = _cell(row, text)
     if _cell(row, "dropout"):
@@ -352,7 +354,12 @@ def validate(
     memory_csv: Path | None = None,
     params: ModelParams = DEFAULT_PARAMS,
     progress: Callable[[str], None] | None = None,
+    heldout: bool = False,
 ) -> ValidationReport:
+    """Model vs published runs. ``heldout``: the project's held-out runs (published runs that
+    are not in the shared set and were not used to develop the model), without memory rows."""
+    if heldout:
+        runs_csv = data_file("heldout_runs.csv")
     runs_csv = runs_csv or data_file("published_runs.csv")
     memory_csv = memory_csv or data_file("published_memory.csv")
     runs = read_table(runs_csv, RUNS_COLUMNS, "runs CSV")
@@ -363,7 +370,7 @@ def validate(
         rows.append(_checked(runs_csv, row, lambda row=row: predict_row(row, params)))
     memory: list[MemoryRow] = []
     by_id = {r["id"]: r for r in runs}
-    for mem_row in read_table(memory_csv, MEMORY_COLUMNS, "memory CSV"):
+    for mem_row in [] if heldout else read_table(memory_csv, MEMORY_COLUMNS, "memory CSV"):
         if mem_row["config_row"] not in by_id:
             raise SpecError(
                 f"{memory_csv} row {mem_row['id']}: config_row",
@@ -377,4 +384,4 @@ def validate(
         if r.measured_memory_gib is not None:
             total = r.estimate.memory.total / GiB
             memory.append(MemoryRow(r.id, r.source, "peak_reserved", r.measured_memory_gib, total))
-    return ValidationReport(rows, memory)
+    return ValidationReport(rows, memory, heldout)

@@ -13,6 +13,7 @@ __all__ = [
     "CROSS_ENTROPY",
     "DTYPE_BYTES",
     "OPTIMIZERS",
+    "PIPELINE_SPLITS",
     "STATE_DTYPES",
     "ZERO3_GATHERS",
     "CheckpointSpec",
@@ -25,6 +26,7 @@ STATE_DTYPES = ("fp32", "bf16", "fp16")
 DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
 ZERO3_GATHERS = ("bucketed", "per_tensor")
 CP_EXCHANGES = ("ring", "allgather")
+PIPELINE_SPLITS = ("uneven", "even")
 CROSS_ENTROPY = ("fused", "vocab_parallel", "eager")
 
 
@@ -73,6 +75,11 @@ class TrainingSpec:
     # true: K/V repeated to every query head before the attention kernel (torchtitan's repeat_kv
     # ahead of SDPA, 2024), so context parallelism moves num_attention_heads of K/V, not kv_heads.
     kv_repeat: bool = False
+    # How layers may be split into pipeline chunks (pp x vpp of them). uneven: chunks may differ
+    # by a layer and the busiest is priced (torchtitan's split points; Llama 3's stack runs 126
+    # layers on 16 x V chunks). even: every chunk holds the same number of layers, as Megatron-LM,
+    # Megatron-Core (arguments.py at core_v0.8.0 asserts it) and NeMo require.
+    pipeline_split: str = "uneven"
     train_steps: int = 100
     learning_rate: float = 3e-4
     min_lr_ratio: float = 0.1  # cosine decays to learning_rate * min_lr_ratio
@@ -93,6 +100,7 @@ class TrainingSpec:
         check_choice("training.zero3_gather", self.zero3_gather, ZERO3_GATHERS)
         check_choice("training.cross_entropy", self.cross_entropy, CROSS_ENTROPY)
         check_choice("training.cp_exchange", self.cp_exchange, CP_EXCHANGES)
+        check_choice("training.pipeline_split", self.pipeline_split, PIPELINE_SPLITS)
         if not 0 <= self.dropout < 1:
             check_choice("training.dropout", self.dropout, ["a number in [0, 1)"])
         check_positive("training.train_steps", self.train_steps)
