@@ -1,6 +1,7 @@
 """One context-parallel rank's ring attention emulated on one GPU, beside the model's time.
 
-    python benchmarks/ring_attention_rank.py [--tokens-per-rank 32768] [--cp 2 4 8] [--out PATH]
+    python benchmarks/ring_attention_rank.py [--tokens-per-rank 32768] [--cp 2 4 8]
+        [--ranks middle|extremes] [--out PATH]
 
 Runs the kernels a load-balanced ring-attention rank runs (PyTorch's context parallel: head-tail
 sharding, one causal block on its own chunks, then per step either its queries against the first
@@ -12,6 +13,11 @@ for the same rank (``attention = "flash2"``), i.e. its causal FLOPs / cp at the 
 efficiencies. A ratio near 1 says the kernels and merges of ring attention cost what the model
 charges; what the ring's communication and synchronisation cost is not measured here. Needs a CUDA
 GPU for the measurement. Writes <out>.json and <out>.md.
+
+Ranks differ: rank 0 runs every later block as (half the queries x all arriving K/V), rank cp-1
+as (all queries x half the K/V). The ring's exchanges keep ranks in step, so the slowest rank
+sets the pace; ``--ranks extremes`` times ranks 0, cp/2 and cp-1 and reports the slowest
+(``middle``, the default, times rank cp/2 alone, as the saved H200 results did).
 """
 
 from __future__ import annotations
@@ -89,7 +95,7 @@ def math_attn(q, k, v, causal: bool):
     return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v, lse
 
 
-def measure(tokens_per_rank: int, cp: int, device: str = "cuda") -> dict:
+def measure(tokens_per_rank: int, cp: int, device: str = "cuda", rank: int | None = None) -> dict:
     import torch
 
     dev = torch.device(device)
@@ -103,7 +109,7 @@ def measure(tokens_per_rank: int, cp: int, device: str = "cuda") -> dict:
     q = t(*shape)
     ks, vs = [t(*shape) for _ in range(cp)], [t(*shape) for _ in range(cp)]
     grad = torch.randn(shape, device=dev, dtype=dtype)
-    rank = cp // 2
+    rank = cp // 2 if rank is None else rank
 
     def timed(fn) -> float:
         return median_ms(fn, dev, 3, 1)
@@ -123,6 +129,12 @@ def main() -> int:
     ap.add_argument("--tokens-per-rank", type=int, default=32768)
     ap.add_argument("--cp", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--gpu", default=None, help="catalog part for the prediction (default: auto)")
+    ap.add_argument(
+        "--ranks",
+        choices=["middle", "extremes"],
+        default="middle",
+        help="time rank cp/2 only, or ranks 0, cp/2 and cp-1 (the slowest sets the pace)",
+    )
     ap.add_argument("--out", type=Path, default=None, help="output path without suffix")
     args = ap.parse_args()
     try:
@@ -136,6 +148,11 @@ def main() -> int:
     for cp in args.cp:
         row = {"cp": cp, "predicted": predicted_ms(args.tokens_per_rank, cp, gpu)}
         row["measured"] = measure(args.tokens_per_rank, cp) if name else None
+        if name and args.ranks == "extremes":
+            row["per_rank"] = {
+                r: measure(args.tokens_per_rank, cp, rank=r) for r in sorted({0, cp // 2, cp - 1})
+            }
+            row["slowest"] = max(row["per_rank"].values(), key=lambda m: m["fwd_bwd_ms"])
         rows.append(row)
     lines = [
         f"# Ring attention, one rank of {args.tokens_per_rank} tokens, Llama 3 8B heads: "
@@ -153,6 +170,24 @@ def main() -> int:
         lines.append(
             f"| {r['cp']} | {mf} | {p['fwd_ms']:.1f} | {mb} | {p['fwd_bwd_ms']:.1f} | {ratio} |"
         )
+    per_rank = [r for r in rows if r.get("per_rank")]
+    if per_rank:
+        lines += [
+            "",
+            "| cp | rank | measured fwd ms | measured fwd+bwd ms |",
+            "|---:|---:|---:|---:|",
+        ]
+        for r in per_rank:
+            for rank, m in r["per_rank"].items():
+                lines.append(f"| {r['cp']} | {rank} | {m['fwd_ms']:.1f} | {m['fwd_bwd_ms']:.1f} |")
+        lines += [
+            "",
+            "Slowest rank vs the model (fwd+bwd): "
+            + ", ".join(
+                f"cp {r['cp']}: {r['predicted']['fwd_bwd_ms'] / r['slowest']['fwd_bwd_ms']:.3f}"
+                for r in per_rank
+            ),
+        ]
     text = "\n".join(lines)
     print(text)
     out = args.out or Path(__file__).parent / "results" / f"ring_attention_rank_{gpu}"

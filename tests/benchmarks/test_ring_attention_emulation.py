@@ -1,0 +1,39 @@
+"""The ring-attention rank that benchmarks/ring_attention_rank.py times on a GPU computes exactly
+causal attention: every rank's head-tail shard, put back in sequence order, equals full causal
+attention (CPU, math kernel). Without this its timings would not be of ring attention."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from ring_attention_rank import math_attn, ring_rank  # noqa: E402
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_every_rank_together_equals_full_causal_attention(cp: int) -> None:
+    gen = torch.Generator().manual_seed(0)
+    chunk, heads, dim = 3, 2, 8
+    seq = 2 * cp * chunk
+    q, k, v = (torch.randn(1, heads, seq, dim, generator=gen, dtype=torch.float64) for _ in "qkv")
+    full, _ = math_attn(q, k, v, True)
+
+    def shard(x: torch.Tensor, r: int) -> torch.Tensor:  # chunks r and 2cp-1-r, head then tail
+        parts = x.split(chunk, dim=2)
+        return torch.cat([parts[r], parts[2 * cp - 1 - r]], dim=2)
+
+    out = torch.empty_like(q)
+    for rank in range(cp):
+        # Step i brings the K/V of rank (rank - i) mod cp; step 0 is the rank's own.
+        ks = [shard(k, (rank - i) % cp) for i in range(cp)]
+        vs = [shard(v, (rank - i) % cp) for i in range(cp)]
+        mine = ring_rank(shard(q, rank), ks, vs, rank, math_attn)
+        head, tail = mine.split(chunk, dim=2)
+        out[:, :, rank * chunk : (rank + 1) * chunk] = head
+        t0 = (2 * cp - 1 - rank) * chunk
+        out[:, :, t0 : t0 + chunk] = tail
+    # The blocks are merged in fp32 (as PyTorch's context parallel does, convert_to_f32), so the
+    # match is to fp32 rounding; a wrong block or mask is off by O(1).
+    torch.testing.assert_close(out, full, rtol=1e-5, atol=1e-6)
