@@ -119,7 +119,7 @@ def estimate_plan(
     p, v, m, t = plan.pp, plan.vpp, plan.num_microbatches, plan.tp
 
     def collective(kind: str, size: float, n: int, stride: int) -> float:
-        key = (kind, size, n, stride)
+        key = ("collective", kind, size, n, stride)
         hit = memo.get(key) if memo is not None else None
         if hit is None:
             hit = comm.collective_time_s(cluster, kind, size, n, stride, params)
@@ -133,7 +133,7 @@ def estimate_plan(
     moe_frac = model.num_moe_layers / model.num_layers if model.is_moe else 0.0
 
     # --- compute per micro-batch on the slowest stage (the last: it also runs the output layer)
-    shape = (plan.tp, plan.cp, plan.micro_batch_size, plan.sequence_parallel)
+    shape = ("kernels", plan.tp, plan.cp, plan.micro_batch_size, plan.sequence_parallel)
     kernels = memo.get(shape) if memo is not None else None
     if kernels is None:
         kernels = (
