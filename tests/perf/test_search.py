@@ -86,3 +86,38 @@ def test_even_split_refuses_a_plan_that_does_not_divide() -> None:
     assert "divide" in str(err.value) and "\n" not in str(err.value)
     ok = llama405("uneven")
     assert estimate_plan(ok.model, ok.cluster, ok.plan(), ok.training).step_time_s > 0
+
+
+def test_memoised_search_prices_every_plan_as_a_fresh_estimate() -> None:
+    """The search shares kernel and collective times across plans; each ranked plan must cost
+    exactly what estimate_plan gives it on its own."""
+    s = spec({"global_batch_size": 256})
+    result = search(s, top=50, explain=50)
+    checked = [*result.plans, *(r.estimate for r in result.rejected_best)]
+    assert len(checked) > 10
+    for e in checked:
+        fresh = estimate_plan(s.model, s.cluster, e.plan, s.training, check=False)
+        assert fresh.step_time_s == e.step_time_s
+        assert fresh.time_s == e.time_s
+        assert fresh.memory.total == e.memory.total
+
+
+def test_memo_tells_apart_every_plan_field_the_kernels_depend_on() -> None:
+    """One memo shared by plans that differ in one field at a time gives each its own price."""
+    from dataclasses import replace
+
+    s = spec({"tp": 4, "pp": 2, "global_batch_size": 256})
+    base = s.plan()
+    variants = [
+        base,
+        replace(base, sequence_parallel=not base.sequence_parallel),
+        replace(base, micro_batch_size=2 * base.micro_batch_size),
+        replace(base, tp=2, dp=2 * base.dp),
+        replace(base, recompute="full"),
+        replace(base, zero_stage=3),
+    ]
+    memo: dict = {}
+    for plan in variants:
+        shared = estimate_plan(s.model, s.cluster, plan, s.training, check=False, memo=memo)
+        fresh = estimate_plan(s.model, s.cluster, plan, s.training, check=False)
+        assert shared.time_s == fresh.time_s
