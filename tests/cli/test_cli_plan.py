@@ -176,7 +176,7 @@ def test_validate_heldout_runs_and_refuses_mixed_inputs(tmp_path: Path) -> None:
     assert {"L1", "L2", "L3", "N1", "N8"} <= {row["id"] for row in data["rows"]}
     assert all(row["predicted_tokens_per_s_per_gpu"] > 0 for row in data["rows"])
     text = aihpc("validate", "--heldout").stdout
-    assert "Held-out rows, not used to develop the model" in text
+    assert "Held-out rows, outside the shared set" in text
     runs = tmp_path / "runs.csv"
     runs.write_text("id\n")
     r = aihpc("validate", "--heldout", "--runs", str(runs))

@@ -195,3 +195,33 @@ def test_recomputed_layer_is_not_counted_twice() -> None:
         full_set = activation_bytes_per_layer(s.model, s.plan(), s.training, recompute="none")
         total = memory_breakdown(s.model, s.cluster, s.plan(), s.training).activations
         assert total == pytest.approx(24 * kept + full_set - kept)
+
+
+def test_fp8_linears_keep_their_inputs_in_one_byte_with_transformer_engine() -> None:
+    """TE saves an FP8 linear's input as its FP8 cast (1 byte); torchao's Float8Linear saves the
+    16-bit input, so its layer keeps what a bf16 layer keeps."""
+
+    def per_layer(precision: str, saved: str) -> float:
+        s = runspec_from_dict(
+            {
+                "model": {"preset": "llama3-70b"},
+                "cluster": {"gpu": "h100-sxm", "num_gpus": 4},
+                "parallel": {
+                    "tp": 4,
+                    "sequence_parallel": True,
+                    "recompute": "none",
+                    "micro_batch_size": 1,
+                    "global_batch_size": 1,
+                },
+                "training": {"precision": precision, "fp8_saved_inputs": saved},
+            }
+        )
+        return activation_bytes_per_layer(s.model, s.plan(), s.training)
+
+    bf16, te, torchao = per_layer("bf16", "fp8"), per_layer("fp8", "fp8"), per_layer("fp8", "bf16")
+    assert torchao == bf16
+    h, hq, ffn, t, tokens = 8192, 8192, 28672, 4, 8192
+    # QKV and FFN-in inputs (SP-sharded) and the FFN-out input drop to 1 byte; the projection's
+    # FP8 input is kept beside the 16-bit attention output.
+    saved = tokens * (2 * h / t + ffn / t - hq / t)
+    assert bf16 - te == pytest.approx(saved)

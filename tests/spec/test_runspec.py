@@ -201,6 +201,10 @@ def test_preset_fields_can_be_overridden() -> None:
             {"model": {"preset": "llama3-8b"}, "training": {"pipeline_split": "odd"}},
             "training.pipeline_split",
         ),
+        (
+            {"model": {"preset": "llama3-8b"}, "training": {"fp8_saved_inputs": "int8"}},
+            "training.fp8_saved_inputs",
+        ),
     ],
 )
 def test_bad_input_names_the_field(data: dict, field: str) -> None:

@@ -275,8 +275,7 @@ def register(app: typer.Typer) -> None:
         heldout: bool = typer.Option(
             False,
             "--heldout",
-            help="The held-out runs: published, not in the shared set, not used to develop "
-            "the model.",
+            help="The held-out runs: published, not in the shared set the model was developed on.",
         ),
     ) -> None:
         """Predicted vs measured tokens/s/GPU and memory on published runs; MAPE per source."""
@@ -344,8 +343,9 @@ def validation_table(report: ValidationReport) -> str:
     if report.heldout:
         lines += [
             "",
-            f"Held-out rows, not used to develop the model (the targets of issue #2 apply to the "
-            f"shared set): MAPE {report.mape:.1%}, worst row {report.max_error:.1%}.",
+            f"Held-out rows, outside the shared set the model was developed on (the targets of "
+            f"issue #2 apply to the shared set): MAPE {report.mape:.1%}, worst row "
+            f"{report.max_error:.1%}.",
         ]
         return "\n".join(lines)
     lines += [

@@ -98,6 +98,12 @@ def activation_bytes_per_layer(
     split = 2 * (hq + hkv) + 2 * hkv + 2 * hq + act_in + fc2_in  # Q, K, V, proj input, FFN
     if training.kv_repeat:  # the attention kernel saves the K and V repeated to every head
         split += 4 * (hq - hkv)
+    if training.precision == "fp8" and training.fp8_saved_inputs == "fp8":
+        # Transformer Engine keeps an FP8 linear's input in FP8 for the weight gradient: the
+        # QKV and FFN-in GEMM inputs and the FFN-out input take 1 byte, not 2; the projection's
+        # FP8 input is kept beside the attention output the attention backward needs in 16 bits.
+        replicated -= 2 * h / sp
+        split += -fc2_in / 2 + hq
     if training.attention == "unfused" and recompute == "none":
         a = model.num_attention_heads
         s_kv = model.seq_length  # scores over the whole sequence

@@ -194,7 +194,7 @@ def row_runspec(row: dict[str, str]) -> RunSpec:
         if _cell(row, flag):
             training[flag] = _cell(row, flag).lower() == "true"
     text_facts = ("cross_entropy", "grad_reduce_dtype", "optimizer_dtype", "zero3_gather")
-    for text in (*text_facts, "cp_exchange", "pipeline_split"):
+    for text in (*text_facts, "cp_exchange", "pipeline_split", "fp8_saved_inputs"):
         if _cell(row, text):
             training[text] = _cell(row, text)
     if _cell(row, "dropout"):
@@ -357,7 +357,7 @@ def validate(
     heldout: bool = False,
 ) -> ValidationReport:
     """Model vs published runs. ``heldout``: the project's held-out runs (published runs that
-    are not in the shared set and were not used to develop the model), without memory rows."""
+    are not in the shared set the model was developed on), without memory rows."""
     if heldout:
         runs_csv = data_file("heldout_runs.csv")
     runs_csv = runs_csv or data_file("published_runs.csv")

@@ -12,6 +12,7 @@ __all__ = [
     "CP_EXCHANGES",
     "CROSS_ENTROPY",
     "DTYPE_BYTES",
+    "FP8_SAVED_INPUTS",
     "OPTIMIZERS",
     "PIPELINE_SPLITS",
     "STATE_DTYPES",
@@ -27,6 +28,7 @@ DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
 ZERO3_GATHERS = ("bucketed", "per_tensor")
 CP_EXCHANGES = ("ring", "allgather")
 PIPELINE_SPLITS = ("uneven", "even")
+FP8_SAVED_INPUTS = ("fp8", "bf16")
 CROSS_ENTROPY = ("fused", "vocab_parallel", "eager")
 
 
@@ -80,6 +82,10 @@ class TrainingSpec:
     # layers on 16 x V chunks). even: every chunk holds the same number of layers, as Megatron-LM,
     # Megatron-Core (arguments.py at core_v0.8.0 asserts it) and NeMo require.
     pipeline_split: str = "uneven"
+    # What an FP8 linear layer keeps of its input for the backward (precision = "fp8"). fp8:
+    # the FP8 cast, 1 byte per value (Transformer Engine: Megatron, NeMo). bf16: the 16-bit input,
+    # cast again in the backward (torchao's Float8Linear, torchtitan).
+    fp8_saved_inputs: str = "fp8"
     train_steps: int = 100
     learning_rate: float = 3e-4
     min_lr_ratio: float = 0.1  # cosine decays to learning_rate * min_lr_ratio
@@ -101,6 +107,7 @@ class TrainingSpec:
         check_choice("training.cross_entropy", self.cross_entropy, CROSS_ENTROPY)
         check_choice("training.cp_exchange", self.cp_exchange, CP_EXCHANGES)
         check_choice("training.pipeline_split", self.pipeline_split, PIPELINE_SPLITS)
+        check_choice("training.fp8_saved_inputs", self.fp8_saved_inputs, FP8_SAVED_INPUTS)
         if not 0 <= self.dropout < 1:
             check_choice("training.dropout", self.dropout, ["a number in [0, 1)"])
         check_positive("training.train_steps", self.train_steps)
