@@ -63,6 +63,8 @@ def _software_line(spec: RunSpec, est: Estimate) -> str:
         parts.append(f"CP K/V {tr.cp_exchange}" + (" (heads repeated)" if tr.kv_repeat else ""))
     if est.plan.pp > 1:
         parts.append(f"pipeline chunks {tr.pipeline_split}")
+    if tr.precision == "fp8":
+        parts.append(f"FP8 linear inputs kept in {tr.fp8_saved_inputs}")
     return " · ".join(parts)
 
 
