@@ -100,3 +100,18 @@ def test_multi_node_fit_is_scaled_by_nics_per_group() -> None:
     rail = collective_time_s(c, "all_reduce", size, 8, 8, calibration=cal)  # 1 per node
     assert whole == pytest.approx(size * 2 * 63 / 64 / 360e9, rel=1e-9)
     assert rail == pytest.approx(size * 2 * 7 / 8 / 360e9 * 8, rel=1e-9)
+
+
+def test_multi_node_ring_passes_every_gpu() -> None:
+    """NCCL's ring all-gather over N nodes of k GPUs has n - 1 steps, N - 1 of them across the
+    network (its tuning model): n - N NVLink hops, not the k - 1 of one node."""
+    c = cluster(1024)
+    p = ModelParams()
+    tiny = 8.0
+    n, k = 256, 8
+    nodes = n // k
+    t = collective_time_s(c, "all_gather", tiny, n, 1, p)
+    hops = (n - nodes) * p.scale_up_latency_s + (nodes - 1) * p.scale_out_latency_s
+    assert t == pytest.approx(hops, rel=0.01)
+    rs = collective_time_s(c, "reduce_scatter", tiny, n, 1, p)
+    assert rs == pytest.approx(hops, rel=0.01)

@@ -3,7 +3,7 @@
 import pytest
 
 from aihpc.perf.estimate import estimate_plan
-from aihpc.perf.flops import param_tensors_per_layer
+from aihpc.perf.flops import param_tensors_per_layer, persistent_tensors_per_layer
 from aihpc.perf.params import DEFAULT_PARAMS
 from aihpc.spec import SpecError, runspec_from_dict
 
@@ -46,8 +46,13 @@ def test_per_tensor_gathers_are_exposed_and_grow_with_ranks() -> None:
     with n, by at least the extra copy kernels, while FSDP-style prefetch hides it."""
     small, large = gpt3(384, "per_tensor"), gpt3(1536, "per_tensor")
     t_small, t_large = dp_comm(small), dp_comm(large)
-    tensors = small.model.num_layers * param_tensors_per_layer(small.model)
-    collectives = tensors * (3 + 1)  # forward, recompute and backward gathers; reduce-scatter
+    layers = small.model.num_layers
+    tensors = layers * param_tensors_per_layer(small.model)
+    persistent = layers * persistent_tensors_per_layer(small.model)
+    gathered = tensors - persistent + 2  # the matrices and the two embeddings
+    # forward, recompute and backward gathers, every tensor's reduce-scatter, and after the step
+    # the persistent ones copied out of every rank's slice
+    collectives = 3 * gathered + tensors + persistent
     extra_copies = collectives * (1536 - 384) * DEFAULT_PARAMS.kernel_overhead_s
     assert t_large - t_small >= extra_copies
     assert dp_comm(gpt3(1536, "bucketed")) < 0.25 * t_large
@@ -99,3 +104,33 @@ def test_per_tensor_zero3_refuses_pipelining_and_search_skips_it() -> None:
     result = search(free_pp, explain=3)
     assert all(e.plan.pp == 1 for e in result.plans + [r.estimate for r in result.rejected_best])
     assert result.invalid_reasons["training.zero3_gather (per-tensor ZeRO-3 has no pipelining)"] > 0
+
+
+def test_small_tensors_persist_and_are_gathered_once_per_step() -> None:
+    """DeepSpeed 0.3 keeps tensors under 1e5 elements (biases, norms) gathered: a GPT layer's 8
+    small ones are not gathered per pass; after the optimizer step each is copied out of every
+    rank's slice, so that cost grows with ranks and layers, not with micro-batches."""
+    assert persistent_tensors_per_layer(gpt3(8, "per_tensor").model) == 8
+    llama = runspec_from_dict(
+        {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm", "num_gpus": 8}}
+    )
+    assert persistent_tensors_per_layer(llama.model) == 2
+    one = gpt3(384, "per_tensor")
+    two = runspec_from_dict(
+        {
+            "model": {"preset": "gpt3-175b", "position_embedding": "learned"},
+            "cluster": {"gpu": "a100-80gb", "num_gpus": 384},
+            "parallel": {
+                "tp": 1,
+                "pp": 1,
+                "zero_stage": 3,
+                "recompute": "full",
+                "micro_batch_size": 1,
+                "global_batch_size": 2 * 384,  # two micro-batches per step
+            },
+            "training": {"precision": "fp16", "zero3_gather": "per_tensor"},
+        }
+    )
+    post_step = 2 * dp_comm(one) - dp_comm(two)  # paid once per step, not per micro-batch
+    persistent = one.model.num_layers * persistent_tensors_per_layer(one.model)
+    assert post_step >= persistent * 384 * DEFAULT_PARAMS.kernel_overhead_s > 0

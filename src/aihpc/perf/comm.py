@@ -9,7 +9,9 @@ Rank placement follows Megatron-LM's order (tp innermost, then cp, then dp, then
 ``n`` ranks with ``stride`` between members keeps ``k = domain // stride`` members inside one
 scale-up domain; when 1 < k < n the collective runs in two tiers (NCCL's NVLS/tree and
 hierarchical algorithms do the same): inside the domain over NVLink on S, across domains over the
-NICs on S / k, every GPU driving its own NIC (rail-optimised fabric).
+NICs on S / k, every GPU driving its own NIC (rail-optimised fabric). A multi-node all-gather or
+reduce-scatter is one NCCL ring through every GPU: its latency counts n - domains NVLink hops and
+domains - 1 network hops.
 """
 
 from __future__ import annotations
@@ -107,6 +109,12 @@ def collective_time_s(
     )
     if collective == "all_reduce":  # reduce-scatter in, all-reduce across, all-gather out
         up *= 2
+    elif calibration is None or calibration.comm_fit(collective, "scale_up") is None:
+        # NCCL runs a multi-node all-gather or reduce-scatter as one ring through all n ranks
+        # (its tuning model, graph/tuning.cc: n - 1 steps, nNodes of them over the network):
+        # the bytes spread over every NIC as the two tiers above say, but the ring has
+        # n - domains NVLink hops, not the k - 1 of one domain.
+        up += (n - domains - (k - 1)) * params.scale_up_latency_s
     return up + out
 
 

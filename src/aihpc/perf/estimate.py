@@ -17,6 +17,7 @@ from aihpc.perf.flops import (
     model_flops_per_token,
     op_sac_saved,
     param_tensors_per_layer,
+    persistent_tensors_per_layer,
 )
 from aihpc.perf.memory import (
     GiB,
@@ -284,15 +285,24 @@ def estimate_plan(
             # The reduce-scatter itself runs on a side stream behind the backward.
             # Each gather also zero-fills its fresh buffer and the copies move its bytes once
             # more (3 x S through HBM); the reduce-scatter's input copies move 2 x S.
+            # Tensors under stage3_param_persistence_threshold (biases, norms) stay gathered
+            # (stage3.py release_sub_module skips ds_persist): only the large ones, the layers'
+            # matrices and the embeddings, are gathered per pass; after the optimizer step the
+            # small ones are gathered once (_post_step), each copied out of every rank's slice
+            # by a Python loop (partition_parameters.py _allgather_params).
             tensors = layers * param_tensors_per_layer(model)
+            persistent = layers * persistent_tensors_per_layer(model)
+            gathered = tensors - persistent + 2  # + word and position embeddings
             gathers = 2 + (1 if plan.recompute == "full" else 0)
             copies = dp_n * params.kernel_overhead_s
-            ag = tensors * (coll("all_gather", param_bytes / tensors) + copies)
+            ag = gathered * (coll("all_gather", param_bytes / gathered) + copies)
             ag += compute.stream_time_s(3 * param_bytes, gpu, params, kernels=0)
             rs_copies = tensors * copies + compute.stream_time_s(2 * grad_bytes, gpu, params, 0)
             rs = tensors * coll("reduce_scatter", grad_bytes / tensors)
             rs_exposed = max(0.0, rs - hide * last_bwd)
-            dp_time = m * (gathers * ag + rs_copies + rs_exposed)
+            small = 2.0 * persistent * 4 * model.hidden_size  # bytes, at most 4h each
+            post_step = (persistent + 1) * copies + coll("all_gather", small)
+            dp_time = m * (gathers * ag + rs_copies + rs_exposed) + post_step
             hidden = m * (rs - rs_exposed)
         else:  # ZeRO-3 / FSDP: one gather per layer for forward and backward, one reduce-scatter
             # The root unit (edge) is gathered before the first layer and reduced after the

@@ -68,6 +68,23 @@ def param_tensors_per_layer(model: ModelSpec) -> int:
     return 4 + 2
 
 
+def persistent_tensors_per_layer(model: ModelSpec, threshold: int = 100_000) -> int:
+    """Tensors of one layer small enough that DeepSpeed 0.3's ZeRO-3 keeps them gathered
+    (``stage3_param_persistence_threshold``, 1e5 elements by default): biases and norm weights,
+    all of length h or 3h/4h (QKV and FFN-in biases)."""
+    if model.position_embedding == "learned":  # 4 biases + 2 LayerNorms (weight, bias)
+        widths = [
+            3 * model.hidden_size,
+            model.hidden_size,
+            model.ffn_hidden_size,
+            model.hidden_size,
+        ]
+        widths += [model.hidden_size] * 4
+    else:  # 2 RMSNorm weights
+        widths = [model.hidden_size] * 2
+    return sum(1 for w in widths if w < threshold)
+
+
 def embedding_params(model: ModelSpec) -> int:
     return model.vocab_size * model.hidden_size
 
