@@ -115,3 +115,12 @@ def test_multi_node_ring_passes_every_gpu() -> None:
     assert t == pytest.approx(hops, rel=0.01)
     rs = collective_time_s(c, "reduce_scatter", tiny, n, 1, p)
     assert rs == pytest.approx(hops, rel=0.01)
+
+
+def test_all_to_all_keeps_its_two_tier_latency() -> None:
+    """Only the ring collectives count every NVLink hop of the ring; all-to-all does not."""
+    c = cluster(1024)
+    p = ModelParams()
+    n, k = 256, 8
+    t = collective_time_s(c, "all_to_all", 8.0, n, 1, p)
+    assert t < (n - n // k) * p.scale_up_latency_s

@@ -109,7 +109,9 @@ def collective_time_s(
     )
     if collective == "all_reduce":  # reduce-scatter in, all-reduce across, all-gather out
         up *= 2
-    elif calibration is None or calibration.comm_fit(collective, "scale_up") is None:
+    elif collective in ("all_gather", "reduce_scatter") and (
+        calibration is None or calibration.comm_fit(collective, "scale_up") is None
+    ):
         # NCCL runs a multi-node all-gather or reduce-scatter as one ring through all n ranks
         # (its tuning model, graph/tuning.cc: n - 1 steps, nNodes of them over the network):
         # the bytes spread over every NIC as the two tiers above say, but the ring has
