@@ -153,6 +153,24 @@ def test_op_level_checkpointing_keeps_every_other_matmul_output() -> None:
     assert full < got < none
 
 
+def one_replica(preset: str, tp: int, training: dict, recompute: str, **parallel):
+    """One TP group of an H100 preset model, one sequence per step."""
+    return runspec_from_dict(
+        {
+            "model": {"preset": preset},
+            "cluster": {"gpu": "h100-sxm", "num_gpus": tp},
+            "parallel": {
+                "tp": tp,
+                "recompute": recompute,
+                "micro_batch_size": 1,
+                "global_batch_size": 1,
+                **parallel,
+            },
+            "training": training,
+        }
+    )
+
+
 @pytest.mark.parametrize("recompute", ["none", "selective", "full", "op"])
 def test_repeated_kv_is_kept_where_the_attention_inputs_are(recompute: str) -> None:
     """torchtitan's repeat_kv hands SDPA K and V with every query head, and SDPA saves them for
@@ -160,19 +178,7 @@ def test_repeated_kv_is_kept_where_the_attention_inputs_are(recompute: str) -> N
     of K and V; with full or op-level checkpointing only the layer being recomputed does."""
 
     def act(repeat: bool) -> tuple[float, float]:
-        s = runspec_from_dict(
-            {
-                "model": {"preset": "llama3-8b"},
-                "cluster": {"gpu": "h100-sxm", "num_gpus": 2},
-                "parallel": {
-                    "tp": 2,
-                    "recompute": recompute,
-                    "micro_batch_size": 1,
-                    "global_batch_size": 1,
-                },
-                "training": {"attention": "flash2", "kv_repeat": repeat},
-            }
-        )
+        s = one_replica("llama3-8b", 2, {"attention": "flash2", "kv_repeat": repeat}, recompute)
         per_layer = activation_bytes_per_layer(s.model, s.plan(), s.training)
         return per_layer, memory_breakdown(s.model, s.cluster, s.plan(), s.training).activations
 
@@ -202,20 +208,8 @@ def test_fp8_linears_keep_their_inputs_in_one_byte_with_transformer_engine() -> 
     16-bit input, so its layer keeps what a bf16 layer keeps."""
 
     def per_layer(precision: str, saved: str) -> float:
-        s = runspec_from_dict(
-            {
-                "model": {"preset": "llama3-70b"},
-                "cluster": {"gpu": "h100-sxm", "num_gpus": 4},
-                "parallel": {
-                    "tp": 4,
-                    "sequence_parallel": True,
-                    "recompute": "none",
-                    "micro_batch_size": 1,
-                    "global_batch_size": 1,
-                },
-                "training": {"precision": precision, "fp8_saved_inputs": saved},
-            }
-        )
+        training = {"precision": precision, "fp8_saved_inputs": saved}
+        s = one_replica("llama3-70b", 4, training, "none", sequence_parallel=True)
         return activation_bytes_per_layer(s.model, s.plan(), s.training)
 
     bf16, te, torchao = per_layer("bf16", "fp8"), per_layer("fp8", "fp8"), per_layer("fp8", "bf16")
