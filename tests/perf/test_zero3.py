@@ -58,6 +58,32 @@ def test_per_tensor_gathers_are_exposed_and_grow_with_ranks() -> None:
     assert dp_comm(gpt3(1536, "bucketed")) < 0.25 * t_large
 
 
+def test_python_partition_loops_cost_host_time_per_rank() -> None:
+    """DeepSpeed 0.3 builds each collective's n partition views in Python on the training
+    thread: one `narrow` per rank for a gather (forward, recompute, backward), `view` and
+    `narrow` for a reduce-scatter, three views and a `copy_` per rank for each persistent
+    tensor after the step. With the host cost of a view set to zero, exactly that much goes."""
+    import dataclasses
+
+    spec = gpt3(1536, "per_tensor")
+    est = estimate_plan(spec.model, spec.cluster, spec.plan(), spec.training)
+    free = dataclasses.replace(DEFAULT_PARAMS, host_op_overhead_s=0.0)
+    est0 = estimate_plan(spec.model, spec.cluster, spec.plan(), spec.training, params=free)
+    layers = spec.model.num_layers
+    tensors = layers * param_tensors_per_layer(spec.model)
+    persistent = layers * persistent_tensors_per_layer(spec.model)
+    gathered = tensors - persistent + 2
+    views = 3 * gathered + 2 * tensors + (4 * persistent + 1)
+    expected = views * 1536 * DEFAULT_PARAMS.host_op_overhead_s
+    assert est.time_s["dp_comm"] - est0.time_s["dp_comm"] == pytest.approx(expected, rel=1e-9)
+    bucketed = gpt3(1536, "bucketed")
+    b = estimate_plan(bucketed.model, bucketed.cluster, bucketed.plan(), bucketed.training)
+    b0 = estimate_plan(
+        bucketed.model, bucketed.cluster, bucketed.plan(), bucketed.training, params=free
+    )
+    assert b.step_time_s == b0.step_time_s  # FSDP-style gathers loop over no ranks in Python
+
+
 def test_per_tensor_keeps_one_tensor_gathered_not_two_layers() -> None:
     from aihpc.perf.memory import memory_breakdown
 

@@ -290,18 +290,26 @@ def estimate_plan(
             # matrices and the embeddings, are gathered per pass; after the optimizer step the
             # small ones are gathered once (_post_step), each copied out of every rank's slice
             # by a Python loop (partition_parameters.py _allgather_params).
+            # The per-partition lists are built in Python on the training thread, so their
+            # host cost is on the critical path: per rank, the all-gather takes one view
+            # (`flat_tensor.narrow`) and one copy kernel; the reduce-scatter two views
+            # (`grad.view(-1).narrow`) and one copy kernel; the post-step copy three views and
+            # a `copy_` called from Python.
             tensors = layers * param_tensors_per_layer(model)
             persistent = layers * persistent_tensors_per_layer(model)
             gathered = tensors - persistent + 2  # + word and position embeddings
             gathers = 2 + (1 if plan.recompute == "full" else 0)
-            copies = dp_n * params.kernel_overhead_s
-            ag = gathered * (coll("all_gather", param_bytes / gathered) + copies)
+            view, launch = params.host_op_overhead_s, params.kernel_overhead_s
+            ag_part = dp_n * (view + launch)
+            ag = gathered * (coll("all_gather", param_bytes / gathered) + ag_part)
             ag += compute.stream_time_s(3 * param_bytes, gpu, params, kernels=0)
-            rs_copies = tensors * copies + compute.stream_time_s(2 * grad_bytes, gpu, params, 0)
+            rs_part = dp_n * (2 * view + launch)
+            rs_copies = tensors * rs_part + compute.stream_time_s(2 * grad_bytes, gpu, params, 0)
             rs = tensors * coll("reduce_scatter", grad_bytes / tensors)
             rs_exposed = max(0.0, rs - hide * last_bwd)
             small = 2.0 * persistent * 4 * model.hidden_size  # bytes, at most 4h each
-            post_step = (persistent + 1) * copies + coll("all_gather", small)
+            post_part = dp_n * (4 * view + launch)
+            post_step = persistent * post_part + ag_part + coll("all_gather", small)
             dp_time = m * (gathers * ag + rs_copies + rs_exposed) + post_step
             hidden = m * (rs - rs_exposed)
         else:  # ZeRO-3 / FSDP: one gather per layer for forward and backward, one reduce-scatter

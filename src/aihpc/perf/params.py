@@ -31,6 +31,13 @@ class ModelParams:
     hbm_efficiency: float = 0.80
     # Fixed cost of launching one GPU kernel that cannot be hidden (CPU launch and tail), seconds.
     kernel_overhead_s: float = 4e-6
+    # Host (CPU) cost of one eager tensor op called from Python that launches no kernel (a view
+    # such as `narrow`): Python binding plus dispatcher, seconds. PyTorch's operator
+    # micro-benchmark timed `split` on CUDA tensors at 3.3-3.4 us per call before and 2.3 us
+    # after pytorch/pytorch #32194 (January 2020, so in every 2021 release); the later figure.
+    # It matters where a framework loops over ranks in Python (DeepSpeed 0.3's ZeRO-3
+    # partition lists); fused or compiled paths do not pay it.
+    host_op_overhead_s: float = 2.3e-6
     # --- communication -------------------------------------------------------------------------
     # Bus bandwidth reached by large NCCL collectives as a fraction of link bandwidth:
     # NVLink4 all-reduce busbw ~360-480 of 450 GB/s (nccl-tests on DGX H100; 741/900 bidir in the
