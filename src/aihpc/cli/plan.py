@@ -342,6 +342,17 @@ def validation_table(report: ValidationReport) -> str:
     lines.append(
         f"| **overall** | {len(report.rows)} | **{report.mape:.1%}** (max {report.max_error:.1%}) |"
     )
+    if report.memory:
+        lines += [
+            "",
+            "| id | component | measured GiB | predicted GiB | error |",
+            "|---|---|---:|---:|---:|",
+        ]
+    for m in report.memory:
+        lines.append(
+            f"| {m.id} | {m.component} ({memory_kind(m)}) | {m.measured_gib:.1f} | "
+            f"{m.predicted_gib:.1f} | {m.error:+.1%} |"
+        )
     if report.heldout:
         lines += [
             "",
@@ -350,16 +361,6 @@ def validation_table(report: ValidationReport) -> str:
             f"{report.max_error:.1%}.",
         ]
         return "\n".join(lines)
-    lines += [
-        "",
-        "| id | component | measured GiB | predicted GiB | error |",
-        "|---|---|---:|---:|---:|",
-    ]
-    for m in report.memory:
-        lines.append(
-            f"| {m.id} | {m.component} ({memory_kind(m)}) | {m.measured_gib:.1f} | "
-            f"{m.predicted_gib:.1f} | {m.error:+.1%} |"
-        )
     over = [r.id for r in report.rows if abs(r.error) > TARGET_MAX_ERROR]
     ko, tt = report.memory_max_error("korthikanti"), report.memory_max_error("torchtitan")
     met = report.targets_met
