@@ -174,7 +174,8 @@ def test_validate_heldout_runs_and_refuses_mixed_inputs(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["heldout"] is True
-    assert {"L1", "L2", "L3", "N1", "N8", "T1", "T10"} <= {row["id"] for row in data["rows"]}
+    ids = {row["id"] for row in data["rows"]}
+    assert {"L1", "L2", "L3", "N1", "N8", "T1", "T10", "M01", "M36"} <= ids
     assert all(row["predicted_tokens_per_s_per_gpu"] > 0 for row in data["rows"])
     # only the rows with a published memory figure (Trainy's H200 runs) get a memory row
     assert {m["id"] for m in data["memory"]} == {"T9", "T10"}
