@@ -357,7 +357,8 @@ def validate(
     heldout: bool = False,
 ) -> ValidationReport:
     """Model vs published runs. ``heldout``: the project's held-out runs (published runs that
-    are not in the shared set the model was developed on), without memory rows."""
+    are not in the shared set the model was developed on), without the Korthikanti memory
+    rows; held-out runs that publish a peak memory still get theirs."""
     if heldout:
         runs_csv = data_file("heldout_runs.csv")
     runs_csv = runs_csv or data_file("published_runs.csv")
