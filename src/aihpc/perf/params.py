@@ -33,8 +33,9 @@ class ModelParams:
     kernel_overhead_s: float = 4e-6
     # Host (CPU) cost of one eager tensor op called from Python that launches no kernel (a view
     # such as `narrow`): Python binding plus dispatcher, seconds. PyTorch's operator
-    # micro-benchmark timed `split` on CUDA tensors at 3.3-3.4 us per call before and 2.3 us
-    # after pytorch/pytorch #32194 (January 2020, so in every 2021 release); the later figure.
+    # micro-benchmark timed `split` at 3.3-3.4 us per call on CPU and CUDA tensors alike before
+    # pytorch/pytorch #32194 (January 2020, so in every 2021 release) and 2.26 us after it (the
+    # figure shown for CPU tensors; a view's cost does not depend on the device); the later one.
     # It matters where a framework loops over ranks in Python (DeepSpeed 0.3's ZeRO-3
     # partition lists); fused or compiled paths do not pay it.
     host_op_overhead_s: float = 2.3e-6
