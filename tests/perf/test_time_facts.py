@@ -122,3 +122,55 @@ def test_allgather_context_parallel_is_hidden_only_behind_the_first_block() -> N
     # Within one NVLink domain the same exchange is far cheaper than across nodes.
     in_node = cp_time(long_context("allgather", True, gpus_per_node=32))
     assert in_node < repeated / 5
+
+
+def llama_fp8(fp8_param_gather: bool, precision: str = "fp8"):
+    return runspec_from_dict(
+        {
+            "model": {"preset": "llama3-8b", "seq_length": 512},
+            "cluster": {"gpu": "h100-sxm", "num_gpus": 64},
+            "parallel": {
+                "tp": 1,
+                "pp": 1,
+                "zero_stage": 1,
+                "recompute": "none",
+                "micro_batch_size": 1,
+                "global_batch_size": 64,
+            },
+            "training": {"precision": precision, "fp8_param_gather": fp8_param_gather},
+        }
+    )
+
+
+def test_fp8_parameter_gathers_move_the_layer_weights_in_one_byte() -> None:
+    """With FP8 parameters (Megatron-Core fp8_param_gather, torchao's FSDP float8 all-gather)
+    the ZeRO-1 parameter all-gather carries the layers' weights at 1 byte; the embeddings stay
+    16-bit. On a step too short to hide the gather the saving is exactly the difference of the
+    two all-gathers; nothing else moves."""
+    from aihpc.perf.flops import embedding_params, params_per_layer
+
+    bf16, fp8 = llama_fp8(False), llama_fp8(True)
+    a = estimate_plan(bf16.model, bf16.cluster, bf16.plan(), bf16.training)
+    b = estimate_plan(fp8.model, fp8.cluster, fp8.plan(), fp8.training)
+    layers = bf16.model.num_layers * params_per_layer(bf16.model)
+    emb = embedding_params(bf16.model)  # untied: input embedding + output layer, one of them
+
+    def gather(size: float) -> float:
+        return comm.collective_time_s(bf16.cluster, "all_gather", size, 64)
+
+    # the edge bucket (the input embedding) is gathered on its own in both; the rest is the
+    # layers plus the untied output layer
+    saved = gather(2.0 * layers + 2.0 * emb) - gather(1.0 * layers + 2.0 * emb)
+    assert saved > 0
+    assert a.time_s["dp_comm"] - b.time_s["dp_comm"] == pytest.approx(saved, rel=1e-9)
+    assert a.time_s["compute"] == b.time_s["compute"]
+    assert a.memory.total == b.memory.total  # weight memory is not modelled by it
+
+
+def test_fp8_parameter_gathers_need_fp8_precision() -> None:
+    from aihpc.spec import SpecError
+
+    with pytest.raises(SpecError) as err:
+        llama_fp8(True, precision="bf16")
+    assert err.value.field == "training.fp8_param_gather"
+    assert "fp8" in str(err.value)

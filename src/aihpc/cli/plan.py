@@ -65,6 +65,8 @@ def _software_line(spec: RunSpec, est: Estimate) -> str:
         parts.append(f"pipeline chunks {tr.pipeline_split}")
     if tr.precision == "fp8":
         parts.append(f"FP8 linear inputs kept in {tr.fp8_saved_inputs}")
+        if tr.fp8_param_gather:
+            parts.append("parameters gathered in FP8")
     return " · ".join(parts)
 
 

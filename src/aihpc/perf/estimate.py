@@ -221,12 +221,14 @@ def estimate_plan(
     stride = _group_stride(plan, "cp") if plan.cp > 1 else _group_stride(plan, "dp")
     # The first stage's layers and embedding; without PP also the untied output layer.
     embeddings = 1 if model.tied_embeddings or p > 1 else 2
-    params_stage = _layer_params_local(model, plan, layers)
-    params_stage += embeddings * embedding_params(model) / t
+    layer_params = _layer_params_local(model, plan, layers)
+    params_stage = layer_params + embeddings * embedding_params(model) / t
     # Gradient reduction in grad_reduce_dtype (fp32: Megatron's bf16 default and FSDP2's in
     # torchtitan; bf16: NeMo's grad_sync_dtype).
     grad_bytes = DTYPE_BYTES[training.grad_reduce_dtype] * params_stage
-    param_bytes = 2.0 * params_stage
+    # Parameter gathers move 16-bit weights, the layers' ones in FP8 with fp8_param_gather.
+    layer_weight_bytes = 1.0 if training.fp8_param_gather else 2.0
+    param_bytes = layer_weight_bytes * layer_params + 2.0 * (params_stage - layer_params)
     hide = params.overlap_efficiency
     dp_time = 0.0
     hidden = 0.0
@@ -249,6 +251,8 @@ def estimate_plan(
         # one unit gathered at the start of the forward and reduced after the backward.
         edge = (embeddings if plan.zero_stage == 3 else 1) * embedding_params(model) / t
         edge_frac = min(1.0, edge / params_stage)
+        edge_param_bytes = 2.0 * min(edge, params_stage - layer_params)  # 16-bit embeddings
+        body_param_bytes = param_bytes - edge_param_bytes
         if plan.zero_stage == 0 and not training.grad_reduce_overlap:
             dp_time = coll("all_reduce", grad_bytes)  # one all-reduce after the backward
         elif plan.zero_stage == 0:
@@ -259,9 +263,9 @@ def estimate_plan(
             hidden = rest - exposed
         elif plan.zero_stage in (1, 2):
             tail = coll("reduce_scatter", grad_bytes * edge_frac)
-            head = coll("all_gather", param_bytes * edge_frac)
+            head = coll("all_gather", edge_param_bytes)
             grads = coll("reduce_scatter", grad_bytes * (1 - edge_frac))
-            gather = coll("all_gather", param_bytes * (1 - edge_frac))
+            gather = coll("all_gather", body_param_bytes)
             exp_g = max(0.0, grads - hide * last_bwd)
             exp_a = max(0.0, gather - hide * first_fwd)
             dp_time = tail + head + exp_g + exp_a
@@ -269,9 +273,9 @@ def estimate_plan(
         elif zero3_keeps_unsharded(plan):
             # FSDP2 under PP: one gather of the stage before its first forward, one
             # reduce-scatter after its last backward, hidden like ZeRO-1/2's.
-            head = coll("all_gather", param_bytes * edge_frac)
+            head = coll("all_gather", edge_param_bytes)
             tail = coll("reduce_scatter", grad_bytes * edge_frac)
-            gather = coll("all_gather", param_bytes * (1 - edge_frac))
+            gather = coll("all_gather", body_param_bytes)
             grads = coll("reduce_scatter", grad_bytes * (1 - edge_frac))
             exp = max(0.0, gather - hide * first_fwd) + max(0.0, grads - hide * last_bwd)
             dp_time = head + tail + exp
@@ -315,10 +319,10 @@ def estimate_plan(
         else:  # ZeRO-3 / FSDP: one gather per layer for forward and backward, one reduce-scatter
             # The root unit (edge) is gathered before the first layer and reduced after the
             # last backward, on the critical path each time.
-            body_p = param_bytes * (1 - edge_frac) / layers
+            body_p = body_param_bytes / layers
             body_g = grad_bytes * (1 - edge_frac) / layers
             per_mb = layers * (2 * coll("all_gather", body_p) + coll("reduce_scatter", body_g))
-            edges = coll("all_gather", param_bytes * edge_frac) + coll(
+            edges = coll("all_gather", edge_param_bytes) + coll(
                 "reduce_scatter", grad_bytes * edge_frac
             )
             window = hide * (compute_mb + recompute_mb)

@@ -190,7 +190,7 @@ def row_runspec(row: dict[str, str]) -> RunSpec:
     training: dict[str, Any] = {"precision": _cell(row, "precision")}
     if _cell(row, "attention"):
         training["attention"] = _cell(row, "attention")
-    for flag in ("fused_kernels", "grad_reduce_overlap", "kv_repeat"):
+    for flag in ("fused_kernels", "grad_reduce_overlap", "kv_repeat", "fp8_param_gather"):
         if _cell(row, flag):
             training[flag] = _cell(row, flag).lower() == "true"
     text_facts = ("cross_entropy", "grad_reduce_dtype", "optimizer_dtype", "zero3_gather")

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from aihpc.spec._table import check_choice, check_positive
 from aihpc.spec.cluster import PRECISIONS
+from aihpc.spec.errors import SpecError
 
 __all__ = [
     "ATTENTION",
@@ -86,6 +87,11 @@ class TrainingSpec:
     # the FP8 cast, 1 byte per value (Transformer Engine: Megatron, NeMo). bf16: the 16-bit input,
     # cast again in the backward (torchao's Float8Linear, torchtitan).
     fp8_saved_inputs: str = "fp8"
+    # true: data-parallel parameter gathers move the layers' linear weights in FP8, 1 byte per
+    # parameter instead of 2 (precision = "fp8"): Megatron/NeMo FP8 parameters (`fp8_params`,
+    # `--fp8-param-gather`) behind the distributed optimizer, torchao's
+    # `enable_fsdp_float8_all_gather` under FSDP2. Embeddings and the output layer stay 16-bit.
+    fp8_param_gather: bool = False
     train_steps: int = 100
     learning_rate: float = 3e-4
     min_lr_ratio: float = 0.1  # cosine decays to learning_rate * min_lr_ratio
@@ -108,6 +114,10 @@ class TrainingSpec:
         check_choice("training.cp_exchange", self.cp_exchange, CP_EXCHANGES)
         check_choice("training.pipeline_split", self.pipeline_split, PIPELINE_SPLITS)
         check_choice("training.fp8_saved_inputs", self.fp8_saved_inputs, FP8_SAVED_INPUTS)
+        if self.fp8_param_gather and self.precision != "fp8":
+            raise SpecError(
+                "training.fp8_param_gather", self.fp8_param_gather, 'needs precision = "fp8"'
+            )
         if not 0 <= self.dropout < 1:
             check_choice("training.dropout", self.dropout, ["a number in [0, 1)"])
         check_positive("training.train_steps", self.train_steps)
