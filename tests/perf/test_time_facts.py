@@ -174,3 +174,19 @@ def test_fp8_parameter_gathers_need_fp8_precision() -> None:
         llama_fp8(True, precision="bf16")
     assert err.value.field == "training.fp8_param_gather"
     assert "fp8" in str(err.value)
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_hidden_dropout_moves_its_masks(sp: bool) -> None:
+    """Fused bias-dropout-add writes one 1-byte mask per element after attention and after the
+    MLP (2h bytes per token, split over TP with sequence parallel); without dropout none."""
+    spec = gpt(True)
+    plan = replace(spec.plan(), tp=2, dp=16, sequence_parallel=sp)
+    model, h = spec.model, spec.model.hidden_size
+    f = model.ffn_hidden_size
+
+    def per_token(dropout: float) -> float:
+        training = replace(spec.training, dropout=dropout)
+        return compute.elementwise_bytes_per_token(model, plan, training, f, f)
+
+    assert per_token(0.1) - per_token(0.0) == pytest.approx(2 * h / (2 if sp else 1), rel=1e-12)

@@ -173,10 +173,11 @@ def elementwise_bytes_per_token(
 
     Fused (Megatron/TE kernels, torch.compile): each norm reads and writes h (2 x 4h bytes),
     each residual add fused with bias/dropout reads 2h and writes h (2 x 6h), the activation
-    reads f_in and writes ffn, RoPE reads and writes q and k. Eager PyTorch runs one kernel per
-    op: RMSNorm upcasts to fp32 and runs pow, mean, rsqrt, two multiplies and a downcast (~36h
-    bytes instead of 4h), SwiGLU is silu then multiply (10 ffn instead of 6 ffn), squared ReLU
-    two kernels, RoPE a complex multiply in fp32 (20 instead of 4 bytes per q/k element).
+    reads f_in and writes ffn, RoPE reads and writes q and k, hidden dropout writes two 1-byte
+    masks. Eager PyTorch runs one kernel per op: RMSNorm upcasts to fp32 and runs pow, mean,
+    rsqrt, two multiplies and a downcast (~36h bytes instead of 4h), SwiGLU is silu then
+    multiply (10 ffn instead of 6 ffn), squared ReLU two kernels, RoPE a complex multiply in
+    fp32 (20 instead of 4 bytes per q/k element).
     """
     h, d, t = model.hidden_size, model.kv_channels, plan.tp
     sp = t if plan.sequence_parallel else 1
@@ -187,7 +188,12 @@ def elementwise_bytes_per_token(
     else:
         eager_act = {"swiglu": 10 * ffn, "relu2": 8 * ffn, "gelu": 4 * ffn}
         norms, act, rope_b = 72 * h, eager_act[model.ffn_activation], 20 * qk
-    per_token = (norms + 12 * h) / sp + act / t + (rope_b if rope else 0.0)
+    # Hidden dropout (bias-dropout-add after attention and after the MLP) writes a 1-byte mask
+    # per element in the forward, which the backward reads; attention dropout inside a fused
+    # kernel regenerates its mask from the RNG state and moves no extra bytes (its RNG cost
+    # is not priced: docs/performance-model.md).
+    masks = 2 * h if training.dropout > 0 else 0
+    per_token = (norms + 12 * h + masks) / sp + act / t + (rope_b if rope else 0.0)
     if training.precision == "fp8":  # cast each GEMM's activation input (read 2 B, write 1 B)
         per_token += 3 * (2 * h + (model.num_attention_heads * d + ffn) / t)
     return per_token
