@@ -61,7 +61,15 @@ class Estimate:
     memory: MemoryBreakdown
     time_s: dict[str, float]
     hbm_gib: float
-    bottleneck: str
+    moe: bool = False
+
+    @property
+    def bottleneck(self) -> str:
+        """The step's largest loss (or why the plan does not fit), in one sentence."""
+        text = _bottleneck(self.time_s, self.step_time_s, self.memory, self.hbm_gib)
+        if self.moe:
+            text += " MoE: expert-parallel all-to-all and routing imbalance are not priced yet."
+        return text
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -349,22 +357,15 @@ def estimate_plan(
 
     # --- throughput and utilisation
     tokens_step = plan.global_batch_size * s
-    flops_step = model_flops_per_token(model) * tokens_step
+    flops = memo.get(("token_flops", plan.recompute)) if memo is not None else None
+    if flops is None:
+        flops = _token_flops(model, plan.recompute)
+        if memo is not None:
+            memo[("token_flops", plan.recompute)] = flops
+    flops_step = flops[0] * tokens_step
+    recompute_flops = flops[1] * tokens_step
     per_gpu = flops_step / step / cluster.num_gpus
     peak = gpu.peak_tflops(training.precision) * 1e12
-    recompute_flops = 0.0
-    if plan.recompute == "full":
-        lf = layer_flops(model, 1, s)
-        recompute_flops = model.num_layers * lf.total * tokens_step
-    elif plan.recompute == "selective":
-        recompute_flops = model.num_layers * layer_flops(model, 1, s).attn_core * tokens_step
-    elif plan.recompute == "op":
-        unsaved = sum(
-            2 * n_in * n_out
-            for i, (_, n_in, n_out, _) in enumerate(layer_gemms(model))
-            if not op_sac_saved(i)
-        )
-        recompute_flops = model.num_layers * unsaved * tokens_step
     mem = memory_breakdown(model, cluster, plan, training, params)
     hbm = gpu.hbm_gib
     return Estimate(
@@ -378,13 +379,27 @@ def estimate_plan(
         memory=mem,
         time_s=time_s,
         hbm_gib=hbm,
-        bottleneck=_bottleneck(time_s, step, mem, hbm)
-        + (
-            " MoE: expert-parallel all-to-all and routing imbalance are not priced yet."
-            if model.is_moe
-            else ""
-        ),
+        moe=model.is_moe,
     )
+
+
+def _token_flops(model: ModelSpec, recompute: str) -> tuple[float, float]:
+    """Model FLOPs per token, and the FLOPs per token the recompute policy runs again."""
+    s = model.seq_length
+    if recompute == "full":
+        again = model.num_layers * layer_flops(model, 1, s).total
+    elif recompute == "selective":
+        again = model.num_layers * layer_flops(model, 1, s).attn_core
+    elif recompute == "op":
+        unsaved = sum(
+            2 * n_in * n_out
+            for i, (_, n_in, n_out, _) in enumerate(layer_gemms(model))
+            if not op_sac_saved(i)
+        )
+        again = model.num_layers * unsaved
+    else:
+        again = 0.0
+    return model_flops_per_token(model), again
 
 
 def _bottleneck(time_s: dict[str, float], step: float, mem: MemoryBreakdown, hbm: float) -> str:

@@ -120,8 +120,9 @@ def _layer_params_local(model: ModelSpec, plan: ParallelPlan, layers: int) -> fl
         moe_layers = round(layers * model.num_moe_layers / model.num_layers)
         dense_layers = layers - moe_layers
     dense = dense_layers * params_per_layer(model) / plan.tp
-    moe = moe_layers * params_per_layer(model, moe=True) / (plan.tp * plan.ep)
-    return dense + moe
+    if not moe_layers:
+        return dense
+    return dense + moe_layers * params_per_layer(model, moe=True) / (plan.tp * plan.ep)
 
 
 def largest_param_tensor(model: ModelSpec) -> int:
