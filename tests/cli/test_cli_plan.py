@@ -188,3 +188,11 @@ def test_validate_heldout_runs_and_refuses_mixed_inputs(tmp_path: Path) -> None:
     r = aihpc("validate", "--heldout", "--runs", str(runs))
     assert r.returncode == 2 and "--runs" in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_help_keeps_the_table_names() -> None:
+    """Help text is rich markup: the run spec's "[model]"-style table names must survive it."""
+    text = aihpc("search", "--help").stdout  # single tokens: the help wraps at any width
+    assert all(f"[{table}]" in text for table in ("parallel", "model", "cluster", "training"))
+    assert "[cluster]" in aihpc("calibrate", "--help").stdout
+    assert "[reliability]" in aihpc("goodput", "--help").stdout

@@ -329,8 +329,8 @@ def register(app: typer.Typer) -> None:
         regimes: int = typer.Option(3, "--regimes", help="Size regimes per fit (1-4)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
-        """Fit latency / bandwidth per collective and tier (and GEMM efficiency) into a TOML
-        that a run spec names with [cluster] calibration = "FILE"."""
+        r"""Fit latency / bandwidth per collective and tier (and GEMM efficiency) into a TOML
+        that a run spec names with \[cluster] calibration = "FILE"."""
         from aihpc.bench.calibrate import fit_to_calibration, load_measurements
         from aihpc.spec.calibration import COLLECTIVES, calibration_to_toml
 

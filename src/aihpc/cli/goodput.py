@@ -128,7 +128,7 @@ def register(app: typer.Typer) -> None:
             None,
             "--strategy",
             help="Checkpoint strategy: sync | async | in_memory "
-            "(overrides [reliability] checkpoint_strategy).",
+            r"(overrides \[reliability] checkpoint_strategy).",
         ),
         plot: Path | None = typer.Option(
             None,

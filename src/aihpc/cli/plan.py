@@ -18,7 +18,8 @@ if TYPE_CHECKING:  # the planner modules load lazily, inside the commands
 
 __all__ = ["register"]
 
-RUNSPEC_HELP = "Run spec TOML ([model], [cluster], [parallel], [training])."
+# Typer renders help as rich markup, where "[model]" would be read as a style tag: escaped.
+RUNSPEC_HELP = r"Run spec TOML (\[model], \[cluster], \[parallel], \[training])."
 TIME_LABELS = {
     "compute": "compute (forward + backward)",
     "recompute": "activation recompute",
@@ -154,7 +155,7 @@ def register(app: typer.Typer) -> None:
             "throughput", "--rank-by", help="throughput (tokens/s/GPU) | goodput (× ETTR)."
         ),
     ) -> None:
-        """Search every valid plan; [parallel] fields given in the run spec stay fixed."""
+        r"""Search every valid plan; \[parallel] fields given in the run spec stay fixed."""
         from aihpc.perf.search import search as run_search
 
         if rank_by not in ("throughput", "goodput"):
