@@ -196,3 +196,12 @@ def test_help_keeps_the_table_names() -> None:
     assert all(f"[{table}]" in text for table in ("parallel", "model", "cluster", "training"))
     assert "[cluster]" in aihpc("calibrate", "--help").stdout
     assert "[reliability]" in aihpc("goodput", "--help").stdout
+
+
+def test_error_line_prints_brackets_as_written(tmp_path: Path) -> None:
+    """A message naming a TOML table ("[model]") reaches stderr intact, not eaten as markup."""
+    spec = tmp_path / "run.toml"
+    spec.write_text('[cluster]\ngpu = "h100-sxm"\nnum_gpus = 8\n')
+    r = aihpc("estimate", str(spec))
+    assert r.returncode == 2
+    assert "a [model] table" in r.stderr and len(r.stderr.strip().splitlines()) == 1

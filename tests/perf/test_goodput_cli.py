@@ -124,3 +124,12 @@ def test_estimate_and_search_carry_goodput(tmp_path):
     goodput = [p["tokens_per_s_per_gpu"] * p["ettr"] for p in plans]
     assert plans and goodput == sorted(goodput, reverse=True)
     assert all(0 < p["ettr"] < 1 for p in plans)
+
+
+def test_human_output_prints_table_names_as_written(tmp_path):
+    """Notes are text, not rich markup: the override source reads "[reliability] mtbf_s"."""
+    spec = tmp_path / "run.toml"
+    spec.write_text(EXAMPLE.read_text() + "\n[reliability]\nmtbf_s = 600000\n")
+    res = run(spec, "--step-time", "10")
+    assert res.exit_code == 0, res.output
+    assert "[reliability]" in res.stdout  # one token: the table may wrap the note

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from aihpc.spec.errors import SpecError
 
@@ -23,7 +24,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def fail(message: str, code: int = 2) -> None:
     """Print one line on stderr and exit (2 = bad input)."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    # The message is text, not markup: "[model]" or a list value must print as written.
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

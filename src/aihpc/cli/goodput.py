@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from aihpc.cli._common import console, guarded, print_json
@@ -62,7 +63,7 @@ def _render(rep) -> None:  # type: ignore[no-untyped-def]
     t.add_column("quantity")
     t.add_column("value", justify="right")
     t.add_column("note")
-    t.add_row("job MTBF (unexpected)", _fmt_s(d["mtbf_s"]), d["failure_rate_source"])
+    t.add_row("job MTBF (unexpected)", _fmt_s(d["mtbf_s"]), escape(d["failure_rate_source"]))
     t.add_row(
         "interruptions / day",
         f"{rep.interruptions_per_day:.2f}",
@@ -72,7 +73,7 @@ def _render(rep) -> None:  # type: ignore[no-untyped-def]
         "expected_interruptions", f"{d['expected_interruptions']:.0f}", f"over {d['days']:.3g} days"
     )
     t.add_row("checkpoint size", f"{ck['bytes'] / 1e12:.2f} TB", "weights + fp32 master + moments")
-    t.add_row("storage write bandwidth", f"{ck['write_bw_GBps']:.0f} GB/s", ck["bw_source"])
+    t.add_row("storage write bandwidth", f"{ck['write_bw_GBps']:.0f} GB/s", escape(ck["bw_source"]))
     t.add_row(
         "save: blocking / persist",
         f"{_fmt_s(ck['blocking_s'])} / {_fmt_s(ck['persist_s'])}",
@@ -105,7 +106,7 @@ def _render(rep) -> None:  # type: ignore[no-untyped-def]
             f"{d['tokens']:.3g} tokens, {d['gpu_hours'] / 1e6:.2f} M GPU-hours",
         )
     console.print(t)
-    console.print(rep.summary())
+    console.print(escape(rep.summary()))
 
 
 def register(app: typer.Typer) -> None:
