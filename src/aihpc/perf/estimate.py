@@ -176,6 +176,7 @@ def estimate_plan(
     # full recompute repeats the forward ones.
     act_bytes = tokens_mb * model.hidden_size * 2.0
     tp_mb = 0.0
+    hidden_mb = 0.0  # collective time hidden behind this micro-batch's compute (TP, CP)
     if t > 1:
         if plan.sequence_parallel:
             one = collective("all_gather", act_bytes, t, 1) + collective(
@@ -185,6 +186,7 @@ def estimate_plan(
             one = collective("all_reduce", act_bytes, t, 1)
         per_layer = (4 + (2 if plan.recompute == "full" else 0)) * one
         tp_mb = layers * per_layer * (1 - params.tp_overlap_fraction)
+        hidden_mb += layers * per_layer * params.tp_overlap_fraction
 
     # --- context parallel. K/V of this rank's tokens: kv heads (all query heads when the
     # trainer repeats them before the kernel), split over TP ranks, at least one per rank.
@@ -205,14 +207,17 @@ def estimate_plan(
             fwd_x = max(0.0, ag - hide * blk_f)
             bwd_x = max(0.0, ag - hide * blk_b) + (plan.cp - 1) * max(0.0, dkv - hide * blk_b)
             bwd_x += dkv
+            fwd_c, bwd_c = ag, ag + plan.cp * dkv
         else:
             # Ring: (cp - 1) K/V transfers forward, twice that backward (K/V on, dK/dV back),
             # hidden behind the attention blocks.
             step = comm.p2p_time_s(cluster, kv_local, cross, params)
             fwd_c = (plan.cp - 1) * step
             fwd_x = max(0.0, fwd_c - hide * lt.fwd_attn)
-            bwd_x = max(0.0, 2 * fwd_c - hide * lt.bwd_attn)
+            bwd_c = 2 * fwd_c
+            bwd_x = max(0.0, bwd_c - hide * lt.bwd_attn)
         cp_mb = layers * (fwd_reps * fwd_x + bwd_x)
+        hidden_mb += layers * (fwd_reps * (fwd_c - fwd_x) + bwd_c - bwd_x)
 
     t_mb = compute_mb + recompute_mb + tp_mb + cp_mb
 
@@ -337,7 +342,7 @@ def estimate_plan(
             exposed = max(0.0, per_mb - window)
             dp_time = m * (exposed + edges)
             hidden = m * (per_mb - exposed)
-    penalty = params.overlap_compute_penalty * max(0.0, hidden)
+    penalty = params.overlap_compute_penalty * max(0.0, hidden + m * hidden_mb)
 
     shard = dp_n if plan.zero_stage >= 1 else 1
     opt = compute.optimizer_time_s(params_stage, plan.zero_stage, shard, gpu, params, training)
