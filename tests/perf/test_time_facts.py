@@ -210,3 +210,21 @@ def test_every_hidden_collective_slows_compute() -> None:
     assert hidden_tp > 0 and base["dp_comm"] == 0
     extra = slowed["compute"] - base["compute"]
     assert extra == pytest.approx(DEFAULT_PARAMS.overlap_compute_penalty * hidden_tp, rel=1e-9)
+
+
+@pytest.mark.parametrize("attention", ["flash", "flash2"])
+def test_dropout_inside_a_fused_attention_kernel_costs_its_measured_share(attention: str) -> None:
+    """A fused kernel draws the dropout mask from its RNG state: no extra bytes, but the
+    measured share of extra kernel time (fused_attention_dropout_cost), forward and backward."""
+    spec = gpt(True)
+    plan = spec.plan()
+
+    def times(dropout: float):
+        training = replace(spec.training, attention=attention, dropout=dropout)
+        return compute.layer_times(spec.model, spec.cluster.gpu, plan, training, DEFAULT_PARAMS)
+
+    plain, drop = times(0.0), times(0.1)
+    k = 1 + DEFAULT_PARAMS.fused_attention_dropout_cost
+    assert drop.fwd_attn == pytest.approx(k * plain.fwd_attn, rel=1e-12)
+    assert drop.bwd_attn == pytest.approx(k * plain.bwd_attn, rel=1e-12)
+    assert drop.fwd_gemm == plain.fwd_gemm

@@ -136,6 +136,9 @@ def layer_times(
         bwd_attn = (
             2.5 * flops / (peak * (eff_b or params.attention_efficiency)) + params.kernel_overhead_s
         )
+        if training.dropout > 0:  # the kernel draws and applies the mask from its RNG state
+            fwd_attn *= 1 + params.fused_attention_dropout_cost
+            bwd_attn *= 1 + params.fused_attention_dropout_cost
         attn_stream_fwd = 0.0
     else:
         # Unfused: two batched GEMMs over the full s x s square per head, plus the softmax

@@ -26,6 +26,12 @@ class ModelParams:
     # Fused attention fraction of the 16-bit peak for a part whose catalog entry gives none
     # (the catalog carries FlashAttention-2/3 and cuDNN figures per part, with sources).
     attention_efficiency: float = 0.50
+    # Extra time a fused attention kernel takes with dropout (the mask drawn from the RNG state
+    # inside the kernel), as a fraction of its time without: cuDNN's fused attention through
+    # Transformer Engine on an H200, sbhd layout, 4 x 4,096 tokens, 16 heads of 128, forward +
+    # backward 0.594 -> 0.614 ms at p = 0.1 (NVIDIA/TransformerEngine issue 3312, 2026);
+    # FlashAttention-2 on GB200 0.695 -> 0.728 ms (+4.7%, the same thread, PR 3313).
+    fused_attention_dropout_cost: float = 0.034
     # Achievable fraction of HBM bandwidth for streaming element-wise kernels (norms, activations,
     # residual adds, softmax, optimizer): ~80-90% on A100/H100 (STREAM-like, vendor guides).
     hbm_efficiency: float = 0.80
