@@ -92,6 +92,11 @@ BAD = {
     "bad enum": ('[parallel]\nrecompute = "some"\nglobal_batch_size = 64\n', "parallel.recompute"),
     "fp8 on a100": ('[training]\nprecision = "fp8"\n', "training.precision"),
     "negative memory": ("[cluster.gpu_spec]\nhbm_gib = -1\n", "cluster.gpu_spec"),
+    "cta cap on a part without the channel figure": (
+        '[cluster]\ngpu = "mi300x"\nnum_gpus = 64\n'
+        "[parallel]\ntp = 2\ncp = 4\nglobal_batch_size = 8\n[training]\ncp_comm_ctas = 1\n",
+        "training.cp_comm_ctas",
+    ),
 }
 
 

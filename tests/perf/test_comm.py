@@ -2,10 +2,11 @@
 
 import pytest
 
-from aihpc.perf.comm import busbw_factor, collective_time_s, group_tiers
+from aihpc.perf.comm import busbw_factor, collective_time_s, group_tiers, p2p_time_s
 from aihpc.perf.params import ModelParams
 from aihpc.spec import runspec_from_dict
 from aihpc.spec.calibration import calibration_from_dict
+from aihpc.spec.errors import SpecError
 
 
 def cluster(n=64, gpu="h100-sxm"):
@@ -124,3 +125,38 @@ def test_all_to_all_keeps_its_two_tier_latency() -> None:
     n, k = 256, 8
     t = collective_time_s(c, "all_to_all", 8.0, n, 1, p)
     assert t < (n - n // k) * p.scale_up_latency_s
+
+
+@pytest.mark.parametrize(("gpu", "per_channel"), [("h100-sxm", 10.3), ("b200", 20.05)])
+def test_a_capped_communicator_moves_channels_times_the_channel_bandwidth(
+    gpu: str, per_channel: float
+) -> None:
+    """One NCCL channel moves half an NVLink (NCCL's two CTAs per link); a communicator capped to
+    ``channels`` CTAs cannot beat that many, however wide the links."""
+    c = cluster(8, gpu)
+    p = ModelParams()
+    size = 16 << 20  # Llama 3 8B's K/V of 4,096 tokens, bf16
+    free = p2p_time_s(c, size, False, p)
+    one = p2p_time_s(c, size, False, p, channels=1)
+    assert one == pytest.approx(p.scale_up_latency_s + size / (per_channel * 1e9), rel=1e-12)
+    assert one > 10 * free
+    assert p2p_time_s(c, size, False, p, channels=0) == free
+    # Across nodes a channel moves NCCL's 14 GB/s sizing figure for network peers.
+    net = p2p_time_s(c, size, True, p, channels=1)
+    assert net == pytest.approx(p.scale_out_latency_s + size / 14e9, rel=1e-12)
+    # Enough channels leave the link the bottleneck.
+    assert p2p_time_s(c, size, False, p, channels=512) == free
+
+
+def test_a_capped_ring_collective_is_bounded_by_its_channels() -> None:
+    c = cluster(8, "h100-sxm")
+    size = 1 << 30
+    free = collective_time_s(c, "all_gather", size, 8, 1)
+    capped = collective_time_s(c, "all_gather", size, 8, 1, channels=2)
+    assert capped == pytest.approx(size * 7 / 8 / (2 * 10.3e9), rel=1e-12)
+    assert capped > free
+
+
+def test_a_channel_cap_on_a_part_without_the_figure_is_refused() -> None:
+    with pytest.raises(SpecError, match=r"training\.cp_comm_ctas"):
+        p2p_time_s(cluster(8, "mi300x"), 1 << 20, False, channels=1)

@@ -86,7 +86,7 @@ def test_embedding_bucket_reduction_is_exposed_even_with_overlap() -> None:
     assert t_big["dp_comm"] > t["dp_comm"] + 2 * (rs + ag)
 
 
-def long_context(cp_exchange: str, kv_repeat: bool, gpus_per_node: int = 8):
+def long_context(cp_exchange: str, kv_repeat: bool, gpus_per_node: int = 8, ctas: int = 0):
     return runspec_from_dict(
         {
             "model": {"preset": "llama3-8b", "seq_length": 131072},
@@ -99,7 +99,7 @@ def long_context(cp_exchange: str, kv_repeat: bool, gpus_per_node: int = 8):
                 "micro_batch_size": 1,
                 "global_batch_size": 1,
             },
-            "training": {"cp_exchange": cp_exchange, "kv_repeat": kv_repeat},
+            "training": {"cp_exchange": cp_exchange, "kv_repeat": kv_repeat, "cp_comm_ctas": ctas},
         }
     )
 
@@ -122,6 +122,26 @@ def test_allgather_context_parallel_is_hidden_only_behind_the_first_block() -> N
     # Within one NVLink domain the same exchange is far cheaper than across nodes.
     in_node = cp_time(long_context("allgather", True, gpus_per_node=32))
     assert in_node < repeated / 5
+
+
+def test_a_one_cta_context_parallel_ring_shows_behind_short_attention() -> None:
+    """NVIDIA's recipes cap the CP communicator to one CTA: each K/V transfer then moves at one
+    channel's 10.3 GB/s on H100 and the ring no longer hides behind the attention blocks. The
+    exposed time is exactly what the ring's transfers exceed the hidden share of the blocks by."""
+    free = long_context("ring", False, gpus_per_node=32)  # the CP group inside one NVLink domain
+    capped = long_context("ring", False, gpus_per_node=32, ctas=1)
+    est = estimate_plan(capped.model, capped.cluster, capped.plan(), capped.training)
+    p, plan, m = DEFAULT_PARAMS, capped.plan(), capped.model
+    lt = compute.layer_times(m, capped.cluster.gpu, plan, capped.training, p)
+    kv = 2 * (m.seq_length / plan.cp) * max(1.0, m.kv_heads / plan.tp) * m.kv_channels * 2.0
+    step = p.scale_up_latency_s + kv / (10.3e9)
+    fwd_x = max(0.0, (plan.cp - 1) * step - p.overlap_efficiency * lt.fwd_attn)
+    bwd_x = max(0.0, 2 * (plan.cp - 1) * step - p.overlap_efficiency * lt.bwd_attn)
+    layers = m.num_layers
+    assert est.time_s["cp_comm"] == pytest.approx(layers * (2 * fwd_x + bwd_x), rel=1e-9)
+    assert est.time_s["cp_comm"] > 0.0
+    t_free = estimate_plan(free.model, free.cluster, free.plan(), free.training).time_s
+    assert t_free["cp_comm"] == 0.0
 
 
 def llama_fp8(fp8_param_gather: bool, precision: str = "fp8"):

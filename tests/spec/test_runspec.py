@@ -198,6 +198,14 @@ def test_preset_fields_can_be_overridden() -> None:
             "training.kv_repeat",
         ),
         (
+            {"model": {"preset": "llama3-8b"}, "training": {"cp_comm_ctas": -1}},
+            "training.cp_comm_ctas",
+        ),
+        (
+            {"model": {"preset": "llama3-8b"}, "training": {"cp_comm_ctas": 1.5}},
+            "training.cp_comm_ctas",
+        ),
+        (
             {"model": {"preset": "llama3-8b"}, "training": {"pipeline_split": "odd"}},
             "training.pipeline_split",
         ),

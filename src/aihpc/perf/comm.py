@@ -21,8 +21,15 @@ import math
 from aihpc.perf.params import DEFAULT_PARAMS, ModelParams
 from aihpc.spec.calibration import Calibration, busbw_factor
 from aihpc.spec.cluster import ClusterSpec
+from aihpc.spec.errors import SpecError
 
-__all__ = ["busbw_factor", "collective_time_s", "group_tiers", "p2p_time_s"]
+__all__ = [
+    "busbw_factor",
+    "channel_bw_GBps",
+    "collective_time_s",
+    "group_tiers",
+    "p2p_time_s",
+]
 
 
 def group_tiers(cluster: ClusterSpec, n: int, stride: int) -> tuple[int, int]:
@@ -75,12 +82,39 @@ def collective_time_s(
     stride: int = 1,
     params: ModelParams | None = None,
     calibration: Calibration | None = None,
+    channels: int = 0,
 ) -> float:
-    """Time of one collective of whole-buffer ``size_bytes`` over ``n`` ranks ``stride`` apart."""
+    """Time of one collective of whole-buffer ``size_bytes`` over ``n`` ranks ``stride`` apart.
+
+    ``channels`` > 0: NCCL may use at most that many channels (CTAs); a ring step is a
+    point-to-point copy, so the busiest tier's bytes move at most ``channels`` x the channel
+    bandwidth of ``p2p_time_s``.
+    """
     params = params or DEFAULT_PARAMS
     calibration = calibration if calibration is not None else cluster.calibration
     if n <= 1:
         return 0.0
+    t = _collective_time_s(cluster, collective, size_bytes, n, stride, params, calibration)
+    if channels > 0 and size_bytes > 0:
+        k, domains = group_tiers(cluster, n, stride)
+        if domains == 1:
+            tier_bytes = size_bytes * busbw_factor(collective, n)
+        else:
+            tier_bytes = size_bytes / k * busbw_factor(collective, domains)
+        bw = channels * channel_bw_GBps(cluster, params, domains > 1, channels)
+        t = max(t, tier_bytes / (bw * 1e9))
+    return t
+
+
+def _collective_time_s(
+    cluster: ClusterSpec,
+    collective: str,
+    size_bytes: float,
+    n: int,
+    stride: int,
+    params: ModelParams,
+    calibration: Calibration | None,
+) -> float:
     k, domains = group_tiers(cluster, n, stride)
     if domains == 1:
         return _tier_time_s(cluster, collective, size_bytes, n, "scale_up", params, calibration)
@@ -126,9 +160,36 @@ def p2p_time_s(
     cross_domain: bool,
     params: ModelParams | None = None,
     calibration: Calibration | None = None,
+    channels: int = 0,
 ) -> float:
-    """One point-to-point transfer (pipeline stages)."""
+    """One point-to-point transfer (pipeline stages, ring attention).
+
+    ``channels`` > 0: the communicator may use at most that many NCCL channels (CTAs), each
+    moving ``p2p_channel_bw_GBps`` over NVLink or ``net_p2p_channel_bw_GBps`` across the network;
+    the transfer takes the longer of that and the uncapped link time.
+    """
     params = params or DEFAULT_PARAMS
     calibration = calibration if calibration is not None else cluster.calibration
     tier = "scale_out" if cross_domain else "scale_up"
-    return _tier_time_s(cluster, "send_recv", size_bytes, 2, tier, params, calibration)
+    t = _tier_time_s(cluster, "send_recv", size_bytes, 2, tier, params, calibration)
+    if channels > 0 and size_bytes > 0:
+        bw = channels * channel_bw_GBps(cluster, params, cross_domain, channels)
+        latency = params.scale_out_latency_s if cross_domain else params.scale_up_latency_s
+        t = max(t, latency + size_bytes / (bw * 1e9))
+    return t
+
+
+def channel_bw_GBps(
+    cluster: ClusterSpec, params: ModelParams, cross_domain: bool, channels: int
+) -> float:
+    """What one NCCL channel (one CTA) moves to a peer, per direction, GB/s."""
+    if cross_domain:
+        return params.net_p2p_channel_bw_GBps
+    if cluster.gpu.p2p_channel_bw_GBps is None:
+        raise SpecError(
+            "training.cp_comm_ctas",
+            channels,
+            f"GPU {cluster.gpu.id!r} has no p2p_channel_bw_GBps (bandwidth of one NCCL channel "
+            "over its scale-up links): set it in [cluster.gpu_spec], or use 0",
+        )
+    return cluster.gpu.p2p_channel_bw_GBps

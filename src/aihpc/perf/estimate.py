@@ -127,11 +127,11 @@ def estimate_plan(
     gpu, cal = cluster.gpu, cluster.calibration
     p, v, m, t = plan.pp, plan.vpp, plan.num_microbatches, plan.tp
 
-    def collective(kind: str, size: float, n: int, stride: int) -> float:
-        key = ("collective", kind, size, n, stride)
+    def collective(kind: str, size: float, n: int, stride: int, channels: int = 0) -> float:
+        key = ("collective", kind, size, n, stride, channels)
         hit = memo.get(key) if memo is not None else None
         if hit is None:
-            hit = comm.collective_time_s(cluster, kind, size, n, stride, params)
+            hit = comm.collective_time_s(cluster, kind, size, n, stride, params, channels=channels)
             if memo is not None:
                 memo[key] = hit
         return hit
@@ -197,12 +197,14 @@ def estimate_plan(
         cross = plan.tp * plan.cp > cluster.nvlink_domain
         hide = params.overlap_efficiency
         fwd_reps = 2 if plan.recompute == "full" else 1  # the recompute runs the ring again
+        ctas = training.cp_comm_ctas
         if training.cp_exchange == "allgather":
             # PyTorch's context_parallel: one all-gather of every rank's K/V per attention call
             # (forward and backward), hidden only behind the first of the cp blocks; backward
             # passes the fp32 dK/dV on after every block, the last transfer waited for at the end.
-            ag = collective("all_gather", plan.cp * kv_local, plan.cp, _group_stride(plan, "cp"))
-            dkv = comm.p2p_time_s(cluster, 2 * kv_local, cross, params)
+            cp_stride = _group_stride(plan, "cp")
+            ag = collective("all_gather", plan.cp * kv_local, plan.cp, cp_stride, ctas)
+            dkv = comm.p2p_time_s(cluster, 2 * kv_local, cross, params, channels=ctas)
             blk_f, blk_b = lt.fwd_attn / plan.cp, lt.bwd_attn / plan.cp
             fwd_x = max(0.0, ag - hide * blk_f)
             bwd_x = max(0.0, ag - hide * blk_b) + (plan.cp - 1) * max(0.0, dkv - hide * blk_b)
@@ -211,7 +213,7 @@ def estimate_plan(
         else:
             # Ring: (cp - 1) K/V transfers forward, twice that backward (K/V on, dK/dV back),
             # hidden behind the attention blocks.
-            step = comm.p2p_time_s(cluster, kv_local, cross, params)
+            step = comm.p2p_time_s(cluster, kv_local, cross, params, channels=ctas)
             fwd_c = (plan.cp - 1) * step
             fwd_x = max(0.0, fwd_c - hide * lt.fwd_attn)
             bwd_c = 2 * fwd_c

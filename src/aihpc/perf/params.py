@@ -55,6 +55,10 @@ class ModelParams:
     # message times: ~5-10 us intra-node, ~15-25 us inter-node for 8-16 ranks).
     scale_up_latency_s: float = 5e-6
     scale_out_latency_s: float = 10e-6
+    # What one NCCL channel moves point-to-point to a peer across the network, GB/s: NCCL sizes
+    # network p2p at one channel per 14 GB/s (NCCL_P2P_PER_CHANNEL_NET_BW, default 14,
+    # src/graph/paths.cc). Over NVLink the figure is the part's p2p_channel_bw_GBps.
+    net_p2p_channel_bw_GBps: float = 14.0
     # Fraction of a collective hidden behind independent compute when the framework overlaps it
     # (DP gradient reduce-scatter in the backward, ZeRO-3 gathers prefetched, ring-attention
     # exchange). Overlap is never perfect: the collective steals SMs and HBM bandwidth.

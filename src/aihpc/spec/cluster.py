@@ -49,6 +49,9 @@ class GPUSpec:
     attention_bwd_efficiency: float | None = None
     flash2_fwd_efficiency: float | None = None  # FlashAttention-2 where it is not the best kernel
     flash2_bwd_efficiency: float | None = None
+    # What one NCCL channel (one CTA) moves point-to-point over the scale-up links, per
+    # direction: it matters where a job caps a communicator's CTAs (training.cp_comm_ctas).
+    p2p_channel_bw_GBps: float | None = None
     gpus_per_node: int = 8
     id: str = "custom"  # catalog id
     name: str = "custom"
@@ -67,6 +70,7 @@ class GPUSpec:
             "fp32_tflops",
             "tdp_w",
             "power_limit_w",
+            "p2p_channel_bw_GBps",
             "gpus_per_node",
         ):
             check_positive(f"cluster.gpu_spec.{f}", getattr(self, f))

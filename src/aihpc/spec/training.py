@@ -78,6 +78,12 @@ class TrainingSpec:
     # true: K/V repeated to every query head before the attention kernel (torchtitan's repeat_kv
     # ahead of SDPA, 2024), so context parallelism moves num_attention_heads of K/V, not kv_heads.
     kv_repeat: bool = False
+    # Most CTAs (NCCL channels) the context-parallel communicator may use; 0: NCCL's default.
+    # NVIDIA's Megatron/NeMo recipes cap it to keep SMs for compute: MLPerf Training v5.1's Llama
+    # 3.1 8B and 405B configs set `cp: max_ctas: 1` in conf/nccl/custom_communicator_cta.yaml
+    # (Megatron-Core `nccl_communicator_config_path`, NCCL `ncclConfig_t.maxCTAs`). One channel
+    # moves p2p_channel_bw_GBps of the GPU over NVLink (docs/performance-model.md).
+    cp_comm_ctas: int = 0
     # How layers may be split into pipeline chunks (pp x vpp of them). uneven: chunks may differ
     # by a layer and the busiest is priced (torchtitan's split points; Llama 3's stack runs 126
     # layers on 16 x V chunks). even: every chunk holds the same number of layers, as Megatron-LM,
@@ -126,6 +132,7 @@ class TrainingSpec:
         check_positive("training.weight_decay", self.weight_decay, allow_zero=True)
         check_positive("training.grad_clip", self.grad_clip, allow_zero=True)
         check_positive("training.log_interval", self.log_interval)
+        check_positive("training.cp_comm_ctas", self.cp_comm_ctas, allow_zero=True)
         if not 0 <= self.min_lr_ratio <= 1:
             check_choice("training.min_lr_ratio", self.min_lr_ratio, ["a number in [0, 1]"])
 
