@@ -199,6 +199,8 @@ def row_runspec(row: dict[str, str]) -> RunSpec:
             training[text] = _cell(row, text)
     if _cell(row, "dropout"):
         training["dropout"] = float(_cell(row, "dropout"))
+    if _cell(row, "cp_comm_ctas"):
+        training["cp_comm_ctas"] = int(_cell(row, "cp_comm_ctas"))
     cluster = {
         "gpu": _cell(row, "gpu"),
         "num_gpus": int(_cell(row, "num_gpus")),
