@@ -48,20 +48,29 @@ def _tier_time_s(
     tier: str,
     params: ModelParams,
     calibration: Calibration | None,
+    channels: int = 0,
 ) -> float:
     if n <= 1 or size_bytes <= 0:
         return 0.0
     factor = busbw_factor(collective, n)
+    # A communicator capped at c CTAs moves at most c channels' worth on this tier: each ring
+    # step or transfer is a copy one channel makes to its peer.
+    cap = (
+        channels * channel_bw_GBps(cluster, params, tier == "scale_out", channels)
+        if channels > 0
+        else float("inf")
+    )
     fit = calibration.comm_fit(collective, tier) if calibration is not None else None
     if fit is not None:
         r = fit.regime(size_bytes)
-        return r.latency_us * 1e-6 + size_bytes * factor / (r.busbw_GBps * 1e9)
+        return r.latency_us * 1e-6 + size_bytes * factor / (min(r.busbw_GBps, cap) * 1e9)
     if tier == "scale_up":
         bw = cluster.scale_up_bw_GBps * params.scale_up_efficiency
         latency = params.scale_up_latency_s
     else:
         bw = cluster.scale_out_bw_GBps * params.scale_out_efficiency
         latency = params.scale_out_latency_s
+    bw = min(bw, cap)
     # Latency: NCCL runs all-gather and reduce-scatter as rings, n - 1 dependent hops; an
     # all-reduce at scale uses the double binary tree, 2 log2(n) hops (Sanders et al. 2009;
     # NCCL 2.4 release notes); all-to-all and point-to-point pay one hop per peer exchange.
@@ -87,37 +96,17 @@ def collective_time_s(
     """Time of one collective of whole-buffer ``size_bytes`` over ``n`` ranks ``stride`` apart.
 
     ``channels`` > 0: NCCL may use at most that many channels (CTAs); a ring step is a
-    point-to-point copy, so the busiest tier's bytes move at most ``channels`` x the channel
+    point-to-point copy, so each tier moves its bytes at most at ``channels`` x the channel
     bandwidth of ``p2p_time_s``.
     """
     params = params or DEFAULT_PARAMS
     calibration = calibration if calibration is not None else cluster.calibration
     if n <= 1:
         return 0.0
-    t = _collective_time_s(cluster, collective, size_bytes, n, stride, params, calibration)
-    if channels > 0 and size_bytes > 0:
-        k, domains = group_tiers(cluster, n, stride)
-        if domains == 1:
-            tier_bytes = size_bytes * busbw_factor(collective, n)
-        else:
-            tier_bytes = size_bytes / k * busbw_factor(collective, domains)
-        bw = channels * channel_bw_GBps(cluster, params, domains > 1, channels)
-        t = max(t, tier_bytes / (bw * 1e9))
-    return t
-
-
-def _collective_time_s(
-    cluster: ClusterSpec,
-    collective: str,
-    size_bytes: float,
-    n: int,
-    stride: int,
-    params: ModelParams,
-    calibration: Calibration | None,
-) -> float:
+    c = channels
     k, domains = group_tiers(cluster, n, stride)
     if domains == 1:
-        return _tier_time_s(cluster, collective, size_bytes, n, "scale_up", params, calibration)
+        return _tier_time_s(cluster, collective, size_bytes, n, "scale_up", params, calibration, c)
     fit = calibration.comm_fit(collective, "scale_out") if calibration is not None else None
     if fit is not None and fit.ranks_per_domain != 1:
         # The fit timed a whole multi-node collective (nccl-tests over every GPU of the nodes):
@@ -126,9 +115,17 @@ def _collective_time_s(
         k_measured = fit.ranks_per_domain or k
         r = fit.regime(size_bytes)
         bw_time = size_bytes * busbw_factor(collective, n) / (r.busbw_GBps * 1e9)
-        return r.latency_us * 1e-6 + bw_time * k_measured / k
+        t = r.latency_us * 1e-6 + bw_time * k_measured / k
+        if c > 0:  # the capped tiers, each at c channels, bound the measured whole
+            up_cap = _tier_time_s(cluster, collective, size_bytes, k, "scale_up", params, None, c)
+            out_bytes = size_bytes / k
+            out_cap = _tier_time_s(
+                cluster, collective, out_bytes, domains, "scale_out", params, None, c
+            )
+            t = max(t, up_cap, out_cap)
+        return t
     if k == 1:
-        return _tier_time_s(cluster, collective, size_bytes, n, "scale_out", params, calibration)
+        return _tier_time_s(cluster, collective, size_bytes, n, "scale_out", params, calibration, c)
     up = _tier_time_s(
         cluster,
         "reduce_scatter" if collective != "all_gather" else "all_gather",
@@ -137,9 +134,10 @@ def _collective_time_s(
         "scale_up",
         params,
         calibration,
+        c,
     )
     out = _tier_time_s(
-        cluster, collective, size_bytes / k, domains, "scale_out", params, calibration
+        cluster, collective, size_bytes / k, domains, "scale_out", params, calibration, c
     )
     if collective == "all_reduce":  # reduce-scatter in, all-reduce across, all-gather out
         up *= 2
@@ -166,17 +164,12 @@ def p2p_time_s(
 
     ``channels`` > 0: the communicator may use at most that many NCCL channels (CTAs), each
     moving ``p2p_channel_bw_GBps`` over NVLink or ``net_p2p_channel_bw_GBps`` across the network;
-    the transfer takes the longer of that and the uncapped link time.
+    the transfer runs at the lower of that and the link's bandwidth.
     """
     params = params or DEFAULT_PARAMS
     calibration = calibration if calibration is not None else cluster.calibration
     tier = "scale_out" if cross_domain else "scale_up"
-    t = _tier_time_s(cluster, "send_recv", size_bytes, 2, tier, params, calibration)
-    if channels > 0 and size_bytes > 0:
-        bw = channels * channel_bw_GBps(cluster, params, cross_domain, channels)
-        latency = params.scale_out_latency_s if cross_domain else params.scale_up_latency_s
-        t = max(t, latency + size_bytes / (bw * 1e9))
-    return t
+    return _tier_time_s(cluster, "send_recv", size_bytes, 2, tier, params, calibration, channels)
 
 
 def channel_bw_GBps(
