@@ -248,3 +248,37 @@ def test_dropout_inside_a_fused_attention_kernel_costs_its_measured_share(attent
     assert drop.fwd_attn == pytest.approx(k * plain.fwd_attn, rel=1e-12)
     assert drop.bwd_attn == pytest.approx(k * plain.bwd_attn, rel=1e-12)
     assert drop.fwd_gemm == plain.fwd_gemm
+
+
+def test_a_capped_pipeline_communicator_sends_at_its_channels() -> None:
+    """`pp_comm_ctas = 2` (NVIDIA's recipes): every stage-to-stage send across nodes moves at two
+    of NCCL's 14 GB/s network channels instead of the NIC's share; nothing else moves."""
+
+    def spec(ctas: int):
+        return runspec_from_dict(
+            {
+                "model": {"preset": "llama3-70b"},
+                "cluster": {"gpu": "h100-sxm", "num_gpus": 64},
+                "parallel": {
+                    "tp": 8,
+                    "pp": 4,
+                    "sequence_parallel": True,
+                    "micro_batch_size": 1,
+                    "global_batch_size": 16,
+                },
+                "training": {"pp_comm_ctas": ctas},
+            }
+        )
+
+    free, capped = spec(0), spec(2)
+    t0 = estimate_plan(free.model, free.cluster, free.plan(), free.training).time_s
+    t1 = estimate_plan(capped.model, capped.cluster, capped.plan(), capped.training).time_s
+    plan, m = capped.plan(), capped.model
+    msg = plan.micro_batch_size * m.seq_length * m.hidden_size * 2.0 / plan.tp
+    hop = DEFAULT_PARAMS.scale_out_latency_s + msg / (2 * 14e9)
+    transfers = 2.0 * (plan.num_microbatches + (plan.pp - 1) * plan.vpp)
+    assert t1["pp_comm"] == pytest.approx(transfers * hop, rel=1e-12)
+    assert t1["pp_comm"] > t0["pp_comm"]
+    assert {k: v for k, v in t1.items() if k != "pp_comm"} == {
+        k: v for k, v in t0.items() if k != "pp_comm"
+    }

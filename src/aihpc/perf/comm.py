@@ -53,8 +53,8 @@ def _tier_time_s(
     if n <= 1 or size_bytes <= 0:
         return 0.0
     factor = busbw_factor(collective, n)
-    # A communicator capped at c CTAs moves at most c channels' worth on this tier: each ring
-    # step or transfer is a copy one channel makes to its peer.
+    # A point-to-point transfer on a communicator capped at c CTAs moves at most c channels'
+    # worth (callers pass channels for send_recv only: a ring collective's channel moves more).
     cap = (
         channels * channel_bw_GBps(cluster, params, tier == "scale_out", channels)
         if channels > 0
@@ -91,22 +91,15 @@ def collective_time_s(
     stride: int = 1,
     params: ModelParams | None = None,
     calibration: Calibration | None = None,
-    channels: int = 0,
 ) -> float:
-    """Time of one collective of whole-buffer ``size_bytes`` over ``n`` ranks ``stride`` apart.
-
-    ``channels`` > 0: NCCL may use at most that many channels (CTAs); a ring step is a
-    point-to-point copy, so each tier moves its bytes at most at ``channels`` x the channel
-    bandwidth of ``p2p_time_s``.
-    """
+    """Time of one collective of whole-buffer ``size_bytes`` over ``n`` ranks ``stride`` apart."""
     params = params or DEFAULT_PARAMS
     calibration = calibration if calibration is not None else cluster.calibration
     if n <= 1:
         return 0.0
-    c = channels
     k, domains = group_tiers(cluster, n, stride)
     if domains == 1:
-        return _tier_time_s(cluster, collective, size_bytes, n, "scale_up", params, calibration, c)
+        return _tier_time_s(cluster, collective, size_bytes, n, "scale_up", params, calibration)
     fit = calibration.comm_fit(collective, "scale_out") if calibration is not None else None
     if fit is not None and fit.ranks_per_domain != 1:
         # The fit timed a whole multi-node collective (nccl-tests over every GPU of the nodes):
@@ -115,17 +108,9 @@ def collective_time_s(
         k_measured = fit.ranks_per_domain or k
         r = fit.regime(size_bytes)
         bw_time = size_bytes * busbw_factor(collective, n) / (r.busbw_GBps * 1e9)
-        t = r.latency_us * 1e-6 + bw_time * k_measured / k
-        if c > 0:  # the capped tiers, each at c channels, bound the measured whole
-            up_cap = _tier_time_s(cluster, collective, size_bytes, k, "scale_up", params, None, c)
-            out_bytes = size_bytes / k
-            out_cap = _tier_time_s(
-                cluster, collective, out_bytes, domains, "scale_out", params, None, c
-            )
-            t = max(t, up_cap, out_cap)
-        return t
+        return r.latency_us * 1e-6 + bw_time * k_measured / k
     if k == 1:
-        return _tier_time_s(cluster, collective, size_bytes, n, "scale_out", params, calibration, c)
+        return _tier_time_s(cluster, collective, size_bytes, n, "scale_out", params, calibration)
     up = _tier_time_s(
         cluster,
         "reduce_scatter" if collective != "all_gather" else "all_gather",
@@ -134,10 +119,9 @@ def collective_time_s(
         "scale_up",
         params,
         calibration,
-        c,
     )
     out = _tier_time_s(
-        cluster, collective, size_bytes / k, domains, "scale_out", params, calibration, c
+        cluster, collective, size_bytes / k, domains, "scale_out", params, calibration
     )
     if collective == "all_reduce":  # reduce-scatter in, all-reduce across, all-gather out
         up *= 2
@@ -180,9 +164,9 @@ def channel_bw_GBps(
         return params.net_p2p_channel_bw_GBps
     if cluster.gpu.p2p_channel_bw_GBps is None:
         raise SpecError(
-            "training.cp_comm_ctas",
-            channels,
-            f"GPU {cluster.gpu.id!r} has no p2p_channel_bw_GBps (bandwidth of one NCCL channel "
-            "over its scale-up links): set it in [cluster.gpu_spec], or use 0",
+            "cluster.gpu_spec.p2p_channel_bw_GBps",
+            None,
+            f"GPU {cluster.gpu.id!r} has no figure, and a communicator's CTAs are capped at "
+            f"{channels}: set it, or leave the training.*_comm_ctas caps at 0",
         )
     return cluster.gpu.p2p_channel_bw_GBps

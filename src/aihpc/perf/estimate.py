@@ -127,11 +127,11 @@ def estimate_plan(
     gpu, cal = cluster.gpu, cluster.calibration
     p, v, m, t = plan.pp, plan.vpp, plan.num_microbatches, plan.tp
 
-    def collective(kind: str, size: float, n: int, stride: int, channels: int = 0) -> float:
-        key = ("collective", kind, size, n, stride, channels)
+    def collective(kind: str, size: float, n: int, stride: int) -> float:
+        key = ("collective", kind, size, n, stride)
         hit = memo.get(key) if memo is not None else None
         if hit is None:
-            hit = comm.collective_time_s(cluster, kind, size, n, stride, params, channels=channels)
+            hit = comm.collective_time_s(cluster, kind, size, n, stride, params)
             if memo is not None:
                 memo[key] = hit
         return hit
@@ -202,8 +202,9 @@ def estimate_plan(
             # PyTorch's context_parallel: one all-gather of every rank's K/V per attention call
             # (forward and backward), hidden only behind the first of the cp blocks; backward
             # passes the fp32 dK/dV on after every block, the last transfer waited for at the end.
+            # A CTA cap slows the dK/dV transfers, not the all-gather (a ring collective).
             cp_stride = _group_stride(plan, "cp")
-            ag = collective("all_gather", plan.cp * kv_local, plan.cp, cp_stride, ctas)
+            ag = collective("all_gather", plan.cp * kv_local, plan.cp, cp_stride)
             dkv = comm.p2p_time_s(cluster, 2 * kv_local, cross, params, channels=ctas)
             blk_f, blk_b = lt.fwd_attn / plan.cp, lt.bwd_attn / plan.cp
             fwd_x = max(0.0, ag - hide * blk_f)
@@ -229,7 +230,8 @@ def estimate_plan(
     if p > 1:
         msg = act_bytes / (t if plan.sequence_parallel else 1)
         cross = _group_stride(plan, "pp") >= cluster.nvlink_domain
-        pp_time = p2p_transfers(p, v, m) * comm.p2p_time_s(cluster, msg, cross, params)
+        hop = comm.p2p_time_s(cluster, msg, cross, params, channels=training.pp_comm_ctas)
+        pp_time = p2p_transfers(p, v, m) * hop
 
     # --- data parallel: gradient reduction and ZeRO parameter gathers
     dp_n = plan.dp * plan.cp  # gradients are reduced over dp x cp replicas

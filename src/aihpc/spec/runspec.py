@@ -34,6 +34,18 @@ class RunSpec:
     reliability: ReliabilitySpec = field(default_factory=ReliabilitySpec)
     path: str = ""
 
+    def __post_init__(self) -> None:
+        if self.cluster.gpu.p2p_channel_bw_GBps is None:
+            for cap in ("cp_comm_ctas", "pp_comm_ctas"):
+                if getattr(self.training, cap):
+                    raise SpecError(
+                        f"training.{cap}",
+                        getattr(self.training, cap),
+                        f"GPU {self.cluster.gpu.id!r} has no p2p_channel_bw_GBps (what one NCCL "
+                        "channel moves over its scale-up links): set it in [cluster.gpu_spec], "
+                        "or use 0",
+                    )
+
     def plan(self) -> ParallelPlan:
         """The complete plan ``estimate`` evaluates (given fields, defaults for the rest)."""
         return resolve_plan(self.parallel, self.cluster)

@@ -84,6 +84,11 @@ class TrainingSpec:
     # (Megatron-Core `nccl_communicator_config_path`, NCCL `ncclConfig_t.maxCTAs`). One channel
     # moves p2p_channel_bw_GBps of the GPU over NVLink (docs/performance-model.md).
     cp_comm_ctas: int = 0
+    # The same cap on the pipeline communicator (stage-to-stage sends); the recipes above set
+    # `pp: max_ctas: 2`. Only point-to-point transfers are capped: a ring collective's channel
+    # moves more than a p2p channel (NCCL sizes ring channels by its topology search), so the
+    # `dp` / `tp: max_ctas: 8` of the same files are not priced.
+    pp_comm_ctas: int = 0
     # How layers may be split into pipeline chunks (pp x vpp of them). uneven: chunks may differ
     # by a layer and the busiest is priced (torchtitan's split points; Llama 3's stack runs 126
     # layers on 16 x V chunks). even: every chunk holds the same number of layers, as Megatron-LM,
@@ -132,7 +137,8 @@ class TrainingSpec:
         check_positive("training.weight_decay", self.weight_decay, allow_zero=True)
         check_positive("training.grad_clip", self.grad_clip, allow_zero=True)
         check_positive("training.log_interval", self.log_interval)
-        check_positive("training.cp_comm_ctas", self.cp_comm_ctas, allow_zero=True)
+        for f in ("cp_comm_ctas", "pp_comm_ctas"):
+            check_positive(f"training.{f}", getattr(self, f), allow_zero=True)
         if not 0 <= self.min_lr_ratio <= 1:
             check_choice("training.min_lr_ratio", self.min_lr_ratio, ["a number in [0, 1]"])
 
