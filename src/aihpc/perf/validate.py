@@ -199,8 +199,9 @@ def row_runspec(row: dict[str, str]) -> RunSpec:
             training[text] = _cell(row, text)
     if _cell(row, "dropout"):
         training["dropout"] = float(_cell(row, "dropout"))
-    if _cell(row, "cp_comm_ctas"):
-        training["cp_comm_ctas"] = int(_cell(row, "cp_comm_ctas"))
+    for cap in ("cp_comm_ctas", "pp_comm_ctas"):
+        if _cell(row, cap):
+            training[cap] = int(_cell(row, cap))
     cluster = {
         "gpu": _cell(row, "gpu"),
         "num_gpus": int(_cell(row, "num_gpus")),
