@@ -23,13 +23,7 @@ from aihpc.spec.calibration import Calibration, busbw_factor
 from aihpc.spec.cluster import ClusterSpec
 from aihpc.spec.errors import SpecError
 
-__all__ = [
-    "busbw_factor",
-    "channel_bw_GBps",
-    "collective_time_s",
-    "group_tiers",
-    "p2p_time_s",
-]
+__all__ = ["busbw_factor", "collective_time_s", "group_tiers", "p2p_time_s"]
 
 
 def group_tiers(cluster: ClusterSpec, n: int, stride: int) -> tuple[int, int]:
@@ -56,7 +50,7 @@ def _tier_time_s(
     # A point-to-point transfer on a communicator capped at c CTAs moves at most c channels'
     # worth (callers pass channels for send_recv only: a ring collective's channel moves more).
     cap = (
-        channels * channel_bw_GBps(cluster, params, tier == "scale_out", channels)
+        channels * _channel_bw_GBps(cluster, params, tier == "scale_out", channels)
         if channels > 0
         else float("inf")
     )
@@ -156,7 +150,7 @@ def p2p_time_s(
     return _tier_time_s(cluster, "send_recv", size_bytes, 2, tier, params, calibration, channels)
 
 
-def channel_bw_GBps(
+def _channel_bw_GBps(
     cluster: ClusterSpec, params: ModelParams, cross_domain: bool, channels: int
 ) -> float:
     """What one NCCL channel (one CTA) moves to a peer, per direction, GB/s."""

@@ -203,8 +203,7 @@ def estimate_plan(
             # (forward and backward), hidden only behind the first of the cp blocks; backward
             # passes the fp32 dK/dV on after every block, the last transfer waited for at the end.
             # A CTA cap slows the dK/dV transfers, not the all-gather (a ring collective).
-            cp_stride = _group_stride(plan, "cp")
-            ag = collective("all_gather", plan.cp * kv_local, plan.cp, cp_stride)
+            ag = collective("all_gather", plan.cp * kv_local, plan.cp, _group_stride(plan, "cp"))
             dkv = comm.p2p_time_s(cluster, 2 * kv_local, cross, params, channels=ctas)
             blk_f, blk_b = lt.fwd_attn / plan.cp, lt.bwd_attn / plan.cp
             fwd_x = max(0.0, ag - hide * blk_f)
