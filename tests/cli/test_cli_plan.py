@@ -65,6 +65,26 @@ def test_estimate_names_the_software_it_assumed(tmp_path: Path) -> None:
     assert "[training]" in line
 
 
+def test_estimate_says_when_a_communicator_is_capped(tmp_path: Path) -> None:
+    spec = tmp_path / "run.toml"
+    spec.write_text(
+        '[model]\npreset = "llama3-8b"\nseq_length = 32768\n'
+        '[cluster]\ngpu = "b200"\nnum_gpus = 64\n'
+        "[parallel]\ntp = 1\ncp = 2\npp = 2\nglobal_batch_size = 64\n"
+        "[training]\ncp_comm_ctas = 1\npp_comm_ctas = 2\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "aihpc", "estimate", str(spec)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.split())  # the software line may wrap
+    assert "CP K/V ring on 1 CTA ·" in text and "sends on 2 CTAs" in text
+
+
 def test_search_json_contract(tmp_path: Path) -> None:
     spec = tmp_path / "s.toml"
     spec.write_text(

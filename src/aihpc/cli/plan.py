@@ -47,6 +47,10 @@ def _plan_line(plan: dict) -> str:
     )
 
 
+def _ctas(n: int) -> str:
+    return f"{n} CTA" + ("s" if n > 1 else "")
+
+
 def _software_line(spec: RunSpec, est: Estimate) -> str:
     """The [training] facts the estimate priced, so a reader sees what was assumed."""
     tr = spec.training
@@ -61,9 +65,16 @@ def _software_line(spec: RunSpec, est: Estimate) -> str:
     if est.plan.zero_stage == 3:
         parts.append(f"ZeRO-3 gathers {tr.zero3_gather}")
     if est.plan.cp > 1:
-        parts.append(f"CP K/V {tr.cp_exchange}" + (" (heads repeated)" if tr.kv_repeat else ""))
+        parts.append(
+            f"CP K/V {tr.cp_exchange}"
+            + (" (heads repeated)" if tr.kv_repeat else "")
+            + (f" on {_ctas(tr.cp_comm_ctas)}" if tr.cp_comm_ctas else "")
+        )
     if est.plan.pp > 1:
-        parts.append(f"pipeline chunks {tr.pipeline_split}")
+        parts.append(
+            f"pipeline chunks {tr.pipeline_split}"
+            + (f", sends on {_ctas(tr.pp_comm_ctas)}" if tr.pp_comm_ctas else "")
+        )
     if tr.precision == "fp8":
         parts.append(f"FP8 linear inputs kept in {tr.fp8_saved_inputs}")
         if tr.fp8_param_gather:
