@@ -43,6 +43,19 @@ def test_estimate_json_contract() -> None:
     assert 0 < out["mfu"] <= out["hfu"] < 1
 
 
+def estimate_human(spec: Path) -> subprocess.CompletedProcess:
+    """`aihpc estimate` with its rich output at 200 columns; asserts it succeeded."""
+    r = subprocess.run(
+        [sys.executable, "-m", "aihpc", "estimate", str(spec)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert r.returncode == 0, r.stderr
+    return r
+
+
 def test_estimate_names_the_software_it_assumed(tmp_path: Path) -> None:
     """The human output says which [training] facts it priced, and follows the run spec."""
     spec = tmp_path / "run.toml"
@@ -52,14 +65,7 @@ def test_estimate_names_the_software_it_assumed(tmp_path: Path) -> None:
             'optimizer = "adamw"\nattention = "flash2"\ncross_entropy = "eager"',
         )
     )
-    r = subprocess.run(
-        [sys.executable, "-m", "aihpc", "estimate", str(spec)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "COLUMNS": "200"},
-    )
-    assert r.returncode == 0, r.stderr
+    r = estimate_human(spec)
     line = next(x for x in r.stdout.splitlines() if x.startswith("software:"))
     assert "attention flash2" in line and "cross-entropy eager" in line
     assert "[training]" in line
@@ -73,14 +79,7 @@ def test_estimate_says_when_a_communicator_is_capped(tmp_path: Path) -> None:
         "[parallel]\ntp = 1\ncp = 2\npp = 2\nglobal_batch_size = 64\n"
         "[training]\ncp_comm_ctas = 1\npp_comm_ctas = 2\n"
     )
-    r = subprocess.run(
-        [sys.executable, "-m", "aihpc", "estimate", str(spec)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "COLUMNS": "200"},
-    )
-    assert r.returncode == 0, r.stderr
+    r = estimate_human(spec)
     text = " ".join(r.stdout.split())  # the software line may wrap
     assert "CP K/V ring on 1 CTA ·" in text and "sends on 2 CTAs" in text
 
