@@ -114,7 +114,7 @@ BAD = {
     "cta cap on a part without the channel figure": (
         '[cluster]\ngpu = "mi300x"\nnum_gpus = 64\n'
         "[parallel]\ntp = 2\ncp = 4\nglobal_batch_size = 8\n[training]\ncp_comm_ctas = 1\n",
-        "training.cp_comm_ctas",
+        "training.cp_comm_ctas = 1: GPU 'mi300x' has no p2p_channel_bw_GBps",
     ),
 }
 
