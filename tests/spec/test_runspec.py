@@ -221,3 +221,17 @@ def test_bad_input_names_the_field(data: dict, field: str) -> None:
         runspec_from_dict(data)
     assert err.value.field == field
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("cap", ["cp_comm_ctas", "pp_comm_ctas"])
+def test_communicator_cta_caps_are_counts_and_need_the_channel_figure(cap: str) -> None:
+    """A cap is a non-negative CTA count, and a part without `p2p_channel_bw_GBps` refuses one
+    up front instead of failing inside an estimate."""
+    base = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm", "num_gpus": 8}}
+    assert getattr(runspec_from_dict({**base, "training": {cap: 2}}).training, cap) == 2
+    with pytest.raises(SpecError, match="≥ 0"):
+        runspec_from_dict({**base, "training": {cap: -1}})
+    mi = {**base, "cluster": {"gpu": "mi300x", "num_gpus": 8}}
+    with pytest.raises(SpecError, match=f"training.{cap}.*p2p_channel_bw_GBps"):
+        runspec_from_dict({**mi, "training": {cap: 1}})
+    assert getattr(runspec_from_dict({**mi, "training": {cap: 0}}).training, cap) == 0

@@ -22,6 +22,7 @@ from aihpc.perf.search import search_plans
 from aihpc.spec.errors import SpecError
 from aihpc.spec.parallel import ParallelPlan, PartialPlan
 from aihpc.spec.runspec import RunSpec, runspec_from_dict
+from aihpc.spec.training import COMM_CTA_CAPS
 
 __all__ = ["MemoryRow", "ThroughputRow", "ValidationReport", "validate"]
 
@@ -199,7 +200,7 @@ def row_runspec(row: dict[str, str]) -> RunSpec:
             training[text] = _cell(row, text)
     if _cell(row, "dropout"):
         training["dropout"] = float(_cell(row, "dropout"))
-    for cap in ("cp_comm_ctas", "pp_comm_ctas"):
+    for cap in COMM_CTA_CAPS:
         if _cell(row, cap):
             training[cap] = int(_cell(row, cap))
     cluster = {

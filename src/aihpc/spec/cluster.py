@@ -50,7 +50,8 @@ class GPUSpec:
     flash2_fwd_efficiency: float | None = None  # FlashAttention-2 where it is not the best kernel
     flash2_bwd_efficiency: float | None = None
     # What one NCCL channel (one CTA) moves point-to-point over the scale-up links, per
-    # direction: it matters where a job caps a communicator's CTAs (training.cp_comm_ctas).
+    # direction: it matters where a job caps a communicator's CTAs
+    # (training.cp_comm_ctas, pp_comm_ctas).
     p2p_channel_bw_GBps: float | None = None
     gpus_per_node: int = 8
     id: str = "custom"  # catalog id

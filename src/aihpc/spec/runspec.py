@@ -17,7 +17,7 @@ from aihpc.spec.errors import SpecError
 from aihpc.spec.model import ModelSpec, model_from_table
 from aihpc.spec.parallel import ParallelPlan, PartialPlan, partial_from_table, resolve_plan
 from aihpc.spec.reliability import ReliabilitySpec
-from aihpc.spec.training import CheckpointSpec, TrainingSpec
+from aihpc.spec.training import COMM_CTA_CAPS, CheckpointSpec, TrainingSpec
 
 __all__ = ["RunSpec", "load_runspec", "runspec_from_dict"]
 
@@ -36,7 +36,7 @@ class RunSpec:
 
     def __post_init__(self) -> None:
         if self.cluster.gpu.p2p_channel_bw_GBps is None:
-            for cap in ("cp_comm_ctas", "pp_comm_ctas"):
+            for cap in COMM_CTA_CAPS:
                 if getattr(self.training, cap):
                     raise SpecError(
                         f"training.{cap}",

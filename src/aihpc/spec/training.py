@@ -10,6 +10,7 @@ from aihpc.spec.errors import SpecError
 
 __all__ = [
     "ATTENTION",
+    "COMM_CTA_CAPS",
     "CP_EXCHANGES",
     "CROSS_ENTROPY",
     "DTYPE_BYTES",
@@ -31,6 +32,8 @@ CP_EXCHANGES = ("ring", "allgather")
 PIPELINE_SPLITS = ("uneven", "even")
 FP8_SAVED_INPUTS = ("fp8", "bf16")
 CROSS_ENTROPY = ("fused", "vocab_parallel", "eager")
+# The [training] fields that cap a communicator's NCCL CTAs (point-to-point transfers only).
+COMM_CTA_CAPS = ("cp_comm_ctas", "pp_comm_ctas")
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,7 @@ class TrainingSpec:
         check_positive("training.weight_decay", self.weight_decay, allow_zero=True)
         check_positive("training.grad_clip", self.grad_clip, allow_zero=True)
         check_positive("training.log_interval", self.log_interval)
-        for f in ("cp_comm_ctas", "pp_comm_ctas"):
+        for f in COMM_CTA_CAPS:
             check_positive(f"training.{f}", getattr(self, f), allow_zero=True)
         if not 0 <= self.min_lr_ratio <= 1:
             check_choice("training.min_lr_ratio", self.min_lr_ratio, ["a number in [0, 1]"])
