@@ -53,6 +53,11 @@ class GPUSpec:
     # direction: it matters where a job caps a communicator's CTAs
     # (training.cp_comm_ctas, pp_comm_ctas).
     p2p_channel_bw_GBps: float | None = None
+    # The GPU's link to host memory (PCIe, or NVLink-C2C on Grace superchips), per direction, as
+    # a copy engine sustains it while every GPU of the node copies; and the host memory that
+    # falls to each GPU. They matter where a plan offloads activations (parallel.offload_layers).
+    host_link_GBps: float | None = None
+    host_mem_gib: float | None = None
     gpus_per_node: int = 8
     id: str = "custom"  # catalog id
     name: str = "custom"
@@ -72,6 +77,8 @@ class GPUSpec:
             "tdp_w",
             "power_limit_w",
             "p2p_channel_bw_GBps",
+            "host_link_GBps",
+            "host_mem_gib",
             "gpus_per_node",
         ):
             check_positive(f"cluster.gpu_spec.{f}", getattr(self, f))

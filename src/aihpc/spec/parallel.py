@@ -15,6 +15,7 @@ __all__ = [
     "ZERO_STAGES",
     "ParallelPlan",
     "PartialPlan",
+    "offload_problem",
     "resolve_plan",
     "validate_plan",
 ]
@@ -40,10 +41,12 @@ class PartialPlan:
     recompute: str | None = None
     micro_batch_size: int | None = None
     global_batch_size: int | None = None
+    offload_layers: int | None = None
 
     def __post_init__(self) -> None:
         for f in ("tp", "pp", "vpp", "cp", "dp", "ep", "micro_batch_size", "global_batch_size"):
             check_positive(f"parallel.{f}", getattr(self, f))
+        check_positive("parallel.offload_layers", self.offload_layers, allow_zero=True)
         if self.zero_stage is not None:
             check_choice("parallel.zero_stage", self.zero_stage, ZERO_STAGES)
         if self.recompute is not None:
@@ -70,6 +73,9 @@ class ParallelPlan:
     recompute: str = "none"
     micro_batch_size: int = 1
     global_batch_size: int = 1
+    # Layers whose saved activations go to host memory during the forward and come back for the
+    # backward (Megatron-Core cpu_offloading_num_layers); 0: none.
+    offload_layers: int = 0
 
     @property
     def model_parallel(self) -> int:
@@ -122,6 +128,7 @@ def resolve_plan(partial: PartialPlan, cluster: ClusterSpec) -> ParallelPlan:
         recompute=g.get("recompute", "none"),
         micro_batch_size=mbs,
         global_batch_size=g["global_batch_size"],
+        offload_layers=g.get("offload_layers", 0),
     )
     return plan
 
@@ -186,12 +193,48 @@ def plan_problem(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> 
             p.global_batch_size,
             f"must be a multiple of dp x micro_batch_size = {p.dp * p.micro_batch_size}",
         )
+    if p.offload_layers:
+        problem = offload_problem(p, model, cluster)
+        if problem is not None:
+            return problem
     if p.vpp > 1 and p.num_microbatches % p.pp:
         return SpecError(
             "parallel.vpp",
             p.vpp,
             f"interleaved 1F1B needs the micro-batch count "
             f"{p.num_microbatches} to be a multiple of pp {p.pp}",
+        )
+    return None
+
+
+def offload_problem(p: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> SpecError | None:
+    """Why ``offload_layers`` cannot apply to this plan, or None. Megatron-Core's TransformerConfig
+    allows it only without pipeline parallelism and with fewer layers than the model has (and
+    without any recompute; aihpc prices selective recompute beside it, not full, which keeps only
+    layer inputs). The GPU needs a host-link figure to price the copies."""
+    k = p.offload_layers
+    if k >= model.num_layers:
+        return SpecError(
+            "parallel.offload_layers", k, f"must be less than num_layers {model.num_layers}"
+        )
+    if p.pp > 1:
+        return SpecError(
+            "parallel.offload_layers",
+            k,
+            f"offloading is priced without pipeline parallelism (pp = {p.pp}); allowed with pp = 1",
+        )
+    if p.recompute == "full":
+        return SpecError(
+            "parallel.offload_layers",
+            k,
+            'offloading replaces recompute; with recompute = "full" only layer inputs are kept',
+        )
+    if cluster.gpu.host_link_GBps is None:
+        return SpecError(
+            "parallel.offload_layers",
+            k,
+            f"GPU {cluster.gpu.id!r} has no host_link_GBps (GPU-to-host copy bandwidth); "
+            "set it in [cluster.gpu_spec] or allowed: 0",
         )
     return None
 
