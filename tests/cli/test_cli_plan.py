@@ -71,6 +71,20 @@ def test_estimate_names_the_software_it_assumed(tmp_path: Path) -> None:
     assert "[training]" in line
 
 
+def test_estimate_shows_offloaded_layers_their_copies_and_host_memory(tmp_path: Path) -> None:
+    spec = tmp_path / "run.toml"
+    spec.write_text(
+        '[model]\npreset = "llama3-70b"\n[cluster]\ngpu = "gb200"\nnum_gpus = 64\n'
+        '[parallel]\ntp = 1\npp = 1\nzero_stage = 3\nrecompute = "none"\noffload_layers = 40\n'
+        'micro_batch_size = 2\nglobal_batch_size = 256\n[training]\nprecision = "fp8"\n'
+    )
+    lines = estimate_human(spec).stdout.splitlines()
+    assert any(x.startswith("plan:") and "offload 40 layers" in x for x in lines)
+    assert any("activation offload copies (exposed)" in x for x in lines)
+    host = next(x for x in lines if "offloaded to host memory" in x)
+    assert host.split()[-1] == "224"  # of the Grace's 480 GB shared by two GPUs, in GiB
+
+
 def test_estimate_says_when_a_communicator_is_capped(tmp_path: Path) -> None:
     spec = tmp_path / "run.toml"
     spec.write_text(
@@ -115,6 +129,15 @@ BAD = {
         '[cluster]\ngpu = "mi300x"\nnum_gpus = 64\n'
         "[parallel]\ntp = 2\ncp = 4\nglobal_batch_size = 8\n[training]\ncp_comm_ctas = 1\n",
         "training.cp_comm_ctas = 1: GPU 'mi300x' has no p2p_channel_bw_GBps",
+    ),
+    "offloading on a part without the host-link figure": (
+        '[cluster]\ngpu = "mi300x"\nnum_gpus = 64\n'
+        '[parallel]\nrecompute = "none"\noffload_layers = 4\nglobal_batch_size = 64\n',
+        "parallel.offload_layers = 4: GPU 'mi300x' has no host_link_GBps",
+    ),
+    "offloading under pipeline parallelism": (
+        '[parallel]\npp = 2\nrecompute = "none"\noffload_layers = 4\nglobal_batch_size = 64\n',
+        "parallel.offload_layers",
     ),
 }
 

@@ -229,6 +229,20 @@ def test_spec_the_runtime_cannot_train_exits_2(tmp_path, change, field):
     assert "Traceback" not in result.stderr
 
 
+def test_offloading_the_runtime_does_not_do_exits_2(tmp_path):
+    """A plan the planner prices (offloaded activations) but the trainer cannot run is refused,
+    not silently trained another way."""
+    spec = tmp_path / "offload.toml"
+    text = write_spec(tmp_path / "x.toml").read_text()
+    offload = "micro_batch_size = 1\noffload_layers = 1"
+    spec.write_text(text.replace("micro_batch_size = 1", offload))
+    result = CliRunner().invoke(app, ["train", str(spec), "--run-dir", str(tmp_path / "r")])
+    assert result.exit_code == 2, result.output
+    assert "parallel.offload_layers" in result.stderr and "allowed: 0" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()
+
+
 def test_user_data_file(tmp_path):
     data = tmp_path / "mine.txt"
     data.write_text("All the world's a stage, and all the men and women merely players. " * 60)

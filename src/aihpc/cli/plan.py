@@ -29,6 +29,7 @@ TIME_LABELS = {
     "dp_comm": "data-parallel comm (exposed)",
     "pipeline_bubble": "pipeline bubble",
     "optimizer": "optimizer step",
+    "offload": "activation offload copies (exposed)",
 }
 
 
@@ -44,6 +45,7 @@ def _plan_line(plan: dict) -> str:
         f"dp {plan['dp']} · zero {plan['zero_stage']} · sp {str(plan['sequence_parallel'])[0]}"
         f" · recompute {plan['recompute']} · mbs {plan['micro_batch_size']} · "
         f"gbs {plan['global_batch_size']}"
+        + (f" · offload {plan['offload_layers']} layers" if plan.get("offload_layers") else "")
     )
 
 
@@ -116,6 +118,9 @@ def render_estimate(spec: RunSpec, est: Estimate) -> None:
     mt.add_row(
         "[bold]total[/]", f"[bold]{est.memory.total / 2**30:.1f}[/] of {est.hbm_gib:.0f} ({fit})"
     )
+    if est.memory.offloaded:
+        host = f" of {est.host_mem_gib:.0f}" if est.host_mem_gib else ""
+        mt.add_row("offloaded to host memory", f"{out['host_offload_gib']:.1f}{host}")
     console.print(mt)
     console.print(
         f"tokens/s/GPU [bold]{est.tokens_per_s_per_gpu:,.0f}[/] · model TFLOP/s/GPU "
@@ -257,7 +262,7 @@ def register(app: typer.Typer) -> None:
                 str(p.dp),
                 str(p.zero_stage),
                 "y" if p.sequence_parallel else "n",
-                p.recompute,
+                p.recompute + (f" +offload {p.offload_layers}" if p.offload_layers else ""),
                 str(p.micro_batch_size),
                 f"{e.tokens_per_s_per_gpu:,.1f}",
                 f"{e.mfu:.1%}",
@@ -332,7 +337,8 @@ def validation_table(report: ValidationReport) -> str:
         p = r.plan
         plan = (
             f"tp{p.tp} pp{p.pp} v{p.vpp} cp{p.cp} dp{p.dp} z{p.zero_stage} "
-            f"{p.recompute} mbs{p.micro_batch_size}{' *' if r.searched else ''}"
+            f"{p.recompute}{f' off{p.offload_layers}' if p.offload_layers else ''} "
+            f"mbs{p.micro_batch_size}{' *' if r.searched else ''}"
         )
         lines.append(
             f"| {r.id} | {r.model} | {r.num_gpus} | {plan} | {r.measured:,.1f} | "

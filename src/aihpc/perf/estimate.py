@@ -23,6 +23,7 @@ from aihpc.perf.memory import (
     GiB,
     MemoryBreakdown,
     _layer_params_local,
+    activation_bytes_per_layer,
     memory_breakdown,
     zero3_keeps_unsharded,
 )
@@ -46,6 +47,7 @@ TIME_KEYS = (
     "dp_comm",
     "pipeline_bubble",
     "optimizer",
+    "offload",
 )
 
 
@@ -62,11 +64,19 @@ class Estimate:
     time_s: dict[str, float]
     hbm_gib: float
     moe: bool = False
+    host_mem_gib: float | None = None  # host memory per GPU, for offloaded activations
+
+    @property
+    def host_fits(self) -> bool:
+        """Offloaded activations fit the host memory that falls to this GPU (when it is known)."""
+        return self.host_mem_gib is None or self.memory.offloaded <= self.host_mem_gib * GiB
 
     @property
     def bottleneck(self) -> str:
         """The step's largest loss (or why the plan does not fit), in one sentence."""
-        text = _bottleneck(self.time_s, self.step_time_s, self.memory, self.hbm_gib)
+        text = _bottleneck(
+            self.time_s, self.step_time_s, self.memory, self.hbm_gib, self.host_mem_gib
+        )
         if self.moe:
             text += " MoE: expert-parallel all-to-all and routing imbalance are not priced yet."
         return text
@@ -80,6 +90,7 @@ class Estimate:
             "mfu": self.mfu,
             "hfu": self.hfu,
             "memory_gib": self.memory.gib(),
+            "host_offload_gib": self.memory.offloaded / GiB,
             "time_s": dict(self.time_s),
             "plan": self.plan.as_dict(),
             "bottleneck": self.bottleneck,
@@ -221,6 +232,19 @@ def estimate_plan(
         cp_mb = layers * (fwd_reps * fwd_x + bwd_x)
         hidden_mb += layers * (fwd_reps * (fwd_c - fwd_x) + bwd_c - bwd_x)
 
+    # --- activation offloading: the first k layers' saved tensors go to host memory as each
+    # layer's forward ends and come back one layer ahead of its backward, on a copy stream;
+    # a copy longer than the layer it runs beside stalls the next layer by the difference.
+    offload_mb = 0.0
+    if plan.offload_layers:
+        link = gpu.host_link_GBps
+        if link is None:  # plan_problem refuses this; check=False callers get the same answer
+            raise SpecError("cluster.gpu_spec.host_link_GBps", None, "required to offload")
+        copy = activation_bytes_per_layer(model, plan, training) / (link * 1e9)
+        fwd_w = max(0.0, copy - fwd_layer)
+        bwd_w = max(0.0, copy - (bwd_layer + recompute_layer))
+        offload_mb = plan.offload_layers * (fwd_w + bwd_w)
+
     t_mb = compute_mb + recompute_mb + tp_mb + cp_mb
 
     # --- pipeline: bubble and point-to-point activations between stages
@@ -351,7 +375,8 @@ def estimate_plan(
     opt = compute.optimizer_time_s(params_stage, plan.zero_stage, shard, gpu, params, training)
 
     compute_total = m * compute_mb + penalty
-    step = compute_total + m * (recompute_mb + tp_mb + cp_mb) + bubble + pp_time + dp_time + opt
+    step = compute_total + m * (recompute_mb + tp_mb + cp_mb + offload_mb)
+    step += bubble + pp_time + dp_time + opt
     time_s = {
         "compute": compute_total,
         "recompute": m * recompute_mb,
@@ -361,6 +386,7 @@ def estimate_plan(
         "dp_comm": dp_time,
         "pipeline_bubble": bubble,
         "optimizer": opt,
+        "offload": m * offload_mb,
     }
 
     # --- throughput and utilisation
@@ -376,9 +402,11 @@ def estimate_plan(
     peak = gpu.peak_tflops(training.precision) * 1e12
     mem = memory_breakdown(model, cluster, plan, training, params)
     hbm = gpu.hbm_gib
+    host = gpu.host_mem_gib
+    host_ok = host is None or mem.offloaded <= host * GiB
     return Estimate(
         plan=plan,
-        fits=mem.total <= hbm * GiB,
+        fits=mem.total <= hbm * GiB and host_ok,
         step_time_s=step,
         tokens_per_s_per_gpu=tokens_step / step / cluster.num_gpus,
         model_tflops_per_gpu=per_gpu / 1e12,
@@ -388,6 +416,7 @@ def estimate_plan(
         time_s=time_s,
         hbm_gib=hbm,
         moe=model.is_moe,
+        host_mem_gib=host,
     )
 
 
@@ -410,7 +439,18 @@ def _token_flops(model: ModelSpec, recompute: str) -> tuple[float, float]:
     return model_flops_per_token(model), again
 
 
-def _bottleneck(time_s: dict[str, float], step: float, mem: MemoryBreakdown, hbm: float) -> str:
+def _bottleneck(
+    time_s: dict[str, float],
+    step: float,
+    mem: MemoryBreakdown,
+    hbm: float,
+    host: float | None = None,
+) -> str:
+    if host is not None and mem.offloaded > host * GiB:
+        return (
+            f"Does not fit: {mem.offloaded / GiB:.1f} GiB of offloaded activations vs "
+            f"{host:.0f} GiB of host memory per GPU."
+        )
     if mem.total > hbm * GiB:
         parts = {k: v for k, v in mem.gib().items() if k != "total"}
         worst = max(parts, key=parts.get)  # type: ignore[arg-type]
@@ -429,6 +469,7 @@ def _bottleneck(time_s: dict[str, float], step: float, mem: MemoryBreakdown, hbm
         "dp_comm": "exposed data-parallel gradient/parameter communication",
         "pipeline_bubble": "the pipeline bubble",
         "optimizer": "the optimizer step",
+        "offload": "activation copies to and from host memory",
     }[worst]
     if share < 0.05:
         return f"Compute-bound: {time_s['compute'] / step:.0%} of the step is useful compute."

@@ -10,7 +10,7 @@ interleaving penalty 1 + (p-1)/(pv) (Korthikanti §4.2.3; Narayanan et al. 2021 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from aihpc.perf.flops import embedding_params, layer_gemms, op_sac_saved, params_per_layer
 from aihpc.perf.params import DEFAULT_PARAMS, ModelParams
@@ -25,6 +25,7 @@ __all__ = [
     "activation_bytes_per_layer",
     "checkpoint_bytes",
     "memory_breakdown",
+    "offload_split",
     "zero3_keeps_unsharded",
 ]
 
@@ -44,6 +45,9 @@ class MemoryBreakdown:
     logits: float
     other: float
     stage: str  # which pipeline stage is the most loaded: "first", "last" or "only"
+    offloaded: float = (
+        0.0  # activations held in host memory (parallel.offload_layers), not in total
+    )
 
     @property
     def total(self) -> float:
@@ -111,6 +115,19 @@ def activation_bytes_per_layer(
     elif training.attention in ("flash", "flash2"):
         split += 4 * model.num_attention_heads  # fp32 log-sum-exp per head
     return tokens * (replicated + split / t)
+
+
+def offload_split(layers: int, offload: int) -> tuple[int, int]:
+    """(layers whose activations are on the GPU at the forward's peak, layers offloaded).
+
+    Megatron-Core offloads the first ``offload`` layers' saved tensors on a side stream as each
+    layer finishes and reloads them one layer ahead of the backward (cpu_offload.py, double
+    buffered), so at the end of the forward the other layers are on the GPU; while the last
+    offloaded layer copies out, the next one fills: never fewer than two layers live.
+    """
+    if not offload:
+        return layers, 0
+    return max(layers - offload, min(layers, 2)), offload
 
 
 def _layer_params_local(model: ModelSpec, plan: ParallelPlan, layers: int) -> float:
@@ -207,7 +224,8 @@ def memory_breakdown(
     # than the m v chunks a step has (with m = p every chunk's forward runs before any backward).
     micro_batches = min(p, m)
     in_flight = min(m, (p * v + p - 1) / v) if v > 1 else micro_batches
-    first_acts = act_layer * layers_per_stage * in_flight + working
+    resident, offloaded = offload_split(layers_per_stage, plan.offload_layers)
+    first_acts = act_layer * resident * in_flight + working
     last_acts = act_layer * layers_per_stage * 1 + working  # last stage: one in flight
     # Output layer, per vocab shard: 16-bit logits plus the fp32 copy a fused vocab-parallel
     # cross-entropy (fused or not) works on in place (Megatron-LM, NeMo): 6 B per logit. PyTorch's
@@ -237,7 +255,8 @@ def memory_breakdown(
         return MemoryBreakdown(w, g, o, acts, buffers, other, name)
 
     if p == 1:
-        return stage(model.num_layers, True, True, first_acts, logits + embed_out, "only")
+        only = stage(model.num_layers, True, True, first_acts, logits + embed_out, "only")
+        return replace(only, offloaded=act_layer * offloaded)
     first = stage(layers_per_stage, True, False, first_acts, embed_out, "first")
     last = stage(layers_per_stage, False, True, last_acts, logits, "last")
     return first if first.total >= last.total else last

@@ -6,13 +6,15 @@ tokens/s/GPU (or by goodput-adjusted throughput).
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aihpc.perf.estimate import Estimate, estimate_plan
+from aihpc.perf.memory import GiB, activation_bytes_per_layer, offload_split
 from aihpc.perf.params import DEFAULT_PARAMS, ModelParams
 from aihpc.spec.cluster import ClusterSpec
 from aihpc.spec.errors import SpecError
@@ -148,6 +150,7 @@ def candidate_plans(
                 recompute=rec,
                 micro_batch_size=mbs,
                 global_batch_size=gbs,
+                offload_layers=g.get("offload_layers", 0),
             )
             problem = plan_problem(plan, model, cluster)
             if problem is not None:
@@ -155,6 +158,32 @@ def candidate_plans(
                     invalid[problem.field] += 1
                 continue
             yield plan
+
+
+def _offload_to_fit(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    est: Estimate,
+    training: TrainingSpec,
+    params: ModelParams,
+    memo: dict[tuple, Any],
+) -> Estimate | None:
+    """The plan with the fewest offloaded layers that fits GPU memory, or None where offloading
+    cannot apply (pipeline parallelism, full recompute) or cannot make it fit."""
+    plan = est.plan
+    if plan.pp > 1 or plan.recompute == "full":
+        return None
+    excess = est.memory.total - est.hbm_gib * GiB
+    # Every resident layer also carries the allocator's fragmentation share (memory.py).
+    per_layer = activation_bytes_per_layer(model, plan, training)
+    per_layer *= 1 + params.allocator_fragmentation
+    k = math.ceil(excess / per_layer)
+    if k < 1 or offload_split(model.num_layers, k)[0] > model.num_layers - k:
+        return None  # would leave fewer than the two layers the double buffer keeps
+    best = estimate_plan(
+        model, cluster, replace(plan, offload_layers=k), training, params, check=False, memo=memo
+    )
+    return best if best.fits else None
 
 
 def search(
@@ -191,6 +220,9 @@ def search_plans(
     per_tensor = training.zero3_gather == "per_tensor"
     even = training.pipeline_split == "even"
     memo: dict[tuple, Any] = {}
+    # A plan that does not fit may offload activations instead (the fewest layers that make it
+    # fit), unless the run spec fixes offload_layers or the GPU has no host-link figure.
+    auto_offload = partial.offload_layers is None and cluster.gpu.host_link_GBps is not None
     for plan in candidate_plans(model, cluster, partial, invalid):
         if per_tensor and plan.zero_stage == 3 and plan.pp > 1:
             invalid["training.zero3_gather (per-tensor ZeRO-3 has no pipelining)"] += 1
@@ -202,6 +234,11 @@ def search_plans(
         evaluated += 1
         if progress is not None and evaluated % 256 == 0:
             progress(evaluated)
+        if not est.fits and auto_offload:
+            offloaded = _offload_to_fit(model, cluster, est, training, params, memo)
+            if offloaded is not None:
+                evaluated += 1
+                est = offloaded
         if est.fits:
             fitting.append(est)
         elif explain:

@@ -98,6 +98,12 @@ def check_trainable(
                 getattr(plan, name),
                 "the runtime is data parallel only; allowed: 1",
             )
+    if plan.offload_layers:
+        raise SpecError(
+            "parallel.offload_layers",
+            plan.offload_layers,
+            "the runtime keeps activations on the device; allowed: 0",
+        )
     per_step = world_size * plan.micro_batch_size
     if plan.global_batch_size % per_step:
         raise SpecError(
