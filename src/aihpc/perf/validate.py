@@ -188,6 +188,9 @@ def row_runspec(row: dict[str, str]) -> RunSpec:
         parallel["sequence_parallel"] = _cell(row, "sequence_parallel").lower() == "true"
     if _cell(row, "recompute"):
         parallel["recompute"] = _cell(row, "recompute")
+    # Offloading is opt-in in every framework and the sources name it where a run used it, so an
+    # empty cell is 0, not a free choice for the search.
+    parallel["offload_layers"] = int(_cell(row, "offload_layers") or 0)
     training: dict[str, Any] = {"precision": _cell(row, "precision")}
     if _cell(row, "attention"):
         training["attention"] = _cell(row, "attention")
