@@ -5,7 +5,8 @@ Megatron-LM ``theoretical_memory_usage.py``: 18 B/param, 6 + 12/d with the distr
 optimizer); activation bytes per layer from the tensors each op saves for backward (Korthikanti
 et al. 2022, §4.1 and Table 2: sbh(34 + 5as/h) without parallelism, /t with SP, 34sbh/t with
 selective recompute, 2sbh with full recompute); in-flight micro-batches of 1F1B and the
-interleaving penalty 1 + (p-1)/(pv) (Korthikanti §4.2.3; Narayanan et al. 2021 §2.2).
+interleaving penalty 1 + (p-1)/(pv) (Korthikanti §4.2.3; Narayanan et al. 2021 §2.2); layers
+offloaded to host memory (Megatron-Core ``cpu_offloading_num_layers``) leave GPU memory.
 """
 
 from __future__ import annotations
