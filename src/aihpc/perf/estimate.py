@@ -67,11 +67,6 @@ class Estimate:
     host_mem_gib: float | None = None  # host memory per GPU, for offloaded activations
 
     @property
-    def host_fits(self) -> bool:
-        """Offloaded activations fit the host memory that falls to this GPU (when it is known)."""
-        return self.host_mem_gib is None or self.memory.offloaded <= self.host_mem_gib * GiB
-
-    @property
     def bottleneck(self) -> str:
         """The step's largest loss (or why the plan does not fit), in one sentence."""
         text = _bottleneck(

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aihpc.perf.estimate import Estimate, estimate_plan
-from aihpc.perf.memory import GiB, activation_bytes_per_layer, offload_split
+from aihpc.perf.memory import GiB, activation_bytes_per_layer
 from aihpc.perf.params import DEFAULT_PARAMS, ModelParams
 from aihpc.spec.cluster import ClusterSpec
 from aihpc.spec.errors import SpecError
@@ -178,8 +178,8 @@ def _offload_to_fit(
     per_layer = activation_bytes_per_layer(model, plan, training)
     per_layer *= 1 + params.allocator_fragmentation
     k = math.ceil(excess / per_layer)
-    if k < 1 or offload_split(model.num_layers, k)[0] > model.num_layers - k:
-        return None  # would leave fewer than the two layers the double buffer keeps
+    if k < 1 or model.num_layers - k < 2:
+        return None  # the double buffer keeps two layers on the GPU whatever is offloaded
     best = estimate_plan(
         model, cluster, replace(plan, offload_layers=k), training, params, check=False, memo=memo
     )

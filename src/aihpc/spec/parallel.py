@@ -15,7 +15,6 @@ __all__ = [
     "ZERO_STAGES",
     "ParallelPlan",
     "PartialPlan",
-    "offload_problem",
     "resolve_plan",
     "validate_plan",
 ]
@@ -194,7 +193,7 @@ def plan_problem(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> 
             f"must be a multiple of dp x micro_batch_size = {p.dp * p.micro_batch_size}",
         )
     if p.offload_layers:
-        problem = offload_problem(p, model, cluster)
+        problem = _offload_problem(p, model, cluster)
         if problem is not None:
             return problem
     if p.vpp > 1 and p.num_microbatches % p.pp:
@@ -207,7 +206,7 @@ def plan_problem(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> 
     return None
 
 
-def offload_problem(p: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> SpecError | None:
+def _offload_problem(p: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> SpecError | None:
     """Why ``offload_layers`` cannot apply to this plan, or None. Megatron-Core's TransformerConfig
     allows it only without pipeline parallelism and with fewer layers than the model has (and
     without any recompute; aihpc prices selective recompute beside it, not full, which keeps only
