@@ -229,6 +229,21 @@ def test_spec_the_runtime_cannot_train_exits_2(tmp_path, change, field):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("recompute", ["op", "full"])
+def test_recompute_trains_the_same_bits_under_fsdp(tmp_path, ref2, recompute):
+    """Recomputation re-runs the forward in the backward; on CPU that is bitwise the same math,
+    so two FSDP2 ranks must end on the uninterrupted run's losses and state hash exactly."""
+    spec = tmp_path / "run.toml"
+    text = write_spec(tmp_path / "x.toml").read_text()
+    spec.write_text(
+        text.replace("micro_batch_size = 1", f'micro_batch_size = 1\nrecompute = "{recompute}"')
+    )
+    summary = ok(train(spec, tmp_path / "run", "--nproc-per-node", "2"))
+    assert summary["recompute"] == recompute and ref2[0]["recompute"] == "none"
+    assert losses(tmp_path / "run") == ref2[1]
+    assert summary["state_sha256"] == ref2[0]["state_sha256"]
+
+
 def test_offloading_the_runtime_does_not_do_exits_2(tmp_path):
     """A plan the planner prices (offloaded activations) but the trainer cannot run is refused,
     not silently trained another way."""

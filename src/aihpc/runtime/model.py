@@ -11,15 +11,57 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
 
 from aihpc.spec import ModelSpec, SpecError
+from aihpc.spec.parallel import RECOMPUTE
 
 __all__ = ["Llama", "LlamaConfig"]
+
+_aten = torch.ops.aten
+# The fused attention kernels SDPA dispatches to; "op" recompute keeps their outputs.
+_ATTENTION_OPS = frozenset(
+    op
+    for name in (
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+    )
+    if (op := getattr(getattr(_aten, name, None), "default", None)) is not None
+)
+
+
+def _op_level_contexts() -> Any:
+    """Selective-checkpoint contexts for ``recompute = "op"`` (aihpc's definition, the policy
+    torchtitan calls op-level SAC): keep the attention kernel's outputs and every other matmul
+    output of the block (wq, wv, w1, w2 of this decoder), recompute the rest.
+
+    One counter per pass: the recompute pass sees the block's matmuls in the forward's order, so
+    counting them again picks the same ones.
+    """
+    seen = {False: 0, True: 0}
+
+    def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        if op in _ATTENTION_OPS:
+            return CheckpointPolicy.MUST_SAVE
+        if op is _aten.mm.default:
+            seen[ctx.is_recompute] += 1
+            if seen[ctx.is_recompute] % 2:
+                return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
 
 
 @dataclass(frozen=True)
@@ -111,8 +153,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: LlamaConfig):
+    def __init__(self, cfg: LlamaConfig, recompute_core: bool = False):
         super().__init__()
+        self.recompute_core = recompute_core  # recompute = "selective": the attention core
         self.num_heads, self.num_kv_heads, self.head_dim = (
             cfg.num_heads,
             cfg.num_kv_heads,
@@ -130,9 +173,19 @@ class Attention(nn.Module):
         v = self.wv(x).view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         # GQA: each group of num_heads / num_kv_heads query heads shares one K/V head.
-        out = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, enable_gqa=self.num_kv_heads != self.num_heads
-        )
+        gqa = self.num_kv_heads != self.num_heads
+        if self.recompute_core:
+            out = checkpoint(
+                F.scaled_dot_product_attention,
+                q,
+                k,
+                v,
+                is_causal=True,
+                enable_gqa=gqa,
+                use_reentrant=False,
+            )
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -150,24 +203,41 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: LlamaConfig):
+    """One decoder layer. ``recompute`` (the run spec's parallel.recompute): full re-runs the
+    whole layer in the backward, op keeps what ``_op_level_contexts`` keeps, selective re-runs
+    the attention core; the checkpoint sits inside the layer's forward, so FSDP's hooks on the
+    layer gather its parameters around the recompute as around the forward."""
+
+    def __init__(self, cfg: LlamaConfig, recompute: str = "none"):
         super().__init__()
+        self.recompute = recompute
         self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.attention = Attention(cfg)
+        self.attention = Attention(cfg, recompute_core=recompute == "selective")
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.feed_forward = FeedForward(cfg)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.recompute == "full":
+            return checkpoint(self._layer, x, cos, sin, use_reentrant=False)
+        if self.recompute == "op":
+            return checkpoint(
+                self._layer, x, cos, sin, use_reentrant=False, context_fn=_op_level_contexts
+            )
+        return self._layer(x, cos, sin)
+
+    def _layer(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
 class Llama(nn.Module):
-    def __init__(self, cfg: LlamaConfig):
+    def __init__(self, cfg: LlamaConfig, recompute: str = "none"):
         super().__init__()
+        if recompute not in RECOMPUTE:
+            raise SpecError("parallel.recompute", recompute, "allowed: " + ", ".join(RECOMPUTE))
         self.cfg = cfg
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
-        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(Block(cfg, recompute) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         if cfg.tied_embeddings:

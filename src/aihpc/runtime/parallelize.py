@@ -18,16 +18,17 @@ __all__ = ["build_parallel_model", "unwrap"]
 
 
 def build_parallel_model(
-    cfg: LlamaConfig, ctx: DistContext, zero_stage: int, seed: int
+    cfg: LlamaConfig, ctx: DistContext, zero_stage: int, seed: int, recompute: str = "none"
 ) -> nn.Module:
-    """The model, initialised from ``seed`` and parallelised over ``ctx.mesh``.
+    """The model, initialised from ``seed`` and parallelised over ``ctx.mesh``, its layers
+    recomputing activations as ``recompute`` says (none | selective | op | full).
 
     zero_stage 0: DDP (replicated parameters and optimizer state). 1 and 2: FSDP2 with
     ``reshard_after_forward=False`` (parameters stay gathered between forward and backward, the
     closest FSDP2 has to ZeRO-1/2). 3: FSDP2 full shard.
     """
     with torch.device("meta"):
-        model = Llama(cfg)
+        model = Llama(cfg, recompute)
     if zero_stage == 0:
         model.to_empty(device=ctx.device)
         model.init_weights(seed)

@@ -249,10 +249,11 @@ def train(spec: RunSpec, opts: TrainOptions, ctx: DistContext) -> dict[str, Any]
     ).start()
     try:
         torch.manual_seed(t.seed)  # same on every rank: the RNG state is one, not per rank
-        model = build_parallel_model(cfg, ctx, spec.plan().zero_stage, t.seed)
+        plan = spec.plan()
+        model = build_parallel_model(cfg, ctx, plan.zero_stage, t.seed, plan.recompute)
         optimizer, scheduler = build_optimizer(model, t)
         loader = TokenLoader(
-            load_tokens(opts.data), cfg.max_seq_len, spec.plan().global_batch_size, t.seed
+            load_tokens(opts.data), cfg.max_seq_len, plan.global_batch_size, t.seed
         )
         state = {
             "train": ModelOptimizerState(model, optimizer),
@@ -298,7 +299,8 @@ def train(spec: RunSpec, opts: TrainOptions, ctx: DistContext) -> dict[str, Any]
             restarts=attempt,
             world_size=ctx.world_size,
             resumed_from_step=start,
-            zero_stage=spec.plan().zero_stage,
+            zero_stage=plan.zero_stage,
+            recompute=plan.recompute,
             micro_batch_size=micro,
             grad_accum_steps=accum,
             num_params=sum(p.numel() for p in model.parameters()),
