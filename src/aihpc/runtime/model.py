@@ -24,6 +24,7 @@ from torch.utils.checkpoint import (
 )
 
 from aihpc.spec import ModelSpec, SpecError
+from aihpc.spec._table import check_choice
 from aihpc.spec.parallel import RECOMPUTE
 
 __all__ = ["Llama", "LlamaConfig"]
@@ -233,8 +234,7 @@ class Block(nn.Module):
 class Llama(nn.Module):
     def __init__(self, cfg: LlamaConfig, recompute: str = "none"):
         super().__init__()
-        if recompute not in RECOMPUTE:
-            raise SpecError("parallel.recompute", recompute, "allowed: " + ", ".join(RECOMPUTE))
+        check_choice("parallel.recompute", recompute, RECOMPUTE)
         self.cfg = cfg
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.layers = nn.ModuleList(Block(cfg, recompute) for _ in range(cfg.num_layers))
