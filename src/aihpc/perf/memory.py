@@ -11,7 +11,7 @@ offloaded to host memory (Megatron-Core ``cpu_offloading_num_layers``) leave GPU
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from aihpc.perf.flops import embedding_params, layer_gemms, op_sac_saved, params_per_layer
 from aihpc.perf.params import DEFAULT_PARAMS, ModelParams
@@ -253,11 +253,10 @@ def memory_breakdown(
         w, g, o = _state_bytes(params_local, plan, training, layer_local)
         live = w + g + o + acts + buffers
         other = params.runtime_overhead_gib * GiB + params.allocator_fragmentation * live
-        return MemoryBreakdown(w, g, o, acts, buffers, other, name)
+        return MemoryBreakdown(w, g, o, acts, buffers, other, name, act_layer * offloaded)
 
     if p == 1:
-        only = stage(model.num_layers, True, True, first_acts, logits + embed_out, "only")
-        return replace(only, offloaded=act_layer * offloaded)
+        return stage(model.num_layers, True, True, first_acts, logits + embed_out, "only")
     first = stage(layers_per_stage, True, False, first_acts, embed_out, "first")
     last = stage(layers_per_stage, False, True, last_acts, logits, "last")
     return first if first.total >= last.total else last

@@ -54,8 +54,8 @@ class GPUSpec:
     # (training.cp_comm_ctas, pp_comm_ctas).
     p2p_channel_bw_GBps: float | None = None
     # The GPU's link to host memory (PCIe, or NVLink-C2C on Grace superchips), per direction, as
-    # a copy engine sustains it while every GPU of the node copies; and the host memory that
-    # falls to each GPU. They matter where a plan offloads activations (parallel.offload_layers).
+    # a copy engine sustains it (gpus.toml says what each figure measured); and the host memory
+    # that falls to each GPU. They matter where a plan offloads activations (offload_layers).
     host_link_GBps: float | None = None
     host_mem_gib: float | None = None
     gpus_per_node: int = 8
