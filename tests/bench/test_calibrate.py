@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
+import stat
 import subprocess
 import sys
 import tomllib
@@ -217,6 +219,32 @@ def test_calibrate_cli_bad_input_exit_2(tmp_path, monkeypatch, args, needle):
     assert len(res.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out.toml").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.toml")]
+
+
+def test_calibrate_output_path(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from aihpc.cli import app
+
+    log = str(DATA / "all_reduce_perf_8xH100_1node.txt")
+    monkeypatch.chdir(tmp_path)
+    # a folder in the way: one line, exit 2, nothing left behind
+    (tmp_path / "taken").mkdir()
+    res = CliRunner().invoke(app, ["calibrate", log, "-O", "taken"])
+    assert res.exit_code == 2 and "--output" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+    # the file written is readable by others as open() would make it (umask 022: 0644), not
+    # the temporary file's owner-only 0600
+    old = os.umask(0o022)
+    try:
+        res = CliRunner().invoke(app, ["calibrate", log, "-O", "new/cal.toml"])
+    finally:
+        os.umask(old)
+    assert res.exit_code == 0, res.output
+    assert stat.S_IMODE((tmp_path / "new" / "cal.toml").stat().st_mode) == 0o644
+    assert load_calibration(tmp_path / "new" / "cal.toml").comm_fit("all_reduce", "scale_up")
+    assert sorted(p.name for p in (tmp_path / "new").iterdir()) == ["cal.toml"]
 
 
 def test_synthetic_noise_is_not_hidden():

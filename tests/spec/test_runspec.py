@@ -213,6 +213,14 @@ def test_preset_fields_can_be_overridden() -> None:
             {"model": {"preset": "llama3-8b"}, "training": {"fp8_saved_inputs": "int8"}},
             "training.fp8_saved_inputs",
         ),
+        (
+            {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm", "calibration": 2}},
+            "cluster.calibration",
+        ),
+        (
+            {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm", "calibration": ""}},
+            "cluster.calibration",
+        ),
     ],
 )
 def test_bad_input_names_the_field(data: dict, field: str) -> None:
@@ -235,3 +243,24 @@ def test_communicator_cta_caps_are_counts_and_need_the_channel_figure(cap: str) 
     with pytest.raises(SpecError, match=f"training.{cap}.*p2p_channel_bw_GBps"):
         runspec_from_dict({**mi, "training": {cap: 1}})
     assert getattr(runspec_from_dict({**mi, "training": {cap: 0}}).training, cap) == 0
+
+
+@pytest.mark.parametrize("what", ["directory", "binary"])
+def test_unreadable_files_are_one_line_errors(tmp_path, what: str) -> None:
+    # a run spec or a calibration that is a folder, or not text, is bad input, not a traceback
+    odd = tmp_path / "odd.toml"
+    if what == "directory":
+        odd.mkdir()
+    else:
+        odd.write_bytes(bytes(range(256)))
+    with pytest.raises(SpecError) as err:
+        load_runspec(odd)
+    assert err.value.field == "RUNSPEC" and "\n" not in str(err.value)
+    spec = tmp_path / "run.toml"
+    spec.write_text(
+        '[model]\npreset = "llama3-8b"\n[cluster]\ngpu = "h100-sxm"\nnum_gpus = 8\n'
+        'calibration = "odd.toml"\n'
+    )
+    with pytest.raises(SpecError) as err:
+        load_runspec(spec)
+    assert err.value.field == "cluster.calibration" and "\n" not in str(err.value)

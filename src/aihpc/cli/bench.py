@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,24 +16,11 @@ from typing import Any
 import typer
 from rich.table import Table
 
+from aihpc._io import check_output_path, write_atomic
 from aihpc.cli._common import console, err_console, fail, guarded, print_json
 from aihpc.spec.errors import SpecError
 
 __all__ = ["register"]
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write via a temporary file in the same folder and rename: never a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 @contextlib.contextmanager
@@ -202,6 +187,8 @@ def register(app: typer.Typer) -> None:
         )
         if check not in (0, 1):
             raise SpecError("-c/--check", check, "allowed: 0 | 1")
+        if output:
+            check_output_path(Path(output), "--output")
         if nproc_per_node is not None and nproc_per_node < 1:
             raise SpecError("--nproc-per-node", nproc_per_node, "must be >= 1")
         # validate before any process starts, so bad input costs no launch
@@ -271,6 +258,8 @@ def register(app: typer.Typer) -> None:
 
         if precision not in PRECISIONS:
             raise SpecError("--precision", precision, "allowed: " + " | ".join(PRECISIONS))
+        if output:
+            check_output_path(Path(output), "--output")
         import torch
 
         from aihpc.bench.gemm import device_name, gemm_json, run_gemm_bench
@@ -338,6 +327,7 @@ def register(app: typer.Typer) -> None:
             raise SpecError("--collective", collective, "allowed: " + " | ".join(COLLECTIVES))
         if not 1 <= regimes <= 4:
             raise SpecError("--regimes", regimes, "allowed: 1 to 4")
+        check_output_path(Path(output), "--output")
         comm_pts, gemm_pts = load_measurements(inputs, tier, collective, column)
         source = "aihpc calibrate " + " ".join(Path(p).name for p in inputs)
         cal, reports = fit_to_calibration(comm_pts, gemm_pts, source, regimes)

@@ -28,7 +28,7 @@ def parse_count(field: str, text: str | None) -> float | None:
         raise SpecError(field, text, "expected a number > 0, e.g. 15.6T or 1.56e13")
     value = float(m.group(1)) * _SUFFIX[m.group(2).lower()]
     if not value > 0 or not math.isfinite(value):
-        raise SpecError(field, text, "must be > 0")
+        raise SpecError(field, text, "must be a finite number > 0")
     return value
 
 

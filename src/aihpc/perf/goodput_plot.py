@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+from aihpc._io import atomic_target
 from aihpc.perf.goodput import ettr, goodput_model, optimal_interval_s
 from aihpc.spec.errors import SpecError
 from aihpc.spec.runspec import RunSpec
@@ -98,15 +97,9 @@ def plot_goodput(spec: RunSpec, path: str | Path, gpu_counts: list[int] | None =
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
     try:
-        fig.savefig(tmp, format="png", dpi=120)
-        os.replace(tmp, path)
-    except OSError as err:
-        raise SpecError("--plot", str(path), f"could not be written ({err.strerror})") from err
+        with atomic_target(path, "--plot") as tmp:
+            fig.savefig(tmp, format="png", dpi=120)
     finally:
         plt.close(fig)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
     return path

@@ -220,8 +220,10 @@ def load_calibration(path: str | Path) -> Calibration:
         data = tomllib.loads(path.read_text())
     except FileNotFoundError as err:
         raise SpecError("cluster.calibration", str(path), "file not found") from err
-    except tomllib.TOMLDecodeError as err:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise SpecError("cluster.calibration", str(path), f"not valid TOML ({err})") from err
+    except OSError as err:  # a directory, no permission, ...
+        raise SpecError("cluster.calibration", str(path), f"cannot read ({err.strerror})") from err
     return calibration_from_dict(data, str(path))
 
 

@@ -75,7 +75,10 @@ def runspec_from_dict(
     cluster_table = _table(data, "cluster")
     calibration = None
     if "calibration" in cluster_table:
-        cal_path = Path(cluster_table["calibration"])
+        cal = cluster_table["calibration"]
+        if not isinstance(cal, str) or not cal:
+            raise SpecError("cluster.calibration", cal, "expected the path of a calibration TOML")
+        cal_path = Path(cal)
         if not cal_path.is_absolute() and base_dir is not None:
             cal_path = base_dir / cal_path
         calibration = load_calibration(cal_path)
@@ -99,6 +102,10 @@ def load_runspec(path: str | Path) -> RunSpec:
         raise SpecError("RUNSPEC", str(path), "file not found") from err
     except IsADirectoryError as err:
         raise SpecError("RUNSPEC", str(path), "is a directory; expected a .toml file") from err
+    except UnicodeDecodeError as err:
+        raise SpecError("RUNSPEC", str(path), "not a text file; expected a .toml file") from err
+    except OSError as err:  # no permission, a device, ...
+        raise SpecError("RUNSPEC", str(path), f"cannot read ({err.strerror})") from err
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:

@@ -1,0 +1,64 @@
+"""Writing a user's output file: whole or not at all, with the permissions a plain open() gives.
+
+``tempfile.mkstemp`` creates its file readable by its owner only (0600); renaming it into
+place would leave a calibration, a benchmark JSON or a plot that nobody else on a shared
+cluster can read. These helpers give the file ``0666 & ~umask``, as ``open(path, "w")`` does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from aihpc.spec.errors import SpecError
+
+__all__ = ["atomic_target", "check_output_path", "write_atomic"]
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def check_output_path(path: Path, field: str, suffix: str | None = None) -> None:
+    """Refuse, before any work, an output path that cannot become a file (exit 2, one line)."""
+    if suffix is not None and path.suffix.lower() != suffix:
+        raise SpecError(field, str(path), f"must be a {suffix} file name")
+    if path.is_dir():
+        raise SpecError(field, str(path), "is a directory; expected a file name")
+
+
+@contextlib.contextmanager
+def atomic_target(path: Path, field: str) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success it replaces ``path``, else it goes.
+
+    Missing parent folders are created. Any OS error (no permission, a directory in the way,
+    a full disk) becomes a SpecError naming ``field``, and no partial file is left behind.
+    """
+    check_output_path(path, field)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+    except OSError as err:
+        raise SpecError(field, str(path), f"cannot be written ({err.strerror})") from err
+    tmp = Path(name)
+    try:
+        yield tmp
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except OSError as err:
+        raise SpecError(field, str(path), f"cannot be written ({err.strerror})") from err
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def write_atomic(path: Path, text: str, field: str = "--output") -> None:
+    """Write ``text`` to ``path`` whole or not at all (a temporary file beside it, renamed)."""
+    with atomic_target(path, field) as tmp:
+        tmp.write_text(text)
