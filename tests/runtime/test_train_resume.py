@@ -267,6 +267,46 @@ def test_user_data_file(tmp_path):
     assert summary["final_step"] == 2 and summary["final_loss"] < 6.0
 
 
+@pytest.mark.parametrize(
+    ("case", "flag", "needle"),
+    [
+        ("run-dir-is-a-file", "--run-dir", "not a directory"),
+        ("data-is-a-folder", "--data", "is a directory"),
+        ("data-not-utf8", "--data", "not UTF-8 text"),
+        ("data-too-short", "--data", "fewer than model.seq_length 32 + 1"),
+        ("npy-too-short", "--data", "fewer than model.seq_length 32 + 1"),
+        ("inject-rank", "--inject", "'kill:step=2:rank=5'"),
+    ],
+)
+def test_bad_train_input_exits_2_before_any_process(tmp_path, case, flag, needle):
+    """Refused up front, in one line naming the flag, and nothing is written or launched."""
+    import numpy as np
+
+    spec, run = write_spec(tmp_path / "run.toml"), tmp_path / "run"
+    args = ["train", str(spec), "--run-dir", str(run)]
+    if case == "run-dir-is-a-file":
+        run.write_text("not a folder")
+    elif case == "data-is-a-folder":
+        (tmp_path / "folder").mkdir()
+        args += ["--data", str(tmp_path / "folder")]
+    elif case == "data-not-utf8":
+        (tmp_path / "bin.txt").write_bytes(bytes(range(256)) * 4)
+        args += ["--data", str(tmp_path / "bin.txt")]
+    elif case == "data-too-short":
+        (tmp_path / "short.txt").write_text("a few words")
+        args += ["--data", str(tmp_path / "short.txt")]
+    elif case == "npy-too-short":
+        np.save(tmp_path / "short.npy", np.arange(20, dtype=np.int32))
+        args += ["--data", str(tmp_path / "short.npy")]
+    else:
+        args += ["--inject", "kill:step=2:rank=5"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert f"{flag} = " in result.stderr and needle in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.output
+    assert run.is_file() if case == "run-dir-is-a-file" else not run.exists()
+
+
 def test_started_by_torchrun_matches_own_agent(tmp_path, ref2):
     """The same command under a plain torchrun gives the same run as under our agent."""
     from aihpc.runtime.distributed import free_port

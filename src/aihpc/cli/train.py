@@ -27,6 +27,18 @@ def _render(summary: dict) -> None:
     console.print(f"state_sha256 {summary['state_sha256']}", highlight=False, soft_wrap=True)
 
 
+def _check_run_dir(run_dir: Path) -> None:
+    """The run directory must be (or become) a writable folder, before any process starts."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise SpecError("--run-dir", str(run_dir), "exists and is not a directory")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise SpecError("--run-dir", str(run_dir), f"cannot be created ({err.strerror})") from err
+    if not os.access(run_dir, os.W_OK | os.X_OK):
+        raise SpecError("--run-dir", str(run_dir), "is not writable")
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     @guarded
@@ -59,9 +71,9 @@ def register(app: typer.Typer) -> None:
         faults = tuple(parse_fault(f) for f in inject or [])
         spec = load_runspec(runspec)
         if data is not None and not data.is_file():
-            raise SpecError(
-                "--data", str(data), "file not found; expected UTF-8 text or a .npy token array"
-            )
+            what = "is a directory" if data.is_dir() else "file not found"
+            allowed = "expected UTF-8 text or a .npy token array"
+            raise SpecError("--data", str(data), f"{what}; {allowed}")
         if nproc_per_node is not None and nproc_per_node < 1:
             raise SpecError("--nproc-per-node", nproc_per_node, "a positive integer")
         if max_restarts < 0:
@@ -72,9 +84,10 @@ def register(app: typer.Typer) -> None:
         agent = env is None and nproc_per_node is not None
         world = int(env["WORLD_SIZE"]) if env else (nproc_per_node if agent else 1)
         check_trainable(spec, world, data)
-        for fault in faults:
+        for text, fault in zip(inject or [], faults, strict=True):
             if fault.rank >= world:
-                raise SpecError("--inject", fault.tag, f"rank must be below world size {world}")
+                raise SpecError("--inject", text, f"rank must be below world size {world}")
+        _check_run_dir(run_dir)
 
         if agent:
             args = [

@@ -24,7 +24,14 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["SAMPLE_TEXT", "ByteTokenizer", "TokenLoader", "load_tokens", "token_vocab_needed"]
+__all__ = [
+    "SAMPLE_TEXT",
+    "ByteTokenizer",
+    "TokenLoader",
+    "load_tokens",
+    "token_count",
+    "token_vocab_needed",
+]
 
 SAMPLE_TEXT = "shakespeare.txt"  # package data, see data/README.md for its source and licence
 
@@ -56,6 +63,16 @@ def load_tokens(path: str | Path | None = None) -> torch.Tensor | np.ndarray:
     else:
         text = Path(path).read_text(encoding="utf-8")
     return ByteTokenizer().encode(text)
+
+
+def token_count(path: str | Path) -> int:
+    """How many tokens ``path`` holds, checking it as ``load_tokens`` will read it: a ``.npy``
+    must be a 1-D integer array (ValueError), text must be UTF-8 (UnicodeDecodeError)."""
+    if Path(path).suffix == ".npy":
+        return len(load_tokens(path))
+    raw = Path(path).read_bytes()
+    raw.decode("utf-8")  # the byte tokenizer keeps the bytes; this only rejects non-UTF-8 files
+    return len(raw)
 
 
 def token_vocab_needed(path: str | Path | None) -> int:

@@ -32,7 +32,13 @@ from aihpc.resilience import (
     Watchdog,
     state_sha256,
 )
-from aihpc.runtime.data import ByteTokenizer, TokenLoader, load_tokens, token_vocab_needed
+from aihpc.runtime.data import (
+    ByteTokenizer,
+    TokenLoader,
+    load_tokens,
+    token_count,
+    token_vocab_needed,
+)
 from aihpc.runtime.distributed import DistContext, init_distributed
 from aihpc.runtime.model import LlamaConfig
 from aihpc.runtime.parallelize import build_parallel_model
@@ -62,11 +68,19 @@ def check_trainable(
     (vocab_size must exceed its largest id; this reads the file once per call).
     """
     cfg = LlamaConfig.from_spec(spec.model)
-    if data is not None and data.suffix == ".npy":
+    if data is not None:
         try:
-            needed = token_vocab_needed(data)
-        except ValueError as err:
-            raise SpecError("--data", str(data), f"not a token array: {err}") from None
+            count = token_count(data)
+        except (ValueError, UnicodeDecodeError) as err:
+            what = "a token array" if data.suffix == ".npy" else "UTF-8 text"
+            raise SpecError("--data", str(data), f"not {what}: {err}") from None
+        seq = spec.model.seq_length
+        if count < seq + 1:
+            raise SpecError(
+                "--data", str(data), f"{count} tokens, fewer than model.seq_length {seq} + 1"
+            )
+    if data is not None and data.suffix == ".npy":
+        needed = token_vocab_needed(data)
         if cfg.vocab_size < needed:
             raise SpecError(
                 "model.vocab_size",
