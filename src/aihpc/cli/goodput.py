@@ -85,11 +85,13 @@ def _render(rep) -> None:  # type: ignore[no-untyped-def]
         f"detect {_fmt_s(rc['detection_s'])} + restart {_fmt_s(rc['restart_s'])} "
         f"+ load {_fmt_s(rc['load_s'])}",
     )
+    steps = d["checkpoint_interval_steps"]
     t.add_row(
         "optimal interval",
         _fmt_s(d["optimal_checkpoint_interval_s"]),
         f"Young {_fmt_s(d['young_interval_s'])}, Daly {_fmt_s(d['daly_interval_s'])}; "
-        f"used {_fmt_s(d['checkpoint_interval_s'])} = {d['checkpoint_interval_steps']} steps",
+        f"used {_fmt_s(d['checkpoint_interval_s'])}"
+        + (f" = {steps} steps" if steps is not None else ""),
     )
     t.add_row("ettr", f"{d['ettr']:.1%}", "useful training time / wall-clock time")
     for key, frac in d["lost_time_fraction"].items():

@@ -299,6 +299,13 @@ class GoodputReport:
             f"every {self.checkpoint_interval_s / 60:.3g} min."
         )
 
+    @property
+    def checkpoint_interval_steps(self) -> int | None:
+        """The interval in whole steps; None when it is too long to count (an interval of 1e308 s
+        on a millisecond step overflows a float)."""
+        steps = self.checkpoint_interval_s / self.step_time_s
+        return max(1, round(steps)) if math.isfinite(steps) else None
+
     def to_json(self) -> dict[str, Any]:
         m = self.model
         p = m.params
@@ -314,11 +321,7 @@ class GoodputReport:
             "checkpoint": m.checkpoint.to_json(),
             "recovery": m.recovery.to_json(),
             "checkpoint_interval_s": self.checkpoint_interval_s,
-            "checkpoint_interval_steps": (
-                max(1, round(self.checkpoint_interval_s / self.step_time_s))
-                if math.isfinite(self.checkpoint_interval_s)
-                else None
-            ),
+            "checkpoint_interval_steps": self.checkpoint_interval_steps,
             "optimal_checkpoint_interval_s": self.optimal_checkpoint_interval_s,
             "young_interval_s": young_interval_s(p.blocking_s, p.mtbf_s),
             "daly_interval_s": daly_interval_s(p.blocking_s, p.mtbf_s),

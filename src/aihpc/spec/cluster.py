@@ -209,15 +209,17 @@ def cluster_from_table(
                 value,
                 "unknown field; allowed: " + ", ".join(sorted(_CLUSTER_KEYS)),
             )
+    if "gpu" in table and not isinstance(table["gpu"], str):
+        raise SpecError("cluster.gpu", table["gpu"], "expected a catalog id string")
     if "gpu_spec" in table:
+        if not isinstance(table["gpu_spec"], dict):
+            raise SpecError("cluster.gpu_spec", table["gpu_spec"], "expected a table")
         spec_table = dict(table["gpu_spec"])
         if "gpu" in table:  # start from a catalog part, override some figures
             spec_table = {**gpu_catalog().get(table["gpu"], {}), "id": table["gpu"], **spec_table}
             gpu_from_id(table["gpu"])  # validates the id
         gpu = from_table(GPUSpec, spec_table, "cluster.gpu_spec")
     elif "gpu" in table:
-        if not isinstance(table["gpu"], str):
-            raise SpecError("cluster.gpu", table["gpu"], "expected a catalog id string")
         gpu = gpu_from_id(table["gpu"])
     else:
         raise SpecError(

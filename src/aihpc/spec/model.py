@@ -118,7 +118,7 @@ def model_from_table(table: dict[str, Any]) -> ModelSpec:
     base: dict[str, Any] = {}
     if preset is not None:
         presets = model_presets()
-        if preset not in presets:
+        if not isinstance(preset, str) or preset not in presets:
             raise SpecError("model.preset", preset, "allowed: " + ", ".join(sorted(presets)))
         base = dict(presets[preset])
         base.setdefault("name", preset)
