@@ -219,3 +219,67 @@ def test_fp8_linears_keep_their_inputs_in_one_byte_with_transformer_engine() -> 
     # FP8 input is kept beside the 16-bit attention output.
     saved = tokens * (2 * h / t + ffn / t - hq / t)
     assert bf16 - te == pytest.approx(saved)
+
+
+def test_lazy_gradient_points_of_a_small_interleaved_schedule() -> None:
+    """p = 2, v = 2, m = 2 by hand (Megatron's interleaved order for rank 0): warm-up is
+    2(p - 1) + (v - 1)p = 4 = every forward; the backwards run chunk 1 for micro-batches 0, 1,
+    then chunk 0. (held, with gradients): (4, 0) after the forwards, (3, 1) after the first
+    backward, (1, 2) after the third; the others are beaten by one of these."""
+    from aihpc.perf.memory import lazy_grad_points
+
+    assert sorted(lazy_grad_points(2, 2, 2)) == [(1, 2), (3, 1), (4, 0)]
+    # 1F1B with m = p: p forwards, then backwards only
+    assert sorted(lazy_grad_points(4, 1, 4)) == [(3, 1), (4, 0)]
+
+
+@pytest.mark.parametrize(("p", "v", "m"), [(2, 1, 1), (4, 1, 4), (4, 1, 9), (8, 2, 8), (8, 2, 16)])
+def test_lazy_gradient_points_hold_at_most_the_in_flight_chunks(p, v, m) -> None:
+    """The most chunks held is the schedule's in-flight count: min(p, m) micro-batches under
+    1F1B, p v + p - 1 chunks (at most all m v) interleaved. With enough micro-batches for a
+    forward after every chunk's first backward, that count and every gradient coexist."""
+    from aihpc.perf.memory import lazy_grad_points
+
+    points = lazy_grad_points(p, v, m)
+    in_flight = min(p, m) if v == 1 else min(m * v, p * v + p - 1)
+    assert max(h for h, _ in points) == in_flight
+    steady = m * v - min(p - 1 if v == 1 else 2 * (p - 1) + (v - 1) * p, m * v)
+    if steady >= (v - 1) * p + 2:  # a forward follows chunk 0's first backward
+        assert points == ((in_flight, v),)
+    else:
+        assert (in_flight, v) not in points
+
+
+def test_fsdp_under_pp_peaks_before_all_gradients_exist() -> None:
+    """FSDP2 under PP (zero 3) creates a chunk's unsharded fp32 gradient at its first backward,
+    while backwards free activations. With m = p the first stage never holds both peaks: its
+    memory is below the sum by at least one micro-batch's activations, and interleaving (half
+    the gradients appear with most activations, the rest after half are freed) lowers it more.
+    Megatron's distributed optimizer (zero 1) allocates its gradient buffer up front: no change.
+    """
+    from dataclasses import replace
+
+    from aihpc.perf.memory import DTYPE_BYTES, _layer_params_local
+
+    base = spec(tp=8, pp=4, mbs=1, gbs=8, dp=2, zero=3, recompute="full")
+    plan = base.plan()
+    assert plan.num_microbatches == 4
+    mb = memory_breakdown(base.model, base.cluster, plan, base.training)
+    more = replace(plan, global_batch_size=16)  # m = 8 > p: steady state holds both
+    full = memory_breakdown(base.model, base.cluster, more, base.training)
+    one_mb = activation_bytes_per_layer(base.model, plan, base.training) * 6  # 24 / 4 layers
+    assert full.activations - mb.activations == pytest.approx(one_mb, rel=1e-9)
+    assert full.gradients == pytest.approx(mb.gradients, rel=1e-9)
+    inter = memory_breakdown(base.model, base.cluster, replace(plan, vpp=2), base.training)
+    assert inter.total < mb.total
+    # at the interleaved peak half the stage's unsharded gradients exist, or all of them
+    unsharded = DTYPE_BYTES["fp32"] * (_layer_params_local(base.model, plan, 6) + 51200 * 6144 / 8)
+    assert full.gradients - inter.gradients in (
+        pytest.approx(0.0, abs=1.0),
+        pytest.approx(unsharded / 2, rel=1e-9),
+    )
+    z1 = spec(tp=8, pp=4, mbs=1, gbs=8, dp=2, zero=1, recompute="full")
+    z1_more = replace(z1.plan(), global_batch_size=16)
+    a = memory_breakdown(z1.model, z1.cluster, z1.plan(), z1.training)
+    b = memory_breakdown(z1.model, z1.cluster, z1_more, z1.training)
+    assert a.activations == pytest.approx(b.activations, rel=1e-9)

@@ -5,13 +5,15 @@ Megatron-LM ``theoretical_memory_usage.py``: 18 B/param, 6 + 12/d with the distr
 optimizer); activation bytes per layer from the tensors each op saves for backward (Korthikanti
 et al. 2022, §4.1 and Table 2: sbh(34 + 5as/h) without parallelism, /t with SP, 34sbh/t with
 selective recompute, 2sbh with full recompute); in-flight micro-batches of 1F1B and the
-interleaving penalty 1 + (p-1)/(pv) (Korthikanti §4.2.3; Narayanan et al. 2021 §2.2); layers
+interleaving penalty 1 + (p-1)/(pv) (Korthikanti §4.2.3; Narayanan et al. 2021 §2.2); FSDP2's
+unsharded gradients under PP counted from each chunk's first backward (``lazy_grad_points``); layers
 offloaded to host memory (Megatron-Core ``cpu_offloading_num_layers``) leave GPU memory.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from aihpc.perf.flops import embedding_params, layer_gemms, op_sac_saved, params_per_layer
 from aihpc.perf.params import DEFAULT_PARAMS, ModelParams
@@ -25,6 +27,7 @@ __all__ = [
     "MemoryBreakdown",
     "activation_bytes_per_layer",
     "checkpoint_bytes",
+    "lazy_grad_points",
     "memory_breakdown",
     "offload_split",
     "zero3_keeps_unsharded",
@@ -193,6 +196,44 @@ def _state_bytes(
     return weights, grads, optimizer
 
 
+@lru_cache(maxsize=4096)
+def lazy_grad_points(p: int, v: int, m: int) -> tuple[tuple[int, int], ...]:
+    """Where the first stage's memory can peak when its gradients appear only at their chunk's
+    first backward: (model chunks of activations held, chunks whose gradients exist) pairs,
+    the ones no other pair beats in both (a chunk is L/v of the stage's layers for one
+    micro-batch).
+
+    The schedule is stage 0's, as Megatron-LM orders it (PyTorch's ``Schedule1F1B`` and
+    ``ScheduleInterleaved1F1B`` run the same order): p - 1 warm-up forwards under 1F1B,
+    2(p - 1) + (v - 1)p interleaved, then forward / backward pairs, then the remaining
+    backwards; the k-th forward runs chunk (k // p) mod v, the k-th backward chunk
+    v - 1 - (k // p) mod v. Once every chunk has had a backward and a forward follows, the
+    stage holds its most activations and all its gradients at once, and nothing later is
+    higher, so the walk stops there.
+    """
+    total = m * v
+    warm = min(p - 1 if v == 1 else 2 * (p - 1) + (v - 1) * p, total)
+    ops: list[tuple[bool, int]] = [(True, k) for k in range(warm)]
+    for i in range(total - warm):
+        ops += [(True, warm + i), (False, i)]
+    ops += [(False, k) for k in range(total - warm, total)]
+    held, seen, points = 0, set(), []
+    for forward, k in ops:
+        if forward:
+            held += 1
+            points.append((held, len(seen)))
+            if len(seen) == v:
+                break
+        else:
+            points.append((held, len(seen)))  # the backward's recompute runs before it frees
+            seen.add(v - 1 - (k // p) % v)
+            held -= 1
+            points.append((held, len(seen)))
+    return tuple(
+        a for a in set(points) if not any(b != a and b[0] >= a[0] and b[1] >= a[1] for b in points)
+    )
+
+
 def memory_breakdown(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -251,6 +292,19 @@ def memory_breakdown(
         if output and (not model.tied_embeddings or not embed):
             params_local += emb_local
         w, g, o = _state_bytes(params_local, plan, training, layer_local)
+        if name == "first" and zero3_keeps_unsharded(plan):
+            # FSDP2 under PP accumulates each chunk's unsharded gradient from that chunk's first
+            # backward on (autograd creates .grad lazily; FSDP2 upcasts it to the reduce dtype),
+            # while the backwards free activations: the peak is the schedule's highest sum of
+            # the two, not the sum of their highs.
+            unsharded = DTYPE_BYTES[training.grad_reduce_dtype] * params_local
+            chunk_acts, chunk_grads = act_layer * resident / v, unsharded / v
+            held, made = max(
+                lazy_grad_points(p, v, m),
+                key=lambda pt: pt[0] * chunk_acts + pt[1] * chunk_grads,
+            )
+            acts = held * chunk_acts + working
+            g += made * chunk_grads - unsharded
         live = w + g + o + acts + buffers
         other = params.runtime_overhead_gib * GiB + params.allocator_fragmentation * live
         return MemoryBreakdown(w, g, o, acts, buffers, other, name, act_layer * offloaded)
