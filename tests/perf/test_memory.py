@@ -283,3 +283,40 @@ def test_fsdp_under_pp_peaks_before_all_gradients_exist() -> None:
     a = memory_breakdown(z1.model, z1.cluster, z1.plan(), z1.training)
     b = memory_breakdown(z1.model, z1.cluster, z1_more, z1.training)
     assert a.activations == pytest.approx(b.activations, rel=1e-9)
+
+
+def test_fsdp_without_pp_has_no_gradients_beside_a_single_micro_batch() -> None:
+    """torchtitan's zero_grad frees the sharded gradients before the forward, and the backward
+    creates them as it frees activations: with one micro-batch per step they never meet the
+    forward's activations. With two, the second forward runs beside the first's gradients.
+    DeepSpeed 0.3's ZeRO-3 keeps a preallocated gradient partition: always counted."""
+    from dataclasses import replace
+
+    from aihpc.perf.memory import DTYPE_BYTES, _layer_params_local
+
+    one = spec(tp=1, mbs=1, dp=8, zero=3, gbs=8)
+    two = spec(tp=1, mbs=1, dp=8, zero=3, gbs=16)
+    a = memory_breakdown(one.model, one.cluster, one.plan(), one.training)
+    b = memory_breakdown(two.model, two.cluster, two.plan(), two.training)
+    layer_grad = DTYPE_BYTES["fp32"] * _layer_params_local(one.model, one.plan(), 1)
+    shards = b.gradients - layer_grad
+    assert a.gradients == pytest.approx(layer_grad, rel=1e-9)
+    assert shards == pytest.approx(
+        DTYPE_BYTES["fp32"]
+        * (_layer_params_local(one.model, one.plan(), 24) + 2 * 51200 * 6144)
+        / 8,
+        rel=1e-9,
+    )
+    assert a.activations == pytest.approx(b.activations, rel=1e-9)
+    ds = replace(one.training, zero3_gather="per_tensor")
+    c = memory_breakdown(one.model, one.cluster, one.plan(), ds)
+    d = memory_breakdown(two.model, two.cluster, two.plan(), ds)
+    assert c.gradients == pytest.approx(d.gradients, rel=1e-9) and c.gradients > a.gradients
+    # with full recompute the kept activations are small: the end of the backward, all shards
+    # made and activations gone but the recompute's working set, is the higher point
+    full = spec(tp=1, mbs=1, dp=8, zero=3, gbs=8, recompute="full")
+    e = memory_breakdown(full.model, full.cluster, full.plan(), full.training)
+    assert e.gradients == pytest.approx(b.gradients, rel=1e-9)
+    working = activation_bytes_per_layer(full.model, full.plan(), full.training, recompute="none")
+    working -= activation_bytes_per_layer(full.model, full.plan(), full.training)
+    assert e.activations == pytest.approx(working, rel=1e-9)

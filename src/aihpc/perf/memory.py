@@ -27,6 +27,7 @@ __all__ = [
     "MemoryBreakdown",
     "activation_bytes_per_layer",
     "checkpoint_bytes",
+    "fsdp_lazy_grads",
     "lazy_grad_points",
     "memory_breakdown",
     "offload_split",
@@ -153,6 +154,13 @@ def largest_param_tensor(model: ModelSpec) -> int:
     if "w1" in gemms:
         gemms["w1"] += gemms.pop("w3")
     return max(qkv, *gemms.values())
+
+
+def fsdp_lazy_grads(plan: ParallelPlan, training: TrainingSpec) -> bool:
+    """ZeRO-3 as FSDP2 runs it: gradients exist only from a chunk's first backward to the next
+    step's zero_grad. DeepSpeed 0.3's ZeRO-3 (``zero3_gather = "per_tensor"``) keeps a
+    preallocated flat gradient partition, as Megatron's optimizers keep their buffers."""
+    return plan.zero_stage == 3 and training.zero3_gather == "bucketed"
 
 
 def zero3_keeps_unsharded(plan: ParallelPlan) -> bool:
@@ -292,19 +300,22 @@ def memory_breakdown(
         if output and (not model.tied_embeddings or not embed):
             params_local += emb_local
         w, g, o = _state_bytes(params_local, plan, training, layer_local)
-        if name == "first" and zero3_keeps_unsharded(plan):
-            # FSDP2 under PP accumulates each chunk's unsharded gradient from that chunk's first
-            # backward on (autograd creates .grad lazily; FSDP2 upcasts it to the reduce dtype),
-            # while the backwards free activations: the peak is the schedule's highest sum of
-            # the two, not the sum of their highs.
-            unsharded = DTYPE_BYTES[training.grad_reduce_dtype] * params_local
-            chunk_acts, chunk_grads = act_layer * resident / v, unsharded / v
+        if name != "last" and fsdp_lazy_grads(plan, training):
+            # FSDP2 creates gradients at backward time: the optimizer's zero_grad (set to None)
+            # frees them before each step's first forward, and a chunk's gradient (under PP
+            # the unsharded fp32 accumulator, autograd's .grad upcast by FSDP2; without PP the
+            # reduce-scattered shard) appears at that chunk's first backward, while backwards
+            # free activations. The peak is the schedule's highest sum of the two, not the sum
+            # of their highs. What stays: one layer's unsharded gradient on its way to the
+            # reduce-scatter (without PP).
+            lazy = g if p > 1 else g - DTYPE_BYTES[training.grad_reduce_dtype] * layer_local
+            chunk_acts, chunk_grads = act_layer * resident / v, lazy / v
             held, made = max(
                 lazy_grad_points(p, v, m),
                 key=lambda pt: pt[0] * chunk_acts + pt[1] * chunk_grads,
             )
             acts = held * chunk_acts + working
-            g += made * chunk_grads - unsharded
+            g += made * chunk_grads - lazy
         live = w + g + o + acts + buffers
         other = params.runtime_overhead_gib * GiB + params.allocator_fragmentation * live
         return MemoryBreakdown(w, g, o, acts, buffers, other, name, act_layer * offloaded)
