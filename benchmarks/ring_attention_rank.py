@@ -1,7 +1,7 @@
 """One context-parallel rank's ring attention emulated on one GPU, beside the model's time.
 
     python benchmarks/ring_attention_rank.py [--tokens-per-rank 32768] [--cp 2 4 8]
-        [--ranks middle|extremes] [--out PATH]
+        [--ranks middle|extremes] [--gather] [--slack 0.05] [--out PATH]
 
 Runs the kernels a load-balanced ring-attention rank runs (PyTorch's context parallel: head-tail
 sharding, one causal block on its own chunks, then per step either its queries against the first
@@ -13,6 +13,15 @@ for the same rank (``attention = "flash2"``), i.e. its causal FLOPs / cp at the 
 efficiencies. A ratio near 1 says the kernels and merges of ring attention cost what the model
 charges; what the ring's communication and synchronisation cost is not measured here. Needs a CUDA
 GPU for the measurement. Writes <out>.json and <out>.md.
+
+``--gather`` tests a lead for the torchtitan CP 4 / CP 8 misses (I08, I09) that one GPU can
+test: PyTorch's all-gather rotater hands every attention call one fresh buffer of all cp ranks'
+repeated-head K/V (4 GiB at CP 8 and 32K tokens a rank), and its gradient comes back as another,
+on a GPU at 84 of 96 GiB. Each call then gathers into a new buffer, the blocks are views of it,
+and the rank is timed twice: as is, and with a ballast that leaves the step only ``--slack``
+(fraction) more than its own measured peak, so the caching allocator must free and re-map
+blocks (each time synchronising the device) as it did near the limit. The table adds the time
+under pressure over the time without, and the allocator's retry and cudaMalloc/cudaFree counts.
 
 Ranks differ: rank 0 runs every later block as (half the queries x all arriving K/V), rank cp-1
 as (all queries x half the K/V). The ring's exchanges keep ranks in step, so the slowest rank
@@ -76,6 +85,19 @@ def ring_rank(q, ks, vs, rank: int, attn):
     return out.to(q.dtype)
 
 
+def gathered(ks, vs):
+    """K/V as the all-gather rotater receives them: one fresh buffer holding every rank's K and V
+    (written by the collective; here by copies, which autograd follows back to ``ks``, ``vs``),
+    the ring's blocks views into it."""
+    import torch
+
+    buf = torch.empty((len(ks), 2, *ks[0].shape), device=ks[0].device, dtype=ks[0].dtype)
+    for i, (k, v) in enumerate(zip(ks, vs, strict=True)):
+        buf[i, 0].copy_(k)
+        buf[i, 1].copy_(v)
+    return [buf[i, 0] for i in range(len(ks))], [buf[i, 1] for i in range(len(vs))]
+
+
 def flash_attn(q, k, v, causal: bool):
     import torch
 
@@ -95,7 +117,17 @@ def math_attn(q, k, v, causal: bool):
     return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v, lse
 
 
-def measure(tokens_per_rank: int, cp: int, device: str = "cuda", rank: int | None = None) -> dict:
+def measure(
+    tokens_per_rank: int,
+    cp: int,
+    device: str = "cuda",
+    rank: int | None = None,
+    gather: bool = False,
+    slack: float | None = None,
+) -> dict:
+    """Median ms of the rank's forward and forward + backward; with ``slack`` (CUDA only) also
+    under a ballast that leaves the step only (1 + slack) x its own peak, and the allocator's
+    counts during the pressured runs."""
     import torch
 
     dev = torch.device(device)
@@ -114,14 +146,46 @@ def measure(tokens_per_rank: int, cp: int, device: str = "cuda", rank: int | Non
     def timed(fn) -> float:
         return median_ms(fn, dev, 3, 1)
 
+    def blocks():
+        return gathered(ks, vs) if gather else (ks, vs)
+
     def fwd():
         with torch.no_grad():
-            ring_rank(q, ks, vs, rank, attn)
+            ring_rank(q, *blocks(), rank, attn)
 
     def fwd_bwd():
-        ring_rank(q, ks, vs, rank, attn).backward(grad)
+        ring_rank(q, *blocks(), rank, attn).backward(grad)
 
-    return {"fwd_ms": timed(fwd), "fwd_bwd_ms": timed(fwd_bwd)}
+    out = {"fwd_ms": timed(fwd), "fwd_bwd_ms": timed(fwd_bwd)}
+    if slack is None or dev.type != "cuda":
+        return out
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fwd_bwd()
+    torch.cuda.synchronize()
+    step_peak = torch.cuda.max_memory_allocated() - base
+    torch.cuda.empty_cache()  # start from what the step itself needs, nothing cached
+    free, _ = torch.cuda.mem_get_info()
+    keep = int(step_peak * (1 + slack))
+    ballast = torch.empty(max(0, free - keep), dtype=torch.uint8, device=dev)
+    before = torch.cuda.memory_stats()
+    pressured = timed(fwd_bwd)
+    after = torch.cuda.memory_stats()
+    del ballast
+
+    def delta(key: str) -> int:
+        return int(after.get(key, 0) - before.get(key, 0))
+
+    out.update(
+        step_peak_gib=step_peak / 2**30,
+        pressured_fwd_bwd_ms=pressured,
+        pressure_ratio=pressured / out["fwd_bwd_ms"],
+        alloc_retries=delta("num_alloc_retries"),
+        cuda_mallocs=delta("num_device_alloc"),
+        cuda_frees=delta("num_device_free"),
+    )
+    return out
 
 
 def main() -> int:
@@ -135,6 +199,15 @@ def main() -> int:
         default="middle",
         help="time rank cp/2 only, or ranks 0, cp/2 and cp-1 (the slowest sets the pace)",
     )
+    ap.add_argument(
+        "--gather", action="store_true", help="K/V from one fresh all-gather buffer per call"
+    )
+    ap.add_argument(
+        "--slack",
+        type=float,
+        default=None,
+        help="also time under a ballast leaving (1 + slack) x the step's peak (CUDA)",
+    )
     ap.add_argument("--out", type=Path, default=None, help="output path without suffix")
     args = ap.parse_args()
     try:
@@ -147,7 +220,11 @@ def main() -> int:
     rows = []
     for cp in args.cp:
         row = {"cp": cp, "predicted": predicted_ms(args.tokens_per_rank, cp, gpu)}
-        row["measured"] = measure(args.tokens_per_rank, cp) if name else None
+        row["measured"] = (
+            measure(args.tokens_per_rank, cp, gather=args.gather, slack=args.slack)
+            if name
+            else None
+        )
         if name and args.ranks == "extremes":
             row["per_rank"] = {
                 r: measure(args.tokens_per_rank, cp, rank=r) for r in sorted({0, cp // 2, cp - 1})
@@ -170,6 +247,24 @@ def main() -> int:
         lines.append(
             f"| {r['cp']} | {mf} | {p['fwd_ms']:.1f} | {mb} | {p['fwd_bwd_ms']:.1f} | {ratio} |"
         )
+    pressured = [r for r in rows if r["measured"] and "pressure_ratio" in r["measured"]]
+    if pressured:
+        lines += [
+            "",
+            f"Under allocator pressure (ballast leaving {1 + args.slack:.2f} x the step's peak"
+            f"{', K/V from a fresh gather buffer per call' if args.gather else ''}):",
+            "",
+            "| cp | step peak GiB | fwd+bwd ms | pressured ms | ratio | alloc retries "
+            "| cudaMalloc | cudaFree |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in pressured:
+            m = r["measured"]
+            lines.append(
+                f"| {r['cp']} | {m['step_peak_gib']:.2f} | {m['fwd_bwd_ms']:.1f} "
+                f"| {m['pressured_fwd_bwd_ms']:.1f} | {m['pressure_ratio']:.3f} "
+                f"| {m['alloc_retries']} | {m['cuda_mallocs']} | {m['cuda_frees']} |"
+            )
     per_rank = [r for r in rows if r.get("per_rank")]
     if per_rank:
         lines += [
@@ -190,7 +285,8 @@ def main() -> int:
         ]
     text = "\n".join(lines)
     print(text)
-    out = args.out or Path(__file__).parent / "results" / f"ring_attention_rank_{gpu}"
+    suffix = ("_gather" if args.gather else "") + ("_pressure" if args.slack is not None else "")
+    out = args.out or Path(__file__).parent / "results" / f"ring_attention_rank_{gpu}{suffix}"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(
         json.dumps({"tokens_per_rank": args.tokens_per_rank, "gpu": name, "rows": rows}, indent=1)
