@@ -320,3 +320,33 @@ def test_fsdp_without_pp_has_no_gradients_beside_a_single_micro_batch() -> None:
     working = activation_bytes_per_layer(full.model, full.plan(), full.training, recompute="none")
     working -= activation_bytes_per_layer(full.model, full.plan(), full.training)
     assert e.activations == pytest.approx(working, rel=1e-9)
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+@pytest.mark.parametrize("v", [1, 2, 4])
+@pytest.mark.parametrize("rounds", [1, 2, 3])
+def test_lazy_gradient_walk_may_stop_early(p: int, v: int, rounds: int) -> None:
+    """The walk stops once every chunk has gradients and a forward follows; every point of the
+    whole step's walk (written out here without the stop) must still be covered by a returned
+    point that is at least as high in both activations and gradients."""
+    from aihpc.perf.memory import lazy_grad_points
+
+    m = p * rounds
+    total = m * v
+    warm = min(p - 1 if v == 1 else 2 * (p - 1) + (v - 1) * p, total)
+    ops = ["F"] * warm + ["F", "B"] * (total - warm) + ["B"] * warm
+    held, seen, backwards, walk = 0, set(), 0, []
+    for op in ops:
+        if op == "F":
+            held += 1
+            walk.append((held, len(seen)))
+        else:
+            walk.append((held, len(seen)))
+            seen.add(v - 1 - (backwards // p) % v)
+            backwards += 1
+            held -= 1
+            walk.append((held, len(seen)))
+    assert held == 0 and len(seen) == v  # every forward has its backward
+    points = lazy_grad_points(p, v, m)
+    for a in walk:
+        assert any(b[0] >= a[0] and b[1] >= a[1] for b in points), (a, points)
