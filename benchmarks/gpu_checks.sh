@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The measurements the performance model still waits for that one GPU can make, as one script
+# for a session that is lent a GPU (about 5 minutes on an H100/H200). Run from the repository
+# root after installing the package with torch:
+#
+#   bash benchmarks/gpu_checks.sh [OUT_DIR]      # default: benchmarks/results
+#
+# 1. One ring-attention rank at both ends of the ring (ranks 0 and cp - 1 run blocks of one shape
+#    each; the exchanges keep ranks in step, so the slower end sets the pace) for CP 2, 4, 8:
+#    is the torchtitan CP 4 / CP 8 miss (I08, I09) in one rank's kernels?
+# 2. The same rank with K/V from one fresh all-gather buffer per call and the caching allocator
+#    held to 5% above the step's peak: is it the allocator near its limit?
+# Each writes <name>.json and <name>.md; docs/performance-model.md (I08, I09) says what each
+# outcome would mean.
+set -euo pipefail
+out=${1:-benchmarks/results}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+python - <<'PY'
+import sys
+
+import torch
+
+if not torch.cuda.is_available():
+    sys.exit("gpu_checks.sh: no CUDA GPU visible; these checks measure one")
+print(torch.cuda.get_device_name(), torch.__version__, torch.version.cuda)
+PY
+cd "$(dirname "$0")"
+python ring_attention_rank.py --cp 2 4 8 --ranks extremes --out "$out/ring_attention_ranks_extremes"
+python ring_attention_rank.py --cp 2 4 8 --gather --slack 0.05 --out "$out/ring_attention_rank_gather_pressure"
