@@ -6,8 +6,9 @@ optimizer); activation bytes per layer from the tensors each op saves for backwa
 et al. 2022, §4.1 and Table 2: sbh(34 + 5as/h) without parallelism, /t with SP, 34sbh/t with
 selective recompute, 2sbh with full recompute); in-flight micro-batches of 1F1B and the
 interleaving penalty 1 + (p-1)/(pv) (Korthikanti §4.2.3; Narayanan et al. 2021 §2.2); FSDP2's
-unsharded gradients under PP counted from each chunk's first backward (``lazy_grad_points``); layers
-offloaded to host memory (Megatron-Core ``cpu_offloading_num_layers``) leave GPU memory.
+gradients counted only from each model chunk's first backward to the next step's zero_grad
+(``lazy_grad_points``); layers offloaded to host memory (Megatron-Core
+``cpu_offloading_num_layers``) leave GPU memory.
 """
 
 from __future__ import annotations
