@@ -6,7 +6,7 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from aihpc._io import atomic_target
+from aihpc._io import atomic_target, check_output_path
 from aihpc.perf.goodput import ettr, goodput_model, optimal_interval_s
 from aihpc.spec.errors import SpecError
 from aihpc.spec.runspec import RunSpec
@@ -58,11 +58,8 @@ def goodput_curves(
 
 
 def _check_plot_path(path: Path) -> None:
-    if path.suffix.lower() != ".png":
-        raise SpecError("--plot", str(path), "must be a .png file name")
+    check_output_path(path, "--plot", ".png")
     parent = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        raise SpecError("--plot", str(path), "is a directory; expected a .png file name")
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise SpecError("--plot", str(path), "its directory must exist and be writable")
 
