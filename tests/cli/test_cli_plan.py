@@ -85,6 +85,26 @@ def test_estimate_shows_offloaded_layers_their_copies_and_host_memory(tmp_path: 
     assert host.split()[-1] == "224"  # of the Grace's 480 GB shared by two GPUs, in GiB
 
 
+def test_estimate_shows_fsdp_gradients_made_after_the_peak(tmp_path: Path) -> None:
+    """One micro-batch per step under FSDP2: the shards made in the backward are listed under
+    the table and in the JSON, outside the total; with two micro-batches there are none."""
+    spec = tmp_path / "run.toml"
+    text = (
+        '[model]\npreset = "llama3-8b"\n[cluster]\ngpu = "h100-sxm"\nnum_gpus = 8\n'
+        '[parallel]\nzero_stage = 3\nrecompute = "op"\nmicro_batch_size = 2\n'
+        "global_batch_size = {gbs}\n"
+    )
+    spec.write_text(text.format(gbs=16))
+    row = next(x for x in estimate_human(spec).stdout.splitlines() if "made after the peak" in x)
+    one = json.loads(aihpc("estimate", str(spec), "--json").stdout)
+    assert float(row.split()[-1]) == pytest.approx(one["gradients_after_peak_gib"], abs=0.05)
+    spec.write_text(text.format(gbs=32))
+    two = json.loads(aihpc("estimate", str(spec), "--json").stdout)
+    assert two["gradients_after_peak_gib"] == 0.0
+    later = one["memory_gib"]["gradients"] + one["gradients_after_peak_gib"]
+    assert later == pytest.approx(two["memory_gib"]["gradients"], rel=1e-9)
+
+
 def test_estimate_says_when_a_communicator_is_capped(tmp_path: Path) -> None:
     spec = tmp_path / "run.toml"
     spec.write_text(

@@ -121,6 +121,9 @@ def render_estimate(spec: RunSpec, est: Estimate) -> None:
     if est.memory.offloaded:
         host = f" of {est.host_mem_gib:.0f}" if est.host_mem_gib else ""
         mt.add_row("offloaded to host memory", f"{out['host_offload_gib']:.1f}{host}")
+    if out["gradients_after_peak_gib"] >= 0.05:
+        # FSDP2 creates gradients in the backward, after the peak: not part of the total
+        mt.add_row("gradients made after the peak", f"{out['gradients_after_peak_gib']:.1f}")
     console.print(mt)
     console.print(
         f"tokens/s/GPU [bold]{est.tokens_per_s_per_gpu:,.0f}[/] · model TFLOP/s/GPU "

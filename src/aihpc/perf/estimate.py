@@ -86,6 +86,7 @@ class Estimate:
             "hfu": self.hfu,
             "memory_gib": self.memory.gib(),
             "host_offload_gib": self.memory.offloaded / GiB,
+            "gradients_after_peak_gib": self.memory.gradients_after_peak / GiB,
             "time_s": dict(self.time_s),
             "plan": self.plan.as_dict(),
             "bottleneck": self.bottleneck,

@@ -54,6 +54,8 @@ class MemoryBreakdown:
     offloaded: float = (
         0.0  # activations held in host memory (parallel.offload_layers), not in total
     )
+    # FSDP2 gradients the step creates after the memory peak (in its backward), not in total
+    gradients_after_peak: float = 0.0
 
     @property
     def total(self) -> float:
@@ -301,6 +303,7 @@ def memory_breakdown(
         if output and (not model.tied_embeddings or not embed):
             params_local += emb_local
         w, g, o = _state_bytes(params_local, plan, training, layer_local)
+        later = 0.0
         if name != "last" and fsdp_lazy_grads(plan, training):
             # FSDP2 creates gradients at backward time: the optimizer's zero_grad (set to None)
             # frees them before each step's first forward, and a chunk's gradient (under PP
@@ -316,10 +319,11 @@ def memory_breakdown(
                 key=lambda pt: pt[0] * chunk_acts + pt[1] * chunk_grads,
             )
             acts = held * chunk_acts + working
-            g += made * chunk_grads - lazy
+            later = lazy - made * chunk_grads
+            g -= later
         live = w + g + o + acts + buffers
         other = params.runtime_overhead_gib * GiB + params.allocator_fragmentation * live
-        return MemoryBreakdown(w, g, o, acts, buffers, other, name, act_layer * offloaded)
+        return MemoryBreakdown(w, g, o, acts, buffers, other, name, act_layer * offloaded, later)
 
     if p == 1:
         return stage(model.num_layers, True, True, first_acts, logits + embed_out, "only")
