@@ -224,13 +224,19 @@ def test_fp8_linears_keep_their_inputs_in_one_byte_with_transformer_engine() -> 
 def test_lazy_gradient_points_of_a_small_interleaved_schedule() -> None:
     """p = 2, v = 2, m = 2 by hand (Megatron's interleaved order for rank 0): warm-up is
     2(p - 1) + (v - 1)p = 4 = every forward; the backwards run chunk 1 for micro-batches 0, 1,
-    then chunk 0. (held, with gradients): (4, 0) after the forwards, (3, 1) after the first
-    backward, (1, 2) after the third; the others are beaten by one of these."""
+    then chunk 0. (held, with gradients, a last-chunk micro-batch held): (4, 0, 1) after the
+    forwards, (3, 1, 1) after the first backward, (1, 2, 0) after the third; the others are
+    beaten by one of these. The last rank (1F1B) runs each forward's backward at once."""
     from aihpc.perf.memory import lazy_grad_points
 
-    assert sorted(lazy_grad_points(2, 2, 2)) == [(1, 2), (3, 1), (4, 0)]
+    assert sorted(lazy_grad_points(2, 2, 2)) == [(1, 2, 0), (3, 1, 1), (4, 0, 1)]
     # 1F1B with m = p: p forwards, then backwards only
-    assert sorted(lazy_grad_points(4, 1, 4)) == [(3, 1), (4, 0)]
+    assert sorted(lazy_grad_points(4, 1, 4)) == [(3, 1, 1), (4, 0, 1)]
+    # the last rank: forward, backward, forward: one micro-batch with every gradient
+    assert lazy_grad_points(4, 1, 4, rank=3) == ((1, 1, 1),)
+    # interleaved, the last rank runs (v - 1)p chunks ahead: 9 held with half the gradients
+    # and a last-chunk micro-batch in flight, or 7 with all and none
+    assert sorted(lazy_grad_points(8, 2, 8, rank=7)) == [(7, 2, 0), (9, 1, 1)]
 
 
 @pytest.mark.parametrize(("p", "v", "m"), [(2, 1, 1), (4, 1, 4), (4, 1, 9), (8, 2, 8), (8, 2, 16)])
@@ -242,12 +248,12 @@ def test_lazy_gradient_points_hold_at_most_the_in_flight_chunks(p, v, m) -> None
 
     points = lazy_grad_points(p, v, m)
     in_flight = min(p, m) if v == 1 else min(m * v, p * v + p - 1)
-    assert max(h for h, _ in points) == in_flight
+    assert max(h for h, _, _ in points) == in_flight
     steady = m * v - min(p - 1 if v == 1 else 2 * (p - 1) + (v - 1) * p, m * v)
     if steady >= (v - 1) * p + 2:  # a forward follows chunk 0's first backward
-        assert points == ((in_flight, v),)
+        assert (in_flight, v) in {(h, g) for h, g, _ in points}
     else:
-        assert (in_flight, v) not in points
+        assert (in_flight, v) not in {(h, g) for h, g, _ in points}
 
 
 def test_fsdp_under_pp_peaks_before_all_gradients_exist() -> None:
@@ -323,33 +329,56 @@ def test_fsdp_without_pp_has_no_gradients_beside_a_single_micro_batch() -> None:
     working = activation_bytes_per_layer(full.model, full.plan(), full.training, recompute="none")
     working -= activation_bytes_per_layer(full.model, full.plan(), full.training)
     assert e.activations == pytest.approx(working, rel=1e-9)
+    assert e.logits == 0.0  # the loss's buffers went with the backward that used them
 
 
+@pytest.mark.parametrize("last_rank", [False, True])
 @pytest.mark.parametrize("p", [2, 4, 8])
 @pytest.mark.parametrize("v", [1, 2, 4])
 @pytest.mark.parametrize("rounds", [1, 2, 3])
-def test_lazy_gradient_walk_may_stop_early(p: int, v: int, rounds: int) -> None:
+def test_lazy_gradient_walk_may_stop_early(p: int, v: int, rounds: int, last_rank: bool) -> None:
     """The walk stops once every chunk has gradients and a forward follows; every point of the
     whole step's walk (written out here without the stop) must still be covered by a returned
     point that is at least as high in both activations and gradients."""
     from aihpc.perf.memory import lazy_grad_points
 
-    m = p * rounds
+    m, rank = p * rounds, p - 1 if last_rank else 0
     total = m * v
-    warm = min(p - 1 if v == 1 else 2 * (p - 1) + (v - 1) * p, total)
+    warm = min(p - 1 - rank if v == 1 else 2 * (p - 1 - rank) + (v - 1) * p, total)
     ops = ["F"] * warm + ["F", "B"] * (total - warm) + ["B"] * warm
-    held, seen, backwards, walk = 0, set(), 0, []
+    held, last, seen, forwards, backwards, walk = 0, 0, set(), 0, 0, []
     for op in ops:
         if op == "F":
+            last += (forwards // p) % v == v - 1
+            forwards += 1
             held += 1
-            walk.append((held, len(seen)))
+            walk.append((held, len(seen), min(last, 1)))
         else:
-            walk.append((held, len(seen)))
-            seen.add(v - 1 - (backwards // p) % v)
+            walk.append((held, len(seen), min(last, 1)))
+            chunk = v - 1 - (backwards // p) % v
+            seen.add(chunk)
+            last -= chunk == v - 1
             backwards += 1
             held -= 1
-            walk.append((held, len(seen)))
-    assert held == 0 and len(seen) == v  # every forward has its backward
-    points = lazy_grad_points(p, v, m)
+            walk.append((held, len(seen), min(last, 1)))
+    assert held == 0 and last == 0 and len(seen) == v  # every forward has its backward
+    points = lazy_grad_points(p, v, m, rank)
     for a in walk:
-        assert any(b[0] >= a[0] and b[1] >= a[1] for b in points), (a, points)
+        assert any(all(x >= y for x, y in zip(b, a, strict=True)) for b in points), (a, points)
+
+
+def test_interleaved_last_stage_holds_its_warm_up_chunks() -> None:
+    """Megatron-LM's last pipeline rank still warms up (v - 1)p model chunks under interleaving
+    (num_warmup_microbatches), so it holds (v - 1)p + 1 chunks of L/(pv) layers, not one
+    micro-batch as under 1F1B. A large vocabulary makes the last stage the most loaded."""
+    from dataclasses import replace
+
+    base = spec(tp=8, pp=4, mbs=1, gbs=16, zero=1)
+    big = replace(base.model, vocab_size=4_096_000)
+    plan = replace(base.plan(), vpp=2)
+    inter = memory_breakdown(big, base.cluster, plan, base.training)
+    plain = memory_breakdown(big, base.cluster, base.plan(), base.training)
+    assert inter.stage == plain.stage == "last"
+    per_layer = activation_bytes_per_layer(big, plan, base.training)
+    assert plain.activations == pytest.approx(per_layer * 6, rel=1e-9)  # 24 / 4 layers, one mb
+    assert inter.activations == pytest.approx(per_layer * 6 * (1 * 4 + 1) / 2, rel=1e-9)

@@ -207,41 +207,55 @@ def _state_bytes(
     return weights, grads, optimizer
 
 
-@lru_cache(maxsize=4096)
-def lazy_grad_points(p: int, v: int, m: int) -> tuple[tuple[int, int], ...]:
-    """Where the first stage's memory can peak when its gradients appear only at their chunk's
-    first backward: (model chunks of activations held, chunks whose gradients exist) pairs,
-    the ones no other pair beats in both (a chunk is L/v of the stage's layers for one
-    micro-batch).
+def warmup_chunks(p: int, v: int, m: int, rank: int = 0) -> int:
+    """Forwards pipeline rank ``rank`` runs before its first backward (Megatron-LM's
+    ``num_warmup_microbatches``; PyTorch's ``Schedule1F1B`` / ``ScheduleInterleaved1F1B`` run the
+    same order): p - 1 - rank under 1F1B, 2(p - 1 - rank) + (v - 1)p interleaved, at most the
+    step's m v model chunks."""
+    ahead = p - 1 - rank if v == 1 else 2 * (p - 1 - rank) + (v - 1) * p
+    return min(ahead, m * v)
 
-    The schedule is stage 0's, as Megatron-LM orders it (PyTorch's ``Schedule1F1B`` and
-    ``ScheduleInterleaved1F1B`` run the same order): p - 1 warm-up forwards under 1F1B,
-    2(p - 1) + (v - 1)p interleaved, then forward / backward pairs, then the remaining
+
+@lru_cache(maxsize=4096)
+def lazy_grad_points(p: int, v: int, m: int, rank: int = 0) -> tuple[tuple[int, int, int], ...]:
+    """Where a pipeline rank's memory can peak when its gradients appear only at their chunk's
+    first backward: (model chunks of activations held, chunks whose gradients exist, 1 if a
+    micro-batch of the last model chunk is between its forward and its backward, else 0)
+    triples, the ones no other triple beats in all three (a chunk is L/v of the stage's layers
+    for one micro-batch). The third says whether the loss's logits buffers are live, on the
+    rank that holds the output layer.
+
+    The schedule: ``warmup_chunks`` forwards, then forward / backward pairs, then the remaining
     backwards; the k-th forward runs chunk (k // p) mod v, the k-th backward chunk
-    v - 1 - (k // p) mod v. Once every chunk has had a backward and a forward follows, the
-    stage holds its most activations and all its gradients at once, and nothing later is
-    higher, so the walk stops there.
+    v - 1 - (k // p) mod v. Once every chunk has had a backward and a forward leaves the rank
+    holding a last-chunk micro-batch, it holds its most activations, all its gradients and
+    the logits at once, and nothing later is higher, so the walk stops there.
     """
     total = m * v
-    warm = min(p - 1 if v == 1 else 2 * (p - 1) + (v - 1) * p, total)
+    warm = warmup_chunks(p, v, m, rank)
     ops: list[tuple[bool, int]] = [(True, k) for k in range(warm)]
     for i in range(total - warm):
         ops += [(True, warm + i), (False, i)]
     ops += [(False, k) for k in range(total - warm, total)]
-    held, seen, points = 0, set(), []
+    held, tail, seen, points = 0, 0, set(), []
     for forward, k in ops:
+        chunk = (k // p) % v if forward else v - 1 - (k // p) % v
         if forward:
             held += 1
-            points.append((held, len(seen)))
-            if len(seen) == v:
+            tail += chunk == v - 1
+            points.append((held, len(seen), min(tail, 1)))
+            if len(seen) == v and tail:
                 break
-        else:
-            points.append((held, len(seen)))  # the backward's recompute runs before it frees
-            seen.add(v - 1 - (k // p) % v)
+        else:  # the backward's recompute runs before it frees
+            points.append((held, len(seen), min(tail, 1)))
+            seen.add(chunk)
             held -= 1
-            points.append((held, len(seen)))
+            tail -= chunk == v - 1
+            points.append((held, len(seen), min(tail, 1)))
     return tuple(
-        a for a in set(points) if not any(b != a and b[0] >= a[0] and b[1] >= a[1] for b in points)
+        a
+        for a in set(points)
+        if not any(b != a and all(x >= y for x, y in zip(b, a, strict=True)) for b in points)
     )
 
 
@@ -275,11 +289,17 @@ def memory_breakdown(
     # 2(p-1) + (v-1)p model chunks ahead, so p v + p - 1 chunks of L/v layers are live, i.e.
     # (1 + (p-1)/(p v)) times 1F1B's (Narayanan et al. SC'21, sec. 2.2.2) -- but never more
     # than the m v chunks a step has (with m = p every chunk's forward runs before any backward).
+    # The last stage: one micro-batch under 1F1B; interleaved, its warm-up still runs (v-1)p
+    # chunks ahead, so (v-1)p + 1 chunks of L/v layers are live (``warmup_chunks`` + 1).
     micro_batches = min(p, m)
-    in_flight = min(m, (p * v + p - 1) / v) if v > 1 else micro_batches
+    if v > 1:  # warmup_chunks + 1 chunks live, inline: this runs for every searched plan
+        in_flight = min(m, (min(2 * (p - 1) + (v - 1) * p, m * v) + 1) / v)
+        last_in_flight = min(m, (min((v - 1) * p, m * v) + 1) / v)
+    else:
+        in_flight, last_in_flight = micro_batches, 1
     resident, offloaded = offload_split(layers_per_stage, plan.offload_layers)
     first_acts = act_layer * resident * in_flight + working
-    last_acts = act_layer * layers_per_stage * 1 + working  # last stage: one in flight
+    last_acts = act_layer * layers_per_stage * last_in_flight + working
     # Output layer, per vocab shard: 16-bit logits plus the fp32 copy a fused vocab-parallel
     # cross-entropy (fused or not) works on in place (Megatron-LM, NeMo): 6 B per logit. PyTorch's
     # F.cross_entropy on upcast logits also keeps its fp32 log-softmax output and, in the
@@ -294,6 +314,8 @@ def memory_breakdown(
         / (plan.tp if plan.sequence_parallel else 1)
     )
 
+    lazy_grads = fsdp_lazy_grads(plan, training)
+
     def stage(
         layer_count: int, embed: bool, output: bool, acts: float, buffers: float, name: str
     ) -> MemoryBreakdown:
@@ -304,7 +326,9 @@ def memory_breakdown(
             params_local += emb_local
         w, g, o = _state_bytes(params_local, plan, training, layer_local)
         later = 0.0
-        if name != "last" and fsdp_lazy_grads(plan, training):
+        points = lazy_grad_points(p, v, m, p - 1 if name == "last" else 0) if lazy_grads else ()
+        # one point with every gradient and the logits live is the plain sum: nothing to do
+        if points and (len(points) > 1 or points[0][1:] != (v, 1)):
             # FSDP2 creates gradients at backward time: the optimizer's zero_grad (set to None)
             # frees them before each step's first forward, and a chunk's gradient (under PP
             # the unsharded fp32 accumulator, autograd's .grad upcast by FSDP2; without PP the
@@ -312,13 +336,19 @@ def memory_breakdown(
             # free activations. The peak is the schedule's highest sum of the two, not the sum
             # of their highs. What stays: one layer's unsharded gradient on its way to the
             # reduce-scatter (without PP).
+            # The output layer's logits and loss buffers (and, without PP, the embedding's
+            # output) live only while a micro-batch sits between its last chunk's forward and
+            # backward.
             lazy = g if p > 1 else g - DTYPE_BYTES[training.grad_reduce_dtype] * layer_local
-            chunk_acts, chunk_grads = act_layer * resident / v, lazy / v
-            held, made = max(
-                lazy_grad_points(p, v, m),
-                key=lambda pt: pt[0] * chunk_acts + pt[1] * chunk_grads,
+            chunk_acts = act_layer * (layer_count if name == "last" else resident) / v
+            chunk_grads = lazy / v
+            transient = buffers if output else 0.0
+            held, made, tail = max(
+                points,
+                key=lambda pt: pt[0] * chunk_acts + pt[1] * chunk_grads + pt[2] * transient,
             )
             acts = held * chunk_acts + working
+            buffers -= transient * (1 - tail)
             later = lazy - made * chunk_grads
             g -= later
         live = w + g + o + acts + buffers
