@@ -120,6 +120,28 @@ def test_toml_round_trip_and_strict_keys():
         calibration_from_dict(data)
 
 
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("busbw_GBps", math.nan), ("busbw_GBps", math.inf), ("latency_us", math.nan)],
+)
+def test_calibration_refuses_non_finite_figures(key: str, value: float) -> None:
+    """A nan bandwidth would price every collective as nan, an infinite one as free; only a
+    regime's upper size bound may be inf (no bound)."""
+    data = {
+        "comm": [
+            {
+                "collective": "all_reduce",
+                "tier": "scale_up",
+                "regimes": [{"latency_us": 20.0, "busbw_GBps": 300.0, "max_bytes": math.inf}],
+            }
+        ]
+    }
+    assert calibration_from_dict(data).comm_fit("all_reduce", "scale_up") is not None
+    data["comm"][0]["regimes"][0][key] = value
+    with pytest.raises(SpecError, match=key):
+        calibration_from_dict(data)
+
+
 def _cli(*args, cwd=None):
     return subprocess.run(
         [sys.executable, "-m", "aihpc", *args],

@@ -218,6 +218,41 @@ def test_preset_fields_can_be_overridden() -> None:
             "cluster.calibration",
         ),
         (
+            {"model": {"preset": "llama3-8b"}, "training": {"adam_beta1": 1.5}},
+            "training.adam_beta1",
+        ),
+        (
+            {"model": {"preset": "llama3-8b"}, "training": {"adam_beta2": -0.1}},
+            "training.adam_beta2",
+        ),
+        ({"model": {"preset": "llama3-8b"}, "training": {"seed": 2**65}}, "training.seed"),
+        (
+            {"model": {"preset": "llama3-8b"}, "training": {"weight_decay": float("nan")}},
+            "training.weight_decay",
+        ),
+        (
+            {"model": {"preset": "llama3-8b"}, "training": {"learning_rate": float("inf")}},
+            "training.learning_rate",
+        ),
+        (
+            {
+                "model": {"preset": "llama3-8b"},
+                "cluster": {
+                    "gpu": "h100-sxm",
+                    "num_gpus": 8,
+                    "gpu_spec": {"hbm_gib": float("nan")},
+                },
+            },
+            "cluster.gpu_spec.hbm_gib",
+        ),
+        (
+            {
+                "model": {"preset": "llama3-8b"},
+                "cluster": {"gpu": "h100-sxm", "num_gpus": 8, "gpu_spec": {"gemm_efficiency": 1.2}},
+            },
+            "cluster.gpu_spec.gemm_efficiency",
+        ),
+        (
             {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm", "calibration": ""}},
             "cluster.calibration",
         ),

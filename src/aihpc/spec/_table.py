@@ -8,6 +8,7 @@ as ints), then calls the class, whose ``__post_init__`` does the cross-field che
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Any, TypeVar
@@ -101,10 +102,11 @@ def to_table(obj: Any) -> dict[str, Any]:
 
 
 def check_positive(field: str, value: float | int | None, *, allow_zero: bool = False) -> None:
+    """A count or a physical quantity: finite and > 0 (≥ 0 with ``allow_zero``); None passes."""
     if value is None:
         return
-    if value < 0 or (value == 0 and not allow_zero):
-        raise SpecError(field, value, "must be " + ("≥ 0" if allow_zero else "> 0"))
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise SpecError(field, value, "must be a finite number " + ("≥ 0" if allow_zero else "> 0"))
 
 
 def check_choice(field: str, value: Any, choices: typing.Iterable[Any]) -> None:

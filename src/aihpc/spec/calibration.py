@@ -126,9 +126,17 @@ class Calibration:
         return self.comm.get((collective, tier))
 
 
-def _num(where: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise SpecError(where, value, "expected a non-negative number")
+def _num(where: str, value: Any, allow_inf: bool = False) -> float:
+    """A non-negative number; nan never, inf only where it means "no upper bound"."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or math.isnan(value)
+        or value < 0
+        or (math.isinf(value) and not allow_inf)
+    ):
+        kind = "a non-negative number or inf" if allow_inf else "a finite non-negative number"
+        raise SpecError(where, value, f"expected {kind}")
     return float(value)
 
 
@@ -179,7 +187,9 @@ def calibration_from_dict(data: dict[str, Any], path: str = "") -> Calibration:
                 CommRegime(
                     latency_us=_num(f"{where}.regimes[{j}].latency_us", r.get("latency_us", 0.0)),
                     busbw_GBps=bw,
-                    max_bytes=_num(f"{where}.regimes[{j}].max_bytes", r.get("max_bytes", math.inf)),
+                    max_bytes=_num(
+                        f"{where}.regimes[{j}].max_bytes", r.get("max_bytes", math.inf), True
+                    ),
                 )
             )
         if not regimes:

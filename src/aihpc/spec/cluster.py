@@ -82,6 +82,17 @@ class GPUSpec:
             "gpus_per_node",
         ):
             check_positive(f"cluster.gpu_spec.{f}", getattr(self, f))
+        for f in (
+            "gemm_efficiency",
+            "gemm_efficiency_fp8",
+            "attention_fwd_efficiency",
+            "attention_bwd_efficiency",
+            "flash2_fwd_efficiency",
+            "flash2_bwd_efficiency",
+        ):
+            value = getattr(self, f)
+            if value is not None and not 0 < value <= 1:  # a fraction of the peak
+                raise SpecError(f"cluster.gpu_spec.{f}", value, "must be a fraction in (0, 1]")
 
     def peak_tflops(self, precision: str) -> float:
         """Dense peak at ``precision``; refuses to guess for a precision the part lacks."""

@@ -144,6 +144,11 @@ class TrainingSpec:
             check_positive(f"training.{f}", getattr(self, f), allow_zero=True)
         if not 0 <= self.min_lr_ratio <= 1:
             check_choice("training.min_lr_ratio", self.min_lr_ratio, ["a number in [0, 1]"])
+        for beta in ("adam_beta1", "adam_beta2"):  # what torch.optim.AdamW accepts
+            if not 0 <= getattr(self, beta) < 1:
+                check_choice(f"training.{beta}", getattr(self, beta), ["a number in [0, 1)"])
+        if not -(2**63) <= self.seed < 2**64:  # torch.manual_seed's range
+            check_choice("training.seed", self.seed, ["an integer in [-2**63, 2**64)"])
 
 
 @dataclass(frozen=True)
