@@ -35,7 +35,22 @@ CUSTOM_GPU = {
     "scale_out_bw_GBps": 50.0,
 }
 # wrong kinds, edge and absurd magnitudes, and strings that are valid elsewhere in the spec
-VALUES = [-1, 0, 3, 2**63 - 1, 0.5, 1e308, math.inf, math.nan, "abc", "", True, [1, 2], {"a": 1}]
+VALUES = [
+    -1,
+    0,
+    3,
+    2**40,
+    2**63 - 1,
+    0.5,
+    1e308,
+    math.inf,
+    math.nan,
+    "abc",
+    "",
+    True,
+    [1, 2],
+    {"a": 1},
+]
 
 
 def _fields(cls: type) -> list[str]:

@@ -382,3 +382,15 @@ def test_interleaved_last_stage_holds_its_warm_up_chunks() -> None:
     per_layer = activation_bytes_per_layer(big, plan, base.training)
     assert plain.activations == pytest.approx(per_layer * 6, rel=1e-9)  # 24 / 4 layers, one mb
     assert inter.activations == pytest.approx(per_layer * 6 * (1 * 4 + 1) / 2, rel=1e-9)
+
+
+def test_lazy_gradient_walk_does_not_list_a_huge_step() -> None:
+    """A global batch of 2**63 - 1 sequences is bad input for a trainer but a valid question
+    for the estimate: the walk must stop early instead of building the step's op list (it
+    once ran the machine out of memory)."""
+    from aihpc.perf.memory import lazy_grad_points
+
+    huge = 2**62
+    assert lazy_grad_points(8, 2, huge) == ((23, 2, 1),)
+    assert lazy_grad_points(8, 1, huge, rank=7) == ((1, 1, 1),)
+    assert lazy_grad_points(1, 1, huge) == ((1, 1, 1),)

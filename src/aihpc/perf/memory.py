@@ -13,6 +13,7 @@ gradients counted only from each model chunk's first backward to the next step's
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -233,12 +234,16 @@ def lazy_grad_points(p: int, v: int, m: int, rank: int = 0) -> tuple[tuple[int, 
     """
     total = m * v
     warm = warmup_chunks(p, v, m, rank)
-    ops: list[tuple[bool, int]] = [(True, k) for k in range(warm)]
-    for i in range(total - warm):
-        ops += [(True, warm + i), (False, i)]
-    ops += [(False, k) for k in range(total - warm, total)]
+
+    def ops() -> Iterator[tuple[bool, int]]:  # generated: a step may have millions of chunks
+        yield from ((True, k) for k in range(warm))
+        for i in range(total - warm):
+            yield True, warm + i
+            yield False, i
+        yield from ((False, k) for k in range(total - warm, total))
+
     held, tail, seen, points = 0, 0, set(), []
-    for forward, k in ops:
+    for forward, k in ops():
         chunk = (k // p) % v if forward else v - 1 - (k // p) % v
         if forward:
             held += 1
