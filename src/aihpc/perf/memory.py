@@ -257,10 +257,11 @@ def lazy_grad_points(p: int, v: int, m: int, rank: int = 0) -> tuple[tuple[int, 
             held -= 1
             tail -= chunk == v - 1
             points.append((held, len(seen), min(tail, 1)))
+    uniq = set(points)
     return tuple(
         a
-        for a in set(points)
-        if not any(b != a and all(x >= y for x, y in zip(b, a, strict=True)) for b in points)
+        for a in uniq
+        if not any(b != a and all(x >= y for x, y in zip(b, a, strict=True)) for b in uniq)
     )
 
 
