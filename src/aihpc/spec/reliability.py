@@ -12,7 +12,6 @@ Owned by the goodput work (aihpc.perf.goodput); every default carries its source
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,7 +56,6 @@ class ReliabilitySpec:
                 "reliability.checkpoint_strategy", self.checkpoint_strategy, CHECKPOINT_STRATEGIES
             )
         for f in ("checkpoint_interval_s", "failure_rate_scale", "mtbf_s", "host_copy_bw_GBps"):
-            _check_finite(f"reliability.{f}", getattr(self, f))
             check_positive(f"reliability.{f}", getattr(self, f))
         for f in (
             "planned_interruptions_per_day",
@@ -68,16 +66,9 @@ class ReliabilitySpec:
             "checkpoint_persist_s",
             "checkpoint_overhead_s",
         ):
-            _check_finite(f"reliability.{f}", getattr(self, f))
             check_positive(f"reliability.{f}", getattr(self, f), allow_zero=True)
         for name, rate in (self.failure_rates or {}).items():
             field = f"reliability.failure_rates.{name}"
             if isinstance(rate, bool) or not isinstance(rate, int | float):
                 raise SpecError(field, rate, "expected a number (failures per unit-hour)")
-            _check_finite(field, rate)
             check_positive(field, rate, allow_zero=True)
-
-
-def _check_finite(field: str, value: float | None) -> None:
-    if value is not None and not math.isfinite(value):
-        raise SpecError(field, value, "must be a finite number")
