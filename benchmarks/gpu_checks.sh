@@ -9,7 +9,10 @@
 #    each; the exchanges keep ranks in step, so the slower end sets the pace) for CP 2, 4, 8:
 #    is the torchtitan CP 4 / CP 8 miss (I08, I09) in one rank's kernels?
 # 2. The same rank with K/V from one fresh all-gather buffer per call and the caching allocator
-#    held to 5% above the step's peak: is it the allocator near its limit?
+#    held to 5% above the step's peak: is it the allocator near its limit? Twice: with the
+#    allocator's defaults, and with expandable segments, which torchtitan's launcher of the
+#    measured runs set (run_llama_train.sh at 9dec370: PYTORCH_CUDA_ALLOC_CONF=
+#    "expandable_segments:True").
 # Each writes <name>.json and <name>.md; docs/performance-model.md (I08, I09) says what each
 # outcome would mean.
 set -euo pipefail
@@ -28,3 +31,6 @@ PY
 cd "$(dirname "$0")"
 python ring_attention_rank.py --cp 2 4 8 --ranks extremes --out "$out/ring_attention_ranks_extremes"
 python ring_attention_rank.py --cp 2 4 8 --gather --slack 0.05 --out "$out/ring_attention_rank_gather_pressure"
+PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True" \
+    python ring_attention_rank.py --cp 2 4 8 --gather --slack 0.05 \
+    --out "$out/ring_attention_rank_gather_pressure_expandable"

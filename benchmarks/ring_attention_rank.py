@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -184,6 +185,8 @@ def measure(
         alloc_retries=delta("num_alloc_retries"),
         cuda_mallocs=delta("num_device_alloc"),
         cuda_frees=delta("num_device_free"),
+        # synchronize-all-streams calls: what a retry or a freed cached block costs the device
+        stream_syncs=delta("num_sync_all_streams"),
     )
     return out
 
@@ -217,6 +220,9 @@ def main() -> int:
     except ImportError:
         name = None
     gpu = args.gpu or ("h200" if name and "H200" in name else "h100-sxm")
+    # The caching allocator's mode (torchtitan's launcher of December 2024, run_llama_train.sh,
+    # sets expandable_segments:True); read by CUDA initialisation, so it is set by the caller.
+    alloc_conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
     rows = []
     for cp in args.cp:
         row = {"cp": cp, "predicted": predicted_ms(args.tokens_per_rank, cp, gpu)}
@@ -252,18 +258,20 @@ def main() -> int:
         lines += [
             "",
             f"Under allocator pressure (ballast leaving {1 + args.slack:.2f} x the step's peak"
-            f"{', K/V from a fresh gather buffer per call' if args.gather else ''}):",
+            f"{', K/V from a fresh gather buffer per call' if args.gather else ''}; "
+            f"PYTORCH_CUDA_ALLOC_CONF={alloc_conf or '(unset)'}):",
             "",
             "| cp | step peak GiB | fwd+bwd ms | pressured ms | ratio | alloc retries "
-            "| cudaMalloc | cudaFree |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| cudaMalloc | cudaFree | stream syncs |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in pressured:
             m = r["measured"]
             lines.append(
                 f"| {r['cp']} | {m['step_peak_gib']:.2f} | {m['fwd_bwd_ms']:.1f} "
                 f"| {m['pressured_fwd_bwd_ms']:.1f} | {m['pressure_ratio']:.3f} "
-                f"| {m['alloc_retries']} | {m['cuda_mallocs']} | {m['cuda_frees']} |"
+                f"| {m['alloc_retries']} | {m['cuda_mallocs']} | {m['cuda_frees']} "
+                f"| {m.get('stream_syncs', 0)} |"
             )
     per_rank = [r for r in rows if r.get("per_rank")]
     if per_rank:
@@ -289,7 +297,15 @@ def main() -> int:
     out = args.out or Path(__file__).parent / "results" / f"ring_attention_rank_{gpu}{suffix}"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(
-        json.dumps({"tokens_per_rank": args.tokens_per_rank, "gpu": name, "rows": rows}, indent=1)
+        json.dumps(
+            {
+                "tokens_per_rank": args.tokens_per_rank,
+                "gpu": name,
+                "alloc_conf": alloc_conf,
+                "rows": rows,
+            },
+            indent=1,
+        )
     )
     out.with_suffix(".md").write_text(text + "\n")
     return 0
