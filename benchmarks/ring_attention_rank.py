@@ -271,7 +271,7 @@ def main() -> int:
                 f"| {r['cp']} | {m['step_peak_gib']:.2f} | {m['fwd_bwd_ms']:.1f} "
                 f"| {m['pressured_fwd_bwd_ms']:.1f} | {m['pressure_ratio']:.3f} "
                 f"| {m['alloc_retries']} | {m['cuda_mallocs']} | {m['cuda_frees']} "
-                f"| {m.get('stream_syncs', 0)} |"
+                f"| {m['stream_syncs']} |"
             )
     per_rank = [r for r in rows if r.get("per_rank")]
     if per_rank:

@@ -65,3 +65,21 @@ def test_docs_quote_the_validation_table_of_this_commit(report) -> None:
 
 def test_torchtitan_memory_target(report) -> None:
     assert report.memory_max_error("torchtitan") <= TARGET_TORCHTITAN
+
+
+@pytest.mark.parametrize("name", ["published_runs.csv", "heldout_runs.csv"])
+def test_step_time_and_throughput_are_one_measurement(name: str) -> None:
+    """Each row's step time and tokens/s/GPU are two views of one measurement (the data README):
+    global batch x sequence = step x GPUs x tokens/s/GPU, to the rounding of the cells. A row
+    converted wrongly from TFLOP/s, samples/s or seconds per iteration fails here."""
+    with open(data_file(name), newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert rows
+    for r in rows:
+        tokens = int(r["global_batch_size"]) * int(r["seq_length"])
+        done = (
+            float(r["measured_step_time_s"])
+            * int(r["num_gpus"])
+            * float(r["measured_tokens_per_s_per_gpu"])
+        )
+        assert done == pytest.approx(tokens, rel=2e-3), r["id"]
