@@ -8,6 +8,7 @@ Memory rows: Korthikanti et al. 2022 profiled components and torchtitan peak res
 from __future__ import annotations
 
 import csv
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -258,13 +259,25 @@ def predict_row(row: dict[str, str], params: ModelParams = DEFAULT_PARAMS) -> Th
         row["source"],
         row["model"],
         int(row["num_gpus"]),
-        float(row["measured_tokens_per_s_per_gpu"]),
+        measured(row, "measured_tokens_per_s_per_gpu"),
         est.tokens_per_s_per_gpu,
         searched,
         est.plan,
         est,
-        float(mem) if mem else None,
+        measured(row, "measured_memory_gib") if mem else None,
     )
+
+
+def measured(row: dict[str, str], column: str) -> float:
+    """A measured figure: a finite number > 0 (a 0 would divide the error by zero, and nan or
+    inf would turn the MAPE into nan), else a SpecError naming the column."""
+    try:
+        value = float(row[column])
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise SpecError(column, row[column], "a measured figure must be a finite number > 0")
+    return value
 
 
 def korthikanti_memory(
@@ -301,7 +314,7 @@ def korthikanti_memory(
                 mem_row["id"],
                 mem_row["source"],
                 column.removesuffix("_gib"),
-                float(mem_row[column]),
+                measured(mem_row, column),
                 value / GiB,
             )
         )
@@ -333,12 +346,19 @@ MEMORY_COLUMNS = (
 
 def read_table(path: Path, required: tuple[str, ...], what: str) -> list[dict[str, str]]:
     """Rows of a validation CSV; a missing column or an empty table is a one-line error."""
-    with open(path, newline="") as fh:
-        reader = csv.DictReader(fh)
-        missing = [c for c in required if c not in (reader.fieldnames or [])]
-        if missing:
-            raise SpecError(f"{what} {path}", ", ".join(missing), "required columns are missing")
-        rows = list(reader)
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as fh:
+            reader = csv.DictReader(fh)
+            missing = [c for c in required if c not in (reader.fieldnames or [])]
+            if missing:
+                raise SpecError(
+                    f"{what} {path}", ", ".join(missing), "required columns are missing"
+                )
+            rows = list(reader)
+    except UnicodeDecodeError as err:
+        raise SpecError(f"{what} {path}", "bytes", f"not UTF-8 text ({err.reason})") from None
+    except csv.Error as err:
+        raise SpecError(f"{what} {path}", "content", f"not a CSV table ({err})") from None
     if not rows:
         raise SpecError(f"{what} {path}", "no rows", "needs at least one measured row")
     return rows

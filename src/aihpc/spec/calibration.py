@@ -166,10 +166,23 @@ def _known(where: str, table: Any, allowed: tuple[str, ...]) -> None:
             )
 
 
+def _array(where: str, value: Any) -> list[Any]:
+    """A TOML array (``[[comm]]``, ``regimes = [...]``, ``points = [...]``), else a SpecError."""
+    if not isinstance(value, list):
+        raise SpecError(where, value, "expected an array")
+    return value
+
+
+def _point(where: str, value: Any) -> tuple[float, float]:
+    if not (isinstance(value, list) and len(value) == 2):
+        raise SpecError(where, value, "needs [GFLOP, TFLOP/s] pairs, both > 0")
+    return _num(where, value[0]), _num(where, value[1])
+
+
 def calibration_from_dict(data: dict[str, Any], path: str = "") -> Calibration:
     _known("calibration", data, _TOP_KEYS)
     comm: dict[tuple[str, str], CommFit] = {}
-    for i, entry in enumerate(data.get("comm", [])):
+    for i, entry in enumerate(_array("calibration.comm", data.get("comm", []))):
         where = f"calibration.comm[{i}]"
         _known(where, entry, _COMM_KEYS)
         coll, tier = entry.get("collective"), entry.get("tier")
@@ -178,7 +191,7 @@ def calibration_from_dict(data: dict[str, Any], path: str = "") -> Calibration:
         if tier not in TIERS:
             raise SpecError(f"{where}.tier", tier, "allowed: " + " | ".join(TIERS))
         regimes = []
-        for j, r in enumerate(entry.get("regimes", [])):
+        for j, r in enumerate(_array(f"{where}.regimes", entry.get("regimes", []))):
             _known(f"{where}.regimes[{j}]", r, _REGIME_KEYS)
             bw = _num(f"{where}.regimes[{j}].busbw_GBps", r.get("busbw_GBps"))
             if bw <= 0:
@@ -207,12 +220,11 @@ def calibration_from_dict(data: dict[str, Any], path: str = "") -> Calibration:
             int(_num(f"{where}.ranks_per_domain", entry.get("ranks_per_domain", 0))),
         )
     gemm: dict[str, GemmFit] = {}
-    for i, entry in enumerate(data.get("gemm", [])):
+    for i, entry in enumerate(_array("calibration.gemm", data.get("gemm", []))):
         where = f"calibration.gemm[{i}]"
         _known(where, entry, _GEMM_KEYS)
         pts = sorted(
-            (_num(f"{where}.points", p[0]), _num(f"{where}.points", p[1]))
-            for p in entry.get("points", [])
+            _point(f"{where}.points", p) for p in _array(f"{where}.points", entry.get("points", []))
         )
         if not pts or any(p[0] <= 0 or p[1] <= 0 for p in pts):
             raise SpecError(
