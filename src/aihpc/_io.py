@@ -8,14 +8,34 @@ cluster can read. These helpers give the file ``0666 & ~umask``, as ``open(path,
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from aihpc.spec.errors import SpecError
 
-__all__ = ["atomic_target", "check_output_path", "write_atomic"]
+__all__ = ["atomic_target", "check_output_path", "json_safe", "to_json", "write_atomic"]
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` with every non-finite float (nan, inf) replaced by None: strict JSON has no
+    NaN or Infinity, and most parsers outside Python refuse them."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def to_json(obj: Any, **kwargs: Any) -> str:
+    """``json.dumps`` that never writes NaN or Infinity (they become null)."""
+    return json.dumps(json_safe(obj), allow_nan=False, **kwargs)
 
 
 def _umask() -> int:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
-import math
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -13,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from aihpc._io import to_json
 from aihpc.spec.errors import SpecError
 
 __all__ = ["console", "err_console", "fail", "guarded", "print_json"]
@@ -45,17 +44,7 @@ def guarded(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _clean(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return None if math.isnan(obj) else (obj if math.isfinite(obj) else None)
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_clean(v) for v in obj]
-    return obj
-
-
 def print_json(obj: Any) -> None:
     """One JSON document on stdout (NaN / inf become null so any parser reads it)."""
-    sys.stdout.write(json.dumps(_clean(obj), indent=2) + "\n")
+    sys.stdout.write(to_json(obj, indent=2) + "\n")
     sys.stdout.flush()

@@ -7,7 +7,6 @@ works on a laptop without torch.
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from aihpc._io import check_output_path, write_atomic
+from aihpc._io import check_output_path, to_json, write_atomic
 from aihpc.cli._common import console, err_console, fail, guarded, print_json
 from aihpc.spec.errors import SpecError
 
@@ -105,7 +104,7 @@ def _comm_worker(cfg: Any, as_json: bool, timeout_s: float, output: str | None) 
                 if as_json:
                     print_json(doc)
                 if output:
-                    write_atomic(Path(output), json.dumps(doc, indent=2) + "\n")
+                    write_atomic(Path(output), to_json(doc, indent=2) + "\n")
             return {"wrong_rows": doc["wrong_rows"]}
     except SpecError as err:
         # travels back to the parent of spawned workers, which turns it into exit code 2
@@ -277,7 +276,7 @@ def register(app: typer.Typer) -> None:
             results = run_gemm_bench(cfg, device, lambda _r: bar and bar.advance(bar.task_ids[0]))
         doc = gemm_json(results, device)
         if output:
-            write_atomic(Path(output), json.dumps(doc, indent=2) + "\n")
+            write_atomic(Path(output), to_json(doc, indent=2) + "\n")
         if as_json:
             print_json(doc)
             return
