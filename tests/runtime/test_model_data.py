@@ -176,7 +176,7 @@ def test_pre_tokenized_npy_is_memory_mapped_and_read_alike(tmp_path):
     path = tmp_path / "tokens.npy"
     np.save(path, ids)
     mapped = load_tokens(path)
-    assert isinstance(mapped, np.memmap) and token_vocab_needed(path) == 1000
+    assert isinstance(mapped, np.memmap) and token_vocab_needed(path) == (0, 1000)
     a = TokenLoader(mapped, 8, 4, seed=0)
     b = TokenLoader(torch.from_numpy(ids.astype(np.int64)), 8, 4, seed=0)
     for _ in range(3):

@@ -1,29 +1,56 @@
-"""``aihpc train RUN.toml --run-dir DIR``: the resilient trainer (torch imported lazily)."""
+"""``aihpc train RUN.toml --run-dir DIR``: the resilient trainer (torch imported lazily).
+
+Three ways in, one command:
+
+- a single process (no launcher): this process holds the run directory and trains;
+- ``--nproc-per-node N``: this process holds the run directory and runs torchelastic's agent,
+  whose workers are this same command (``AIHPC_ELASTIC_AGENT`` tells them so);
+- under torchrun or srun: every rank runs this command; rank 0 takes the directory once the
+  process group is up.
+
+Every check that can fail on bad input runs before any worker starts, and a failure ends with
+one line naming the cause as the last line (tracebacks go to ``DIR/logs/``).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import typer
 
-from aihpc.cli._common import console, guarded, print_json
-from aihpc.spec import SpecError, load_runspec
+from aihpc.cli._common import console, fail, guarded, print_json
+from aihpc.spec import RunSpec, SpecError, load_runspec
 
 __all__ = ["register"]
 
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week; beyond it timedelta and the watchdog lose meaning
 
-def _render(summary: dict) -> None:
-    console.print(
-        f"[bold]trained[/] {summary['final_step']} steps on {summary['world_size']} rank(s): "
-        f"final loss {summary['final_loss']:.4f}, restarts {summary['restarts']}, "
-        f"resumed from step {summary['resumed_from_step']}",
-        highlight=False,
-        soft_wrap=True,
-    )
+
+def _render(summary: dict, finished_before: bool = False) -> None:
+    loss = summary.get("final_loss")
+    loss_text = f"{loss:.4f}" if isinstance(loss, float) else "n/a"
+    if finished_before:
+        console.print(
+            f"[bold]already finished[/] at step {summary['final_step']} (summary.json kept): "
+            f"final loss {loss_text}; raise training.train_steps to train on",
+            highlight=False,
+            soft_wrap=True,
+        )
+    else:
+        console.print(
+            f"[bold]trained[/] {summary['final_step']} steps on {summary['world_size']} rank(s): "
+            f"final loss {loss_text}, restarts {summary['restarts']}, "
+            f"resumed from step {summary['resumed_from_step']}",
+            highlight=False,
+            soft_wrap=True,
+        )
     console.print(f"state_sha256 {summary['state_sha256']}", highlight=False, soft_wrap=True)
 
 
@@ -37,6 +64,87 @@ def _check_run_dir(run_dir: Path) -> None:
         raise SpecError("--run-dir", str(run_dir), f"cannot be created ({err.strerror})") from err
     if not os.access(run_dir, os.W_OK | os.X_OK):
         raise SpecError("--run-dir", str(run_dir), "is not writable")
+
+
+def _check_timeout(flag: str, value: float) -> None:
+    if not 0 < value <= MAX_TIMEOUT_S:
+        raise SpecError(flag, value, f"seconds in (0, {MAX_TIMEOUT_S:.0f}] (a week)")
+
+
+def _check_faults(spec: RunSpec, texts: list[str], world: int) -> tuple:
+    """Parse ``--inject``; refuse a fault that could never fire in this run."""
+    from aihpc.resilience import parse_fault
+
+    faults = tuple(parse_fault(f) for f in texts)
+    last, every = spec.training.train_steps, spec.checkpoint.interval_steps
+    for text, fault in zip(texts, faults, strict=True):
+        if fault.rank >= world:
+            raise SpecError("--inject", text, f"rank must be below world size {world}")
+        if fault.at in ("step", "save", "fs") and fault.step > last:
+            raise SpecError("--inject", text, f"step must be at most training.train_steps {last}")
+        saves = fault.at in ("save", "fs") or fault.kind == "corrupt-checkpoint"
+        if saves and fault.step % every and fault.step != last:
+            raise SpecError(
+                "--inject",
+                text,
+                f"acts on a checkpoint, so step must be a multiple of checkpoint.interval_steps "
+                f"{every} or the last step {last}",
+            )
+    return faults
+
+
+def _check_host_memory(spec: RunSpec, local_ranks: int) -> None:
+    """On a CPU host, refuse a plan whose per-rank memory (as ``aihpc estimate`` prices it)
+    times the ranks on this host exceeds the memory available, before anything is allocated."""
+    import torch
+
+    from aihpc.perf.memory import GiB, memory_breakdown
+
+    if torch.cuda.is_available():
+        return
+    try:
+        meminfo = Path("/proc/meminfo").read_text().split("MemAvailable:")[1]
+        available = int(meminfo.split()[0]) * 1024
+    except (OSError, IndexError, ValueError):
+        return
+    per_rank = memory_breakdown(spec.model, spec.cluster, spec.plan(), spec.training).total
+    if per_rank * local_ranks > available:
+        raise SpecError(
+            "model",
+            spec.model.name,
+            f"needs {per_rank / GiB:.1f} GiB per rank x {local_ranks} rank(s) on this host "
+            f"(aihpc estimate's memory), but {available / GiB:.1f} GiB is available",
+        )
+
+
+def _prepare_run_dir(run_dir: Path, spec: RunSpec, data: Path | None) -> dict | None:
+    """Before any worker starts: refuse a checkpoint written by another run spec; return the
+    summary of a run that already finished every step (it is then left as it is)."""
+    from aihpc.resilience.manifest import (
+        CheckpointCorruptError,
+        check_identity,
+        committed_checkpoints,
+    )
+    from aihpc.runtime.rundir import finished_summary, repair_jsonl, run_identity
+
+    committed, _ = committed_checkpoints(run_dir / "checkpoints")
+    if committed:
+        with contextlib.suppress(CheckpointCorruptError):  # the loader falls back, naming it
+            check_identity(committed[-1].path, run_identity(spec, data))
+    for name in ("metrics.jsonl", "events.jsonl"):
+        note = repair_jsonl(run_dir / name)
+        if note:
+            logging.getLogger("aihpc.runtime").warning("%s", note)
+    return finished_summary(run_dir, spec)
+
+
+def _worker_line(err: BaseException, rank: int, run_dir: Path) -> str:
+    from aihpc.runtime.rundir import write_error_log
+
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    path = write_error_log(run_dir, rank, attempt, err)
+    first = (str(err).strip().splitlines() or [""])[0][:300]
+    return f"rank {rank}: {type(err).__name__}: {first} (traceback in {path})"
 
 
 def register(app: typer.Typer) -> None:
@@ -55,20 +163,28 @@ def register(app: typer.Typer) -> None:
             0, "--max-restarts", help="Restarts of the worker group on failure."
         ),
         inject: list[str] | None = typer.Option(
-            None, "--inject", help="Fault, e.g. kill:step=17:rank=1 (repeatable)."
+            None,
+            "--inject",
+            help="Fault, kind:step=N[:rank=R][:at=step|save|start|load|final|fs][:op=K]"
+            "[:mode=...], kind one of kill, hang, exception, corrupt-checkpoint (repeatable).",
         ),
         hang_timeout: float = typer.Option(
             300.0, "--hang-timeout", help="Seconds without progress before teardown."
         ),
+        startup_timeout: float = typer.Option(
+            600.0, "--startup-timeout", help="Bound on start-up and the first step, seconds."
+        ),
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     ) -> None:
         """Train the run spec's model (DDP / FSDP2), checkpointing and resuming exactly."""
-        from aihpc.resilience import parse_fault
-        from aihpc.runtime import TrainOptions, check_trainable, launcher_env
-        from aihpc.runtime import run as run_training
-        from aihpc.runtime.launch import launch_elastic
+        try:
+            import torch  # noqa: F401
+        except ModuleNotFoundError:
+            raise SpecError(
+                "aihpc train", "torch", "needs PyTorch: pip install 'aihpc[torch]'"
+            ) from None
+        from aihpc.runtime import check_trainable, launcher_env
 
-        faults = tuple(parse_fault(f) for f in inject or [])
         spec = load_runspec(runspec)
         if data is not None and not data.is_file():
             what = "is a directory" if data.is_dir() else "file not found"
@@ -78,51 +194,119 @@ def register(app: typer.Typer) -> None:
             raise SpecError("--nproc-per-node", nproc_per_node, "a positive integer")
         if max_restarts < 0:
             raise SpecError("--max-restarts", max_restarts, "an integer >= 0")
-        if not hang_timeout > 0:
-            raise SpecError("--hang-timeout", hang_timeout, "seconds > 0")
+        _check_timeout("--hang-timeout", hang_timeout)
+        _check_timeout("--startup-timeout", startup_timeout)
         env = launcher_env()
         agent = env is None and nproc_per_node is not None
         world = int(env["WORLD_SIZE"]) if env else (nproc_per_node if agent else 1)
         check_trainable(spec, world, data)
-        for text, fault in zip(inject or [], faults, strict=True):
-            if fault.rank >= world:
-                raise SpecError("--inject", text, f"rank must be below world size {world}")
+        faults = _check_faults(spec, inject or [], world)
+        if env is None:
+            _check_host_memory(spec, world)
         _check_run_dir(run_dir)
+        inject = inject or []
+        job = _Job(spec, runspec, run_dir, data, faults, inject, hang_timeout, startup_timeout)
+        if env is None:
+            job.own(agent, nproc_per_node, max_restarts, as_json)
+        else:
+            job.work(int(env["RANK"]), as_json)
 
-        if agent:
-            args = [
-                "train",
-                str(runspec),
-                "--run-dir",
-                str(run_dir),
-                "--hang-timeout",
-                str(hang_timeout),
-            ]
-            if data is not None:
-                args += ["--data", str(data)]
-            for f in inject or []:
-                args += ["--inject", f]
-            code = launch_elastic(nproc_per_node, max_restarts, args)
-            if code:
-                raise typer.Exit(code)
-            summary = json.loads((run_dir / "summary.json").read_text())
-        else:
-            rank = int(env["RANK"]) if env else 0
-            logging.basicConfig(
-                level=logging.INFO, stream=sys.stderr, format=f"[%(name)s rank {rank}] %(message)s"
-            )
-            opts = TrainOptions(
-                run_dir=run_dir,
-                data=data,
-                faults=faults,
-                hang_timeout_s=hang_timeout,
-                progress=True,
-            )
-            summary = run_training(spec, opts, timeout_s=max(600.0, 4 * hang_timeout))
-            if rank != 0 or os.environ.get("AIHPC_ELASTIC_AGENT"):
-                return  # under our own agent, the agent prints the summary
-        if as_json:
-            print_json(summary)
-        else:
-            _render(summary)
+
+@dataclass(frozen=True)
+class _Job:
+    """One ``aihpc train`` invocation, validated; ``own`` or ``work`` runs it."""
+
+    spec: RunSpec
+    runspec: Path
+    run_dir: Path
+    data: Path | None
+    faults: tuple[Any, ...]
+    inject: list[str]
+    hang_timeout: float
+    startup_timeout: float
+
+    def options(self, **kw: Any) -> Any:
+        from aihpc.runtime import TrainOptions
+
+        return TrainOptions(
+            run_dir=self.run_dir,
+            data=self.data,
+            faults=self.faults,
+            hang_timeout_s=self.hang_timeout,
+            startup_timeout_s=self.startup_timeout,
+            progress=True,
+            **kw,
+        )
+
+    def own(self, agent: bool, nproc: int | None, max_restarts: int, as_json: bool) -> None:
+        """This process owns the job: hold the run directory, check it, then train here or
+        under the elastic agent."""
+        from aihpc.resilience import RunDirBusyError, RunDirLock
+
+        _log_setup(0)
+        try:
+            lock = RunDirLock(self.run_dir).acquire()
+        except RunDirBusyError as err:
+            raise SpecError("--run-dir", str(self.run_dir), err.describe()) from None
+        with lock:
+            done = _prepare_run_dir(self.run_dir, self.spec, self.data)
+            if done is not None:
+                print_json(done) if as_json else _render(done, finished_before=True)
+                return
+            if agent:
+                summary = self._agent(nproc or 1, max_restarts)
+            else:
+                summary = self._train(0, lock_held=True)
+        print_json(summary) if as_json else _render(summary)
         sys.stdout.flush()
+
+    def work(self, rank: int, as_json: bool) -> None:
+        """This process is one rank of a job a launcher started."""
+        from aihpc.resilience import die_with_parent
+
+        _log_setup(rank)
+        agent_pid = os.environ.get("AIHPC_AGENT_PID")
+        parent = int(agent_pid) if agent_pid else os.getppid()
+        die_with_parent(parent)  # the launcher's death ends this rank at once
+        summary = self._train(rank, lock_held=bool(agent_pid), watch_parent=parent)
+        if rank != 0 or agent_pid:
+            return  # under our own agent, the agent prints the summary
+        print_json(summary) if as_json else _render(summary)
+        sys.stdout.flush()
+
+    def _train(self, rank: int, **kw: Any) -> dict:
+        """Train in this process; an unexpected error ends it with one line (exit 1) naming
+        the cause, its traceback written to the run directory's logs."""
+        from aihpc.runtime import run as run_training
+
+        # The process group's own timeout stays above the watchdog's bounds: the watchdog,
+        # not gloo, decides that a rank hangs.
+        timeout_s = max(self.startup_timeout, 4 * self.hang_timeout)
+        try:
+            return run_training(self.spec, self.options(**kw), timeout_s=timeout_s)
+        except (SpecError, KeyboardInterrupt):
+            raise
+        except Exception as err:
+            fail(_worker_line(err, rank, self.run_dir), code=1)
+            raise AssertionError("fail() exits") from err
+
+    def _agent(self, nproc: int, max_restarts: int) -> dict:
+        from aihpc.runtime.launch import launch_elastic
+
+        args = ["train", str(self.runspec), "--run-dir", str(self.run_dir)]
+        args += ["--hang-timeout", str(self.hang_timeout)]
+        args += ["--startup-timeout", str(self.startup_timeout)]
+        if self.data is not None:
+            args += ["--data", str(self.data)]
+        for f in self.inject:
+            args += ["--inject", f]
+        code, line = launch_elastic(nproc, max_restarts, args, self.run_dir)
+        if code:
+            fail(line, code=code)
+        return json.loads((self.run_dir / "summary.json").read_text())
+
+
+def _log_setup(rank: int) -> None:
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format=f"[%(name)s rank {rank}] %(message)s"
+    )

@@ -20,14 +20,12 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +40,28 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
+from aihpc.resilience.manifest import (
+    FORMAT,
+    MANIFEST,
+    POINTER,
+    CheckpointCorruptError,
+    CheckpointInfo,
+    CheckpointMismatchError,
+    check_identity,
+    committed_checkpoints,
+    fsync_dir,
+    read_pointer,
+    sha256_file,
+    verify_checkpoint,
+    write_atomic,
+)
+
 __all__ = [
     "MANIFEST",
     "CheckpointCorruptError",
     "CheckpointInfo",
     "CheckpointManager",
+    "CheckpointMismatchError",
     "ModelOptimizerState",
     "RNGState",
     "state_sha256",
@@ -54,21 +69,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("aihpc.resilience")
-
-MANIFEST = "MANIFEST.json"
-POINTER = "LATEST"
-_STEP_DIR = re.compile(r"^step_(\d{8,})$")
-_FORMAT = "aihpc-checkpoint-1"
-
-
-class CheckpointCorruptError(RuntimeError):
-    """A committed checkpoint whose files do not match its manifest (the message names the file)."""
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    step: int
-    path: Path
 
 
 class ModelOptimizerState:
@@ -160,55 +160,16 @@ def _stage(obj: Any) -> Any:
     return copy.deepcopy(obj)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def verify_checkpoint(path: str | Path) -> None:
-    """Check every file against MANIFEST.json; raise CheckpointCorruptError naming the bad file."""
-    path = Path(path)
-    manifest_path = path / MANIFEST
-    try:
-        manifest = json.loads(manifest_path.read_text())
-        files = manifest["files"]
-    except (OSError, ValueError, KeyError) as err:
-        raise CheckpointCorruptError(f"{manifest_path}: unreadable manifest ({err})") from err
-    for name, meta in sorted(files.items()):
-        f = path / name
-        if not f.is_file():
-            raise CheckpointCorruptError(f"{f}: missing (listed in {MANIFEST})")
-        size = f.stat().st_size
-        if size != meta["size"]:
-            raise CheckpointCorruptError(
-                f"{f}: size {size} bytes, manifest says {meta['size']} (truncated or overwritten)"
-            )
-        digest = _sha256_file(f)
-        if digest != meta["sha256"]:
-            raise CheckpointCorruptError(
-                f"{f}: SHA-256 {digest[:16]}… does not match the manifest's {meta['sha256'][:16]}…"
-            )
+def _tensor_bytes(obj: Any) -> int:
+    if isinstance(obj, DTensor):
+        obj = obj.to_local()
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
 
 
 def _walk(obj: Any, prefix: str) -> Iterable[tuple[str, Any]]:
@@ -254,6 +215,9 @@ class CheckpointManager:
     breaks the job, see the CPU notes section 4) and then commits.
     ``before_commit(step)`` runs on every rank after its files are written and before the commit;
     fault injection uses it to kill a writer mid-checkpoint.
+    ``identity``: the fields of the run that must match for a checkpoint to be resumed (model,
+    data, seed...); recorded in every manifest, and ``load_latest`` refuses a checkpoint whose
+    recorded identity differs (CheckpointMismatchError names the fields).
     """
 
     def __init__(
@@ -265,6 +229,7 @@ class CheckpointManager:
         process_group: Any = None,
         verify: bool = True,
         before_commit: Callable[[int], None] | None = None,
+        identity: Mapping[str, Any] | None = None,
     ) -> None:
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
@@ -273,6 +238,7 @@ class CheckpointManager:
         self.async_save = async_save
         self.verify = verify
         self.before_commit = before_commit
+        self.identity = dict(identity) if identity is not None else None
         self._distributed = dist.is_available() and dist.is_initialized()
         if not self._distributed:
             # One process without a process group is a supported mode, not a mistake.
@@ -291,6 +257,8 @@ class CheckpointManager:
         self._known_intact: int | None = None
         self._lock = threading.Lock()
         self.last_blocking_s = 0.0
+        self.last_state_bytes = 0  # this rank's staged bytes at the last save
+        self.problems: list[str] = []  # what the last load_latest found wrong, one line each
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
             # Folders of saves that never committed (a crash mid-write) are garbage by design.
@@ -302,26 +270,29 @@ class CheckpointManager:
     # ---- discovery -----------------------------------------------------------------------
     def committed(self) -> list[CheckpointInfo]:
         """Committed checkpoints (manifest present), oldest first. Not verified."""
-        out = []
-        if not self.root.is_dir():
-            return out
-        for p in self.root.iterdir():
-            m = _STEP_DIR.match(p.name)
-            if m and p.is_dir() and (p / MANIFEST).is_file():
-                out.append(CheckpointInfo(int(m.group(1)), p))
-        return sorted(out, key=lambda c: c.step)
+        return committed_checkpoints(self.root)[0]
 
     def latest_intact(self) -> tuple[CheckpointInfo | None, list[str]]:
-        """Newest committed checkpoint whose files match their manifest, and the problems seen."""
-        problems: list[str] = []
-        for info in reversed(self.committed()):
+        """Newest committed checkpoint whose files match their manifest, and the problems seen:
+        step folders without a manifest, a LATEST that names no committed checkpoint, and
+        checkpoints that failed verification, each named in one line."""
+        committed, problems = committed_checkpoints(self.root)
+        pointer, pointer_problem = read_pointer(self.root, committed)
+        if pointer_problem:
+            problems.append(pointer_problem)
+        for line in problems:
+            log.warning("%s", line)
+        for info in reversed(committed):
             try:
                 if self.verify:
                     verify_checkpoint(info.path)
-                return info, problems
             except CheckpointCorruptError as err:
                 log.error("checkpoint step %d is corrupt: %s; falling back", info.step, err)
                 problems.append(str(err))
+                continue
+            if pointer is not None and pointer > info.step:
+                log.warning("LATEST names step %d; resuming from step %d", pointer, info.step)
+            return info, problems
         return None, problems
 
     # ---- save ----------------------------------------------------------------------------
@@ -330,6 +301,7 @@ class CheckpointManager:
         start = time.perf_counter()
         self.wait()  # one save in flight: bounds memory and keeps commits in step order
         staged = _stage(_state_dicts(state))
+        self.last_state_bytes = _tensor_bytes(staged)
         if self.async_save:
             self._pending = self._pool.submit(self._write_and_commit, step, staged)
         else:
@@ -361,24 +333,26 @@ class CheckpointManager:
         files = {}
         for f in sorted(partial.iterdir()):
             if f.is_file():
-                files[f.name] = {"sha256": _sha256_file(f), "size": f.stat().st_size}
+                files[f.name] = {"sha256": sha256_file(f), "size": f.stat().st_size}
         world = dist.get_world_size(self._pg) if self._distributed else 1
         manifest = {
-            "format": _FORMAT,
+            "format": FORMAT,
             "step": step,
             "world_size": world,
             "created_unix": time.time(),
             "files": files,
         }
-        _write_atomic(partial / MANIFEST, json.dumps(manifest, indent=1).encode())
+        if self.identity is not None:
+            manifest["run"] = self.identity
+        write_atomic(partial / MANIFEST, json.dumps(manifest, indent=1).encode())
         with self._lock:
             if final.exists():  # re-saving a step after a fallback: the old copy is replaced
                 trash = final.with_name(final.name + ".old.partial")
                 os.replace(final, trash)
                 shutil.rmtree(trash, ignore_errors=True)
             os.replace(partial, final)
-            _fsync_dir(self.root)
-            _write_atomic(self.root / POINTER, final.name.encode())
+            fsync_dir(self.root)
+            write_atomic(self.root / POINTER, final.name.encode())
             self._known_intact = step
             self._retain()
         log.info("checkpoint step %d committed (%d files)", step, len(files))
@@ -404,22 +378,34 @@ class CheckpointManager:
         Rank 0 verifies checksums and picks the checkpoint; every rank then loads it (resharding
         to this world size). If checkpoints exist but none is intact, raise CheckpointCorruptError.
         """
-        choice: list[Any] = [None]
-        if self.rank == 0:
-            info, problems = self.latest_intact()
-            choice[0] = (info.step, str(info.path)) if info else ("error", problems)
+        choice: list[Any] = [self._choose() if self.rank == 0 else None]
         if self._distributed:
             dist.broadcast_object_list(choice, src=0, group=self._pg)
-        tag, value = choice[0] if choice[0] else (None, [])
-        if tag == "error":
-            if value:
-                raise CheckpointCorruptError(
-                    f"no intact checkpoint under {self.root}: " + "; ".join(value)
-                )
+        step, path, self.problems, error = choice[0]
+        if error is not None:
+            kind, message = error
+            if kind == "mismatch":
+                raise CheckpointMismatchError(Path(path), message)
+            raise CheckpointCorruptError(message)
+        if step is None:
             return None
-        self._load_path(Path(value), state)
-        self._known_intact = tag
-        return int(tag)
+        self._load_path(Path(path), state)
+        self._known_intact = step
+        return int(step)
+
+    def _choose(self) -> tuple[int | None, str | None, list[str], tuple[str, Any] | None]:
+        """Rank 0's pick: (step, path, problems, error) — plain data, to be broadcast."""
+        info, problems = self.latest_intact()
+        if info is None:
+            if not problems:
+                return None, None, [], None  # a fresh run
+            message = f"no intact checkpoint under {self.root}: " + "; ".join(problems)
+            return None, None, problems, ("corrupt", message)
+        try:
+            check_identity(info.path, self.identity)
+        except CheckpointMismatchError as err:
+            return info.step, str(info.path), problems, ("mismatch", err.differences)
+        return info.step, str(info.path), problems, None
 
     def load(self, step: int, state: Mapping[str, Any]) -> None:
         """Load one given step (verified first)."""

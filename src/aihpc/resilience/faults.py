@@ -1,9 +1,21 @@
-"""Built-in fault injection for tests and drills: ``kind:step=N[:rank=R][:key=value]``.
+"""Built-in fault injection for tests and drills: ``kind[:step=N][:rank=R][:at=WHERE][:...]``.
 
-Kinds: ``kill`` (SIGKILL itself), ``hang`` (SIGSTOP itself: a rank that stops answering),
-``exception`` (raise), ``corrupt-checkpoint`` (flip a byte in, or ``mode=truncate``, a shard of
-the checkpoint committed at that step). ``at=save`` fires between a checkpoint's writes and its
-commit (only with ``kill``/``hang``/``exception``), the window a crash must not tear.
+Kinds: ``kill`` (SIGKILL itself), ``hang`` (``mode=stop``, the default: SIGSTOP itself, a rank
+that stops answering; ``mode=stall``: the calling thread blocks forever while the process lives
+on, as in a storage call that never returns), ``exception`` (raise), ``corrupt-checkpoint``
+(flip a byte in, or ``mode=truncate``, a shard of the checkpoint committed at that step).
+
+Where (``at``):
+
+- ``step`` (default): after step N and its checkpoint;
+- ``save``: between step N's checkpoint writes and its commit, the window a crash must not tear;
+- ``start``: during start-up, before the checkpoint load (``step`` not needed);
+- ``load``: as the checkpoint load begins (``step`` not needed);
+- ``final``: after the last step, before the final commit and state hash (``step`` not needed);
+- ``fs`` with ``op=K`` (``kill`` only): just before the K-th file-system operation under the
+  checkpoint folder counted from the start of step N's save (writes, commit, retention, and
+  later saves' operations), for crash drills at every operation.
+
 Each fault fires once per run directory: a marker file is written before it fires, so a job
 restarted under ``--max-restarts`` replays the step without dying again.
 """
@@ -13,17 +25,30 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from aihpc.resilience.fsops import watch_fs_ops
 from aihpc.spec import SpecError
 
-__all__ = ["KINDS", "Fault", "FaultInjector", "InjectedFault", "corrupt_file", "parse_fault"]
+__all__ = [
+    "KINDS",
+    "PLACES",
+    "Fault",
+    "FaultInjector",
+    "InjectedFault",
+    "corrupt_file",
+    "parse_fault",
+]
 
 KINDS = ("kill", "hang", "exception", "corrupt-checkpoint")
-_ALLOWED = "kind:step=N[:rank=R][:at=step|save][:mode=flip|truncate] with kind one of " + ", ".join(
-    KINDS
+PLACES = ("step", "save", "start", "load", "final", "fs")
+_STEPLESS = ("start", "load", "final")
+_ALLOWED = (
+    "kind:step=N[:rank=R][:at=step|save|start|load|final|fs][:op=K][:mode=flip|truncate|stop|"
+    "stall] with kind one of " + ", ".join(KINDS) + " (step not needed for at=start|load|final)"
 )
 
 
@@ -36,12 +61,24 @@ class Fault:
     kind: str
     step: int
     rank: int = 0
-    at: str = "step"  # step: after the step (and its checkpoint); save: before the commit
-    mode: str = "flip"  # corrupt-checkpoint: flip a byte or truncate the file
+    at: str = "step"
+    mode: str = "flip"  # corrupt-checkpoint: flip | truncate; hang: stop | stall
+    op: int = 0  # at=fs: the operation to die before (1 = the first)
 
     @property
     def tag(self) -> str:
-        return f"{self.kind}-step{self.step}-rank{self.rank}-{self.at}"
+        op = f"-op{self.op}" if self.at == "fs" else ""
+        return f"{self.kind}-step{self.step}-rank{self.rank}-{self.at}{op}"
+
+
+def _fields(text: str, parts: list[str]) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    for part in parts:
+        key, sep, value = part.partition("=")
+        if not sep or key not in ("step", "rank", "at", "mode", "op") or key in fields:
+            raise SpecError("--inject", text, _ALLOWED)
+        fields[key] = value
+    return fields
 
 
 def parse_fault(text: str) -> Fault:
@@ -49,25 +86,32 @@ def parse_fault(text: str) -> Fault:
     kind, *parts = text.strip().split(":")
     if kind not in KINDS:
         raise SpecError("--inject", text, _ALLOWED)
-    fields: dict[str, str] = {}
-    for part in parts:
-        key, sep, value = part.partition("=")
-        if not sep or key not in ("step", "rank", "at", "mode") or key in fields:
-            raise SpecError("--inject", text, _ALLOWED)
-        fields[key] = value
+    fields = _fields(text, parts)
+    at = fields.get("at", "step")
+    default_mode = "stop" if kind == "hang" else "flip"
+    mode = fields.get("mode", default_mode)
     try:
-        step = int(fields["step"])
+        step = int(fields.get("step", "0" if at in _STEPLESS else ""))
         rank = int(fields.get("rank", "0"))
-    except (KeyError, ValueError):
+        op = int(fields.get("op", "0"))
+    except ValueError:
         raise SpecError("--inject", text, _ALLOWED) from None
-    at, mode = fields.get("at", "step"), fields.get("mode", "flip")
-    if step < 1 or rank < 0 or at not in ("step", "save") or mode not in ("flip", "truncate"):
+    modes = {"hang": ("stop", "stall"), "corrupt-checkpoint": ("flip", "truncate")}
+    if (
+        at not in PLACES
+        or rank < 0
+        or (step < 1 and at not in _STEPLESS)
+        or mode not in modes.get(kind, (default_mode,))
+        or (at == "fs") != ("op" in fields)
+    ):
         raise SpecError("--inject", text, _ALLOWED)
-    if kind == "corrupt-checkpoint" and at == "save":
+    if kind == "corrupt-checkpoint" and at != "step":
         raise SpecError(
             "--inject", text, "corrupt-checkpoint acts on a committed checkpoint; use at=step"
         )
-    return Fault(kind, step, rank, at, mode)
+    if at == "fs" and (kind != "kill" or op < 1):
+        raise SpecError("--inject", text, "at=fs takes kill with op=K, K >= 1")
+    return Fault(kind, step, rank, at, mode, op)
 
 
 def corrupt_file(path: Path, mode: str = "flip") -> None:
@@ -97,18 +141,19 @@ class FaultInjector:
         return [
             f
             for f in self.faults
-            if f.step == step
+            if (f.step == step or at in _STEPLESS)
             and f.at == at
             and f.kind in kinds
             and not (self.marker_dir / f.tag).exists()
         ]
 
-    def _mark(self, fault: Fault) -> None:
+    def _mark(self, fault: Fault, **info: object) -> None:
         # Written and synced before firing: the restarted job must see that it already fired.
         self.marker_dir.mkdir(parents=True, exist_ok=True)
         marker = self.marker_dir / fault.tag
+        record = {"fault": fault.tag, "time_unix": time.time(), "pid": os.getpid(), **info}
         with open(marker, "w") as f:
-            json.dump({"fault": fault.tag, "time_unix": time.time(), "pid": os.getpid()}, f)
+            json.dump(record, f)
             f.flush()
             os.fsync(f.fileno())
 
@@ -116,12 +161,21 @@ class FaultInjector:
         """Fire process faults (kill / hang / exception) due at this point."""
         for fault in self.due(step, at, ("kill", "hang", "exception")):
             self._mark(fault)
-            if fault.kind == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
-            elif fault.kind == "hang":
-                os.kill(os.getpid(), signal.SIGSTOP)
-            else:
-                raise InjectedFault(f"injected exception at step {step} on rank {self.rank}")
+            where = f"after step {step}" if at == "step" else f"at {at}"
+            if at == "save":
+                where += f" of step {step}"
+            _act(fault, f"{where} on rank {self.rank}")
+
+    def arm_fs(self, step: int, checkpoint_root: Path) -> None:
+        """Step ``step``'s save begins: arm the ``at=fs`` faults due at it."""
+        for fault in self.due(step, "fs", ("kill",)):
+
+            def on_op(index: int, what: str, fault: Fault = fault) -> None:
+                if index == fault.op:
+                    self._mark(fault, op=what)
+                    _act(fault, what)
+
+            watch_fs_ops(checkpoint_root, on_op)
 
     def corrupt(self, step: int, checkpoint_dir: Path) -> Path | None:
         """Damage one shard of the committed checkpoint ``checkpoint_dir``; the file, or None."""
@@ -138,3 +192,14 @@ class FaultInjector:
             corrupt_file(target, fault.mode)
             return target
         return None
+
+
+def _act(fault: Fault, where: str) -> None:
+    if fault.kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif fault.kind == "hang" and fault.mode == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif fault.kind == "hang":
+        threading.Event().wait()  # this thread never returns; the process lives on
+    else:
+        raise InjectedFault(f"injected exception {where}")

@@ -1,34 +1,66 @@
 """Heartbeat watchdog: detect a rank that stopped making progress and tear the job down.
 
-The training loop calls ``beat(step)``; a daemon thread writes the last beat time to
-``DIR/heartbeat/rank-R.json`` every ``poll_s`` and checks the age of the last beat. When it
-exceeds ``timeout_s`` (``startup_timeout_s`` until the first beat after start or resume):
+A run moves through *phases*, each with its own bound: ``start-up`` (process start, process
+group, model build), ``load``, ``first step``, ``step`` (the steady state), ``save`` and
+``final`` (the last commit and the state hash). The loop calls ``phase(name, bound_s)`` when it
+enters one and ``beat(step)`` after each step, which returns to the ``step`` phase and its
+``timeout_s`` bound. A daemon thread writes the last beat to ``DIR/heartbeat/rank-R.json``
+every ``poll_s`` and checks the age of the phase clock. When it exceeds the phase's bound:
 
 1. it SIGKILLs local peers of the same attempt whose heartbeat is stale too (a SIGSTOPped rank
    cannot act; torchrun would wait up to 30 s after SIGTERM before killing it);
 2. it exits the process with ``HANG_EXIT_CODE``, so the elastic agent restarts the job.
 
 A rank stopped with SIGSTOP is caught by its peers: they block in the next collective, their
-own beats go stale, and their watchdogs fire. Detection latency is at most timeout_s + poll_s.
+own beats go stale, and their watchdogs fire. Detection latency is at most bound + poll_s.
+
+``watch_parent=PID``: the process also ends (``ORPHAN_EXIT_CODE``) when its parent is no
+longer PID, i.e. the launcher died and the process was re-parented. That is the portable half
+of "killing the launcher stops the job"; ``die_with_parent()`` is the instant Linux half.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["HANG_EXIT_CODE", "Watchdog"]
+__all__ = ["HANG_EXIT_CODE", "ORPHAN_EXIT_CODE", "Watchdog", "die_with_parent"]
 
 log = logging.getLogger("aihpc.resilience")
 
 HANG_EXIT_CODE = 75
+ORPHAN_EXIT_CODE = 76
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent(expected_parent: int | None = None) -> bool:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux ``PR_SET_PDEATHSIG``).
+
+    The signal is tied to the parent *thread* that forked us; torchelastic's agent and plain
+    torchrun start workers from their main thread, which lives as long as the launcher. If the
+    parent is already gone (it died between our fork and this call) we exit at once. Returns
+    False where the call is not available (not Linux), leaving the watchdog's check to act.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    if expected_parent is not None and os.getppid() != expected_parent:
+        os._exit(ORPHAN_EXIT_CODE)
+    return True
 
 
 class Watchdog:
@@ -43,22 +75,28 @@ class Watchdog:
         attempt: int = 0,
         on_hang: Callable[[dict], None] | None = None,
         exit_on_hang: bool = True,
+        watch_parent: int | None = None,
     ) -> None:
         self.dir = Path(run_dir) / "heartbeat"
         self.rank = rank
         self.timeout_s = timeout_s
-        self.startup_timeout_s = max(timeout_s, startup_timeout_s or timeout_s)
         self.poll_s = poll_s if poll_s is not None else min(1.0, timeout_s / 10)
         self.attempt = attempt
         self.on_hang = on_hang
         self.exit_on_hang = exit_on_hang
+        self.watch_parent = watch_parent
         self.host = socket.gethostname()
-        self._last_beat = time.time()
+        self._since = time.time()  # when the current phase started or the last beat came
         self._step = -1
-        self._started_phase = True  # until the first beat: startup bound
+        self._phase = ("start-up", max(timeout_s, startup_timeout_s or timeout_s))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="aihpc-watchdog", daemon=True)
         self.fired: dict | None = None
+
+    @property
+    def current_phase(self) -> tuple[str, float]:
+        """(name, bound in seconds) of the phase the rank is in."""
+        return self._phase
 
     def start(self) -> Watchdog:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -67,15 +105,15 @@ class Watchdog:
         return self
 
     def beat(self, step: int) -> None:
-        """Called by the training loop after each unit of progress (cheap: two stores)."""
-        self._last_beat = time.time()
+        """Called by the training loop after each step (cheap: three stores)."""
+        self._since = time.time()
         self._step = step
-        self._started_phase = False
+        self._phase = ("step", self.timeout_s)
 
-    def expect_slow(self) -> None:
-        """The next interval may be long (e.g. a restart-time load): use the startup bound."""
-        self._last_beat = time.time()
-        self._started_phase = True
+    def phase(self, name: str, bound_s: float) -> None:
+        """Enter phase ``name``; the clock restarts and the rank may stay ``bound_s`` in it."""
+        self._since = time.time()
+        self._phase = (name, max(bound_s, self.timeout_s))
 
     def stop(self) -> None:
         self._stop.set()
@@ -86,13 +124,16 @@ class Watchdog:
         return self.dir / f"rank-{rank}.json"
 
     def _write(self) -> None:
+        name, bound = self._phase
         data = {
             "rank": self.rank,
             "pid": os.getpid(),
             "host": self.host,
             "attempt": self.attempt,
-            "last_beat_unix": self._last_beat,
+            "last_beat_unix": self._since,
             "step": self._step,
+            "phase": name,
+            "bound_s": bound,
         }
         tmp = self._path(self.rank).with_suffix(".tmp")
         tmp.write_text(json.dumps(data))
@@ -100,18 +141,25 @@ class Watchdog:
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll_s):
-            self._write()
-            bound = self.startup_timeout_s if self._started_phase else self.timeout_s
-            age = time.time() - self._last_beat
+            if self.watch_parent is not None and os.getppid() != self.watch_parent:
+                log.error("watchdog: the launcher (PID %d) is gone; exiting", self.watch_parent)
+                os._exit(ORPHAN_EXIT_CODE)
+            try:
+                self._write()
+            except OSError as err:  # a full disk must not stop hang detection
+                log.warning("watchdog: cannot write heartbeat (%s)", err)
+            name, bound = self._phase
+            age = time.time() - self._since
             if age > bound:
-                self._fire(age, bound)
+                self._fire(name, age, bound)
                 return
 
-    def _fire(self, age: float, bound: float) -> None:
+    def _fire(self, phase: str, age: float, bound: float) -> None:
         event = {
             "event": "hang_detected",
             "rank": self.rank,
             "step": self._step,
+            "phase": phase,
             "stalled_s": round(age, 3),
             "bound_s": bound,
             "time_unix": time.time(),
@@ -119,10 +167,11 @@ class Watchdog:
         }
         self.fired = event
         log.error(
-            "watchdog: rank %d made no progress for %.1f s after step %d (bound %.1f s); "
-            "tearing the job down",
+            "watchdog: rank %d made no progress for %.1f s in phase %s after step %d "
+            "(bound %.1f s); tearing the job down",
             self.rank,
             age,
+            phase,
             self._step,
             bound,
         )
@@ -135,6 +184,8 @@ class Watchdog:
             os._exit(HANG_EXIT_CODE)
 
     def _kill_stale_peers(self) -> list[int]:
+        """SIGKILL local peers of this attempt without a beat for ``timeout_s``: a stopped peer
+        and one blocked waiting for it both qualify, and the job is being torn down anyway."""
         killed = []
         now = time.time()
         for path in self.dir.glob("rank-*.json"):

@@ -75,12 +75,15 @@ def token_count(path: str | Path) -> int:
     return len(raw)
 
 
-def token_vocab_needed(path: str | Path | None) -> int:
-    """The smallest vocab_size that can train on this data (one pass over a .npy file)."""
+def token_vocab_needed(path: str | Path | None) -> tuple[int, int]:
+    """(lowest token id, smallest vocab_size that can train on this data): one pass over a
+    .npy file; a negative id is a data error the caller reports."""
     if path is None or Path(path).suffix != ".npy":
-        return ByteTokenizer.vocab_size
+        return 0, ByteTokenizer.vocab_size
     tokens = load_tokens(path)
-    return int(tokens.max()) + 1 if len(tokens) else 0
+    if not len(tokens):
+        return 0, 0
+    return int(tokens.min()), int(tokens.max()) + 1
 
 
 class TokenLoader:

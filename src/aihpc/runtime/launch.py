@@ -1,21 +1,34 @@
-"""Start torchrun's elastic agent in this process, with the training command as its workers."""
+"""Start torchrun's elastic agent in this process, with the training command as its workers,
+and, when the job fails for good, say in one line what failed first and how to resume."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import sys
 import uuid
+from pathlib import Path
+from typing import Any
 
+from aihpc.resilience.manifest import committed_checkpoints
+from aihpc.resilience.watchdog import HANG_EXIT_CODE, ORPHAN_EXIT_CODE
 from aihpc.runtime.distributed import free_port
 
-__all__ = ["launch_elastic"]
+__all__ = ["describe_failure", "launch_elastic"]
 
 
 def launch_elastic(
-    nproc_per_node: int, max_restarts: int, worker_args: list[str], monitor_interval_s: float = 0.1
-) -> int:
+    nproc_per_node: int,
+    max_restarts: int,
+    worker_args: list[str],
+    run_dir: Path,
+    monitor_interval_s: float = 0.1,
+) -> tuple[int, str]:
     """Run ``python -m aihpc <worker_args>`` on ``nproc_per_node`` local workers under the
-    torchelastic agent; restart the whole group up to ``max_restarts`` times. Exit code 0 or 1.
+    torchelastic agent; restart the whole group up to ``max_restarts`` times.
+
+    Returns (0, "") or (1, the one line that says what failed first and how to resume).
     """
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -24,6 +37,9 @@ def launch_elastic(
     # addresses and fail (pytorch#135712); a store per attempt makes restarts reliable.
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     os.environ["AIHPC_ELASTIC_AGENT"] = "1"  # workers leave the summary to the agent
+    # Workers die with this process (PR_SET_PDEATHSIG, then a parent check by their watchdog),
+    # so a SIGKILL of the launcher or of its process group leaves no orphan training on.
+    os.environ["AIHPC_AGENT_PID"] = str(os.getpid())
     if nproc_per_node > 1:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     config = LaunchConfig(
@@ -40,10 +56,95 @@ def launch_elastic(
     try:
         elastic_launch(config, sys.executable)("-m", "aihpc", *worker_args)
     except ChildFailedError as err:
-        print(
-            f"error: training failed after {max_restarts} restart(s): "
-            f"{err.get_first_failure()[1].message if err.failures else err}",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
+        return 1, describe_failure(err.failures, run_dir, max_restarts)
+    return 0, ""
+
+
+def _cause(rank: int, failure: Any, run_dir: Path) -> str:
+    code = failure.exitcode
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"rank {rank} was killed by {name}"
+    if code == HANG_EXIT_CODE:
+        hang = _last_event(run_dir, "hang_detected")
+        where = f" in phase {hang.get('phase')} after step {hang.get('step')}" if hang else ""
+        return f"rank {rank}'s watchdog found a hang{where}"
+    if code == ORPHAN_EXIT_CODE:
+        return f"rank {rank} lost its launcher"
+    line = _last_error_line(run_dir, rank)
+    return f"rank {rank} failed: {line}" if line else f"rank {rank} exited with code {code}"
+
+
+# Ways a rank ends that follow from another rank's failure, not cause one: the agent's SIGTERM
+# to the survivors, and the collective errors of ranks whose peer vanished.
+_TEARDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "timed out")
+
+
+def _rank_order(run_dir: Path, rank: int, failure: Any) -> tuple[int, float]:
+    """Sort key: a rank killed by a signal of its own or found hung first, then ranks that
+    raised an error of their own, then those that lost a peer, then those the agent stopped."""
+    code = failure.exitcode
+    if code < 0:
+        kind = 3 if -code in _TEARDOWN_SIGNALS else 0
+    elif code in (HANG_EXIT_CODE, ORPHAN_EXIT_CODE):
+        kind = 0
+    else:
+        line = _last_error_line(run_dir, rank) or ""
+        kind = 2 if any(p in line for p in _PEER_LOST) else 1
+    return kind, _error_time(run_dir, rank) or failure.timestamp
+
+
+def describe_failure(failures: dict[int, Any], run_dir: Path, max_restarts: int) -> str:
+    """One line: the failure that came first (a killed or hung rank before the ranks that then
+    lost their peer), the restarts used, and where a rerun resumes."""
+    if failures:
+        rank, failure = min(failures.items(), key=lambda kv: _rank_order(run_dir, *kv))
+        cause = _cause(rank, failure, run_dir)
+    else:
+        cause = "a worker failed"
+    committed, _ = committed_checkpoints(run_dir / "checkpoints")
+    resume = (
+        f"rerun the same command to resume from step {committed[-1].step}"
+        if committed
+        else "no checkpoint was committed; rerun the same command to start over"
+    )
+    return f"training failed after {max_restarts} restart(s): {cause}; {resume}"
+
+
+def _attempt_logs(run_dir: Path, rank: int) -> list[Path]:
+    return sorted(
+        (run_dir / "logs").glob(f"rank-{rank}.attempt-*.log"), key=lambda p: p.stat().st_mtime
+    )
+
+
+def _error_time(run_dir: Path, rank: int) -> float | None:
+    logs = _attempt_logs(run_dir, rank)
+    return logs[-1].stat().st_mtime if logs else None
+
+
+def _last_error_line(run_dir: Path, rank: int) -> str | None:
+    """The exception line (``Type: message``) ending the rank's newest traceback."""
+    logs = _attempt_logs(run_dir, rank)
+    if not logs:
+        return None
+    lines = [ln for ln in logs[-1].read_text(errors="replace").splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else None
+
+
+def _last_event(run_dir: Path, name: str) -> dict[str, Any] | None:
+    try:
+        lines = (run_dir / "events.jsonl").read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and event.get("event") == name:
+            return event
+    return None

@@ -7,7 +7,6 @@ the data cursor and the RNG. ``state_sha256`` over the same mapping is the run's
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -23,15 +22,19 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.optim.lr_scheduler import LambdaLR
 
+from aihpc._io import to_json
 from aihpc.resilience import (
     CheckpointManager,
     Fault,
     FaultInjector,
     ModelOptimizerState,
     RNGState,
+    RunDirBusyError,
+    RunDirLock,
     Watchdog,
     state_sha256,
 )
+from aihpc.resilience.manifest import committed_checkpoints, manifest_bytes
 from aihpc.runtime.data import (
     ByteTokenizer,
     TokenLoader,
@@ -39,9 +42,21 @@ from aihpc.runtime.data import (
     token_count,
     token_vocab_needed,
 )
-from aihpc.runtime.distributed import DistContext, init_distributed
+from aihpc.runtime.distributed import DistContext, init_distributed, launcher_env
 from aihpc.runtime.model import LlamaConfig
 from aihpc.runtime.parallelize import build_parallel_model
+from aihpc.runtime.rundir import (
+    DEFAULT_RANK_STORAGE_GBps,
+    Events,
+    logged_loss,
+    phase_bound_s,
+    process_start_unix,
+    read_summary,
+    repair_jsonl,
+    run_identity,
+    trim_metrics,
+    write_summary,
+)
 from aihpc.spec import RunSpec, SpecError, TrainingSpec
 
 __all__ = ["TrainOptions", "build_optimizer", "check_trainable", "lr_lambda", "run", "train"]
@@ -57,6 +72,10 @@ class TrainOptions:
     hang_timeout_s: float = 300.0
     startup_timeout_s: float = 600.0
     progress: bool = True
+    # The launcher already holds the run directory's lock (a single process, or aihpc's own
+    # agent); under torchrun or srun rank 0 takes it once the process group is up.
+    lock_held: bool = False
+    watch_parent: int | None = None  # exit when the launcher with this PID is gone
 
 
 def check_trainable(
@@ -80,7 +99,9 @@ def check_trainable(
                 "--data", str(data), f"{count} tokens, fewer than model.seq_length {seq} + 1"
             )
     if data is not None and data.suffix == ".npy":
-        needed = token_vocab_needed(data)
+        lowest, needed = token_vocab_needed(data)
+        if lowest < 0:
+            raise SpecError("--data", str(data), f"token ids must be >= 0; found {lowest}")
         if cfg.vocab_size < needed:
             raise SpecError(
                 "model.vocab_size",
@@ -160,60 +181,6 @@ def build_optimizer(model: torch.nn.Module, t: TrainingSpec) -> tuple[torch.opti
     return opt, LambdaLR(opt, lr_lambda(t))
 
 
-class _Events:
-    """Append-only JSON lines shared by all ranks (O_APPEND keeps short lines whole)."""
-
-    def __init__(self, path: Path, rank: int, attempt: int):
-        self.path, self.rank, self.attempt = path, rank, attempt
-
-    def __call__(self, event: str, **fields: Any) -> None:
-        line = (
-            json.dumps(
-                {
-                    "event": event,
-                    "rank": self.rank,
-                    "attempt": self.attempt,
-                    "time_unix": time.time(),
-                    **fields,
-                }
-            )
-            + "\n"
-        )
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, line.encode())
-        finally:
-            os.close(fd)
-
-
-def _process_start_unix() -> float | None:
-    """When this process was created (Linux /proc), for the recovery-time split.
-
-    Age from /proc/uptime minus the start tick, subtracted from time.time(): one clock, unlike
-    /proc/stat's whole-second btime.
-    """
-    try:
-        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _rewrite_metrics(path: Path, keep_through: int) -> None:
-    """On resume, drop logged steps past the checkpoint: they are about to be replayed."""
-    if not path.exists():
-        return
-    lines = [
-        ln
-        for ln in path.read_text().splitlines()
-        if ln.strip() and json.loads(ln)["step"] <= keep_through
-    ]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(ln + "\n" for ln in lines))
-    os.replace(tmp, path)
-
-
 @contextmanager
 def _progress(enabled: bool, total: int, done: int) -> Iterator[Callable[[int, str, bool], None]]:
     """Yield ``report(step, info, log)``: a rich bar on a terminal; ``log`` lines always (through
@@ -244,85 +211,112 @@ def _progress(enabled: bool, total: int, done: int) -> Iterator[Callable[[int, s
         yield report
 
 
-def train(spec: RunSpec, opts: TrainOptions, ctx: DistContext) -> dict[str, Any]:
-    """Train ``spec`` in ``ctx``'s process group, resuming from ``opts.run_dir`` if possible."""
+@dataclass(frozen=True)
+class _Bounds:
+    """How long a rank may stay in each phase (docs/resilience.md, "Hangs"): the hang timeout
+    plus four times its share of the checkpoint at the storage bandwidth (the cluster spec's
+    storage figure split over the ranks, else DEFAULT_RANK_STORAGE_GBps)."""
+
+    hang_s: float
+    rank_GBps: float
+    world: int
+
+    @classmethod
+    def of(cls, spec: RunSpec, opts: TrainOptions, world: int) -> _Bounds:
+        c = spec.cluster
+        bws = [b for b in (c.storage_write_bw_GBps, c.storage_read_bw_GBps) if b]
+        rank_GBps = min(bws) / world if bws else DEFAULT_RANK_STORAGE_GBps
+        return cls(opts.hang_timeout_s, rank_GBps, world)
+
+    def load(self, checkpoint_root: Path) -> float:
+        committed, _ = committed_checkpoints(checkpoint_root)
+        total = manifest_bytes(committed[-1].path) if committed else 0
+        return phase_bound_s(self.hang_s, total / self.world, self.rank_GBps)
+
+    def save(self, rank_bytes: float) -> float:
+        return phase_bound_s(self.hang_s, rank_bytes, self.rank_GBps)
+
+    def final(self, rank_bytes: float) -> float:
+        # the last commit, then state_sha256 gathers the whole state onto every rank
+        return phase_bound_s(self.hang_s, rank_bytes * (1 + self.world), self.rank_GBps)
+
+
+def _prepare_records(run_dir: Path) -> list[str]:
+    """Before anything is appended: cut torn last lines off the append-only logs."""
+    notes = [repair_jsonl(run_dir / name) for name in ("metrics.jsonl", "events.jsonl")]
+    return [n for n in notes if n]
+
+
+def train(
+    spec: RunSpec, opts: TrainOptions, ctx: DistContext, watchdog: Watchdog
+) -> dict[str, Any]:
+    """Train ``spec`` in ``ctx``'s process group, resuming from ``opts.run_dir`` if possible.
+    ``watchdog`` is started (in its start-up phase); ``train`` moves it through the phases."""
     t = spec.training
     cfg, micro, accum = check_trainable(spec, ctx.world_size, opts.data)
     run_dir = opts.run_dir
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    events = _Events(run_dir / "events.jsonl", ctx.rank, attempt)
-    events("process_start", process_start_unix=_process_start_unix(), world_size=ctx.world_size)
+    repaired = _prepare_records(run_dir) if ctx.is_main else []
+    dist.barrier()  # nobody appends before rank 0 has repaired the logs
+    events = Events(run_dir / "events.jsonl", ctx.rank, watchdog.attempt)
+    events("process_start", process_start_unix=process_start_unix(), world_size=ctx.world_size)
+    for note in repaired:
+        log.warning("%s", note)
+        events("log_repaired", detail=note)
     injector = FaultInjector(list(opts.faults), ctx.rank, run_dir)
-    watchdog = Watchdog(
-        run_dir,
-        ctx.rank,
-        opts.hang_timeout_s,
-        startup_timeout_s=opts.startup_timeout_s,
-        attempt=attempt,
-        on_hang=lambda ev: events(**ev),
-    ).start()
-    try:
-        torch.manual_seed(t.seed)  # same on every rank: the RNG state is one, not per rank
-        plan = spec.plan()
-        model = build_parallel_model(cfg, ctx, plan.zero_stage, t.seed, plan.recompute)
-        optimizer, scheduler = build_optimizer(model, t)
-        loader = TokenLoader(
-            load_tokens(opts.data), cfg.max_seq_len, plan.global_batch_size, t.seed
-        )
-        state = {
-            "train": ModelOptimizerState(model, optimizer),
-            "sched": scheduler,
-            "data": loader,
-            "rng": RNGState(),
-        }
-        manager = CheckpointManager(
-            run_dir / "checkpoints",
-            keep_last=spec.checkpoint.keep_last,
-            async_save=spec.checkpoint.async_save,
-            process_group=ctx.checkpoint_group,
-            before_commit=lambda step: injector.fire(step, at="save"),
-        )
-        events("pg_ready")
-        start = manager.load_latest(state) or 0
-        events("loaded", step=start)
-        metrics = run_dir / "metrics.jsonl"
-        if ctx.is_main:
-            _rewrite_metrics(metrics, start)
-        watchdog.expect_slow()  # the first step after start-up includes one-off work
-        job = _Job(
-            model,
-            optimizer,
-            scheduler,
-            loader,
-            state,
-            manager,
-            injector,
-            watchdog,
-            events,
-            ctx,
-            spec,
-            micro,
-            accum,
-            metrics,
-        )
-        result = _loop(job, start, opts.progress)
-        watchdog.expect_slow()  # the last async commit and the hash may outlast a step
-        manager.close()
-        result["state_sha256"] = state_sha256(state)
-        result.update(
-            restarts=attempt,
-            world_size=ctx.world_size,
-            resumed_from_step=start,
-            zero_stage=plan.zero_stage,
-            recompute=plan.recompute,
-            micro_batch_size=micro,
-            grad_accum_steps=accum,
-            num_params=sum(p.numel() for p in model.parameters()),
-        )
-        events("done", step=result["final_step"])
-        return result
-    finally:
-        watchdog.stop()
+    injector.fire(0, "start")
+    torch.manual_seed(t.seed)  # same on every rank: the RNG state is one, not per rank
+    plan = spec.plan()
+    model = build_parallel_model(cfg, ctx, plan.zero_stage, t.seed, plan.recompute)
+    optimizer, scheduler = build_optimizer(model, t)
+    loader = TokenLoader(load_tokens(opts.data), cfg.max_seq_len, plan.global_batch_size, t.seed)
+    state = {
+        "train": ModelOptimizerState(model, optimizer),
+        "sched": scheduler,
+        "data": loader,
+        "rng": RNGState(),
+    }
+    manager = CheckpointManager(
+        run_dir / "checkpoints",
+        keep_last=spec.checkpoint.keep_last,
+        async_save=spec.checkpoint.async_save,
+        process_group=ctx.checkpoint_group,
+        before_commit=lambda step: injector.fire(step, at="save"),
+        identity=run_identity(spec, opts.data),
+    )
+    events("pg_ready")
+    bounds = _Bounds.of(spec, opts, ctx.world_size)
+    watchdog.phase("load", bounds.load(manager.root))
+    injector.fire(0, "load")
+    start = manager.load_latest(state) or 0
+    for problem in manager.problems:
+        events("checkpoint_problem", detail=problem)
+    events("loaded", step=start)
+    metrics = run_dir / "metrics.jsonl"
+    if ctx.is_main:
+        trim_metrics(metrics, start)
+    watchdog.phase("first step", opts.startup_timeout_s)  # one-off work: allocations, comms
+    num_params = sum(p.numel() for p in model.parameters())
+    job = _Job(
+        model, optimizer, scheduler, loader, state, manager, injector, watchdog, events, ctx,
+        spec, micro, accum, metrics, bounds, 16 * num_params / ctx.world_size,
+    )  # fmt: skip
+    result = _loop(job, start, opts.progress)
+    watchdog.phase("final", bounds.final(manager.last_state_bytes or job.state_bytes_guess))
+    injector.fire(0, "final")
+    manager.close()
+    result["state_sha256"] = state_sha256(state)
+    result.update(
+        restarts=watchdog.attempt,
+        world_size=ctx.world_size,
+        resumed_from_step=start,
+        zero_stage=plan.zero_stage,
+        recompute=plan.recompute,
+        micro_batch_size=micro,
+        grad_accum_steps=accum,
+        num_params=num_params,
+    )
+    events("done", step=result["final_step"])
+    return result
 
 
 @dataclass
@@ -337,101 +331,150 @@ class _Job:
     manager: CheckpointManager
     injector: FaultInjector
     watchdog: Watchdog
-    events: _Events
+    events: Events
     ctx: DistContext
     spec: RunSpec
     micro: int
     accum: int
     metrics: Path
+    bounds: _Bounds
+    state_bytes_guess: float  # per rank, before the first save measures it: fp32 + AdamW
+
+
+def _step(job: _Job, autocast: Any) -> torch.Tensor:
+    """One optimizer step over this rank's micro-batches; the rank-mean loss (a tensor)."""
+    model, ctx, accum = job.model, job.ctx, job.accum
+    is_fsdp = hasattr(model, "set_requires_gradient_sync")
+    batches = job.loader.next_batch(ctx.rank, ctx.world_size, job.micro)
+    local = torch.zeros((), dtype=torch.float32, device=ctx.device)
+    for i, (x, y) in enumerate(batches):
+        last = i == len(batches) - 1
+        if is_fsdp:
+            model.set_requires_gradient_sync(last)
+        sync = nullcontext() if (last or is_fsdp or ctx.world_size == 1) else model.no_sync()
+        with sync:
+            with autocast:
+                logits = model(x.to(ctx.device))
+            flat = logits.float().flatten(0, 1)
+            mb_loss = F.cross_entropy(flat, y.to(ctx.device).flatten()) / accum
+            mb_loss.backward()
+        local += mb_loss.detach()
+    t = job.spec.training
+    if t.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+    job.optimizer.step()
+    job.scheduler.step()
+    job.optimizer.zero_grad(set_to_none=True)
+    dist.all_reduce(local, op=dist.ReduceOp.AVG)
+    return local
+
+
+def _checkpoint(job: _Job, step: int) -> None:
+    """Save at ``step`` under the save phase's bound, then fire the faults due after it."""
+    manager, injector, events = job.manager, job.injector, job.events
+    job.watchdog.phase("save", job.bounds.save(manager.last_state_bytes or job.state_bytes_guess))
+    injector.arm_fs(step, manager.root)
+    manager.save(step, job.state)
+    events("checkpoint_saved", step=step, blocking_s=manager.last_blocking_s)
+    job.watchdog.beat(step)
+    if injector.due(step, "step", ("corrupt-checkpoint",)):
+        manager.wait()
+        bad = injector.corrupt(step, manager.root / f"step_{step:08d}")
+        events("fault_corrupt", step=step, file=str(bad))
 
 
 def _loop(job: _Job, start: int, progress: bool) -> dict[str, Any]:
-    model, optimizer, scheduler, loader = job.model, job.optimizer, job.scheduler, job.loader
-    manager, injector, watchdog, events = job.manager, job.injector, job.watchdog, job.events
-    ctx, spec, micro, accum, metrics = job.ctx, job.spec, job.micro, job.accum, job.metrics
-    t, state = spec.training, job.state
-    tokens_per_step = spec.plan().global_batch_size * loader.seq_len
-    loss = float("nan")
-    is_fsdp = hasattr(model, "set_requires_gradient_sync")
+    ctx, spec, t = job.ctx, job.spec, job.spec.training
+    tokens_per_step = spec.plan().global_batch_size * job.loader.seq_len
     # bf16 autocast on GPUs. On the CPU the runtime computes in fp32: on CPUs without native
     # bf16 GEMMs (no AVX512-BF16 / AMX) autocast made a tiny model's step 15x slower (measured).
     autocast = (
         torch.autocast("cuda", dtype=torch.bfloat16) if ctx.device.type == "cuda" else nullcontext()
     )
-    step = start
+    step, loss = start, logged_loss(job.metrics, start) if start else None
     with _progress(progress and ctx.is_main, t.train_steps, start) as report:
         for step in range(start + 1, t.train_steps + 1):
             t0 = time.perf_counter()
-            batches = loader.next_batch(ctx.rank, ctx.world_size, micro)
-            local = torch.zeros((), dtype=torch.float32, device=ctx.device)
-            for i, (x, y) in enumerate(batches):
-                last = i == len(batches) - 1
-                if is_fsdp:
-                    model.set_requires_gradient_sync(last)
-                sync = (
-                    nullcontext() if (last or is_fsdp or ctx.world_size == 1) else model.no_sync()
-                )
-                with sync:
-                    with autocast:
-                        logits = model(x.to(ctx.device))
-                    mb_loss = (
-                        F.cross_entropy(logits.float().flatten(0, 1), y.to(ctx.device).flatten())
-                        / accum
-                    )
-                    mb_loss.backward()
-                local += mb_loss.detach()
-            if t.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            dist.all_reduce(local, op=dist.ReduceOp.AVG)
-            loss = local.item()
+            loss = _step(job, autocast).item()
             dt = time.perf_counter() - t0
-            watchdog.beat(step)
+            job.watchdog.beat(step)
             if ctx.is_main:
-                with open(metrics, "a") as f:
-                    f.write(
-                        json.dumps(
-                            {
-                                "step": step,
-                                "loss": loss,
-                                "loss_hex": loss.hex(),
-                                "lr": scheduler.get_last_lr()[0],
-                                "step_time_s": dt,
-                                "tokens_per_s": tokens_per_step / dt,
-                                "end_unix": time.time(),
-                            }
-                        )
-                        + "\n"
-                    )
+                record = {
+                    "step": step,
+                    "loss": loss,
+                    "loss_hex": loss.hex(),
+                    "lr": job.scheduler.get_last_lr()[0],
+                    "step_time_s": dt,
+                    "tokens_per_s": tokens_per_step / dt,
+                    "end_unix": time.time(),
+                }
+                with open(job.metrics, "a") as f:
+                    f.write(to_json(record) + "\n")
                 info = f"loss {loss:.4f}  {dt * 1e3:.0f} ms/step  {tokens_per_step / dt:,.0f} tok/s"
                 report(step, info, step % t.log_interval == 0 or step == t.train_steps)
             if step == start + 1:
-                events("first_step", step=step)
+                job.events("first_step", step=step)
             if step % spec.checkpoint.interval_steps == 0 or step == t.train_steps:
-                watchdog.expect_slow()  # a sync save may outlast the step bound
-                manager.save(step, state)
-                events("checkpoint_saved", step=step, blocking_s=manager.last_blocking_s)
-                watchdog.beat(step)
-                if injector.due(step, "step", ("corrupt-checkpoint",)):
-                    manager.wait()
-                    bad = injector.corrupt(step, manager.root / f"step_{step:08d}")
-                    events("fault_corrupt", step=step, file=str(bad))
-            if injector.due(step, "step", ("kill", "hang", "exception")):
-                events("fault", step=step, kinds=[f.kind for f in injector.due(step, "step")])
-                injector.fire(step, "step")
+                _checkpoint(job, step)
+            if job.injector.due(step, "step", ("kill", "hang", "exception")):
+                kinds = [f.kind for f in job.injector.due(step, "step")]
+                job.events("fault", step=step, kinds=kinds)
+                job.injector.fire(step, "step")
     return {"final_step": step, "final_loss": loss}
 
 
+@contextmanager
+def _own_run_dir(opts: TrainOptions, ctx: DistContext) -> Iterator[None]:
+    """Under torchrun or srun, rank 0 holds the run directory's lock for the job (every rank
+    learns whether it got it); with aihpc's own launcher the launcher already holds it."""
+    if opts.lock_held:
+        yield
+        return
+    lock, busy = None, [None]
+    if ctx.is_main:
+        try:
+            lock = RunDirLock(opts.run_dir).acquire()
+        except RunDirBusyError as err:
+            busy[0] = err.describe()
+    dist.broadcast_object_list(busy, src=0)
+    if busy[0]:
+        raise SpecError("--run-dir", str(opts.run_dir), busy[0])
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
+
+
 def run(spec: RunSpec, opts: TrainOptions, timeout_s: float = 600.0) -> dict[str, Any]:
-    """Init distributed, train, and (rank 0) write ``run_dir/summary.json`` atomically."""
+    """Init distributed, train, and (rank 0) write ``run_dir/summary.json`` atomically.
+
+    A run that had no step left to train (it finished before) keeps its summary: it is
+    returned, not rewritten.
+    """
     opts.run_dir.mkdir(parents=True, exist_ok=True)
-    with init_distributed(timeout_s=timeout_s) as ctx:
-        summary = train(spec, opts, ctx)
-        if ctx.is_main:
-            tmp = opts.run_dir / "summary.json.tmp"
-            tmp.write_text(json.dumps(summary, indent=2) + "\n")
-            os.replace(tmp, opts.run_dir / "summary.json")
-        dist.barrier()
+    found = launcher_env()
+    rank = int(found["RANK"]) if found else 0
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    hang_events = Events(opts.run_dir / "events.jsonl", rank, attempt)
+    watchdog = Watchdog(
+        opts.run_dir,
+        rank,
+        opts.hang_timeout_s,
+        startup_timeout_s=opts.startup_timeout_s,
+        attempt=attempt,
+        on_hang=lambda ev: hang_events(**ev),
+        watch_parent=opts.watch_parent,
+    ).start()
+    try:
+        with init_distributed(timeout_s=timeout_s) as ctx, _own_run_dir(opts, ctx):
+            summary = train(spec, opts, ctx, watchdog)
+            previous = read_summary(opts.run_dir)
+            if summary["final_step"] == summary["resumed_from_step"] and previous:
+                summary = previous  # nothing was trained: the record stays as it was
+            elif ctx.is_main:
+                write_summary(opts.run_dir, summary)
+            dist.barrier()
+    finally:
+        watchdog.stop()
     return summary

@@ -1,0 +1,226 @@
+"""The run directory's records: who the run is, its append-only logs, its summary, its errors.
+
+Layout of ``--run-dir``::
+
+    LOCK             held (flock) by the job that owns the directory; names its PID and host
+    checkpoints/     see aihpc.resilience.checkpoint
+    metrics.jsonl    one line per step (rank 0)
+    events.jsonl     start, load, checkpoints, faults, hangs (every rank, O_APPEND)
+    heartbeat/       the watchdog's per-rank beats
+    logs/            full tracebacks of failed ranks, one file per rank and attempt
+    summary.json     the finished run (rank 0, replaced atomically)
+
+Nothing here needs torch: the launcher checks the directory before any worker starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from aihpc._io import to_json
+from aihpc.spec import RunSpec
+from aihpc.spec.model import ModelSpec
+
+__all__ = [
+    "DEFAULT_RANK_STORAGE_GBps",
+    "Events",
+    "data_fingerprint",
+    "finished_summary",
+    "logged_loss",
+    "phase_bound_s",
+    "process_start_unix",
+    "read_summary",
+    "repair_jsonl",
+    "run_identity",
+    "trim_metrics",
+    "write_error_log",
+    "write_summary",
+]
+
+log = logging.getLogger("aihpc.runtime")
+
+# When the cluster spec gives no storage bandwidth, a rank that moves its checkpoint shard slower
+# than this is treated as stalled (about a tenth of what one NVMe drive or one client of a
+# parallel file system sustains, so a healthy save is far inside the bound).
+DEFAULT_RANK_STORAGE_GBps = 0.1
+# Bound = hang timeout + this many times the expected transfer time.
+_TRANSFER_SLACK = 4.0
+_FINGERPRINT_SPAN = 1 << 20  # bytes hashed at each end of a data file
+
+
+def phase_bound_s(hang_timeout_s: float, rank_bytes: float, rank_GBps: float) -> float:
+    """How long a rank may stay in a load, save or final-commit phase: the hang timeout plus
+    four times the time its share of the checkpoint takes at the storage bandwidth."""
+    return hang_timeout_s + _TRANSFER_SLACK * rank_bytes / (rank_GBps * 1e9)
+
+
+def data_fingerprint(data: Path | None) -> str:
+    """What identifies the training data: its size and the SHA-256 of its first and last MiB
+    (a whole-file hash of a multi-TB corpus would delay every start)."""
+    if data is None:
+        return "the shipped sample (shakespeare.txt)"
+    size = data.stat().st_size
+    h = hashlib.sha256()
+    with open(data, "rb") as f:
+        h.update(f.read(_FINGERPRINT_SPAN))
+        if size > _FINGERPRINT_SPAN:
+            f.seek(max(_FINGERPRINT_SPAN, size - _FINGERPRINT_SPAN))
+            h.update(f.read())
+    return f"{size} bytes, sha256 {h.hexdigest()[:16]}"
+
+
+def run_identity(spec: RunSpec, data: Path | None) -> dict[str, Any]:
+    """The fields a checkpoint must share with the run that resumes it: the model's shape, the
+    data and the seed. The parallel plan is not among them: a new plan reshards."""
+    ident: dict[str, Any] = {
+        f"model.{f.name}": getattr(spec.model, f.name)
+        for f in dataclasses.fields(ModelSpec)
+        if f.name not in ("name", "source")
+    }
+    ident["training.seed"] = spec.training.seed
+    ident["data"] = data_fingerprint(data)
+    return ident
+
+
+def repair_jsonl(path: Path) -> str | None:
+    """Cut a torn last line (a write cut short by a crash or a full disk) off an append-only
+    JSON-lines file, so the next append starts on a line of its own; say what was cut."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    keep = len(raw)
+    if raw and not raw.endswith(b"\n"):
+        keep = raw.rfind(b"\n") + 1
+    else:  # whole lines, but the last may still not be JSON (a line of zeros after a crash)
+        last = raw.rstrip(b"\n").rsplit(b"\n", 1)[-1]
+        try:
+            if last:
+                json.loads(last)
+        except ValueError:
+            keep = raw.rstrip(b"\n").rfind(b"\n") + 1
+    if keep == len(raw):
+        return None
+    os.truncate(path, keep)
+    return f"{path.name}: cut a torn last line of {len(raw) - keep} bytes"
+
+
+def read_summary(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
+def finished_summary(run_dir: Path, spec: RunSpec) -> dict[str, Any] | None:
+    """The summary of a run that already trained every step the spec asks for, else None."""
+    summary = read_summary(run_dir)
+    if summary and int(summary.get("final_step", -1)) >= spec.training.train_steps:
+        return summary
+    return None
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    """Replace summary.json atomically; an extended run keeps the earlier sessions in
+    ``history`` (their final step, restarts and resume point)."""
+    previous = read_summary(run_dir)
+    if previous and previous.get("final_step", -1) <= summary.get("resumed_from_step", -1):
+        history = previous.pop("history", [])
+        keys = ("final_step", "restarts", "resumed_from_step", "world_size", "final_loss")
+        summary["history"] = [*history, {k: previous.get(k) for k in keys}]
+    tmp = run_dir / "summary.json.tmp"
+    tmp.write_text(to_json(summary, indent=2) + "\n")
+    os.replace(tmp, run_dir / "summary.json")
+
+
+def write_error_log(run_dir: Path, rank: int, attempt: int, err: BaseException) -> Path:
+    """The full traceback of a failed rank, in ``logs/rank-R.attempt-A.log``; its path."""
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    path = logs / f"rank-{rank}.attempt-{attempt}.log"
+    text = "".join(traceback.format_exception(err))
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    with open(path, "a") as f:
+        f.write(f"--- {stamp} rank {rank} attempt {attempt} pid {os.getpid()}\n{text}")
+    return path
+
+
+class Events:
+    """``events.jsonl``: append-only JSON lines shared by all ranks (one ``write`` with O_APPEND
+    keeps a short line whole between processes)."""
+
+    def __init__(self, path: Path, rank: int, attempt: int):
+        self.path, self.rank, self.attempt = path, rank, attempt
+
+    def __call__(self, event: str, **fields: Any) -> None:
+        record = {
+            "event": event,
+            "rank": self.rank,
+            "attempt": self.attempt,
+            "time_unix": time.time(),
+            **fields,
+        }
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (to_json(record) + "\n").encode())
+        finally:
+            os.close(fd)
+
+
+def process_start_unix() -> float | None:
+    """When this process was created (Linux /proc), for the recovery-time split.
+
+    Age from /proc/uptime minus the start tick, subtracted from time.time(): one clock, unlike
+    /proc/stat's whole-second btime.
+    """
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _records(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(line, record) for each line of a JSON-lines file that parses; others are named."""
+    out = []
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            log.warning("%s line %d is not JSON (a torn write?); dropped", path.name, number)
+            continue
+        if isinstance(record, dict):
+            out.append((line, record))
+    return out
+
+
+def trim_metrics(path: Path, keep_through: int) -> None:
+    """On resume, drop logged steps past the checkpoint: they are about to be replayed."""
+    if not path.exists():
+        return
+    kept = [line for line, rec in _records(path) if int(rec.get("step", 0)) <= keep_through]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
+
+
+def logged_loss(path: Path, step: int) -> float | None:
+    """The loss metrics.jsonl logged at ``step`` (exact, from its hex), or None."""
+    if not path.exists():
+        return None
+    for _, rec in reversed(_records(path)):
+        if rec.get("step") == step and isinstance(rec.get("loss_hex"), str):
+            return float.fromhex(rec["loss_hex"])
+    return None
