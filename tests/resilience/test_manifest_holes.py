@@ -67,7 +67,7 @@ def test_a_file_the_manifest_does_not_list_is_named(tmp_path):
     save_steps(tmp_path, [1, 2])
     stray = step_dir(tmp_path, 2) / "__9_0.distcp"
     stray.write_bytes(b"not part of the save")
-    with pytest.raises(CheckpointCorruptError, match="__9_0.distcp: not listed"):
+    with pytest.raises(CheckpointCorruptError, match=r"__9_0\.distcp: not listed"):
         verify_checkpoint(step_dir(tmp_path, 2))
     assert load(tmp_path)[0] == 1
 
@@ -89,7 +89,7 @@ def test_deleted_manifest_is_named_not_silently_skipped(tmp_path, caplog):
     assert named and named[0] in caplog.text
     # with no intact checkpoint left, the run refuses to start over in silence
     (step_dir(tmp_path, 1) / MANIFEST).unlink()
-    with pytest.raises(CheckpointCorruptError, match="no MANIFEST.json"):
+    with pytest.raises(CheckpointCorruptError, match=r"no MANIFEST\.json"):
         load(tmp_path)
 
 
