@@ -28,7 +28,7 @@ from aihpc.perf.memory import (
     zero3_keeps_unsharded,
 )
 from aihpc.perf.params import DEFAULT_PARAMS, ModelParams
-from aihpc.perf.pipeline import bubble_slots, p2p_transfers
+from aihpc.perf.pipeline import bubble_slots, p2p_transfers, zero_bubble_fraction
 from aihpc.spec.cluster import ClusterSpec
 from aihpc.spec.errors import SpecError
 from aihpc.spec.model import ModelSpec
@@ -244,7 +244,15 @@ def estimate_plan(
     t_mb = compute_mb + recompute_mb + tp_mb + cp_mb
 
     # --- pipeline: bubble and point-to-point activations between stages
-    bubble = bubble_slots(p, v) * t_mb
+    zb = 0.0
+    if plan.schedule == "zbv":
+        # The weight-gradient pass is half the layers' backward GEMMs (each dX has a dW of the
+        # same FLOPs); attention's backward, the recompute and the loss's backward belong to the
+        # input-gradient pass (the output layer's own dW is left in B: one layer of many).
+        w_mb = layers * lt.bwd_gemm / 2
+        b_mb = layers * (bwd_layer + recompute_layer) + lbwd - w_mb
+        zb = zero_bubble_fraction(layers * fwd_layer + lfwd, b_mb, w_mb)
+    bubble = bubble_slots(p, v, plan.schedule, zb) * t_mb
     pp_time = 0.0
     if p > 1:
         msg = act_bytes / (t if plan.sequence_parallel else 1)
@@ -268,10 +276,18 @@ def estimate_plan(
     hide = params.overlap_efficiency
     dp_time = 0.0
     hidden = 0.0
+    # HSDP: ZeRO shards over shard_n ranks only; each reduce-scattered gradient shard is then
+    # all-reduced across the dp_n / shard_n replicas (PyTorch FSDP2's HSDP, Zhao et al. VLDB'23
+    # §3.2.1; Megatron's num_distributed_optimizer_instances).
+    shard_n = plan.shard_group * plan.cp if plan.zero_stage else dp_n
     if dp_n > 1:
 
         def coll(kind: str, size: float) -> float:
-            return collective(kind, size, dp_n, stride)
+            n = dp_n if kind == "all_reduce" else shard_n
+            one = collective(kind, size, n, stride) if n > 1 else 0.0
+            if kind == "reduce_scatter" and shard_n < dp_n:
+                one += collective("all_reduce", size / shard_n, dp_n // shard_n, stride * shard_n)
+            return one
 
         # What a gradient reduction can hide behind: the last micro-batch's backward, or
         # nothing when the framework reduces only after the whole backward.
@@ -367,7 +383,7 @@ def estimate_plan(
             hidden = m * (per_mb - exposed)
     penalty = params.overlap_compute_penalty * max(0.0, hidden + m * hidden_mb)
 
-    shard = dp_n if plan.zero_stage >= 1 else 1
+    shard = shard_n if plan.zero_stage >= 1 else 1
     opt = compute.optimizer_time_s(params_stage, plan.zero_stage, shard, gpu, params, training)
 
     compute_total = m * compute_mb + penalty

@@ -188,7 +188,7 @@ def _state_bytes(
     copy of its weights and a full fp32 gradient. ``grad_reduce_dtype`` and ``optimizer_dtype``
     = bf16 halve the gradient and the master/moment bytes.
     """
-    d = plan.dp * plan.cp  # ranks that hold replicas of these weights
+    d = plan.shard_group * plan.cp  # ranks that share (shard) these states: all dp, or HSDP's group
     g, o = DTYPE_BYTES[training.grad_reduce_dtype], DTYPE_BYTES[training.optimizer_dtype]
     moments = MOMENTS[training.optimizer]
     fp8_cache = 1.0 if training.precision == "fp8" else 0.0  # FP8 copies of the weights
@@ -298,6 +298,11 @@ def memory_breakdown(
     # The last stage: one micro-batch under 1F1B; interleaved, its warm-up still runs (v-1)p
     # chunks ahead, so (v-1)p + 1 chunks of L/v layers are live (``warmup_chunks`` + 1).
     micro_batches = min(p, m)
+    if plan.schedule == "zbv":
+        # ZB-V keeps 1F1B's activation memory, p micro-batches of a stage's layers (Qi et al.
+        # 2024, their comparison table), and rank 0 holds the first and the last chunk: the
+        # embedding and the output layer on one GPU.
+        zbv_acts = act_layer * layers_per_stage * micro_batches + working
     if v > 1:  # warmup_chunks + 1 chunks live, inline: this runs for every searched plan
         in_flight = min(m, (min(2 * (p - 1) + (v - 1) * p, m * v) + 1) / v)
         last_in_flight = min(m, (min((v - 1) * p, m * v) + 1) / v)
@@ -320,7 +325,8 @@ def memory_breakdown(
         / (plan.tp if plan.sequence_parallel else 1)
     )
 
-    lazy_grads = fsdp_lazy_grads(plan, training)
+    # The lazy-gradient walk follows 1F1B / interleaved order; ZB-V's is priced as the plain sum.
+    lazy_grads = fsdp_lazy_grads(plan, training) and plan.schedule != "zbv"
 
     def stage(
         layer_count: int, embed: bool, output: bool, acts: float, buffers: float, name: str
@@ -363,6 +369,8 @@ def memory_breakdown(
 
     if p == 1:
         return stage(model.num_layers, True, True, first_acts, logits + embed_out, "only")
+    if plan.schedule == "zbv":
+        return stage(layers_per_stage, True, True, zbv_acts, logits + embed_out, "first")
     first = stage(layers_per_stage, True, False, first_acts, embed_out, "first")
     last = stage(layers_per_stage, False, True, last_acts, logits, "last")
     return first if first.total >= last.total else last

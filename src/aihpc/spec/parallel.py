@@ -11,6 +11,7 @@ from aihpc.spec.errors import SpecError
 from aihpc.spec.model import ModelSpec
 
 __all__ = [
+    "PP_SCHEDULES",
     "RECOMPUTE",
     "ZERO_STAGES",
     "ParallelPlan",
@@ -23,6 +24,10 @@ __all__ = [
 # checkpointing: every other matmul output and attention outputs kept) | full (layer inputs only)
 RECOMPUTE = ("none", "selective", "op", "full")
 ZERO_STAGES = (0, 1, 2, 3)
+# 1f1b (one stage per rank) | interleaved-1f1b (vpp stages per rank, Narayanan et al. SC'21) |
+# zbv (zero-bubble V: two stages per rank, backward split into input and weight passes; Qi et al.,
+# "Zero Bubble Pipeline Parallelism", ICLR 2024)
+PP_SCHEDULES = ("1f1b", "interleaved-1f1b", "zbv")
 
 
 @dataclass(frozen=True)
@@ -41,11 +46,25 @@ class PartialPlan:
     micro_batch_size: int | None = None
     global_batch_size: int | None = None
     offload_layers: int | None = None
+    pp_schedule: str | None = None
+    dp_shard: int | None = None
 
     def __post_init__(self) -> None:
-        for f in ("tp", "pp", "vpp", "cp", "dp", "ep", "micro_batch_size", "global_batch_size"):
+        for f in (
+            "tp",
+            "pp",
+            "vpp",
+            "cp",
+            "dp",
+            "ep",
+            "micro_batch_size",
+            "global_batch_size",
+            "dp_shard",
+        ):
             check_positive(f"parallel.{f}", getattr(self, f))
         check_positive("parallel.offload_layers", self.offload_layers, allow_zero=True)
+        if self.pp_schedule is not None:
+            check_choice("parallel.pp_schedule", self.pp_schedule, PP_SCHEDULES)
         if self.zero_stage is not None:
             check_choice("parallel.zero_stage", self.zero_stage, ZERO_STAGES)
         if self.recompute is not None:
@@ -75,6 +94,20 @@ class ParallelPlan:
     # Layers whose saved activations go to host memory during the forward and come back for the
     # backward (Megatron-Core cpu_offloading_num_layers); 0: none.
     offload_layers: int = 0
+    pp_schedule: str | None = None  # None: 1f1b, or interleaved-1f1b when vpp > 1
+    # HSDP: data-parallel ranks in one ZeRO / FSDP shard group (sharded inside, replicated
+    # across groups); None: all dp ranks (plain FSDP / distributed optimizer).
+    dp_shard: int | None = None
+
+    @property
+    def schedule(self) -> str:
+        """The pipeline schedule: as given, else 1f1b or (vpp > 1) interleaved-1f1b."""
+        return self.pp_schedule or ("interleaved-1f1b" if self.vpp > 1 else "1f1b")
+
+    @property
+    def shard_group(self) -> int:
+        """Data-parallel ranks that shard the model state between them (ZeRO 1-3)."""
+        return self.dp_shard or self.dp
 
     @property
     def model_parallel(self) -> int:
@@ -95,7 +128,10 @@ class ParallelPlan:
         return self.global_batch_size // (self.dp * self.micro_batch_size)
 
     def as_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["dp_shard"] = self.shard_group
+        out["pp_schedule"] = self.schedule
+        return out
 
 
 def resolve_plan(partial: PartialPlan, cluster: ClusterSpec) -> ParallelPlan:
@@ -128,6 +164,8 @@ def resolve_plan(partial: PartialPlan, cluster: ClusterSpec) -> ParallelPlan:
         micro_batch_size=mbs,
         global_batch_size=g["global_batch_size"],
         offload_layers=g.get("offload_layers", 0),
+        pp_schedule=g.get("pp_schedule"),
+        dp_shard=g.get("dp_shard"),
     )
     return plan
 
@@ -167,6 +205,12 @@ def plan_problem(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> 
         )
     if p.vpp > 1 and p.pp == 1:
         return SpecError("parallel.vpp", p.vpp, "interleaving needs pp > 1")
+    schedule_problem = _schedule_problem(p)
+    if schedule_problem is not None:
+        return schedule_problem
+    if p.dp_shard is not None and (p.dp % p.dp_shard or (p.zero_stage == 0 and p.dp_shard != p.dp)):
+        allowed = f"must divide dp {p.dp}" if p.zero_stage else "HSDP shards state: zero_stage >= 1"
+        return SpecError("parallel.dp_shard", p.dp_shard, allowed)
     if model.seq_length % (2 * p.cp) and p.cp > 1:
         return SpecError(
             "parallel.cp",
@@ -196,13 +240,28 @@ def plan_problem(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> 
         problem = _offload_problem(p, model, cluster)
         if problem is not None:
             return problem
-    if p.vpp > 1 and p.num_microbatches % p.pp:
+    if p.vpp > 1 and p.schedule != "zbv" and p.num_microbatches % p.pp:
         return SpecError(
             "parallel.vpp",
             p.vpp,
             f"interleaved 1F1B needs the micro-batch count "
             f"{p.num_microbatches} to be a multiple of pp {p.pp}",
         )
+    return None
+
+
+def _schedule_problem(p: ParallelPlan) -> SpecError | None:
+    """The pipeline schedule must fit the stages per rank: 1f1b one, interleaved-1f1b vpp > 1,
+    zbv exactly two (its V)."""
+    schedule = p.schedule
+    if p.pp == 1:
+        if schedule == "1f1b":
+            return None
+        return SpecError("parallel.pp_schedule", schedule, "needs pp > 1")
+    wanted = {"1f1b": "vpp = 1", "interleaved-1f1b": "vpp > 1", "zbv": "vpp = 2"}[schedule]
+    ok = {"1f1b": p.vpp == 1, "interleaved-1f1b": p.vpp > 1, "zbv": p.vpp == 2}[schedule]
+    if not ok:
+        return SpecError("parallel.pp_schedule", schedule, f"needs {wanted} (vpp is {p.vpp})")
     return None
 
 
