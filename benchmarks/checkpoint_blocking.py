@@ -25,6 +25,7 @@ from _common import machine, save
 
 from aihpc.resilience import CheckpointManager, ModelOptimizerState, RNGState
 from aihpc.runtime import init_distributed
+from aihpc.runtime.mesh import Parallel, ParallelDims
 from aihpc.runtime.model import LlamaConfig
 from aihpc.runtime.parallelize import build_parallel_model
 from aihpc.runtime.train import build_optimizer
@@ -47,7 +48,8 @@ def main() -> None:
         max_seq_len=64,
     )
     with init_distributed(timeout_s=300) as ctx, tempfile.TemporaryDirectory() as tmp:
-        model = build_parallel_model(cfg, ctx, zero_stage=3, seed=0)
+        dims = ParallelDims(dp_shard=ctx.world_size, zero_stage=3)
+        model = build_parallel_model(cfg, ctx, Parallel(dims, ctx.device.type), seed=0).model
         opt, sched = build_optimizer(model, TrainingSpec())
         x = torch.randint(0, 256, (2, 64))
         F.cross_entropy(model(x).flatten(0, 1), x.flatten()).backward()

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from aihpc.resilience import CheckpointManager, ModelOptimizerState, RNGState, state_sha256
 from aihpc.runtime import TokenLoader, init_distributed
 from aihpc.runtime.distributed import DistContext, free_port
+from aihpc.runtime.mesh import Parallel, ParallelDims
 from aihpc.runtime.model import LlamaConfig
 from aihpc.runtime.parallelize import build_parallel_model
 from aihpc.runtime.train import build_optimizer
@@ -32,7 +33,10 @@ GLOBAL_BATCH = 4
 
 def make_state(ctx: DistContext, zero_stage: int = 3) -> dict[str, Any]:
     torch.manual_seed(0)
-    model = build_parallel_model(CFG, ctx, zero_stage, seed=0)
+    dims = ParallelDims(dp_shard=ctx.world_size, zero_stage=zero_stage)
+    if zero_stage == 0:
+        dims = ParallelDims(dp_replicate=ctx.world_size, zero_stage=0)
+    model = build_parallel_model(CFG, ctx, Parallel(dims, ctx.device.type), seed=0).model
     opt, sched = build_optimizer(model, TrainingSpec(train_steps=20, warmup_steps=2))
     tokens = torch.randint(
         0, 256, (4096,), generator=torch.Generator().manual_seed(1), dtype=torch.int64

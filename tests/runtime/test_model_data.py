@@ -36,7 +36,7 @@ def test_causal_and_shapes():
 
 def test_gqa_shares_kv_heads():
     m = make_model()
-    att = m.layers[0].attention
+    att = m.layers["0"].attention
     assert att.wk.weight.shape == (CFG.num_kv_heads * CFG.head_dim, CFG.dim)
     assert att.wq.weight.shape == (CFG.num_heads * CFG.head_dim, CFG.dim)
 

@@ -75,15 +75,19 @@ class ModelOptimizerState:
     """Stateful for a model and its optimizer(s), keyed by parameter names (FQNs), not ids.
 
     FQN keys plus DTensor shards are what let a checkpoint saved on N ranks load on M ranks;
-    ``optimizer.state_dict()`` keys by parameter index and would not reshard.
+    ``optimizer.state_dict()`` keys by parameter index and would not reshard. The optimizer
+    state is flattened (``state.<fqn>.exp_avg``, ``param_groups.<fqn>.lr``), so a rank that
+    holds some layers (a pipeline stage) saves and loads exactly those, under any plan.
     """
+
+    _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
     def __init__(self, model: nn.Module, optimizers: torch.optim.Optimizer | Iterable[Any]):
         self.model = model
         self.optimizers = optimizers
 
     def state_dict(self) -> dict[str, Any]:
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizers)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizers, options=self._OPTIONS)
         return {"model": model_sd, "optim": optim_sd}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -92,7 +96,7 @@ class ModelOptimizerState:
             self.optimizers,
             model_state_dict=state_dict["model"],
             optim_state_dict=state_dict["optim"],
-            options=StateDictOptions(strict=True),
+            options=StateDictOptions(strict=True, flatten_optimizer_state_dict=True),
         )
 
 
@@ -183,23 +187,37 @@ def _walk(obj: Any, prefix: str) -> Iterable[tuple[str, Any]]:
         yield prefix, obj
 
 
-def state_sha256(state: Mapping[str, Any]) -> str:
-    """SHA-256 over the full (unsharded) state: the same bits give the same hash on any world size.
-
-    Collective when the state holds DTensors (each is gathered with ``full_tensor()``), so every
-    rank must call it at the same point. Keys are visited in sorted order for the same reason.
-    """
+def _entry_digest(value: Any) -> str:
     h = hashlib.sha256()
-    for name, value in _walk(_state_dicts(state), ""):
-        h.update(name.encode() + b"\0")
-        if isinstance(value, DTensor):
-            value = value.full_tensor()
-        if isinstance(value, torch.Tensor):
-            t = value.detach().to("cpu").contiguous()
-            h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-        else:
-            h.update(f"{type(value).__name__}:{value!r}".encode())
+    if isinstance(value, DTensor):
+        value = value.full_tensor()
+    if isinstance(value, torch.Tensor):
+        t = value.detach().to("cpu").contiguous()
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    else:
+        h.update(f"{type(value).__name__}:{value!r}".encode())
+    return h.hexdigest()
+
+
+def state_sha256(state: Mapping[str, Any]) -> str:
+    """SHA-256 over the full (unsharded) state: the same bits give the same hash under any plan
+    and world size.
+
+    Each entry is hashed whole (DTensors gathered with ``full_tensor()`` among the ranks that
+    share them, keys in sorted order so those collectives line up); under torch.distributed
+    the per-entry digests of every rank are then merged, so a pipeline stage that holds some
+    layers contributes exactly those. Collective: every rank must call it at the same point.
+    """
+    digests = {name: _entry_digest(v) for name, v in _walk(_state_dicts(state), "")}
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, digests)
+        for other in gathered:
+            digests.update(other)
+    h = hashlib.sha256()
+    for name in sorted(digests):
+        h.update(name.encode() + b"\0" + digests[name].encode())
     return h.hexdigest()
 
 
@@ -402,7 +420,7 @@ class CheckpointManager:
             message = f"no intact checkpoint under {self.root}: " + "; ".join(problems)
             return None, None, problems, ("corrupt", message)
         try:
-            check_identity(info.path, self.identity)
+            check_identity(info.path, self.identity)  # the format, and the run when given
         except CheckpointMismatchError as err:
             return info.step, str(info.path), problems, ("mismatch", err.differences)
         return info.step, str(info.path), problems, None

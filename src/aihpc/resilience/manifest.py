@@ -44,7 +44,8 @@ log = logging.getLogger("aihpc.resilience")
 MANIFEST = "MANIFEST.json"
 POINTER = "LATEST"
 STEP_DIR = re.compile(r"^step_(\d{8,})$")
-FORMAT = "aihpc-checkpoint-1"
+# 2: optimizer state flattened to one entry per parameter name (reshards across pipeline plans)
+FORMAT = "aihpc-checkpoint-2"
 
 
 class CheckpointCorruptError(RuntimeError):
@@ -184,13 +185,18 @@ def _flat(identity: Mapping[str, Any]) -> dict[str, str]:
 
 
 def check_identity(path: Path, current: Mapping[str, Any] | None) -> None:
-    """Refuse (CheckpointMismatchError) a checkpoint whose recorded run differs from ``current``
-    in any field; a checkpoint from before identities were recorded is accepted with a note."""
+    """Refuse (CheckpointMismatchError) a checkpoint of another format, or whose recorded run
+    differs from ``current`` in any field (``current`` None: the format alone is checked)."""
+    manifest = read_manifest(path)
+    if manifest.get("format") != FORMAT:
+        raise CheckpointMismatchError(
+            path, [f"format {manifest.get('format')} → {FORMAT} (written by an older aihpc)"]
+        )
     if current is None:
         return
-    saved = read_manifest(path).get("run")
+    saved = manifest.get("run")
     if saved is None:
-        log.warning("%s records no run identity (older format); not checked", path.name)
+        log.warning("%s records no run identity; not checked", path.name)
         return
     old, new = _flat(saved), _flat(current)
     diffs = [

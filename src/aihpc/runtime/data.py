@@ -113,16 +113,15 @@ class TokenLoader:
             self._perm_epoch = epoch
         return int(self._perm[pos])
 
-    def next_batch(
-        self, rank: int, world_size: int, micro_batch: int
-    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """This rank's micro-batches of the next global batch; advances the cursor.
+    def next_rows(self, dp_rank: int, dp: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and targets (rows, seq_len) of data-parallel rank ``dp_rank`` of ``dp`` in the
+        next global batch; advances the cursor.
 
         Rank r takes the r-th contiguous slice of the global batch, so the global batch (and the
-        averaged gradient) is the same set of samples whatever the world size.
+        averaged gradient) is the same set of samples whatever the plan.
         """
-        per_rank = self.global_batch // world_size
-        first = self.cursor + rank * per_rank
+        per_rank = self.global_batch // dp
+        first = self.cursor + dp_rank * per_rank
         rows = []
         for i in range(first, first + per_rank):
             start = self._sample_index(i) * self.seq_len
@@ -132,7 +131,14 @@ class TokenLoader:
             rows.append(window.to(torch.int64))
         batch = torch.stack(rows)  # (per_rank, seq_len + 1)
         self.cursor += self.global_batch
-        return [(mb[:, :-1], mb[:, 1:]) for mb in batch.split(micro_batch)]
+        return batch[:, :-1], batch[:, 1:]
+
+    def next_batch(
+        self, rank: int, world_size: int, micro_batch: int
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``next_rows`` cut into micro-batches of ``micro_batch`` rows."""
+        x, y = self.next_rows(rank, world_size)
+        return list(zip(x.split(micro_batch), y.split(micro_batch), strict=True))
 
     def state_dict(self) -> dict[str, Any]:
         return {

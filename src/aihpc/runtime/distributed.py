@@ -1,4 +1,6 @@
-"""The one owner of distributed side effects: process group, device, mesh, teardown.
+"""The one owner of distributed side effects: process group, device, teardown. (The device
+mesh of a plan belongs to ``aihpc.runtime.mesh.Parallel``, built from the plan once the process
+group is up.)
 
 ``init_distributed()`` works the same under torchrun (RANK / WORLD_SIZE / MASTER_* set), under
 srun (SLURM_* set) and as a plain single process (a private world of one), so the trainer has
@@ -17,21 +19,19 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 __all__ = ["DistContext", "free_port", "init_distributed", "launcher_env"]
 
 
 @dataclass(frozen=True)
 class DistContext:
-    """Owns the mesh and the rank facts; passed explicitly (no module-level globals)."""
+    """The rank facts; passed explicitly (no module-level globals)."""
 
     rank: int
     world_size: int
     local_rank: int
     device: torch.device
     backend: str
-    mesh: DeviceMesh
     # A second gloo group for checkpoint collectives: a background save must not share the
     # training group (gloo "collective mismatch" aborts, CPU notes section 4).
     checkpoint_group: Any = None
@@ -74,7 +74,7 @@ def launcher_env(env: dict[str, str] | None = None) -> dict[str, str] | None:
 
 @contextmanager
 def init_distributed(timeout_s: float = 600.0) -> Iterator[DistContext]:
-    """Init the process group (nccl on GPU, gloo on CPU) and a 1-D data-parallel mesh.
+    """Init the process group (nccl on GPU, gloo on CPU) and a gloo group for checkpoints.
 
     ``timeout_s`` bounds every collective: without it gloo waits 30 minutes on a dead peer.
     The group is destroyed on the way out, also after an exception.
@@ -106,7 +106,6 @@ def init_distributed(timeout_s: float = 600.0) -> Iterator[DistContext]:
         backend=backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
     )
     try:
-        mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
         checkpoint_group = dist.new_group(backend="gloo")
         yield DistContext(
             rank=rank,
@@ -114,7 +113,6 @@ def init_distributed(timeout_s: float = 600.0) -> Iterator[DistContext]:
             local_rank=local_rank,
             device=device,
             backend=backend,
-            mesh=mesh,
             checkpoint_group=checkpoint_group,
         )
     finally:

@@ -1,13 +1,24 @@
 """A Llama-style decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) for one device.
 
-Parallelism is applied from outside (parallelize.py). The model is meant to be built on the
-``meta`` device, parallelised, moved with ``to_empty`` and then filled by ``init_weights``, which
-draws every parameter from its own seeded generator so the initial weights do not depend on the
-world size or on the global RNG.
+Parallelism is applied from outside (parallelize.py, tp.py, pp.py). The model is meant to be
+built on the ``meta`` device, parallelised, moved with ``to_empty`` and then filled by
+``init_weights``, which draws every parameter from its own seeded generator so the initial weights
+do not depend on the plan, the world size or the global RNG.
+
+What parallelism needs from the model, and nothing more:
+- layers live in a ModuleDict keyed by their index, so a pipeline stage that keeps layers 4-7
+  keeps their names (``layers.5.attention.wq.weight``) and checkpoints reshard across plans;
+- the embedding, the final norm and the output may be ``None`` (on stages that do not hold them);
+- attention reads its head counts from the tensors it gets (tensor parallel gives it a slice
+  of the heads);
+- ``positions`` (a buffer) are the global positions of the tokens this rank sees, so context
+  parallel can hand it any subset of the sequence; ``Attention.cp_group`` switches its core to
+  ring attention over that group.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 from dataclasses import dataclass
@@ -157,37 +168,37 @@ class Attention(nn.Module):
     def __init__(self, cfg: LlamaConfig, recompute_core: bool = False):
         super().__init__()
         self.recompute_core = recompute_core  # recompute = "selective": the attention core
-        self.num_heads, self.num_kv_heads, self.head_dim = (
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-        )
+        self.head_dim = cfg.head_dim
         self.wq = nn.Linear(cfg.dim, cfg.num_heads * cfg.head_dim, bias=False)
         self.wk = nn.Linear(cfg.dim, cfg.num_kv_heads * cfg.head_dim, bias=False)
         self.wv = nn.Linear(cfg.dim, cfg.num_kv_heads * cfg.head_dim, bias=False)
         self.wo = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.dim, bias=False)
+        self.cp_group: Any = None  # context parallel: ring attention over this group
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape  # (batch, seq, dim)
-        q = self.wq(x).view(b, s, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        b, s, _ = x.shape  # (batch, seq, dim); under tensor parallel wq/wk/wv give local heads
+        q = self.wq(x).view(b, s, -1, self.head_dim).transpose(1, 2)  # (b, heads, s, head_dim)
+        k = self.wk(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        # GQA: each group of num_heads / num_kv_heads query heads shares one K/V head.
-        gqa = self.num_kv_heads != self.num_heads
+        core = _causal_attention
+        if self.cp_group is not None:
+            from aihpc.comm.ring import ring_attention
+
+            core = functools.partial(ring_attention, group=self.cp_group, positions=positions)
         if self.recompute_core:
-            out = checkpoint(
-                F.scaled_dot_product_attention,
-                q,
-                k,
-                v,
-                is_causal=True,
-                enable_gqa=gqa,
-                use_reentrant=False,
-            )
+            out = checkpoint(core, q, k, v, use_reentrant=False)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+            out = core(q, k, v)
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+
+def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    # GQA: each group of q_heads / kv_heads query heads shares one K/V head.
+    gqa = q.shape[1] != k.shape[1]
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
 
 
 class FeedForward(nn.Module):
@@ -217,17 +228,20 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.feed_forward = FeedForward(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """x: (batch, seq, dim); rope: (cos, sin, positions) of this rank's tokens."""
         if self.recompute == "full":
-            return checkpoint(self._layer, x, cos, sin, use_reentrant=False)
+            return checkpoint(self._layer, x, *rope, use_reentrant=False)
         if self.recompute == "op":
             return checkpoint(
-                self._layer, x, cos, sin, use_reentrant=False, context_fn=_op_level_contexts
+                self._layer, x, *rope, use_reentrant=False, context_fn=_op_level_contexts
             )
-        return self._layer(x, cos, sin)
+        return self._layer(x, *rope)
 
-    def _layer(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin)
+    def _layer(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin, positions)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -236,23 +250,45 @@ class Llama(nn.Module):
         super().__init__()
         check_choice("parallel.recompute", recompute, RECOMPUTE)
         self.cfg = cfg
-        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
-        self.layers = nn.ModuleList(Block(cfg, recompute) for _ in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleDict({str(i): Block(cfg, recompute) for i in range(cfg.num_layers)})
+        self.norm: RMSNorm | None = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.output: nn.Linear | None = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         if cfg.tied_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        # RoPE tables are derived, not state: non-persistent, rebuilt by init_weights.
+        # Derived, not state (non-persistent, rebuilt by init_weights): the RoPE tables and the
+        # global positions of the tokens this rank sees (all of them unless context parallel).
         cos, sin = rope_tables(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self.register_buffer("positions", torch.arange(cfg.max_seq_len), persistent=False)
+        self._position_ids = torch.arange(cfg.max_seq_len, device="cpu")
+
+    def set_positions(self, positions: torch.Tensor) -> None:
+        """Context parallel: this rank sees the tokens at these global positions (a 1-D tensor,
+        in the order the data gives them). Call before ``init_weights``."""
+        self._position_ids = positions.to("cpu", torch.int64)
+        device = self.positions.device
+        self.register_buffer(
+            "positions", torch.empty(len(positions), dtype=torch.int64, device=device), False
+        )
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens: (batch, seq) int64 → logits (batch, seq, vocab)."""
-        h = self.tok_embeddings(tokens)
-        for layer in self.layers:
-            h = layer(h, self.rope_cos, self.rope_sin)
-        return self.output(self.norm(h))
+        """tokens: (batch, seq) int64 → logits (batch, seq, vocab), on a model that holds every
+        part (no pipeline stage removed any)."""
+        return self.run_layers(self.tok_embeddings(tokens), self.layers.values(), last=True)
+
+    def rope(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(cos, sin, positions) of this rank's tokens: (seq, head_dim / 2) twice, (seq,)."""
+        pos = self.positions
+        return self.rope_cos[pos], self.rope_sin[pos], pos
+
+    def run_layers(self, h: torch.Tensor, layers: Any, last: bool) -> torch.Tensor:
+        """h (batch, seq, dim) through ``layers``; with ``last``, the final norm and output."""
+        rope = self.rope()
+        for layer in layers:
+            h = layer(h, rope)
+        return self.output(self.norm(h)) if last else h
 
     @torch.no_grad()
     def init_weights(self, seed: int) -> None:
@@ -267,9 +303,10 @@ class Llama(nn.Module):
         )
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
+        self.positions.copy_(self._position_ids.to(device))
         # Residual-branch outputs scaled by 1/sqrt(2 * layers) (GPT-2, Radford et al. 2019 §2.3).
         out_std = 0.02 / math.sqrt(2 * self.cfg.num_layers)
-        for name, param in self.named_parameters():
+        for name, param in self.named_parameters():  # FQNs: the same whatever the plan
             gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
             if name.endswith("norm.weight"):
                 full = torch.ones(param.shape)

@@ -1,10 +1,23 @@
-"""Apply data parallelism to a single-device model: DDP (ZeRO 0) or FSDP2 ``fully_shard``.
+"""Apply a plan to the single-device model, in torchtitan's order: pipeline split → tensor
+parallel → context parallel → (activation checkpointing, inside each layer) → data parallel
+(DDP / FSDP2 / HSDP) → allocate (``to_empty``) → ``init_weights``. One function per parallelism
+(``apply_tp`` in tp.py, the stages in pp.py, ``apply_cp`` and ``apply_dp`` here); the model is
+built on the ``meta`` device, so nothing is allocated before it is sharded.
 
-Order (torchtitan's): build on ``meta`` → shard → ``to_empty`` → ``init_weights``. DDP needs
-real parameters at wrap time (it broadcasts them), so it is applied after initialisation.
+Data parallel, by ZeRO stage (the planner's terms):
+
+- 0: parameters and optimizer states replicated. DDP for a data-parallel-only plan; with any
+  model parallelism FSDP2 over a mesh whose shard dimension has size 1 (replicas only), since
+  DDP does not take DTensor parameters.
+- 1 and 2: FSDP2 with ``reshard_after_forward=False`` (parameters stay gathered between forward
+  and backward, the closest FSDP2 has to ZeRO-1/2).
+- 3: FSDP2 full shard. HSDP when ``dp_shard`` < dp: shard inside the group, replicate across.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -12,40 +25,100 @@ from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from aihpc.runtime.distributed import DistContext
+from aihpc.runtime.mesh import Parallel
 from aihpc.runtime.model import Llama, LlamaConfig
+from aihpc.runtime.pp import StageModule, stage_ids, stage_layers
+from aihpc.runtime.tp import apply_tp
 
-__all__ = ["build_parallel_model", "unwrap"]
+__all__ = ["ModelParts", "apply_cp", "apply_dp", "build_parallel_model", "unwrap"]
+
+
+@dataclass
+class ModelParts:
+    """The rank's model (every parameter it holds: what the optimizer steps and checkpoints
+    save) and, under pipeline parallel, its stages in schedule order."""
+
+    model: nn.Module
+    stages: list[StageModule] = field(default_factory=list)
+    stage_ids: list[int] = field(default_factory=list)
+    num_stages: int = 1
+
+    @property
+    def first(self) -> bool:
+        """Holds the embedding: feeds tokens to the pipeline."""
+        return not self.stages or 0 in self.stage_ids
+
+    @property
+    def last(self) -> bool:
+        """Holds the output: computes the loss."""
+        return not self.stages or self.num_stages - 1 in self.stage_ids
+
+
+def _prune_for_stages(model: Llama, par: Parallel) -> ModelParts:
+    """Keep only the layers (and embedding / head) of this rank's pipeline stages."""
+    dims = par.dims
+    ids = stage_ids(dims, par.pp_rank)
+    n = dims.pp * (2 if dims.pp_schedule == "zbv" else dims.vpp)
+    split = stage_layers(model.cfg.num_layers, n)
+    owned = {str(i) for s in ids for i in split[s]}
+    for key in [k for k in model.layers if k not in owned]:
+        del model.layers[key]
+    if 0 not in ids:
+        model.tok_embeddings = None
+    if n - 1 not in ids:
+        model.norm = model.output = None
+    stages = [StageModule(model, split[s], s == 0, s == n - 1) for s in ids]
+    return ModelParts(model, stages, ids, n)
+
+
+def apply_cp(model: Llama, par: Parallel) -> None:
+    """Context parallel: this rank sees the load-balanced half-chunks r and 2cp - 1 - r of the
+    sequence, and attention runs as a ring over the CP group (aihpc.comm.ring)."""
+    from aihpc.comm.ring import load_balanced_positions
+
+    model.set_positions(load_balanced_positions(model.cfg.max_seq_len, par.dims.cp, par.cp_rank))
+    for block in model.layers.values():
+        block.attention.cp_group = par.cp_group
+
+
+def apply_dp(parts: ModelParts, par: Parallel) -> None:
+    """FSDP2 (ZeRO 1-3, HSDP, or replicas for ZeRO 0 under model parallelism): each layer, then
+    each pipeline stage (or the whole model) as the root of what is left (embedding, head)."""
+    mesh = par.fsdp_mesh()
+    if mesh.size() == 1:
+        return  # one data-parallel rank: nothing to shard or replicate
+    reshard = par.dims.zero_stage == 3
+    for block in parts.model.layers.values():
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+    for root in parts.stages or [parts.model]:
+        fully_shard(root, mesh=mesh, reshard_after_forward=reshard)
 
 
 def build_parallel_model(
-    cfg: LlamaConfig, ctx: DistContext, zero_stage: int, seed: int, recompute: str = "none"
-) -> nn.Module:
-    """The model, initialised from ``seed`` and parallelised over ``ctx.mesh``, its layers
-    recomputing activations as ``recompute`` says (none | selective | op | full).
-
-    zero_stage 0: DDP (replicated parameters and optimizer state). 1 and 2: FSDP2 with
-    ``reshard_after_forward=False`` (parameters stay gathered between forward and backward, the
-    closest FSDP2 has to ZeRO-1/2). 3: FSDP2 full shard.
-    """
+    cfg: LlamaConfig, ctx: DistContext, par: Parallel, seed: int, recompute: str = "none"
+) -> ModelParts:
+    """The rank's part of the model, initialised from ``seed`` (the same values under any
+    plan), parallelised as ``par`` says, its layers recomputing as ``recompute`` says."""
     with torch.device("meta"):
         model = Llama(cfg, recompute)
-    if zero_stage == 0:
+    dims = par.dims
+    parts = _prune_for_stages(model, par) if dims.pp > 1 else ModelParts(model)
+    if dims.cp > 1:
+        apply_cp(model, par)
+    if dims.tp > 1:
+        apply_tp(model, par.tp_mesh, dims.sequence_parallel)
+    if dims.pure_data_parallel and dims.zero_stage == 0:
         model.to_empty(device=ctx.device)
         model.init_weights(seed)
-        if ctx.world_size == 1:
-            return model
-        ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids)
-    reshard = zero_stage == 3
-    for block in model.layers:
-        fully_shard(block, mesh=ctx.mesh, reshard_after_forward=reshard)
-    fully_shard(model, mesh=ctx.mesh, reshard_after_forward=reshard)
+        if ctx.world_size > 1:
+            ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+            parts.model = DistributedDataParallel(model, device_ids=ids)
+        return parts
+    apply_dp(parts, par)
     model.to_empty(device=ctx.device)
     model.init_weights(seed)
-    return model
+    return parts
 
 
-def unwrap(model: nn.Module) -> Llama:
-    inner = model.module if isinstance(model, DistributedDataParallel) else model
-    assert isinstance(inner, Llama)
-    return inner
+def unwrap(model: nn.Module) -> Any:
+    return model.module if isinstance(model, DistributedDataParallel) else model

@@ -1,4 +1,5 @@
-"""The trainer: one run spec → a Llama decoder trained with DDP / FSDP2, resumable bit for bit.
+"""The trainer: one run spec → a Llama decoder trained under its plan (DDP / FSDP2 / HSDP, tensor
+and sequence parallel, pipeline schedules, context parallel), resumable bit for bit.
 
 Everything a resumed run needs to continue exactly lives in one ``state`` mapping that the
 CheckpointManager saves and restores: model + optimizer (FQN-keyed, reshardable), the LR schedule,
@@ -19,7 +20,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.optim.lr_scheduler import LambdaLR
 
 from aihpc._io import to_json
@@ -35,16 +35,12 @@ from aihpc.resilience import (
     state_sha256,
 )
 from aihpc.resilience.manifest import committed_checkpoints, manifest_bytes
-from aihpc.runtime.data import (
-    ByteTokenizer,
-    TokenLoader,
-    load_tokens,
-    token_count,
-    token_vocab_needed,
-)
+from aihpc.runtime.checks import check_plan, check_trainable
+from aihpc.runtime.data import TokenLoader, load_tokens
 from aihpc.runtime.distributed import DistContext, init_distributed, launcher_env
-from aihpc.runtime.model import LlamaConfig
-from aihpc.runtime.parallelize import build_parallel_model
+from aihpc.runtime.mesh import Parallel
+from aihpc.runtime.parallelize import ModelParts, build_parallel_model
+from aihpc.runtime.pp import build_schedule
 from aihpc.runtime.rundir import (
     DEFAULT_RANK_STORAGE_GBps,
     Events,
@@ -57,9 +53,10 @@ from aihpc.runtime.rundir import (
     trim_metrics,
     write_summary,
 )
+from aihpc.runtime.step import Stepper, token_loss
 from aihpc.spec import RunSpec, SpecError, TrainingSpec
 
-__all__ = ["TrainOptions", "build_optimizer", "check_trainable", "lr_lambda", "run", "train"]
+__all__ = ["TrainOptions", "build_optimizer", "lr_lambda", "run", "train"]
 
 log = logging.getLogger("aihpc.runtime")
 
@@ -76,78 +73,6 @@ class TrainOptions:
     # agent); under torchrun or srun rank 0 takes it once the process group is up.
     lock_held: bool = False
     watch_parent: int | None = None  # exit when the launcher with this PID is gone
-
-
-def check_trainable(
-    spec: RunSpec, world_size: int, data: Path | None = None
-) -> tuple[LlamaConfig, int, int]:
-    """Validate what the runtime needs beyond the spec's own rules: (config, micro, accum).
-
-    ``data``: text (byte tokenizer, so vocab_size must be 256) or a pre-tokenized ``.npy``
-    (vocab_size must exceed its largest id; this reads the file once per call).
-    """
-    cfg = LlamaConfig.from_spec(spec.model)
-    if data is not None:
-        try:
-            count = token_count(data)
-        except (ValueError, UnicodeDecodeError) as err:
-            what = "a token array" if data.suffix == ".npy" else "UTF-8 text"
-            raise SpecError("--data", str(data), f"not {what}: {err}") from None
-        seq = spec.model.seq_length
-        if count < seq + 1:
-            raise SpecError(
-                "--data", str(data), f"{count} tokens, fewer than model.seq_length {seq} + 1"
-            )
-    if data is not None and data.suffix == ".npy":
-        lowest, needed = token_vocab_needed(data)
-        if lowest < 0:
-            raise SpecError("--data", str(data), f"token ids must be >= 0; found {lowest}")
-        if cfg.vocab_size < needed:
-            raise SpecError(
-                "model.vocab_size",
-                cfg.vocab_size,
-                f"must be at least {needed} (largest token id in {data.name} + 1)",
-            )
-    elif cfg.vocab_size != ByteTokenizer.vocab_size:
-        raise SpecError(
-            "model.vocab_size",
-            cfg.vocab_size,
-            f"must be {ByteTokenizer.vocab_size} for text data (the runtime's byte tokenizer); "
-            "pre-tokenized .npy data takes any vocab_size",
-        )
-    if spec.training.precision != "bf16":
-        raise SpecError(
-            "training.precision",
-            spec.training.precision,
-            "the runtime trains with bf16 autocast on GPUs (fp32 on CPUs); allowed: bf16",
-        )
-    if spec.training.optimizer != "adamw":
-        raise SpecError(
-            "training.optimizer", spec.training.optimizer, "the runtime implements adamw"
-        )
-    plan = spec.plan()
-    for name in ("tp", "pp", "cp", "ep"):
-        if getattr(plan, name) != 1:
-            raise SpecError(
-                f"parallel.{name}",
-                getattr(plan, name),
-                "the runtime is data parallel only; allowed: 1",
-            )
-    if plan.offload_layers:
-        raise SpecError(
-            "parallel.offload_layers",
-            plan.offload_layers,
-            "the runtime keeps activations on the device; allowed: 0",
-        )
-    per_step = world_size * plan.micro_batch_size
-    if plan.global_batch_size % per_step:
-        raise SpecError(
-            "parallel.global_batch_size",
-            plan.global_batch_size,
-            f"must be a multiple of world size {world_size} x micro_batch_size "
-            f"{plan.micro_batch_size} = {per_step}",
-        )
-    return cfg, plan.micro_batch_size, plan.global_batch_size // per_step
 
 
 def lr_lambda(t: TrainingSpec) -> Callable[[int], float]:
@@ -247,13 +172,41 @@ def _prepare_records(run_dir: Path) -> list[str]:
     return [n for n in notes if n]
 
 
+def _build(
+    spec: RunSpec, opts: TrainOptions, ctx: DistContext
+) -> tuple[Parallel, ModelParts, Stepper, dict[str, Any]]:
+    """The plan laid out over the ranks, the rank's model, its step runner and its state."""
+    t, plan = spec.training, spec.plan()
+    cfg, micro, accum = check_trainable(spec, ctx.world_size, opts.data)
+    par = Parallel(check_plan(spec, ctx.world_size), ctx.device.type)
+    torch.manual_seed(t.seed)  # same on every rank: the RNG state is one, not per rank
+    parts = build_parallel_model(cfg, ctx, par, t.seed, plan.recompute)
+    optimizer, scheduler = build_optimizer(parts.model, t)
+    loader = TokenLoader(load_tokens(opts.data), cfg.max_seq_len, plan.global_batch_size, t.seed)
+    positions = parts.model.positions.cpu() if par.dims.cp > 1 else None
+    schedule = None
+    if par.dims.pp > 1:
+        schedule = build_schedule(
+            parts.stages, parts.stage_ids, par.dims, par.pp_group, ctx.device, accum, token_loss
+        )
+    stepper = Stepper(
+        parts, par, optimizer, scheduler, loader, micro, t.grad_clip, ctx.device, schedule,
+        positions,
+    )  # fmt: skip
+    state = {
+        "train": ModelOptimizerState(parts.model, optimizer),
+        "sched": scheduler,
+        "data": loader,
+        "rng": RNGState(),
+    }
+    return par, parts, stepper, state
+
+
 def train(
     spec: RunSpec, opts: TrainOptions, ctx: DistContext, watchdog: Watchdog
 ) -> dict[str, Any]:
     """Train ``spec`` in ``ctx``'s process group, resuming from ``opts.run_dir`` if possible.
     ``watchdog`` is started (in its start-up phase); ``train`` moves it through the phases."""
-    t = spec.training
-    cfg, micro, accum = check_trainable(spec, ctx.world_size, opts.data)
     run_dir = opts.run_dir
     repaired = _prepare_records(run_dir) if ctx.is_main else []
     dist.barrier()  # nobody appends before rank 0 has repaired the logs
@@ -264,17 +217,7 @@ def train(
         events("log_repaired", detail=note)
     injector = FaultInjector(list(opts.faults), ctx.rank, run_dir)
     injector.fire(0, "start")
-    torch.manual_seed(t.seed)  # same on every rank: the RNG state is one, not per rank
-    plan = spec.plan()
-    model = build_parallel_model(cfg, ctx, plan.zero_stage, t.seed, plan.recompute)
-    optimizer, scheduler = build_optimizer(model, t)
-    loader = TokenLoader(load_tokens(opts.data), cfg.max_seq_len, plan.global_batch_size, t.seed)
-    state = {
-        "train": ModelOptimizerState(model, optimizer),
-        "sched": scheduler,
-        "data": loader,
-        "rng": RNGState(),
-    }
+    par, parts, stepper, state = _build(spec, opts, ctx)
     manager = CheckpointManager(
         run_dir / "checkpoints",
         keep_last=spec.checkpoint.keep_last,
@@ -295,38 +238,62 @@ def train(
     if ctx.is_main:
         trim_metrics(metrics, start)
     watchdog.phase("first step", opts.startup_timeout_s)  # one-off work: allocations, comms
-    num_params = sum(p.numel() for p in model.parameters())
+    num_params = _num_params(parts, par)
     job = _Job(
-        model, optimizer, scheduler, loader, state, manager, injector, watchdog, events, ctx,
-        spec, micro, accum, metrics, bounds, 16 * num_params / ctx.world_size,
+        stepper, state, manager, injector, watchdog, events, ctx, spec, metrics, bounds,
+        16 * num_params / ctx.world_size,
     )  # fmt: skip
     result = _loop(job, start, opts.progress)
     watchdog.phase("final", bounds.final(manager.last_state_bytes or job.state_bytes_guess))
     injector.fire(0, "final")
     manager.close()
     result["state_sha256"] = state_sha256(state)
+    plan = spec.plan()
     result.update(
         restarts=watchdog.attempt,
         world_size=ctx.world_size,
         resumed_from_step=start,
+        plan=_plan_summary(par),
         zero_stage=plan.zero_stage,
         recompute=plan.recompute,
-        micro_batch_size=micro,
-        grad_accum_steps=accum,
+        micro_batch_size=stepper.micro,
+        grad_accum_steps=plan.global_batch_size // (par.dims.dp * stepper.micro),
         num_params=num_params,
     )
     events("done", step=result["final_step"])
     return result
 
 
+def _num_params(parts: ModelParts, par: Parallel) -> int:
+    """Parameters of the whole model: each pipeline stage counts its own (DTensor numel is the
+    global size across data and tensor parallel shards)."""
+    local = sum(p.numel() for p in parts.model.parameters())
+    if par.dims.pp == 1:
+        return local
+    total = torch.tensor(float(local))
+    dist.all_reduce(total, group=par.pp_group)
+    return int(total.item())
+
+
+def _plan_summary(par: Parallel) -> dict[str, Any]:
+    d = par.dims
+    return {
+        "tp": d.tp,
+        "pp": d.pp,
+        "vpp": d.vpp,
+        "cp": d.cp,
+        "dp": d.dp,
+        "dp_shard": d.dp_shard,
+        "sequence_parallel": d.sequence_parallel,
+        "pp_schedule": d.pp_schedule if d.pp > 1 else None,
+    }
+
+
 @dataclass
 class _Job:
     """What the loop works on, built once by ``train``."""
 
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: LambdaLR
-    loader: TokenLoader
+    stepper: Stepper
     state: dict[str, Any]
     manager: CheckpointManager
     injector: FaultInjector
@@ -334,39 +301,9 @@ class _Job:
     events: Events
     ctx: DistContext
     spec: RunSpec
-    micro: int
-    accum: int
     metrics: Path
     bounds: _Bounds
     state_bytes_guess: float  # per rank, before the first save measures it: fp32 + AdamW
-
-
-def _step(job: _Job, autocast: Any) -> torch.Tensor:
-    """One optimizer step over this rank's micro-batches; the rank-mean loss (a tensor)."""
-    model, ctx, accum = job.model, job.ctx, job.accum
-    is_fsdp = hasattr(model, "set_requires_gradient_sync")
-    batches = job.loader.next_batch(ctx.rank, ctx.world_size, job.micro)
-    local = torch.zeros((), dtype=torch.float32, device=ctx.device)
-    for i, (x, y) in enumerate(batches):
-        last = i == len(batches) - 1
-        if is_fsdp:
-            model.set_requires_gradient_sync(last)
-        sync = nullcontext() if (last or is_fsdp or ctx.world_size == 1) else model.no_sync()
-        with sync:
-            with autocast:
-                logits = model(x.to(ctx.device))
-            flat = logits.float().flatten(0, 1)
-            mb_loss = F.cross_entropy(flat, y.to(ctx.device).flatten()) / accum
-            mb_loss.backward()
-        local += mb_loss.detach()
-    t = job.spec.training
-    if t.grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
-    job.optimizer.step()
-    job.scheduler.step()
-    job.optimizer.zero_grad(set_to_none=True)
-    dist.all_reduce(local, op=dist.ReduceOp.AVG)
-    return local
 
 
 def _checkpoint(job: _Job, step: int) -> None:
@@ -384,8 +321,8 @@ def _checkpoint(job: _Job, step: int) -> None:
 
 
 def _loop(job: _Job, start: int, progress: bool) -> dict[str, Any]:
-    ctx, spec, t = job.ctx, job.spec, job.spec.training
-    tokens_per_step = spec.plan().global_batch_size * job.loader.seq_len
+    ctx, spec, t, stepper = job.ctx, job.spec, job.spec.training, job.stepper
+    tokens_per_step = spec.plan().global_batch_size * stepper.loader.seq_len
     # bf16 autocast on GPUs. On the CPU the runtime computes in fp32: on CPUs without native
     # bf16 GEMMs (no AVX512-BF16 / AMX) autocast made a tiny model's step 15x slower (measured).
     autocast = (
@@ -395,7 +332,7 @@ def _loop(job: _Job, start: int, progress: bool) -> dict[str, Any]:
     with _progress(progress and ctx.is_main, t.train_steps, start) as report:
         for step in range(start + 1, t.train_steps + 1):
             t0 = time.perf_counter()
-            loss = _step(job, autocast).item()
+            loss = stepper.step(autocast)
             dt = time.perf_counter() - t0
             job.watchdog.beat(step)
             if ctx.is_main:
@@ -403,7 +340,7 @@ def _loop(job: _Job, start: int, progress: bool) -> dict[str, Any]:
                     "step": step,
                     "loss": loss,
                     "loss_hex": loss.hex(),
-                    "lr": job.scheduler.get_last_lr()[0],
+                    "lr": stepper.scheduler.get_last_lr()[0],
                     "step_time_s": dt,
                     "tokens_per_s": tokens_per_step / dt,
                     "end_unix": time.time(),
