@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from aihpc.cli._common import console, guarded, print_json
+from aihpc.cli._common import console, guarded, print_json, require_torch
 from aihpc.spec import SpecError, load_runspec
 
 __all__ = ["register"]
@@ -63,6 +63,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     ) -> None:
         """Train the run spec's model (DDP / FSDP2), checkpointing and resuming exactly."""
+        require_torch("train")
         from aihpc.resilience import parse_fault
         from aihpc.runtime import TrainOptions, check_trainable, launcher_env
         from aihpc.runtime import run as run_training
