@@ -69,7 +69,7 @@ def warn_calibration(use: CalibrationUse | None) -> None:
 
 
 def goodput_columns(
-    spec: RunSpec, plans: list[Estimate], tokens: float | None, ettr_of: dict[int, float]
+    spec: RunSpec, plans: list[Estimate], tokens: float | None
 ) -> tuple[list[tuple[str, list[str]]], list[dict[str, Any]]]:
     """The search table's goodput columns and the matching JSON keys, one entry per plan.
 
@@ -81,7 +81,6 @@ def goodput_columns(
     extra: list[dict[str, Any]] = []
     for e in plans:
         rep = goodput_report(spec, e.step_time_s, tokens=tokens)
-        ettr_of.setdefault(id(e), rep.ettr)
         row: dict[str, Any] = {
             "ettr": rep.ettr,
             "goodput_tokens_per_s_per_gpu": rep.goodput_tokens_per_s_per_gpu,

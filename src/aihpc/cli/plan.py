@@ -221,14 +221,13 @@ def register(app: typer.Typer) -> None:
             check_output_path(output, "--output", ".toml")
         spec = load_runspec(runspec)
         key = None
-        ettr_of = {}
         if rank_by == "goodput":
-            from aihpc.perf.goodput import goodput_report
+            from aihpc.perf.goodput import ettr_of_step_time
+
+            ettr_at = ettr_of_step_time(spec)
 
             def key(e: Estimate) -> float:
-                r = goodput_report(spec, e.step_time_s)
-                ettr_of[id(e)] = r.ettr
-                return e.tokens_per_s_per_gpu * r.ettr
+                return e.tokens_per_s_per_gpu * ettr_at(e.step_time_s)
 
         with Progress(
             TextColumn("searching plans"),
@@ -260,7 +259,7 @@ def register(app: typer.Typer) -> None:
             )
         shown = result.plans[:top]
         cols, extra = (
-            goodput_columns(spec, shown, n_tokens, ettr_of)
+            goodput_columns(spec, shown, n_tokens)
             if rank_by == "goodput" or n_tokens is not None
             else ([], [{} for _ in shown])
         )
