@@ -208,3 +208,27 @@ def test_bench_gemm_out_of_memory_is_one_line() -> None:
     assert res.exit_code == 2, res.output
     (line,) = res.stderr.strip().splitlines()
     assert line.startswith("error: --shape = '1000000x1000000x1000': needs ") and "GiB" in line
+
+
+def test_goodput_table_reads_as_words_with_thousands_separators() -> None:
+    spec = ROOT / "examples" / "llama3-405b-16k.toml"
+    out = runner.invoke(app, ["goodput", str(spec), "--tokens", "15.6T"]).stdout
+    for text in ("expected interruptions", "time to train", "15.6T tokens", "2,000 GB/s", "ETTR"):
+        assert text in out, text
+    for key in ("expected_interruptions", "time_to_train_days", "lost_work", "1.56e+13"):
+        assert key not in out, key
+
+
+def test_goodput_plot_names_the_run_and_keeps_overlapping_lines_apart() -> None:
+    from aihpc.perf.goodput_plot import goodput_curves, goodput_figure
+    from aihpc.spec import load_runspec
+
+    spec = load_runspec(ROOT / "examples" / "llama3-405b-16k.toml")
+    counts = [1024, 16384]
+    fig = goodput_figure(spec, counts, goodput_curves(spec, counts))
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "this run spec: 16,384 GPUs" in labels
+    curves = [ln for ln in ax.get_lines() if ln.get_marker() not in (None, "None", "")]
+    styles = {(ln.get_marker(), ln.get_linestyle()) for ln in curves}
+    assert len(styles) == len(labels) - 1  # every strategy its own marker and line style
