@@ -16,14 +16,7 @@ from aihpc.cli import app
 from aihpc.spec import gpu_catalog, model_presets
 
 ROOT = Path(__file__).resolve().parents[2]
-SEARCH = ROOT / "examples" / "llama3-70b-search.toml"
 runner = CliRunner()
-
-# Python run as the planner-only install would be: any import of torch fails
-NO_TORCH = (
-    "import sys; sys.modules['torch'] = None\n"
-    "from aihpc.cli import main; sys.argv = ['aihpc', *sys.argv[1:]]\nmain()"
-)
 
 
 @pytest.mark.parametrize(
@@ -35,27 +28,30 @@ NO_TORCH = (
     ],
     ids=["train", "bench comm", "bench gemm"],
 )
-def test_commands_that_need_torch_say_so_in_one_line(args: list[str], tmp_path: Path) -> None:
-    argv = [a.format(tmp=tmp_path) for a in args]
-    r = subprocess.run(
-        [sys.executable, "-c", NO_TORCH, *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    assert r.returncode == 2, r.stderr
-    (line,) = r.stderr.strip().splitlines()
+def test_commands_that_need_torch_say_so_in_one_line(
+    args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As after the README's first command (the planner alone): torch cannot be imported."""
+    monkeypatch.setitem(sys.modules, "torch", None)  # any import of torch now fails
+    monkeypatch.chdir(ROOT)
+    res = runner.invoke(app, [a.format(tmp=tmp_path) for a in args])
+    assert res.exit_code == 2, res.output
+    (line,) = res.stderr.strip().splitlines()
     assert line.startswith("error: `aihpc ") and "pip install 'aihpc[torch]'" in line
     assert not (tmp_path / "run").exists()  # nothing was started
 
 
-def test_output_through_a_pipe_is_whole() -> None:
+def test_output_through_a_pipe_is_whole(tmp_path: Path) -> None:
     """Piped (as to `tee` or a log), a table is as wide as its content: no header cut to '…', no
     line wrapped, even where the environment says the terminal has 80 columns."""
+    spec = tmp_path / "run.toml"
+    spec.write_text(
+        '[model]\npreset = "llama3-8b"\n[cluster]\ngpu = "h100-sxm"\nnum_gpus = 64\n'
+        "[parallel]\nglobal_batch_size = 128\n"
+    )
     env = {**os.environ, "COLUMNS": "80"}
     r = subprocess.run(
-        [sys.executable, "-m", "aihpc", "search", str(SEARCH), "--top", "3", "--tokens", "15T"],
+        [sys.executable, "-m", "aihpc", "search", str(spec), "--top", "3", "--tokens", "15T"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -95,18 +91,11 @@ def test_estimate_line_is_not_wrapped_and_names_seq_and_tokens() -> None:
 
 def test_help_shows_no_value_placeholder_for_flags() -> None:
     for args in (["--help"], ["search", "--help"], ["bench", "comm", "--help"], ["gpus", "-h"]):
-        r = subprocess.run(
-            [sys.executable, "-m", "aihpc", *args],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert r.returncode == 0 and "<bool>" not in r.stdout, (args, r.stdout)
-    r = subprocess.run(
-        [sys.executable, "-m", "aihpc", "search", "--help"], capture_output=True, text=True
-    )
-    assert "RUNSPEC" in r.stdout and "{runspec}" not in r.stdout
-    assert "--json " in r.stdout  # the flag is still listed
+        res = runner.invoke(app, args)
+        assert res.exit_code == 0 and "<bool>" not in res.stdout, (args, res.stdout)
+    out = runner.invoke(app, ["search", "--help"]).stdout
+    assert "RUNSPEC" in out and "{runspec}" not in out
+    assert "--json " in out  # the flag is still listed
 
 
 def test_presets_and_gpus_list_every_name_with_figures_and_sources() -> None:
