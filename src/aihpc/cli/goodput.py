@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from aihpc.cli._common import console, guarded, print_json
+from aihpc.cli._common import RUNSPEC_HELP, console, guarded, print_json
 from aihpc.spec import SpecError, load_runspec
 
 __all__ = ["parse_count", "register"]
@@ -134,7 +134,7 @@ def register(app: typer.Typer) -> None:
     @app.command("goodput")
     @guarded
     def goodput_cmd(
-        runspec: Path = typer.Argument(..., help="Run spec (TOML)."),
+        runspec: Path = typer.Argument(..., help=RUNSPEC_HELP),
         days: float | None = typer.Option(
             None,
             "--days",
