@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -11,7 +12,21 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results"
+# Where a run writes NAME.json and NAME.md unless --results names a folder: the current folder's
+# benchmark-results/, never the project's committed figures (benchmarks/results/, which a run
+# replaces only when asked to with --results benchmarks/results).
+DEFAULT_RESULTS = Path("benchmark-results")
+RESULTS_HELP = (
+    "folder for the NAME.json and NAME.md results (default: ./benchmark-results; the project's "
+    "published figures are in benchmarks/results)"
+)
+
+
+def add_results_arg(ap: argparse.ArgumentParser) -> None:
+    """``--results DIR``: every benchmark script writes where its user says."""
+    ap.add_argument(
+        "--results", type=Path, default=DEFAULT_RESULTS, metavar="DIR", help=RESULTS_HELP
+    )
 
 
 def machine() -> dict:
@@ -47,13 +62,13 @@ def median_ms(fn, device, iters: int = 3, warmup: int = 1) -> float:
     return statistics.median(samples)
 
 
-def save(name: str, data: dict, markdown: str) -> None:
-    """benchmarks/results/NAME.json and NAME.md, both naming the command that produced them."""
-    RESULTS.mkdir(exist_ok=True)
+def save(name: str, data: dict, markdown: str, results: Path = DEFAULT_RESULTS) -> None:
+    """RESULTS/NAME.json and NAME.md, both naming the command that produced them."""
+    results.mkdir(parents=True, exist_ok=True)
     command = "python " + " ".join([f"benchmarks/{Path(sys.argv[0]).name}", *sys.argv[1:]])
     data = {"command": command, **data}
-    (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n")
-    (RESULTS / f"{name}.md").write_text(
+    (results / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n")
+    (results / f"{name}.md").write_text(
         f"Produced by `{command}` on {data['machine']['date_utc']} "
         f"({data['machine']}).\n\n{markdown}\n"
     )

@@ -36,7 +36,8 @@ from aihpc.bench.collectives import parse_size
 from aihpc.bench.comm import CommConfig, run_comm_bench
 from aihpc.bench.dist import init_distributed, launch_local
 
-RESULTS = Path(__file__).parent / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import add_results_arg
 
 
 def _bare_us(ctx, size: int, iters: int, warmup: int) -> float:
@@ -87,6 +88,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--reps", type=int, default=11)
+    add_results_arg(ap)
     args = ap.parse_args()
     sizes = [parse_size(s, "--sizes") for s in args.sizes.split(",")]
     t0 = time.time()
@@ -121,10 +123,10 @@ def main() -> None:
             f"{r['aihpc_out_of_place_us_median']:.1f} |"
         )
     md = "\n".join(lines)
-    RESULTS.mkdir(exist_ok=True)
+    args.results.mkdir(parents=True, exist_ok=True)
     name = f"comm_overhead_{args.nproc}proc"
-    (RESULTS / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
-    (RESULTS / f"{name}.md").write_text(
+    (args.results / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (args.results / f"{name}.md").write_text(
         f"Produced by `{command}` on {meta['date_utc']} (torch {meta['torch']}, "
         f"{meta['cpus']} CPUs, load average after the run {meta['load_avg_after']}, "
         f"{meta['wall_s']} s).\n\n{md}\n\n"

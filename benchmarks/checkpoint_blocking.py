@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import torch
 import torch.nn.functional as F
-from _common import machine, save
+from _common import add_results_arg, machine, save
 
 from aihpc.resilience import CheckpointManager, ModelOptimizerState, RNGState
 from aihpc.runtime import init_distributed
@@ -37,6 +37,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--dim", type=int, default=512)
     ap.add_argument("--layers", type=int, default=8)
+    add_results_arg(ap)
     args = ap.parse_args()
     cfg = LlamaConfig(
         dim=args.dim,
@@ -98,7 +99,7 @@ def main() -> None:
         f"**Async blocking / sync blocking = {ratio:.3f}** (training is blocked for "
         f"{ratio * 100:.1f} % of a synchronous save)."
     )
-    save("checkpoint_blocking", data, md)
+    save("checkpoint_blocking", data, md, results=args.results)
 
 
 if __name__ == "__main__":

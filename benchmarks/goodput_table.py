@@ -1,15 +1,19 @@
 """Goodput comparison table for docs/goodput.md: sync vs async vs in-memory checkpoints and
 faster restarts at 16K and 100K GPUs, each analytic ETTR checked by the simulator.
 
-    python benchmarks/goodput_table.py   # prints it, writes benchmarks/results/goodput_table.md
+    python benchmarks/goodput_table.py                 # prints it, writes ./benchmark-results/
+    python benchmarks/goodput_table.py --results DIR   # DIR/goodput_table.md
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+
+from _common import add_results_arg  # benchmarks/, this script's folder
 
 from aihpc.perf.goodput import ettr, goodput_model, lost_time_fractions, optimal_interval_s
 from aihpc.perf.goodput_plot import FAST_RESTART, with_scale
@@ -18,8 +22,14 @@ from aihpc.spec import load_runspec
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "llama3-405b-16k.toml"
-OUT = ROOT / "benchmarks" / "results" / "goodput_table.md"
-COMMAND = "python benchmarks/goodput_table.py"
+COMMAND = " ".join(["python", "benchmarks/goodput_table.py", *sys.argv[1:]])
+# readable names of the largest loss (the model's keys are for JSON)
+LOSS_LABELS = {
+    "checkpoint": "checkpoint stalls",
+    "lost_work": "work redone",
+    "recovery": "recovery",
+    "planned": "planned maintenance",
+}
 
 
 def fmt_s(s: float) -> str:
@@ -62,6 +72,10 @@ def grid_errors(spec) -> list[float]:  # type: ignore[no-untyped-def]
 
 
 def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_results_arg(ap)
+    args = ap.parse_args()
+    out = args.results / "goodput_table.md"
     t0 = time.time()
     spec = load_runspec(EXAMPLE)
     head = (
@@ -83,7 +97,7 @@ def main() -> int:
         lines.append(
             f"| {n:,} | {bw} | {rs} | {strategy} | {fmt_s(p.mtbf_s)} | {fmt_s(p.blocking_s)} "
             f"| {fmt_s(p.persist_s)} | {fmt_s(p.recovery_s)} | {fmt_s(tau)} | {e:.1%} "
-            f"| {sim.ettr:.1%} | {key} {lost[key]:.1%} |"
+            f"| {sim.ettr:.1%} | {LOSS_LABELS.get(key, key)} {lost[key]:.1%} |"
         )
     model = m.checkpoint.checkpoint_bytes / 1e12
     errs = grid_errors(spec)
@@ -127,9 +141,9 @@ def main() -> int:
         ]
     )
     print(text)
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(text)
-    print(f"written to {OUT.relative_to(ROOT)} in {time.time() - t0:.1f} s", file=sys.stderr)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(f"written to {out} in {time.time() - t0:.1f} s", file=sys.stderr)
     return 0
 
 

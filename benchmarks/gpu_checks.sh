@@ -3,7 +3,7 @@
 # for a session that is lent a GPU (about 5 minutes on an H100/H200). Run from the repository
 # root after installing the package with torch:
 #
-#   bash benchmarks/gpu_checks.sh [OUT_DIR]      # default: benchmarks/results
+#   bash benchmarks/gpu_checks.sh [OUT_DIR]      # default: ./benchmark-results
 #
 # 1. One ring-attention rank at both ends of the ring (ranks 0 and cp - 1 run blocks of one shape
 #    each; the exchanges keep ranks in step, so the slower end sets the pace) for CP 2, 4, 8:
@@ -16,7 +16,7 @@
 # Each writes <name>.json and <name>.md; docs/performance-model.md (I08, I09) says what each
 # outcome would mean.
 set -euo pipefail
-out=${1:-benchmarks/results}
+out=${1:-benchmark-results}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 python - <<'PY'

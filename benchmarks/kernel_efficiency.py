@@ -1,6 +1,6 @@
 """Measured kernel efficiencies on a GPU, for the performance model's compute constants.
 
-    python benchmarks/kernel_efficiency.py [--out benchmarks/results/kernel_efficiency_<gpu>]
+    python benchmarks/kernel_efficiency.py [--results DIR | --out DIR/kernel_efficiency_<gpu>]
 
 Times, with CUDA events, (1) the GEMMs of the validation models' layers at 4K, 16K and 64K
 tokens plus cubes, in bf16 and in fp8 (``torch._scaled_mm``, e4m3, per-tensor scales, bf16
@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _common import add_results_arg
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 # (name, N, K) of each layer GEMM: out = x[M, K] @ W[K, N]
@@ -171,7 +172,10 @@ def attention_cases() -> list[tuple[int, int, int, bool]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=None, help="output path without suffix")
+    ap.add_argument(
+        "--out", type=Path, default=None, help="output path without suffix (default: in --results)"
+    )
+    add_results_arg(ap)
     ap.add_argument("--quick", action="store_true", help="fewer cases (a smoke run)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -179,7 +183,7 @@ def main() -> int:
         return 2
     gpu = torch.cuda.get_device_name()
     tag = gpu.lower().replace("nvidia ", "").replace(" ", "-")
-    out = args.out or Path(__file__).parent / "results" / f"kernel_efficiency_{tag}"
+    out = args.out or args.results / f"kernel_efficiency_{tag}"
     doc = {
         "gpu": gpu,
         "torch": torch.__version__,

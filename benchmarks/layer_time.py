@@ -21,7 +21,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from _common import median_ms
+from _common import add_results_arg, median_ms
 
 from aihpc.perf import compute
 from aihpc.perf.params import DEFAULT_PARAMS
@@ -116,7 +116,10 @@ def main() -> int:
     ap.add_argument("--seq", type=int, default=8192)
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--gpu", default=None, help="catalog part for the prediction (default: auto)")
-    ap.add_argument("--out", type=Path, default=None, help="output path without suffix")
+    ap.add_argument(
+        "--out", type=Path, default=None, help="output path without suffix (default: in --results)"
+    )
+    add_results_arg(ap)
     ap.add_argument(
         "--measured",
         type=Path,
@@ -163,7 +166,7 @@ def main() -> int:
             lines.append(f"| {part} {key[:-3]} | {mtxt} | {p:.2f} | {ratio} |")
     text = "\n".join(lines)
     print(text)
-    out = args.out or Path(__file__).parent / "results" / f"layer_time_{args.preset}_{gpu}"
+    out = args.out or args.results / f"layer_time_{args.preset}_{gpu}"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(doc, indent=1))
     out.with_suffix(".md").write_text(text + "\n")

@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import machine, save
+from _common import add_results_arg, machine, save
 
 SPEC = """
 [model]
@@ -123,6 +123,7 @@ def main() -> None:
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--hang-timeout", type=float, default=3.0)
+    add_results_arg(ap)
     args = ap.parse_args()
     results: dict[str, list[dict]] = {"kill": [], "hang": []}
     with tempfile.TemporaryDirectory() as tmp:
@@ -165,6 +166,7 @@ def main() -> None:
             "median": med,
         },
         md,
+        results=args.results,
     )
 
 

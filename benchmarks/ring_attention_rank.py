@@ -37,7 +37,7 @@ import os
 import sys
 from pathlib import Path
 
-from _common import median_ms
+from _common import add_results_arg, median_ms
 
 from aihpc.perf import compute
 from aihpc.perf.params import DEFAULT_PARAMS
@@ -211,7 +211,10 @@ def main() -> int:
         default=None,
         help="also time under a ballast leaving (1 + slack) x the step's peak (CUDA)",
     )
-    ap.add_argument("--out", type=Path, default=None, help="output path without suffix")
+    ap.add_argument(
+        "--out", type=Path, default=None, help="output path without suffix (default: in --results)"
+    )
+    add_results_arg(ap)
     args = ap.parse_args()
     try:
         import torch
@@ -294,7 +297,7 @@ def main() -> int:
     text = "\n".join(lines)
     print(text)
     suffix = ("_gather" if args.gather else "") + ("_pressure" if args.slack is not None else "")
-    out = args.out or Path(__file__).parent / "results" / f"ring_attention_rank_{gpu}{suffix}"
+    out = args.out or args.results / f"ring_attention_rank_{gpu}{suffix}"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(
         json.dumps(

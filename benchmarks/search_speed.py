@@ -1,7 +1,7 @@
 """Planner speed: aihpc's full plan search for Llama-3-405B on 16,384 H100-SXM (global batch 2048,
 seq 8192) against llm-analysis evaluating the same configurations, one core, side by side.
 
-    python benchmarks/search_speed.py             # prints the table, writes benchmarks/results/
+    python benchmarks/search_speed.py             # prints the table, writes ./benchmark-results/
     python benchmarks/search_speed.py --sample 500 --repeats 3
 
 llm-analysis (PyPI, 0.2.2) is optional and not an aihpc dependency: ``pip install
@@ -31,7 +31,9 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ[_var] = "1"
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT_DIR = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _common import add_results_arg  # noqa: E402
+
 TARGET_S = 5.0
 SPEC = {
     "model": {"preset": "llama3-405b"},
@@ -300,6 +302,7 @@ def main() -> int:
     ap.add_argument("--sample", type=int, default=500, help="plans given to llm-analysis")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (best)")
     ap.add_argument("--no-save", action="store_true", help="print only")
+    add_results_arg(ap)
     args = ap.parse_args()
     command = " ".join(["python", "benchmarks/search_speed.py", *sys.argv[1:]])
     pinned = pin_one_core()
@@ -328,10 +331,10 @@ def main() -> int:
     text = render(res)
     print(text)
     if not args.no_save:
-        OUT_DIR.mkdir(parents=True, exist_ok=True)
-        (OUT_DIR / "search_speed.json").write_text(json.dumps(res, indent=2) + "\n")
-        (OUT_DIR / "search_speed.md").write_text(text)
-        print("written to benchmarks/results/search_speed.{json,md}", file=sys.stderr)
+        args.results.mkdir(parents=True, exist_ok=True)
+        (args.results / "search_speed.json").write_text(json.dumps(res, indent=2) + "\n")
+        (args.results / "search_speed.md").write_text(text)
+        print(f"written to {args.results}/search_speed.{{json,md}}", file=sys.stderr)
     return 0
 
 

@@ -100,11 +100,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--minimal", action="store_true", help=argparse.SUPPRESS)
+    from _common import add_results_arg, machine, save
+
+    add_results_arg(ap)
     args = ap.parse_args()
     if args.minimal:
         print(json.dumps(minimal_loop(args.steps)))
         return
-    from _common import machine, save
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     per = {"trainer": [], "minimal": []}
@@ -163,6 +165,7 @@ def main() -> None:
             "ratio": ratio,
         },
         md,
+        results=args.results,
     )
 
 

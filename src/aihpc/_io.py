@@ -45,23 +45,31 @@ def _umask() -> int:
 
 
 def check_output_path(path: Path, field: str, suffix: str | None = None) -> None:
-    """Refuse, before any work, an output path that cannot become a file (exit 2, one line)."""
+    """Refuse, before any work, an output path that cannot become a file (exit 2, one line).
+
+    Its folder must exist: it is never created silently, since a typo in a folder name would
+    otherwise put the file where nobody looks (``--plot``, ``-O``/``--output`` alike).
+    """
     if suffix is not None and path.suffix.lower() != suffix:
         raise SpecError(field, str(path), f"must be a {suffix} file name")
     if path.is_dir():
         raise SpecError(field, str(path), "is a directory; expected a file name")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise SpecError(field, str(path), f"folder {str(parent)!r} does not exist; create it first")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise SpecError(field, str(path), f"folder {str(parent)!r} is not writable")
 
 
 @contextlib.contextmanager
 def atomic_target(path: Path, field: str) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success it replaces ``path``, else it goes.
 
-    Missing parent folders are created. Any OS error (no permission, a directory in the way,
-    a full disk) becomes a SpecError naming ``field``, and no partial file is left behind.
+    Any OS error (no permission, a directory in the way, a full disk) becomes a SpecError naming
+    ``field``, and no partial file is left behind.
     """
     check_output_path(path, field)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.close(fd)
     except OSError as err:

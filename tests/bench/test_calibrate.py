@@ -256,8 +256,14 @@ def test_calibrate_output_path(tmp_path, monkeypatch):
     assert res.exit_code == 2 and "--output" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+    # a folder that does not exist is not created (a typo would hide the file): one line, exit 2
+    res = CliRunner().invoke(app, ["calibrate", log, "-O", "new/cal.toml"])
+    assert res.exit_code == 2 and "folder 'new' does not exist" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
     # the file written is readable by others as open() would make it (umask 022: 0644), not
     # the temporary file's owner-only 0600
+    (tmp_path / "new").mkdir()
     old = os.umask(0o022)
     try:
         res = CliRunner().invoke(app, ["calibrate", log, "-O", "new/cal.toml"])
@@ -307,3 +313,57 @@ def test_calibrate_records_ranks_per_node_from_log_hosts() -> None:
     comm, gemm = load_measurements([data / "all_reduce_perf_2x8xH100_ib.txt"])
     cal, _ = fit_to_calibration(comm, gemm, "x")
     assert cal.comm_fit("all_reduce", "scale_out").ranks_per_domain == 8
+
+
+def _flat_then_linear() -> list[CommPoint]:
+    """Sizes up to 64 KiB all take 30 us (latency-bound: no bandwidth can be read from them),
+    then 20 us + bytes at 400 GB/s busbw."""
+    f = busbw_factor("all_reduce", 8)
+    sizes = [2.0**k for k in range(10, 28)]
+    return [
+        CommPoint("all_reduce", "scale_up", 8, s, 30.0 if s <= 65536 else 20.0 + s * f / 400e3)
+        for s in sizes
+    ]
+
+
+def test_latency_bound_regime_gets_the_measured_busbw_not_an_absurd_one():
+    rep = fit_comm(_flat_then_linear(), num_regimes=2)
+    small, large = rep.fit.regimes
+    # the free fit of the flat sizes has no bandwidth term (it once wrote 1e6 GB/s)
+    ((index, fitted),) = rep.capped
+    assert index == 0 and fitted > 1e4
+    # replaced by the best busbw any size reached, with the latency fitted again
+    assert small.busbw_GBps == pytest.approx(rep.best_measured_busbw_GBps, rel=1e-5)
+    assert small.latency_us == pytest.approx(30.0, rel=0.01)
+    assert large.busbw_GBps == pytest.approx(400.0, rel=1e-3) and rep.max_rel_error < 0.01
+
+
+def test_calibrate_says_which_regime_it_capped(tmp_path):
+    from typer.testing import CliRunner
+
+    from aihpc.cli import app
+
+    doc = {
+        "benchmark": "comm",
+        "results": [
+            {
+                "collective": p.collective,
+                "tier": p.tier,
+                "num_ranks": p.num_ranks,
+                "size_bytes": p.size_bytes,
+                "time_us": p.time_us,
+            }
+            for p in _flat_then_linear()
+        ],
+    }
+    (tmp_path / "bench.json").write_text(json.dumps(doc))
+    args = ["calibrate", str(tmp_path / "bench.json"), "-O", str(tmp_path / "cal.toml")]
+    res = CliRunner().invoke(app, [*args, "--regimes", "2"])
+    assert res.exit_code == 0, res.output
+    assert "regime 1: its sizes fit a busbw of" in res.stderr and "best measured" in res.stderr
+    assert "*" in next(x for x in res.stdout.splitlines() if "all_reduce" in x)
+    out = json.loads(CliRunner().invoke(app, [*args, "--regimes", "2", "--json"]).stdout)
+    small = out["comm"][0]["regimes"][0]
+    assert small["fitted_busbw_GBps"] > 1e4 and small["busbw_GBps"] < 500
+    cal = load_calibration(tmp_path / "cal.toml")
+    assert max(r.busbw_GBps for r in cal.comm_fit("all_reduce", "scale_up").regimes) < 500

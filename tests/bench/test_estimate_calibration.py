@@ -37,8 +37,9 @@ precision = "bf16"
 
 def _estimate(path: Path) -> dict:
     res = CliRunner().invoke(app, ["estimate", str(path), "--json"])
-    assert res.exit_code == 0, res.output
-    return json.loads(res.stdout)
+    out = json.loads(res.stdout)
+    assert res.exit_code == (0 if out["fits"] else 1), res.output  # 1: the plan does not fit
+    return out
 
 
 def _scaled(cal: Calibration, k: float) -> Calibration:
@@ -75,3 +76,60 @@ def test_calibrated_bandwidth_drives_estimate(tmp_path):
     assert 1.2 < half["tp_comm"] / full["tp_comm"] <= 2.0
     # compute does not depend on the network
     assert half["compute"] == pytest.approx(full["compute"], rel=0.01)
+
+
+def _calibrate(tmp_path: Path, log: str, name: str) -> None:
+    res = CliRunner().invoke(app, ["calibrate", str(DATA / log), "-O", str(tmp_path / name)])
+    assert res.exit_code == 0, res.output
+
+
+def test_estimate_says_what_the_calibration_covered_and_changed(tmp_path):
+    """One node's all-reduce fit: the plan's tensor-parallel all-reduces (8 ranks in a node, no
+    sequence parallelism) use it, its data-parallel all-reduce across nodes does not."""
+    _calibrate(tmp_path, "all_reduce_perf_8xH100_1node.txt", "cal.toml")
+    (tmp_path / "run.toml").write_text(RUN.format(calibration='calibration = "cal.toml"'))
+    (tmp_path / "none.toml").write_text(RUN.format(calibration=""))
+    out, none = _estimate(tmp_path / "run.toml"), _estimate(tmp_path / "none.toml")
+    use = out["calibration"]
+    assert none["calibration"] is None
+    assert use["path"] == str(tmp_path / "cal.toml")
+    assert use["covers"] == [{"collective": "all_reduce", "tier": "scale_up"}]
+    assert {"collective": "all_reduce", "tier": "scale_up"} in use["used"]
+    assert {"collective": "all_reduce", "tier": "scale_out"} in use["not_covered"]
+    # the terms it names are exactly those that differ from the estimate without the file
+    changed = [k for k, v in out["time_s"].items() if v != pytest.approx(none["time_s"][k])]
+    assert sorted(use["terms"]) == sorted(changed) and "tp_comm" in changed
+    assert "dp_comm" not in changed and use["warnings"] == []
+    res = CliRunner().invoke(app, ["estimate", str(tmp_path / "run.toml")])
+    lines = res.stdout.splitlines()
+    assert any(x.startswith("calibration: ") and "all_reduce/scale_up" in x for x in lines)
+    tp_row = next(x for x in lines if x.strip().startswith("tensor-parallel comm"))
+    dp_row = next(x for x in lines if x.strip().startswith("data-parallel comm"))
+    assert tp_row.split()[-1] == "yes" and dp_row.split()[-1] != "yes"
+
+
+def test_a_calibration_the_plan_never_uses_is_a_warning(tmp_path):
+    """A multi-node all-gather fit priced into a one-node plan covers nothing it uses."""
+    _calibrate(tmp_path, "all_gather_perf_2x8xH100_ib.txt", "ib.toml")
+    run = RUN.format(calibration='calibration = "ib.toml"').replace("num_gpus = 64", "num_gpus = 8")
+    (tmp_path / "run.toml").write_text(run.replace("dp = 4", "dp = 1").replace("pp = 2", "pp = 1"))
+    res = CliRunner().invoke(app, ["estimate", str(tmp_path / "run.toml"), "--json"])
+    out = json.loads(res.stdout)
+    assert out["calibration"]["used"] == [] and out["calibration"]["terms"] == []
+    warning = out["calibration"]["warnings"][0]
+    assert "covers none of the collectives this plan uses" in warning
+    assert "warning: " in res.stderr and "all_reduce/scale_up" in res.stderr
+
+
+def test_an_impossible_busbw_is_flagged(tmp_path):
+    """A regime of 1e6 GB/s (what a latency-only fit once wrote) is named, not silently used."""
+    (tmp_path / "cal.toml").write_text(
+        'source = "hand"\n[[comm]]\ncollective = "all_reduce"\ntier = "scale_up"\n'
+        "num_ranks = 8\nregimes = [\n  { max_bytes = 65536.0, latency_us = 20.0, busbw_GBps = "
+        "1000000.0 },\n  { latency_us = 30.0, busbw_GBps = 400.0 },\n]\n"
+    )
+    (tmp_path / "run.toml").write_text(RUN.format(calibration='calibration = "cal.toml"'))
+    res = CliRunner().invoke(app, ["estimate", str(tmp_path / "run.toml"), "--json"])
+    (warning,) = json.loads(res.stdout)["calibration"]["warnings"]
+    assert "busbw_GBps = 1e+06 for sizes <= 65,536 B" in warning
+    assert "2 x its 450 GB/s links" in warning

@@ -43,8 +43,9 @@ def test_estimate_json_contract() -> None:
     assert 0 < out["mfu"] <= out["hfu"] < 1
 
 
-def estimate_human(spec: Path) -> subprocess.CompletedProcess:
-    """`aihpc estimate` with its rich output at 200 columns; asserts it succeeded."""
+def estimate_human(spec: Path, fits: bool = True) -> subprocess.CompletedProcess:
+    """`aihpc estimate` with its rich output at 200 columns; asserts it answered, with exit 0
+    for a plan that fits and 1 (after the whole estimate) for one that does not."""
     r = subprocess.run(
         [sys.executable, "-m", "aihpc", "estimate", str(spec)],
         capture_output=True,
@@ -52,7 +53,10 @@ def estimate_human(spec: Path) -> subprocess.CompletedProcess:
         timeout=120,
         env={**os.environ, "COLUMNS": "200"},
     )
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == (0 if fits else 1), r.stderr
+    assert ("does NOT fit" in r.stdout) != fits and r.stdout.rstrip().splitlines()[-1].startswith(
+        "goodput:"
+    )
     return r
 
 
@@ -78,7 +82,7 @@ def test_estimate_shows_offloaded_layers_their_copies_and_host_memory(tmp_path: 
         '[parallel]\ntp = 1\npp = 1\nzero_stage = 3\nrecompute = "none"\noffload_layers = 40\n'
         'micro_batch_size = 2\nglobal_batch_size = 256\n[training]\nprecision = "fp8"\n'
     )
-    lines = estimate_human(spec).stdout.splitlines()
+    lines = estimate_human(spec, fits=False).stdout.splitlines()
     assert any(x.startswith("plan:") and "offload 40 layers" in x for x in lines)
     assert any("activation offload copies (exposed)" in x for x in lines)
     host = next(x for x in lines if "offloaded to host memory" in x)

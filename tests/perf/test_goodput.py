@@ -255,3 +255,15 @@ def test_edge_cases_stay_finite_and_json_clean():
     assert 0.0 <= tiny.ettr < 1e-100  # exp overflow handled, no crash
     huge = goodput_report(llama3_405b(checkpoint_interval_s=1e12), 9.0)
     assert huge.ettr == 0.0
+
+
+def test_ettr_of_step_time_is_the_reports_ettr():
+    """The ranking shortcut of `search --rank-by goodput` gives goodput_report's ETTR exactly,
+    with the interval in whole steps and with a fixed one."""
+    from aihpc.perf.goodput import ettr_of_step_time
+
+    for reliability in ({}, {"checkpoint_interval_s": 600.0}):
+        spec = llama3_405b(**reliability)
+        at = ettr_of_step_time(spec)
+        for step in (0.7, 3.1, 9.5, 47.0, 400.0):
+            assert at(step) == goodput_report(spec, step).ettr

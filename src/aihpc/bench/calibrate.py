@@ -42,9 +42,12 @@ __all__ = [
     "points_from_nccl_tests",
 ]
 
-# a regime whose time does not grow with size is latency-only; its bandwidth is then written as
-# this large finite figure (TOML has inf, but downstream code divides by it)
-_UNBOUNDED_GBps = 1.0e6
+# A regime's fitted busbw may exceed the best busbw measured at any size of the series (the
+# measurement includes the latency the fit takes out), but not by this much: a regime whose time
+# hardly grows with its sizes (a latency-bound regime, or one noisy size) fits an absurd busbw,
+# 1e6 GB/s and more. Such a regime is given the best measured busbw instead (a bandwidth the link
+# did reach), its latency fitted again, and the report says so.
+MAX_BUSBW_OVER_MEASURED = 2.0
 
 
 @dataclass(frozen=True)
@@ -66,20 +69,32 @@ class FitReport:
     max_rel_error: float  # of the regime fit, over every measured size
     single_regime_max_rel_error: float  # what one line would give, for comparison
     fit: CommFit
+    best_measured_busbw_GBps: float = 0.0
+    # (regime index, busbw the free fit gave) for regimes given the best measured busbw instead
+    capped: tuple[tuple[int, float], ...] = ()
 
 
 def fit_regime(
-    sizes: Sequence[float], times_us: Sequence[float], factor: float
+    sizes: Sequence[float],
+    times_us: Sequence[float],
+    factor: float,
+    busbw_GBps: float | None = None,
 ) -> tuple[float, float]:
     """Weighted least squares ``t = lat + S*factor/busbw`` -> ``(latency_us, busbw_GBps)``.
 
     Minimises the sum of squared *relative* errors, with latency >= 0 and busbw > 0 enforced by
-    trying the two one-parameter fits whenever the free fit leaves the feasible set.
+    trying the two one-parameter fits whenever the free fit leaves the feasible set. With
+    ``busbw_GBps`` given, only the latency is fitted. A regime whose time does not grow with size
+    returns busbw = inf (no bandwidth term); ``fit_comm`` replaces it.
     """
     t = np.asarray(times_us, dtype=float)
     x = np.asarray(sizes, dtype=float) * factor  # bytes on the "bus"
     if len(t) == 0 or np.any(t <= 0):
         raise SpecError("time_us", list(times_us), "needs at least one positive time")
+    if busbw_GBps is not None:  # minimise sum(((lat + beta x) / t - 1)^2) over lat >= 0 only
+        beta = 1e-3 / busbw_GBps
+        lat = float(np.sum((1 - beta * x / t) / t) / np.sum(1 / t**2))
+        return max(lat, 0.0), busbw_GBps
     a = np.column_stack([1.0 / t, x / t])
     candidates = []
     if len(t) >= 2:
@@ -92,7 +107,7 @@ def fit_regime(
         candidates.append((0.0, float(np.sum(x / t) / np.sum((x / t) ** 2))))
     lat, beta = min(candidates, key=lambda c: float(np.sum(((c[0] + c[1] * x) / t - 1) ** 2)))
     # beta is us per byte: busbw [GB/s] = 1e-3 / beta
-    return lat, (1e-3 / beta if beta > 0 else _UNBOUNDED_GBps)
+    return lat, (1e-3 / beta if beta > 0 else math.inf)
 
 
 def _rel_errors(fit: CommFit, factor: float, sizes: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -120,6 +135,8 @@ def fit_comm(points: Sequence[CommPoint], num_regimes: int = 3, min_points: int 
     factor = busbw_factor(p0.collective, p0.num_ranks)
     n = len(sizes)
     k = max(1, min(num_regimes, n // min_points))
+    best_bw = float(np.max(sizes * factor / t)) * 1e-3  # GB/s; t in us
+    capped: dict[tuple[int, ...], list[tuple[int, float]]] = {}
 
     def build(bounds: Sequence[int]) -> CommFit:
         edges = [0, *bounds, n]
@@ -127,6 +144,9 @@ def fit_comm(points: Sequence[CommPoint], num_regimes: int = 3, min_points: int 
         for i in range(len(edges) - 1):
             lo, hi = edges[i], edges[i + 1]
             lat, bw = fit_regime(sizes[lo:hi], t[lo:hi], factor)
+            if bw > MAX_BUSBW_OVER_MEASURED * best_bw:
+                capped.setdefault(tuple(bounds), []).append((i, bw))
+                lat, bw = fit_regime(sizes[lo:hi], t[lo:hi], factor, best_bw)
             # the boundary between two measured sizes sits at their geometric mean
             max_b = float(round(math.sqrt(sizes[hi - 1] * sizes[hi]))) if hi < n else math.inf
             # rounded for a readable file; the reported error is computed after rounding
@@ -145,7 +165,7 @@ def fit_comm(points: Sequence[CommPoint], num_regimes: int = 3, min_points: int 
 
     single = build([])
     single_err = float(_rel_errors(single, factor, sizes, t).max())
-    best, best_key = single, (single_err, math.inf)
+    best, best_key, best_bounds = single, (single_err, math.inf), ()
     for bounds in itertools.combinations(range(min_points, n - min_points + 1), k - 1):
         edges = [0, *bounds, n]
         if any(edges[i + 1] - edges[i] < min_points for i in range(len(edges) - 1)):
@@ -154,7 +174,7 @@ def fit_comm(points: Sequence[CommPoint], num_regimes: int = 3, min_points: int 
         err = _rel_errors(cand, factor, sizes, t)
         key = (float(err.max()), float(np.sum(err**2)))
         if key < best_key or best is single:
-            best, best_key = cand, key
+            best, best_key, best_bounds = cand, key, tuple(bounds)
     err = float(_rel_errors(best, factor, sizes, t).max())
     fit = CommFit(
         best.collective,
@@ -166,7 +186,17 @@ def fit_comm(points: Sequence[CommPoint], num_regimes: int = 3, min_points: int 
         single_regime_max_rel_error=round(single_err, 4),
         ranks_per_domain=best.ranks_per_domain,
     )
-    return FitReport(p0.collective, p0.tier, p0.num_ranks, n, err, single_err, fit)
+    return FitReport(
+        p0.collective,
+        p0.tier,
+        p0.num_ranks,
+        n,
+        err,
+        single_err,
+        fit,
+        best_bw,
+        tuple(capped.get(best_bounds, [])),
+    )
 
 
 def points_from_nccl_tests(
@@ -249,12 +279,12 @@ def load_measurements(
     gemm: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for path in map(Path, paths):
         try:
-            head = path.read_text(errors="replace").lstrip()[:1]
+            head = path.read_text(encoding="utf-8-sig", errors="replace").lstrip()[:1]
         except OSError as err:
             raise SpecError("INPUT", str(path), f"cannot be read ({err.strerror or err})") from err
         if head == "{":
             try:
-                doc = json.loads(path.read_text())
+                doc = json.loads(path.read_text(encoding="utf-8-sig"))
             except json.JSONDecodeError as err:
                 raise SpecError("INPUT", str(path), f"not valid JSON ({err})") from err
             kind = doc.get("benchmark")

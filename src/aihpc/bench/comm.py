@@ -30,18 +30,15 @@ import torch
 import torch.distributed as dist
 
 from aihpc.bench.collectives import (
-    COLLECTIVES,
     DTYPE_BYTES,
-    DTYPE_NAMES,
-    REDOPS,
     RowTiming,
     algbw_GBps,
     busbw_factor,
     element_counts,
     is_reducing,
 )
+from aihpc.bench.comm_config import GROUPS, CommConfig, group_layout, validate_comm_config
 from aihpc.bench.dist import DistContext, init_distributed
-from aihpc.spec.errors import SpecError
 
 __all__ = [
     "GROUPS",
@@ -53,7 +50,6 @@ __all__ = [
     "validate_comm_config",
 ]
 
-GROUPS = ("world", "intra", "inter")
 TORCH_DTYPES = {
     "float": torch.float32,
     "half": torch.float16,
@@ -81,21 +77,6 @@ _EXACT_INT = {
 _NO_IN_PLACE = ("all_to_all", "send_recv")
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
-
-@dataclass(frozen=True)
-class CommConfig:
-    collectives: tuple[str, ...] = COLLECTIVES
-    sizes: tuple[int, ...] = (1 << 20,)
-    iters: int = 20
-    warmup: int = 1
-    dtype: str = "float"
-    op: str = "sum"
-    check: bool = True
-    root: int = 0
-    group: str = "world"  # world | intra (inside a node) | inter (same local rank across nodes)
-    ranks_per_node: int | None = None  # None: from the hostnames; set it to emulate nodes
-    corrupt_rank: int | None = None  # fault injection: this rank spoils one checked element
 
 
 @dataclass(frozen=True)
@@ -132,46 +113,6 @@ class CommResult:
         }
 
 
-def validate_comm_config(cfg: CommConfig, world_size: int | None = None) -> CommConfig:
-    """Raise SpecError naming the flag for anything the run cannot do; normalise names."""
-    for c in cfg.collectives:
-        if c not in COLLECTIVES:
-            raise SpecError("--collective", c, "allowed: " + " | ".join(COLLECTIVES))
-    if cfg.dtype not in DTYPE_NAMES:
-        raise SpecError("-d/--datatype", cfg.dtype, "allowed: " + " | ".join(DTYPE_NAMES))
-    if cfg.op not in REDOPS:
-        raise SpecError("-o/--op", cfg.op, "allowed: " + " | ".join(REDOPS))
-    dtype = DTYPE_NAMES[cfg.dtype]
-    if cfg.op == "avg" and dtype in ("int32", "int64"):
-        raise SpecError("-o/--op", "avg", "needs a floating-point -d/--datatype")
-    if cfg.iters < 1:
-        raise SpecError("-n/--iters", cfg.iters, "must be >= 1")
-    if cfg.warmup < 0:
-        raise SpecError("-w/--warmup-iters", cfg.warmup, "must be >= 0")
-    if cfg.group not in GROUPS:
-        raise SpecError("--group", cfg.group, "allowed: " + " | ".join(GROUPS))
-    if not cfg.sizes or any(s <= 0 for s in cfg.sizes):
-        raise SpecError("-b/--minbytes", list(cfg.sizes), "sizes must be > 0")
-    if cfg.ranks_per_node is not None and cfg.ranks_per_node < 1:
-        raise SpecError("--ranks-per-node", cfg.ranks_per_node, "must be >= 1")
-    if world_size is not None:
-        rpn = cfg.ranks_per_node
-        if rpn is not None and world_size % rpn:
-            raise SpecError("--ranks-per-node", rpn, f"must divide the world size {world_size}")
-        if "send_recv" in cfg.collectives and world_size < 2:
-            raise SpecError("--collective", "send_recv", "needs at least 2 ranks")
-        if not 0 <= cfg.root < world_size:
-            raise SpecError("-r/--root", cfg.root, f"allowed: 0 to {world_size - 1}")
-    return CommConfig(
-        **{
-            **asdict(cfg),
-            "dtype": dtype,
-            "collectives": tuple(cfg.collectives),
-            "sizes": tuple(cfg.sizes),
-        }
-    )
-
-
 @dataclass
 class _Group:
     """The sub-group this rank measures in, and what it is."""
@@ -192,38 +133,13 @@ def _make_group(ctx: DistContext, cfg: CommConfig) -> _Group:
     else:
         order = list(dict.fromkeys(ctx.hostnames))
         node_of = [order.index(h) for h in ctx.hostnames]
-    num_nodes = len(set(node_of))
+    lists, tier, per_domain = group_layout(cfg, node_of)
     if cfg.group == "world":
-        return _Group(
-            None,
-            list(range(ctx.world_size)),
-            "scale_up" if num_nodes == 1 else "scale_out",
-            ctx.world_size // num_nodes,
-        )
-    nodes = [[r for r in range(ctx.world_size) if node_of[r] == n] for n in range(num_nodes)]
-    if len({len(n) for n in nodes}) != 1:
-        raise SpecError("--group", cfg.group, "needs the same number of ranks on every node")
-    if cfg.group == "intra":
-        lists = nodes
-    else:
-        if num_nodes < 2:
-            raise SpecError(
-                "--group",
-                "inter",
-                "needs at least 2 nodes; this job has 1 "
-                "(use --ranks-per-node to emulate nodes on one host)",
-            )
-        lists = [[n[i] for n in nodes] for i in range(len(nodes[0]))]
+        return _Group(None, lists[0], tier, per_domain)
     # every rank must create every group, in the same order (torch.distributed's rule)
     pgs = [dist.new_group(ranks) for ranks in lists]
     mine = next(i for i, ranks in enumerate(lists) if ctx.rank in ranks)
-    intra = cfg.group == "intra"
-    return _Group(
-        pgs[mine],
-        lists[mine],
-        "scale_up" if intra else "scale_out",
-        len(lists[mine]) if intra else 1,
-    )
+    return _Group(pgs[mine], lists[mine], tier, per_domain)
 
 
 def _values(idx: torch.Tensor, r: int, n: int, op: str, dtype: str, seed: int) -> torch.Tensor:
@@ -406,8 +322,6 @@ def run_comm_bench(
     cfg = validate_comm_config(cfg, ctx.world_size)
     g = _make_group(ctx, cfg)
     n = len(g.ranks)
-    if "send_recv" in cfg.collectives and n < 2:
-        raise SpecError("--group", cfg.group, "send_recv needs at least 2 ranks per group")
     results = []
     for coll in cfg.collectives:
         if on_start:

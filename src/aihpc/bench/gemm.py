@@ -11,28 +11,29 @@ import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
-
-import torch
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from aihpc.spec.errors import SpecError
+
+if TYPE_CHECKING:  # torch is imported where a GEMM runs, so flags are checked without it
+    import torch
 
 __all__ = [
     "PRECISIONS",
     "GemmConfig",
     "GemmResult",
     "device_name",
+    "gemm_bytes",
     "gemm_json",
     "parse_shape",
     "run_gemm_bench",
+    "validate_gemm_config",
 ]
 
-PRECISIONS = {
-    "bf16": torch.bfloat16,
-    "fp16": torch.float16,
-    "fp32": torch.float32,
-    "tf32": torch.float32,
-}
+# precision -> torch dtype name; tf32 is fp32 on tensor cores (allow_tf32)
+PRECISIONS = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "tf32": "float32"}
+_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "tf32": 4}
 
 
 @dataclass(frozen=True)
@@ -68,37 +69,78 @@ def parse_shape(text: str) -> tuple[int, int, int]:
     return dims[0], dims[1], dims[2]
 
 
-def run_gemm_bench(
-    cfg: GemmConfig,
-    device: torch.device | None = None,
-    on_result: Callable[[GemmResult], None] | None = None,
-) -> list[GemmResult]:
+def validate_gemm_config(cfg: GemmConfig) -> GemmConfig:
+    """Raise SpecError naming the flag for anything the run cannot do (no torch needed)."""
     if cfg.precision not in PRECISIONS:
         raise SpecError("--precision", cfg.precision, "allowed: " + " | ".join(PRECISIONS))
     if cfg.iters < 1:
         raise SpecError("-n/--iters", cfg.iters, "must be >= 1")
     if cfg.warmup < 0:
         raise SpecError("-w/--warmup-iters", cfg.warmup, "must be >= 0")
+    return cfg
+
+
+def gemm_bytes(m: int, n: int, k: int, precision: str) -> int:
+    """Peak bytes of one shape: A, B and C at ``precision`` plus the fp32 random source of the
+    larger input, which ``torch.randn`` makes before the cast."""
+    return (m * k + k * n + m * n) * _BYTES[precision] + 4 * max(m * k, k * n)
+
+
+def _free_bytes(device: torch.device) -> int | None:
+    """Memory a new allocation can take: the GPU's free memory, or the host's MemAvailable."""
+    import torch
+
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _too_big(m: int, n: int, k: int, cfg: GemmConfig, device: torch.device, free: int) -> None:
+    need = gemm_bytes(m, n, k, cfg.precision)
+    raise SpecError(
+        "--shape",
+        f"{m}x{n}x{k}",
+        f"needs {need / 2**30:,.1f} GiB at {cfg.precision} (A, B, C); {device.type} has "
+        f"{free / 2**30:,.1f} GiB free: use smaller shapes",
+    )
+
+
+def run_gemm_bench(
+    cfg: GemmConfig,
+    device: torch.device | None = None,
+    on_result: Callable[[GemmResult], None] | None = None,
+) -> list[GemmResult]:
+    """Time every shape; a shape that cannot fit in memory is a SpecError before allocating,
+    and an out-of-memory error while allocating is one too (one line, never a traceback)."""
+    import torch
+
+    validate_gemm_config(cfg)
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = PRECISIONS[cfg.precision]
+    dtype = getattr(torch, PRECISIONS[cfg.precision])
     results = []
     # fp32 on tensor cores only when tf32 is asked for; restored afterwards
     old_tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = cfg.precision == "tf32"
     try:
         for m, n, k in cfg.shapes:
-            a = torch.randn(m, k, device=device).to(dtype)
-            b = torch.randn(k, n, device=device).to(dtype)
-            for _ in range(cfg.warmup):
-                torch.matmul(a, b)
-            _sync(device)
-            t0 = time.perf_counter()
-            for _ in range(cfg.iters):
-                torch.matmul(a, b)
-            _sync(device)
-            sec = (time.perf_counter() - t0) / cfg.iters
-            flop = 2.0 * m * n * k
-            res = GemmResult(m, n, k, cfg.precision, flop / 1e9, sec * 1e6, flop / sec / 1e12)
+            free = _free_bytes(device)
+            if free is not None and gemm_bytes(m, n, k, cfg.precision) > free:
+                _too_big(m, n, k, cfg, device, free)
+            try:
+                res = _time_shape(m, n, k, cfg, device, dtype)
+            except (torch.OutOfMemoryError, RuntimeError) as err:
+                # CUDA raises OutOfMemoryError; the CPU allocator may raise a plain RuntimeError
+                if not isinstance(err, torch.OutOfMemoryError) and "memory" not in str(err):
+                    raise
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                _too_big(m, n, k, cfg, device, _free_bytes(device) or 0)
             results.append(res)
             if on_result:
                 on_result(res)
@@ -107,18 +149,43 @@ def run_gemm_bench(
     return results
 
 
+def _time_shape(
+    m: int, n: int, k: int, cfg: GemmConfig, device: torch.device, dtype: Any
+) -> GemmResult:
+    import torch
+
+    a = torch.randn(m, k, device=device).to(dtype)
+    b = torch.randn(k, n, device=device).to(dtype)
+    for _ in range(cfg.warmup):
+        torch.matmul(a, b)
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(cfg.iters):
+        torch.matmul(a, b)
+    _sync(device)
+    sec = (time.perf_counter() - t0) / cfg.iters
+    flop = 2.0 * m * n * k
+    return GemmResult(m, n, k, cfg.precision, flop / 1e9, sec * 1e6, flop / sec / 1e12)
+
+
 def _sync(device: torch.device) -> None:
+    import torch
+
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
 def device_name(device: torch.device) -> str:
+    import torch
+
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"CPU {platform.machine()} ({torch.get_num_threads()} threads)"
 
 
 def gemm_json(results: Sequence[GemmResult], device: torch.device) -> dict[str, Any]:
+    import torch
+
     return {
         "benchmark": "gemm",
         "device": device_name(device),

@@ -184,7 +184,7 @@ def read_nccl_tests_log(path: str | Path, collective: str | None = None) -> list
     """Parse a log file; every test must name its collective (or ``collective`` is given)."""
     path = Path(path)
     try:
-        text = path.read_text(errors="replace")
+        text = path.read_text(encoding="utf-8-sig", errors="replace")
     except OSError as err:
         raise SpecError("LOG", str(path), f"cannot be read ({err.strerror or err})") from err
     if text.lstrip().startswith("{"):  # the -J FILE output of nccl-tests

@@ -9,12 +9,14 @@ from __future__ import annotations
 import typer
 
 from aihpc import __version__
-from aihpc.cli import bench, goodput, plan, train
+from aihpc.cli import bench, catalog, goodput, plan, train
+from aihpc.cli._common import HelpGroup
 
 __all__ = ["app", "main"]
 
 app = typer.Typer(
     name="aihpc",
+    cls=HelpGroup,
     help="Plan, run, measure and recover large-model training on AI-HPC clusters.",
     no_args_is_help=True,
     add_completion=False,
@@ -35,13 +37,15 @@ def _root(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
 ) -> None:
-    """aihpc: plan (estimate, search, validate, goodput), run (train), measure (bench)."""
+    """aihpc: plan (estimate, search, validate, goodput), run (train), measure (bench);
+    presets and gpus list the names a run spec may use."""
 
 
 plan.register(app)
 train.register(app)
 goodput.register(app)
 bench.register(app)
+catalog.register(app)
 
 
 def main() -> None:

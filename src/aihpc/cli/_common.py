@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -10,14 +11,41 @@ from typing import Any, TypeVar
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperArgument, TyperGroup, TyperOption
 
 from aihpc._io import to_json
 from aihpc.spec.errors import SpecError
 
-__all__ = ["console", "err_console", "fail", "guarded", "print_json"]
+__all__ = [
+    "RUNSPEC_HELP",
+    "HelpGroup",
+    "console",
+    "err_console",
+    "fail",
+    "guarded",
+    "print_json",
+    "require_torch",
+]
 
-console = Console()
-err_console = Console(stderr=True)
+# Typer renders help as rich markup, where "[model]" would be read as a style tag: escaped.
+RUNSPEC_HELP = r"Run spec TOML (\[model], \[cluster], \[parallel], \[training])."
+# Width of output that does not go to a terminal (a pipe, a file, `tee`): wide enough that no
+# table is cut to "…" and no line is wrapped. Rich would otherwise take 80 columns, or the width
+# of the terminal that stdin or $COLUMNS names, and a log would keep the cut copy.
+PIPE_WIDTH = 1000
+
+
+def _console(stderr: bool = False) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):  # a closed or replaced stream
+        tty = False
+    return Console(stderr=stderr, width=None if tty else PIPE_WIDTH)
+
+
+console = _console()
+err_console = _console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -26,6 +54,51 @@ def fail(message: str, code: int = 2) -> None:
     # The message is text, not markup: "[model]" or a list value must print as written.
     err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def _tidy(command: Any) -> None:
+    """One look for every command's help, whoever wrote it: an argument is named in capitals
+    (RUNSPEC, as the error lines name it) and an on/off flag shows no value placeholder
+    (typer would print ``--json <bool>``, as if it took a value)."""
+    for param in command.params:
+        if isinstance(param, TyperOption) and param.is_flag and param.metavar is None:
+            param.metavar = ""
+        elif isinstance(param, TyperArgument) and param.metavar is None and param.name:
+            param.metavar = param.name.upper()
+    if not getattr(command, "_aihpc_tidy", False):  # -h/--help is made lazily, per command
+        command._aihpc_tidy = True
+        made = command.get_help_option
+
+        def get_help_option(ctx: Any) -> Any:
+            option = made(ctx)
+            if option is not None and option.metavar is None:
+                option.metavar = ""
+            return option
+
+        command.get_help_option = get_help_option
+    for sub in getattr(command, "commands", {}).values():
+        _tidy(sub)
+
+
+class HelpGroup(TyperGroup):
+    """The root command group: tidies the help of the whole command tree before it is used."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        _tidy(self)
+        return super().make_context(*args, **kwargs)
+
+
+def require_torch(command: str) -> None:
+    """Exit 2 with one line when PyTorch, which ``command`` needs, is not installed.
+
+    The planner installs without torch (README's first command); the commands that run tensors
+    say what to install instead of failing on an import 40 lines deep.
+    """
+    if importlib.util.find_spec("torch") is None:
+        fail(
+            f"`aihpc {command}` needs PyTorch, which is not installed: "
+            "pip install 'aihpc[torch]' (the torch extra)"
+        )
 
 
 def guarded(func: F) -> F:

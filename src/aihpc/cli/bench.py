@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import typer
 from rich.table import Table
 
 from aihpc._io import check_output_path, to_json, write_atomic
-from aihpc.cli._common import console, err_console, fail, guarded, print_json
+from aihpc.cli._common import console, err_console, fail, guarded, print_json, require_torch
 from aihpc.spec.errors import SpecError
 
 __all__ = ["register"]
@@ -174,7 +175,9 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
         """Collective bandwidth sweep with nccl-tests' size, algbw and busbw definitions."""
+        require_torch("bench comm")
         from aihpc.bench.collectives import COLLECTIVES, parse_size, size_sweep
+        from aihpc.bench.comm_config import CommConfig, group_layout, validate_comm_config
 
         colls = (
             COLLECTIVES
@@ -190,8 +193,22 @@ def register(app: typer.Typer) -> None:
             check_output_path(Path(output), "--output")
         if nproc_per_node is not None and nproc_per_node < 1:
             raise SpecError("--nproc-per-node", nproc_per_node, "must be >= 1")
-        # validate before any process starts, so bad input costs no launch
-        from aihpc.bench.comm import CommConfig, validate_comm_config
+        if not timeout > 0:
+            raise SpecError("--timeout", timeout, "seconds > 0")
+        cfg = CommConfig(
+            collectives=colls,
+            sizes=tuple(sizes),
+            iters=iters,
+            warmup=warmup,
+            dtype=datatype,
+            op=op,
+            check=bool(check),
+            root=root,
+            group=group,
+            ranks_per_node=ranks_per_node,
+        )
+        # every check that needs no torch and no process first: bad input costs no launch
+        validate_comm_config(cfg)
         from aihpc.bench.dist import launch_local, launcher_env
 
         env = launcher_env()
@@ -202,22 +219,10 @@ def register(app: typer.Typer) -> None:
             nproc_per_node = torch.cuda.device_count() if torch.cuda.is_available() else 2
         world = int(env["WORLD_SIZE"]) if env else (nproc_per_node or 1)
         if collective == "all" and world < 2:
-            colls = tuple(c for c in colls if c != "send_recv")  # needs a peer
-        cfg = validate_comm_config(
-            CommConfig(
-                collectives=colls,
-                sizes=tuple(sizes),
-                iters=iters,
-                warmup=warmup,
-                dtype=datatype,
-                op=op,
-                check=bool(check),
-                root=root,
-                group=group,
-                ranks_per_node=ranks_per_node,
-            ),
-            world,
-        )
+            cfg = replace(cfg, collectives=tuple(c for c in colls if c != "send_recv"))
+        cfg = validate_comm_config(cfg, world)
+        if env is None or ranks_per_node:  # the node of every rank is known before the launch
+            group_layout(cfg, [r // (ranks_per_node or world) for r in range(world)])
         if env is not None:
             status = _comm_worker(cfg, as_json, timeout, output)
         else:
@@ -253,20 +258,19 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
         """Achieved TFLOP/s of torch.matmul against shape, at one precision."""
-        from aihpc.bench.gemm import PRECISIONS, GemmConfig, parse_shape
+        require_torch("bench gemm")
+        from aihpc.bench.gemm import GemmConfig, parse_shape, validate_gemm_config
 
-        if precision not in PRECISIONS:
-            raise SpecError("--precision", precision, "allowed: " + " | ".join(PRECISIONS))
+        shapes = tuple(parse_shape(s) for s in shape or ())
+        validate_gemm_config(GemmConfig(shapes, precision, iters, warmup))
         if output:
             check_output_path(Path(output), "--output")
-        import torch
+        import torch  # every flag is checked: now the slow import
 
         from aihpc.bench.gemm import device_name, gemm_json, run_gemm_bench
 
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        if shape:
-            shapes = tuple(parse_shape(s) for s in shape)
-        else:
+        if not shapes:
             cubes = (
                 (256, 512, 1024, 2048) if device.type == "cpu" else (1024, 2048, 4096, 8192, 16384)
             )
@@ -319,7 +323,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         r"""Fit latency / bandwidth per collective and tier (and GEMM efficiency) into a TOML
         that a run spec names with \[cluster] calibration = "FILE"."""
-        from aihpc.bench.calibrate import fit_to_calibration, load_measurements
+        from aihpc.bench.calibrate import (
+            MAX_BUSBW_OVER_MEASURED,
+            fit_to_calibration,
+            load_measurements,
+        )
         from aihpc.spec.calibration import COLLECTIVES, calibration_to_toml
 
         if collective is not None and collective not in COLLECTIVES:
@@ -343,6 +351,15 @@ def register(app: typer.Typer) -> None:
                     f"{r.max_rel_error:.0%}; measure more sizes or try --regimes 4",
                     highlight=False,
                 )
+            for i, fitted in r.capped:
+                err_console.print(
+                    f"warning: {r.collective}/{r.tier} regime {i + 1}: its sizes fit a busbw of "
+                    f"{fitted:.4g} GB/s, over {MAX_BUSBW_OVER_MEASURED:g}x the best measured "
+                    f"({r.best_measured_busbw_GBps:.4g} GB/s), which no link gives; written as "
+                    "the best measured (marked * below). Measure larger sizes in that regime.",
+                    highlight=False,
+                    soft_wrap=True,
+                )
         summary = {
             "output": output,
             "comm": [
@@ -353,13 +370,15 @@ def register(app: typer.Typer) -> None:
                     "num_points": r.num_points,
                     "max_rel_error": r.max_rel_error,
                     "single_regime_max_rel_error": r.single_regime_max_rel_error,
+                    "best_measured_busbw_GBps": r.best_measured_busbw_GBps,
                     "regimes": [
                         {
                             "max_bytes": g.max_bytes,
                             "latency_us": g.latency_us,
                             "busbw_GBps": g.busbw_GBps,
+                            "fitted_busbw_GBps": dict(r.capped).get(i, g.busbw_GBps),
                         }
-                        for g in r.fit.regimes
+                        for i, g in enumerate(r.fit.regimes)
                     ],
                 }
                 for r in reports
@@ -394,7 +413,7 @@ def register(app: typer.Typer) -> None:
                     str(r.num_ranks) if first else "",
                     span,
                     f"{g.latency_us:.4g}",
-                    f"{g.busbw_GBps:.4g}",
+                    f"{g.busbw_GBps:.4g}" + ("*" if i in dict(r.capped) else ""),
                     f"{r.max_rel_error:.1%}" if first else "",
                     f"{r.single_regime_max_rel_error:.1%}" if first else "",
                 )

@@ -11,12 +11,19 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from aihpc.cli._common import console, guarded, print_json
+from aihpc.cli._common import RUNSPEC_HELP, console, guarded, print_json
 from aihpc.spec import SpecError, load_runspec
 
 __all__ = ["parse_count", "register"]
 
 _SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+# the table's names for the parts of the lost time (the JSON keeps the keys)
+LOST_LABELS = {
+    "checkpoint": "checkpoint stalls",
+    "lost_work": "work redone after a failure",
+    "recovery": "recovery",
+    "planned": "planned maintenance",
+}
 
 
 def parse_count(field: str, text: str | None) -> float | None:
@@ -52,6 +59,14 @@ def _fmt_s(seconds: float) -> str:
     return f"{seconds:.3g} s"
 
 
+def _count(n: float) -> str:
+    """15.6T, 500B, 2.1M: a token count as people write it."""
+    for suffix, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:,.3g}{suffix}"
+    return f"{n:,.0f}"
+
+
 def _render(rep) -> None:  # type: ignore[no-untyped-def]
     d = rep.to_json()
     ck, rc = d["checkpoint"], d["recovery"]
@@ -70,10 +85,14 @@ def _render(rep) -> None:  # type: ignore[no-untyped-def]
         f"incl. {d['planned_interruptions_per_day']:.2f} planned",
     )
     t.add_row(
-        "expected_interruptions", f"{d['expected_interruptions']:.0f}", f"over {d['days']:.3g} days"
+        "expected interruptions",
+        f"{d['expected_interruptions']:,.0f}",
+        f"over {d['days']:,.3g} days",
     )
     t.add_row("checkpoint size", f"{ck['bytes'] / 1e12:.2f} TB", "weights + fp32 master + moments")
-    t.add_row("storage write bandwidth", f"{ck['write_bw_GBps']:.0f} GB/s", escape(ck["bw_source"]))
+    t.add_row(
+        "storage write bandwidth", f"{ck['write_bw_GBps']:,.0f} GB/s", escape(ck["bw_source"])
+    )
     t.add_row(
         "save: blocking / persist",
         f"{_fmt_s(ck['blocking_s'])} / {_fmt_s(ck['persist_s'])}",
@@ -93,19 +112,19 @@ def _render(rep) -> None:  # type: ignore[no-untyped-def]
         f"used {_fmt_s(d['checkpoint_interval_s'])}"
         + (f" = {steps} steps" if steps is not None else ""),
     )
-    t.add_row("ettr", f"{d['ettr']:.1%}", "useful training time / wall-clock time")
+    t.add_row("ETTR", f"{d['ettr']:.1%}", "useful training time / wall-clock time")
     for key, frac in d["lost_time_fraction"].items():
-        t.add_row(f"  lost: {key}", f"{frac:.1%}", "")
+        t.add_row(f"  lost: {LOST_LABELS.get(key, key)}", f"{frac:.1%}", "")
     t.add_row(
         "tokens/s per GPU",
-        f"{d['tokens_per_s_per_gpu']:.0f}",
-        f"x ETTR = {d['goodput_tokens_per_s_per_gpu']:.0f} (goodput)",
+        f"{d['tokens_per_s_per_gpu']:,.0f}",
+        f"x ETTR = {d['goodput_tokens_per_s_per_gpu']:,.0f} (goodput)",
     )
     if "time_to_train_days" in d:
         t.add_row(
-            "time_to_train_days",
-            f"{d['time_to_train_days']:.1f}",
-            f"{d['tokens']:.3g} tokens, {d['gpu_hours'] / 1e6:.2f} M GPU-hours",
+            "time to train",
+            f"{d['time_to_train_days']:,.1f} days",
+            f"{_count(d['tokens'])} tokens, {d['gpu_hours'] / 1e6:,.2f} M GPU-hours",
         )
     console.print(t)
     console.print(escape(rep.summary()))
@@ -115,7 +134,7 @@ def register(app: typer.Typer) -> None:
     @app.command("goodput")
     @guarded
     def goodput_cmd(
-        runspec: Path = typer.Argument(..., help="Run spec (TOML)."),
+        runspec: Path = typer.Argument(..., help=RUNSPEC_HELP),
         days: float | None = typer.Option(
             None,
             "--days",

@@ -9,17 +9,24 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from aihpc.cli._common import console, err_console, guarded, print_json
+from aihpc._io import check_output_path
+from aihpc.cli._common import RUNSPEC_HELP, console, err_console, guarded, print_json
+from aihpc.cli._plan_views import (
+    goodput_columns,
+    render_calibration,
+    warn_calibration,
+    write_plan,
+)
+from aihpc.cli.goodput import parse_count
 from aihpc.spec import RunSpec, SpecError, load_runspec
 
 if TYPE_CHECKING:  # the planner modules load lazily, inside the commands
+    from aihpc.perf.calibration_use import CalibrationUse
     from aihpc.perf.estimate import Estimate
     from aihpc.perf.validate import ValidationReport
 
 __all__ = ["register"]
 
-# Typer renders help as rich markup, where "[model]" would be read as a style tag: escaped.
-RUNSPEC_HELP = r"Run spec TOML (\[model], \[cluster], \[parallel], \[training])."
 TIME_LABELS = {
     "compute": "compute (forward + backward)",
     "recompute": "activation recompute",
@@ -39,10 +46,15 @@ def _goodput_json(spec: RunSpec, step_time_s: float) -> dict[str, Any]:
     return goodput_report(spec, step_time_s).to_json()
 
 
+def _yes_no(flag: bool) -> str:
+    """How every table and plan line shows an on/off plan field (sequence parallelism)."""
+    return "y" if flag else "n"
+
+
 def _plan_line(plan: dict) -> str:
     return (
         f"tp {plan['tp']} · pp {plan['pp']} · vpp {plan['vpp']} · cp {plan['cp']} · "
-        f"dp {plan['dp']} · zero {plan['zero_stage']} · sp {str(plan['sequence_parallel'])[0]}"
+        f"dp {plan['dp']} · zero {plan['zero_stage']} · sp {_yes_no(plan['sequence_parallel'])}"
         f" · recompute {plan['recompute']} · mbs {plan['micro_batch_size']} · "
         f"gbs {plan['global_batch_size']}"
         + (f" · offload {plan['offload_layers']} layers" if plan.get("offload_layers") else "")
@@ -84,28 +96,39 @@ def _software_line(spec: RunSpec, est: Estimate) -> str:
     return " · ".join(parts)
 
 
-def render_estimate(spec: RunSpec, est: Estimate) -> None:
+def render_estimate(spec: RunSpec, est: Estimate, use: CalibrationUse | None = None) -> None:
     out = est.to_json()
     m = spec.model
+    gbs = out["plan"]["global_batch_size"]
     console.print(
         f"[bold]{m.name}[/] on {spec.cluster.num_gpus} × {spec.cluster.gpu.id} "
-        f"({spec.training.precision})"
+        f"({spec.training.precision}) · seq {m.seq_length:,} · "
+        f"{gbs * m.seq_length:,} tokens per step ({gbs:,} sequences)"
     )
     console.print(f"plan: {_plan_line(out['plan'])}")
-    defaulted = [k for k in out["plan"] if k not in spec.parallel.given()]
+    # pp_schedule follows vpp and dp_shard follows dp (full sharding): derived, not searched
+    derived = ("pp_schedule", "dp_shard")
+    given = spec.parallel.given()
+    defaulted = [k for k in out["plan"] if k not in given and k not in derived]
     if defaulted:
         console.print(
             f"[dim]defaults used for: {', '.join(defaulted)} "
             "(`aihpc search` chooses them instead)[/]"
         )
     console.print(f"[dim]software: {_software_line(spec, est)} (set in \\[training])[/]")
+    render_calibration(use)
     t = Table(title="Step time", show_edge=False)
     t.add_column("part")
     t.add_column("seconds", justify="right")
     t.add_column("share", justify="right")
+    if use is not None:  # which rows the calibration file changed
+        t.add_column("calibrated")
     for key, value in out["time_s"].items():
         if value > 0:
-            t.add_row(TIME_LABELS.get(key, key), f"{value:.3f}", f"{value / est.step_time_s:.1%}")
+            mark = ["yes" if key in use.terms else ""] if use is not None else []
+            t.add_row(
+                TIME_LABELS.get(key, key), f"{value:.3f}", f"{value / est.step_time_s:.1%}", *mark
+            )
     t.add_row("[bold]step[/]", f"[bold]{est.step_time_s:.3f}[/]", "100%")
     console.print(t)
     mt = Table(title=f"Memory per GPU ({est.memory.stage} stage, GiB)", show_edge=False)
@@ -142,24 +165,35 @@ def register(app: typer.Typer) -> None:
             True, help="Include the goodput figures (failures, checkpoints, restarts)."
         ),
     ) -> None:
-        """Estimate memory, step time, MFU and tokens/s of the run spec's plan."""
+        """Estimate memory, step time, MFU and tokens/s of the run spec's plan.
+
+        Exits 1 (after printing the estimate) when the plan does not fit in memory.
+        """
+        from aihpc.perf.calibration_use import calibration_use
         from aihpc.perf.estimate import estimate as run_estimate
 
         spec = load_runspec(runspec)
         est = run_estimate(spec)
+        use = calibration_use(spec)
+        warn_calibration(use)
         if json_out:
             out = est.to_json()
+            out["seq_length"] = spec.model.seq_length
+            out["tokens_per_step"] = est.plan.global_batch_size * spec.model.seq_length
+            out["calibration"] = use.to_json() if use is not None else None
             if goodput:
                 out["goodput"] = _goodput_json(spec, est.step_time_s)
             print_json(out)
-            return
-        render_estimate(spec, est)
-        if goodput:
-            g = _goodput_json(spec, est.step_time_s)
-            console.print(
-                f"goodput: MTBF {g['mtbf_s'] / 3600:.1f} h · ETTR {g['ettr']:.1%} · "
-                f"checkpoint every {g['optimal_checkpoint_interval_s'] / 60:.0f} min"
-            )
+        else:
+            render_estimate(spec, est, use)
+            if goodput:
+                g = _goodput_json(spec, est.step_time_s)
+                console.print(
+                    f"goodput: MTBF {g['mtbf_s'] / 3600:.1f} h · ETTR {g['ettr']:.1%} · "
+                    f"checkpoint every {g['optimal_checkpoint_interval_s'] / 60:.0f} min"
+                )
+        if not est.fits:
+            raise typer.Exit(1)
 
     @app.command()
     @guarded
@@ -173,22 +207,30 @@ def register(app: typer.Typer) -> None:
         rank_by: str = typer.Option(
             "throughput", "--rank-by", help="throughput (tokens/s/GPU) | goodput (× ETTR)."
         ),
+        tokens: str | None = typer.Option(
+            None, "--tokens", help="Token budget, e.g. 15T: adds days and GPU-hours to train it."
+        ),
+        output: Path | None = typer.Option(
+            None, "--output", "-o", help="Write the best plan here as a runnable run spec (.toml)."
+        ),
     ) -> None:
         r"""Search every valid plan; \[parallel] fields given in the run spec stay fixed."""
         from aihpc.perf.search import search as run_search
 
         if rank_by not in ("throughput", "goodput"):
             raise SpecError("--rank-by", rank_by, "allowed: throughput | goodput")
+        n_tokens = parse_count("--tokens", tokens)
+        if output is not None:
+            check_output_path(output, "--output", ".toml")
         spec = load_runspec(runspec)
         key = None
-        ettr_of = {}
         if rank_by == "goodput":
-            from aihpc.perf.goodput import goodput_report
+            from aihpc.perf.goodput import ettr_of_step_time
+
+            ettr_at = ettr_of_step_time(spec)
 
             def key(e: Estimate) -> float:
-                r = goodput_report(spec, e.step_time_s)
-                ettr_of[id(e)] = r.ettr
-                return e.tokens_per_s_per_gpu * r.ettr
+                return e.tokens_per_s_per_gpu * ettr_at(e.step_time_s)
 
         with Progress(
             TextColumn("searching plans"),
@@ -197,7 +239,7 @@ def register(app: typer.Typer) -> None:
             TimeElapsedColumn(),
             console=err_console,
             transient=True,
-            disable=json_out,
+            disable=json_out or not err_console.is_terminal,
         ) as bar:
             task = bar.add_task("search", total=None)
             result = run_search(
@@ -218,11 +260,27 @@ def register(app: typer.Typer) -> None:
                 f"no plan fits in {spec.cluster.gpu.hbm_gib:.0f} GiB per GPU"
                 f"{hint}; add GPUs or use a part with more memory",
             )
+        shown = result.plans[:top]
+        cols, extra = (
+            goodput_columns(spec, shown, n_tokens)
+            if rank_by == "goodput" or n_tokens is not None
+            else ([], [{} for _ in shown])
+        )
+        if output is not None:
+            how = "goodput (throughput x ETTR)" if rank_by == "goodput" else "tokens/s/GPU"
+            write_plan(
+                spec,
+                result.plans[0],
+                output,
+                f"the best of {result.feasible:,} plans that fit, ranked by {how}: "
+                f"{result.plans[0].tokens_per_s_per_gpu:,.1f} tokens/s/GPU",
+            )
         if json_out:
             out = result.to_json(top)
-            if rank_by == "goodput":
-                for e, j in zip(result.plans[:top], out["plans"], strict=True):
-                    j["ettr"] = ettr_of.get(id(e))
+            for j, x in zip(out["plans"], extra, strict=True):
+                j.update(x)
+            if output is not None:
+                out["output"] = str(output)
             if explain:
                 out["rejected"] = [
                     {**r.estimate.to_json(), "reason": r.reason} for r in result.rejected_best
@@ -252,6 +310,7 @@ def register(app: typer.Typer) -> None:
             "tok/s/GPU",
             "MFU",
             "GiB",
+            *(c for c, _ in cols),
         ):
             t.add_column(col, justify="left" if col == "recompute" else "right", no_wrap=True)
         for i, e in enumerate(result.plans[:top], 1):
@@ -264,16 +323,19 @@ def register(app: typer.Typer) -> None:
                 str(p.cp),
                 str(p.dp),
                 str(p.zero_stage),
-                "y" if p.sequence_parallel else "n",
+                _yes_no(p.sequence_parallel),
                 p.recompute + (f" +offload {p.offload_layers}" if p.offload_layers else ""),
                 str(p.micro_batch_size),
                 f"{e.tokens_per_s_per_gpu:,.1f}",
                 f"{e.mfu:.1%}",
                 f"{e.memory.total / 2**30:.1f}",
+                *(values[i - 1] for _, values in cols),
             )
         console.print(t)
         if result.plans:
             console.print(f"[bold]Best plan:[/] {result.plans[0].bottleneck}")
+        if output is not None:
+            console.print(f"best plan written to {output}", highlight=False)
         if explain:
             if result.rejected_best:
                 console.print("[bold]Faster-looking plans that were rejected:[/]")
@@ -315,7 +377,7 @@ def register(app: typer.Typer) -> None:
             BarColumn(),
             console=err_console,
             transient=True,
-            disable=json_out,
+            disable=json_out or not err_console.is_terminal,
         ) as bar:
             task = bar.add_task("validate", total=None, row="")
             report = run_validate(

@@ -25,7 +25,7 @@ from typing import Any
 
 import typer
 
-from aihpc.cli._common import console, fail, guarded, print_json
+from aihpc.cli._common import RUNSPEC_HELP, console, fail, guarded, print_json, require_torch
 from aihpc.spec import RunSpec, SpecError, load_runspec
 
 __all__ = ["register"]
@@ -71,14 +71,15 @@ def _check_timeout(flag: str, value: float) -> None:
         raise SpecError(flag, value, f"seconds in (0, {MAX_TIMEOUT_S:.0f}] (a week)")
 
 
-def _check_faults(spec: RunSpec, texts: list[str], world: int) -> tuple:
-    """Parse ``--inject``; refuse a fault that could never fire in this run."""
+def _check_faults(spec: RunSpec, texts: list[str], world: int | None) -> tuple:
+    """Parse ``--inject``; refuse a fault that could never fire in this run (the rank check
+    once the world size is known)."""
     from aihpc.resilience import parse_fault
 
     faults = tuple(parse_fault(f) for f in texts)
     last, every = spec.training.train_steps, spec.checkpoint.interval_steps
     for text, fault in zip(texts, faults, strict=True):
-        if fault.rank >= world:
+        if world is not None and fault.rank >= world:
             raise SpecError("--inject", text, f"rank must be below world size {world}")
         if fault.at in ("step", "save", "fs") and fault.step > last:
             raise SpecError("--inject", text, f"step must be at most training.train_steps {last}")
@@ -151,7 +152,7 @@ def register(app: typer.Typer) -> None:
     @app.command()
     @guarded
     def train(
-        runspec: Path = typer.Argument(..., help="Run spec (TOML)."),
+        runspec: Path = typer.Argument(..., help=RUNSPEC_HELP),
         run_dir: Path = typer.Option(..., "--run-dir", help="Checkpoints, metrics and summary."),
         data: Path | None = typer.Option(
             None, "--data", help="UTF-8 text, or pre-tokenized .npy (default: shipped sample)."
@@ -176,15 +177,9 @@ def register(app: typer.Typer) -> None:
         ),
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     ) -> None:
-        """Train the run spec's model (DDP / FSDP2), checkpointing and resuming exactly."""
-        try:
-            import torch  # noqa: F401
-        except ModuleNotFoundError:
-            raise SpecError(
-                "aihpc train", "torch", "needs PyTorch: pip install 'aihpc[torch]'"
-            ) from None
-        from aihpc.runtime import check_trainable, launcher_env
-
+        """Train the run spec's model under its plan (DP / FSDP / HSDP, TP + SP, PP, CP),
+        checkpointing and resuming exactly."""
+        # Flags first, without torch (a second at most), then what needs the runtime.
         spec = load_runspec(runspec)
         if data is not None and not data.is_file():
             what = "is a directory" if data.is_dir() else "file not found"
@@ -196,15 +191,19 @@ def register(app: typer.Typer) -> None:
             raise SpecError("--max-restarts", max_restarts, "an integer >= 0")
         _check_timeout("--hang-timeout", hang_timeout)
         _check_timeout("--startup-timeout", startup_timeout)
+        inject = inject or []
+        _check_faults(spec, inject, None)
+        require_torch("train")
+        from aihpc.runtime import check_trainable, launcher_env
+
         env = launcher_env()
         agent = env is None and nproc_per_node is not None
         world = int(env["WORLD_SIZE"]) if env else (nproc_per_node if agent else 1)
         check_trainable(spec, world, data)
-        faults = _check_faults(spec, inject or [], world)
+        faults = _check_faults(spec, inject, world)
         if env is None:
             _check_host_memory(spec, world)
         _check_run_dir(run_dir)
-        inject = inject or []
         job = _Job(spec, runspec, run_dir, data, faults, inject, hang_timeout, startup_timeout)
         if env is None:
             job.own(agent, nproc_per_node, max_restarts, as_json)

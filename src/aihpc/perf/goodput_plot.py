@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from pathlib import Path
 
 from aihpc._io import atomic_target, check_output_path
 from aihpc.perf.goodput import ettr, goodput_model, optimal_interval_s
-from aihpc.spec.errors import SpecError
 from aihpc.spec.runspec import RunSpec
 
-__all__ = ["DEFAULT_VARIANTS", "FAST_RESTART", "goodput_curves", "plot_goodput", "with_scale"]
+__all__ = [
+    "DEFAULT_VARIANTS",
+    "FAST_RESTART",
+    "goodput_curves",
+    "goodput_figure",
+    "plot_goodput",
+    "with_scale",
+]
 
 # A faster restart: hot spare nodes and in-process restart skip rescheduling and relaunch
 # (NVRx in-process restart; DeadPool reports < 40 s hot swaps, arXiv 2607.01646).
@@ -58,10 +63,7 @@ def goodput_curves(
 
 
 def _check_plot_path(path: Path) -> None:
-    check_output_path(path, "--plot", ".png")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise SpecError("--plot", str(path), "its directory must exist and be writable")
+    check_output_path(path, "--plot", ".png")  # its folder must exist and be writable
 
 
 def plot_goodput(spec: RunSpec, path: str | Path, gpu_counts: list[int] | None = None) -> Path:
@@ -74,19 +76,47 @@ def plot_goodput(spec: RunSpec, path: str | Path, gpu_counts: list[int] | None =
     _check_plot_path(path)
     counts = gpu_counts or default_gpu_counts(spec)
     curves = goodput_curves(spec, counts)
+    fig = goodput_figure(spec, counts, curves)
+    try:
+        with atomic_target(path, "--plot") as tmp:
+            fig.savefig(tmp, format="png", dpi=120)
+    finally:
+        import matplotlib.pyplot as plt
 
+        plt.close(fig)
+    return path
+
+
+# One marker and line style per curve: at small scale several strategies give the same ETTR and
+# their lines lie on top of each other; the markers keep each one visible.
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+
+
+def goodput_figure(spec: RunSpec, counts: list[int], curves: dict[str, list[float]]):  # type: ignore[no-untyped-def]
+    """The figure ``plot_goodput`` writes: one line per checkpoint strategy, the job's own GPU
+    count marked and named in the legend."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for label, values in curves.items():
+    for i, (label, values) in enumerate(curves.items()):
         style = "--" if "fast restart" in label else "-"
-        ax.plot(counts, [100 * v for v in values], style, marker="o", ms=3, label=label)
-    ax.axvline(spec.cluster.num_gpus, color="grey", lw=0.8, ls=":")
+        ax.plot(
+            counts,
+            [100 * v for v in values],
+            style,
+            marker=_MARKERS[i % len(_MARKERS)],
+            ms=4 + (len(curves) - i) * 0.8,  # earlier curves' markers larger: they stay visible
+            mfc="none",
+            lw=1.4,
+            label=label,
+        )
+    n = spec.cluster.num_gpus
+    ax.axvline(n, color="grey", lw=0.9, ls=":", label=f"this run spec: {n:,} GPUs")
     ax.set_xscale("log", base=2)
-    ax.set_xticks(counts, [f"{n / 1024:g}K" if n >= 1024 else str(n) for n in counts])
+    ax.set_xticks(counts, [f"{c / 1024:g}K" if c >= 1024 else str(c) for c in counts])
     ax.minorticks_off()
     ax.set_xlabel("GPUs")
     ax.set_ylabel("goodput: effective training time ratio (%)")
@@ -94,9 +124,4 @@ def plot_goodput(spec: RunSpec, path: str | Path, gpu_counts: list[int] | None =
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    try:
-        with atomic_target(path, "--plot") as tmp:
-            fig.savefig(tmp, format="png", dpi=120)
-    finally:
-        plt.close(fig)
-    return path
+    return fig

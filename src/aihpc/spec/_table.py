@@ -8,6 +8,7 @@ as ints), then calls the class, whose ``__post_init__`` does the cross-field che
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import types
 import typing
@@ -17,7 +18,7 @@ from aihpc.spec.errors import SpecError
 
 T = TypeVar("T")
 
-__all__ = ["check_choice", "check_positive", "from_table", "to_table"]
+__all__ = ["check_choice", "check_positive", "from_table", "lookup_name", "to_table"]
 
 
 def _allowed_types(tp: Any) -> tuple[type, ...]:
@@ -113,3 +114,27 @@ def check_choice(field: str, value: Any, choices: typing.Iterable[Any]) -> None:
     choices = list(choices)
     if value not in choices:
         raise SpecError(field, value, "allowed: " + " | ".join(str(c) for c in choices))
+
+
+def lookup_name(field: str, value: Any, names: typing.Iterable[str]) -> str:
+    """The catalog name ``value`` means: exact, else the one name equal to it ignoring case.
+
+    Anything else is a SpecError that suggests the closest names ("did you mean") before
+    listing every allowed one, so ``h100`` or ``llama-3-70b`` is answered with the right id.
+    """
+    names = sorted(names)
+    if isinstance(value, str):
+        if value in names:
+            return value
+        folded = [n for n in names if n.lower() == value.lower()]
+        if len(folded) == 1:
+            return folded[0]
+        by_lower = {n.lower(): n for n in names}
+        # names that contain what was typed first ("h100" -> "h100-sxm"), then look-alikes
+        close = [n.lower() for n in names if value and value.lower() in n.lower()]
+        close += difflib.get_close_matches(value.lower(), list(by_lower), n=3, cutoff=0.6)
+        close = list(dict.fromkeys(by_lower[c] for c in close))[:3]
+        if close:
+            hint = "did you mean " + " or ".join(repr(c) for c in close) + "? allowed: "
+            raise SpecError(field, value, hint + ", ".join(names))
+    raise SpecError(field, value, "allowed: " + ", ".join(names))

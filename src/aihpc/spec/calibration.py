@@ -239,7 +239,7 @@ def calibration_from_dict(data: dict[str, Any], path: str = "") -> Calibration:
 def load_calibration(path: str | Path) -> Calibration:
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # a BOM is dropped
     except FileNotFoundError as err:
         raise SpecError("cluster.calibration", str(path), "file not found") from err
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:

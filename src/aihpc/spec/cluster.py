@@ -8,7 +8,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from aihpc.spec._table import check_positive, from_table
+from aihpc.spec._table import check_positive, from_table, lookup_name
 from aihpc.spec.calibration import Calibration
 from aihpc.spec.errors import SpecError
 
@@ -142,8 +142,7 @@ def gpu_catalog() -> dict[str, dict[str, Any]]:
 
 def gpu_from_id(gpu_id: str) -> GPUSpec:
     catalog = gpu_catalog()
-    if gpu_id not in catalog:
-        raise SpecError("cluster.gpu", gpu_id, "allowed: " + ", ".join(sorted(catalog)))
+    gpu_id = lookup_name("cluster.gpu", gpu_id, catalog)  # "H100-SXM" is "h100-sxm"
     return from_table(GPUSpec, {"id": gpu_id, **catalog[gpu_id]}, "cluster.gpu_spec")
 
 
@@ -227,8 +226,8 @@ def cluster_from_table(
             raise SpecError("cluster.gpu_spec", table["gpu_spec"], "expected a table")
         spec_table = dict(table["gpu_spec"])
         if "gpu" in table:  # start from a catalog part, override some figures
-            spec_table = {**gpu_catalog().get(table["gpu"], {}), "id": table["gpu"], **spec_table}
-            gpu_from_id(table["gpu"])  # validates the id
+            gpu_id = lookup_name("cluster.gpu", table["gpu"], gpu_catalog())
+            spec_table = {**gpu_catalog()[gpu_id], "id": gpu_id, **spec_table}
         gpu = from_table(GPUSpec, spec_table, "cluster.gpu_spec")
     elif "gpu" in table:
         gpu = gpu_from_id(table["gpu"])

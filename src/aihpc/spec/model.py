@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
 from typing import Any
 
-from aihpc.spec._table import check_choice, check_positive, from_table
+from aihpc.spec._table import check_choice, check_positive, from_table, lookup_name
 from aihpc.spec.errors import SpecError
 
 __all__ = ["FFN_ACTIVATIONS", "ModelSpec", "model_from_table", "model_presets"]
@@ -115,13 +115,13 @@ def model_from_table(table: dict[str, Any]) -> ModelSpec:
     """``[model]`` table → ModelSpec; ``preset = "id"`` starts from a preset, fields override."""
     table = dict(table)
     preset = table.pop("preset", None)
-    base: dict[str, Any] = {}
-    if preset is not None:
-        presets = model_presets()
-        if not isinstance(preset, str) or preset not in presets:
-            raise SpecError("model.preset", preset, "allowed: " + ", ".join(sorted(presets)))
-        base = dict(presets[preset])
-        base.setdefault("name", preset)
-        if table:  # an edited preset is no longer the published model
-            base["name"] = table.get("name", f"{preset} (modified)")
-    return from_table(ModelSpec, {**base, **table}, "model")
+    if preset is None:
+        return from_table(ModelSpec, table, "model")
+    preset = lookup_name("model.preset", preset, model_presets())  # "Llama3-70B" is "llama3-70b"
+    base = {"name": preset, **model_presets()[preset]}
+    spec = from_table(ModelSpec, {**base, **table}, "model")
+    # An edited preset is no longer the published model; fields set to the preset's own values
+    # (or to the defaults it leaves) do not edit it.
+    if "name" not in table and spec != from_table(ModelSpec, base, "model"):
+        spec = replace(spec, name=f"{preset} (modified)")
+    return spec

@@ -97,7 +97,7 @@ def load_runspec(path: str | Path) -> RunSpec:
     """Read and validate a run spec; bad input raises SpecError (one line)."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8-sig")  # a UTF-8 BOM (Windows editors) is dropped
     except FileNotFoundError as err:
         raise SpecError("RUNSPEC", str(path), "file not found") from err
     except IsADirectoryError as err:
