@@ -9,7 +9,7 @@ from __future__ import annotations
 import typer
 
 from aihpc import __version__
-from aihpc.cli import bench, goodput, plan, train
+from aihpc.cli import bench, goodput, observe, plan, train
 
 __all__ = ["app", "main"]
 
@@ -42,6 +42,7 @@ plan.register(app)
 train.register(app)
 goodput.register(app)
 bench.register(app)
+observe.register(app)
 
 
 def main() -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 
 from aihpc.cli._common import console, guarded, print_json
+from aihpc.cli.observe import metrics_args, metrics_config  # observe
 from aihpc.spec import SpecError, load_runspec
 
 __all__ = ["register"]
@@ -60,6 +61,12 @@ def register(app: typer.Typer) -> None:
         hang_timeout: float = typer.Option(
             300.0, "--hang-timeout", help="Seconds without progress before teardown."
         ),
+        metrics_port: int | None = typer.Option(  # observe
+            None, "--metrics-port", help="Prometheus endpoint: rank r serves on P + local rank."
+        ),
+        metrics_textfile: Path | None = typer.Option(  # observe
+            None, "--metrics-textfile", help="Folder for node-exporter's textfile collector."
+        ),
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     ) -> None:
         """Train the run spec's model (DDP / FSDP2), checkpointing and resuming exactly."""
@@ -84,6 +91,7 @@ def register(app: typer.Typer) -> None:
         agent = env is None and nproc_per_node is not None
         world = int(env["WORLD_SIZE"]) if env else (nproc_per_node if agent else 1)
         check_trainable(spec, world, data)
+        metrics = metrics_config(metrics_port, metrics_textfile, nproc_per_node or 1)  # observe
         for text, fault in zip(inject or [], faults, strict=True):
             if fault.rank >= world:
                 raise SpecError("--inject", text, f"rank must be below world size {world}")
@@ -102,6 +110,7 @@ def register(app: typer.Typer) -> None:
                 args += ["--data", str(data)]
             for f in inject or []:
                 args += ["--inject", f]
+            args += metrics_args(metrics)  # observe
             code = launch_elastic(nproc_per_node, max_restarts, args)
             if code:
                 raise typer.Exit(code)
@@ -117,6 +126,7 @@ def register(app: typer.Typer) -> None:
                 faults=faults,
                 hang_timeout_s=hang_timeout,
                 progress=True,
+                metrics=metrics,  # observe
             )
             summary = run_training(spec, opts, timeout_s=max(600.0, 4 * hang_timeout))
             if rank != 0 or os.environ.get("AIHPC_ELASTIC_AGENT"):

@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.optim.lr_scheduler import LambdaLR
 
+from aihpc.observe.metrics import MetricsConfig, open_train_metrics
 from aihpc.resilience import (
     CheckpointManager,
     Fault,
@@ -57,6 +58,7 @@ class TrainOptions:
     hang_timeout_s: float = 300.0
     startup_timeout_s: float = 600.0
     progress: bool = True
+    metrics: MetricsConfig | None = None  # observe: --metrics-port / --metrics-textfile
 
 
 def check_trainable(
@@ -200,6 +202,17 @@ def _process_start_unix() -> float | None:
         return None
 
 
+def _device_memory(ctx: DistContext) -> Callable[[], dict[str, float]] | None:
+    """observe: the CUDA caching allocator's figures for the metrics (None on the CPU)."""
+    if ctx.device.type != "cuda":
+        return None
+    return lambda: {
+        "device_allocated": float(torch.cuda.memory_allocated(ctx.device)),
+        "device_reserved": float(torch.cuda.memory_reserved(ctx.device)),
+        "device_peak_allocated": float(torch.cuda.max_memory_allocated(ctx.device)),
+    }
+
+
 def _rewrite_metrics(path: Path, keep_through: int) -> None:
     """On resume, drop logged steps past the checkpoint: they are about to be replayed."""
     if not path.exists():
@@ -253,14 +266,25 @@ def train(spec: RunSpec, opts: TrainOptions, ctx: DistContext) -> dict[str, Any]
     events = _Events(run_dir / "events.jsonl", ctx.rank, attempt)
     events("process_start", process_start_unix=_process_start_unix(), world_size=ctx.world_size)
     injector = FaultInjector(list(opts.faults), ctx.rank, run_dir)
+    observe = open_train_metrics(  # observe: Prometheus exporter (a no-op without --metrics-*)
+        opts.metrics,
+        spec=spec,
+        run_dir=run_dir,
+        rank=ctx.rank,
+        local_rank=ctx.local_rank,
+        world_size=ctx.world_size,
+        attempt=attempt,
+        device_memory=_device_memory(ctx),
+    )
     watchdog = Watchdog(
         run_dir,
         ctx.rank,
         opts.hang_timeout_s,
         startup_timeout_s=opts.startup_timeout_s,
         attempt=attempt,
-        on_hang=lambda ev: events(**ev),
+        on_hang=lambda ev: (events(**ev), observe.hang()),  # observe: hang()
     ).start()
+    done = False  # observe: close(final=done)
     try:
         torch.manual_seed(t.seed)  # same on every rank: the RNG state is one, not per rank
         plan = spec.plan()
@@ -283,7 +307,10 @@ def train(spec: RunSpec, opts: TrainOptions, ctx: DistContext) -> dict[str, Any]
             before_commit=lambda step: injector.fire(step, at="save"),
         )
         events("pg_ready")
+        t_load = time.perf_counter()  # observe
         start = manager.load_latest(state) or 0
+        if start:  # observe
+            observe.loaded(start, time.perf_counter() - t_load)
         events("loaded", step=start)
         metrics = run_dir / "metrics.jsonl"
         if ctx.is_main:
@@ -304,6 +331,7 @@ def train(spec: RunSpec, opts: TrainOptions, ctx: DistContext) -> dict[str, Any]
             micro,
             accum,
             metrics,
+            observe,
         )
         result = _loop(job, start, opts.progress)
         watchdog.expect_slow()  # the last async commit and the hash may outlast a step
@@ -320,9 +348,11 @@ def train(spec: RunSpec, opts: TrainOptions, ctx: DistContext) -> dict[str, Any]
             num_params=sum(p.numel() for p in model.parameters()),
         )
         events("done", step=result["final_step"])
+        done = True  # observe
         return result
     finally:
         watchdog.stop()
+        observe.close(final=done)  # observe
 
 
 @dataclass
@@ -343,6 +373,7 @@ class _Job:
     micro: int
     accum: int
     metrics: Path
+    observe: Any = None  # observe: aihpc.observe.metrics.NullMetrics | TrainMetrics
 
 
 def _loop(job: _Job, start: int, progress: bool) -> dict[str, Any]:
@@ -363,6 +394,7 @@ def _loop(job: _Job, start: int, progress: bool) -> dict[str, Any]:
         for step in range(start + 1, t.train_steps + 1):
             t0 = time.perf_counter()
             batches = loader.next_batch(ctx.rank, ctx.world_size, micro)
+            t_data = time.perf_counter()  # observe
             local = torch.zeros((), dtype=torch.float32, device=ctx.device)
             for i, (x, y) in enumerate(batches):
                 last = i == len(batches) - 1
@@ -380,14 +412,31 @@ def _loop(job: _Job, start: int, progress: bool) -> dict[str, Any]:
                     )
                     mb_loss.backward()
                 local += mb_loss.detach()
+            t_fb = time.perf_counter()  # observe
+            grad_norm = None  # observe
             if t.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
+            t_opt = time.perf_counter()  # observe
             dist.all_reduce(local, op=dist.ReduceOp.AVG)
             loss = local.item()
             dt = time.perf_counter() - t0
+            job.observe.step(  # observe
+                step,
+                step_time_s=dt,
+                tokens=tokens_per_step,
+                loss=loss,
+                learning_rate=scheduler.get_last_lr()[0],
+                grad_norm=grad_norm,
+                phases={
+                    "data_wait": t_data - t0,
+                    "forward_backward": t_fb - t_data,
+                    "optimizer": t_opt - t_fb,
+                    "loss_sync": t0 + dt - t_opt,
+                },
+            )
             watchdog.beat(step)
             if ctx.is_main:
                 with open(metrics, "a") as f:
@@ -413,6 +462,9 @@ def _loop(job: _Job, start: int, progress: bool) -> dict[str, Any]:
                 watchdog.expect_slow()  # a sync save may outlast the step bound
                 manager.save(step, state)
                 events("checkpoint_saved", step=step, blocking_s=manager.last_blocking_s)
+                job.observe.checkpoint(  # observe
+                    step, manager.last_blocking_s, manager.root / f"step_{step:08d}"
+                )
                 watchdog.beat(step)
                 if injector.due(step, "step", ("corrupt-checkpoint",)):
                     manager.wait()
