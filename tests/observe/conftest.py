@@ -135,3 +135,17 @@ def exception_run(tmp_path_factory) -> Run:
     run = train(tmp, "exception", None, "--inject", "exception:step=3:rank=1", textfile=True)
     assert run.proc.returncode == 1, run.proc.stderr[-3000:]
     return run
+
+
+@pytest.fixture(scope="session")
+def fr_run(tmp_path_factory) -> tuple[Path, str]:
+    """Real flight-recorder dumps (gloo records since PyTorch 2.7): (dump folder, stderr)."""
+    out = tmp_path_factory.mktemp("flight_recorder")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_FR_BUFFER_SIZE": "64"}
+    # --tee 3: each worker's lines prefixed "[default<local rank>]:", as users often run it
+    args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--tee", "3"]
+    args += ["--log-dir", str(out.parent / "fr_logs"), "--master-port", str(free_port())]
+    args += [str(Path(__file__).with_name("fr_worker.py"))]
+    proc = subprocess.run([*args, str(out)], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc.stdout + proc.stderr

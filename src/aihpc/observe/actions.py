@@ -85,7 +85,8 @@ def summary_for(d: Diagnosis) -> str:
         ),
         "ib_error": lambda: (
             f"InfiniBand/RoCE completion error {x.get('status')} "
-            f"(IBV_WC_{IBV_WC_STATUS.get(int(x['status']), '?')}) on {where} with peer {x.get('peer')}"
+            f"(IBV_WC_{IBV_WC_STATUS.get(int(x['status']), '?')}) on {where} "
+            f"with peer {x.get('peer')}"
         ),
         "ib_port_event": lambda: (
             f"InfiniBand/RoCE {x.get('event')} on {x.get('dev', 'a port')}"
@@ -154,11 +155,12 @@ def _oom_summary(e: Any) -> str:
 def _oom_action(d: Diagnosis, spec: RunSpec | None) -> str:
     x = d.cause.details if d.cause else {}
     parts = []
-    allocated, reserved = _bytes(x.get("allocated")), _bytes(x.get("reserved"))
-    if allocated and reserved and reserved > 0.1 * (allocated + reserved):
+    tried, reserved = _bytes(x.get("tried")), _bytes(x.get("reserved"))
+    if tried and reserved and reserved >= tried:
+        # the cache held more than the request, just not in one piece: fragmentation
         parts.append(
-            f"{x['reserved']} is cached but unallocated (fragmentation): set "
-            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+            f"PyTorch's cache held {x['reserved']} unused, more than the {x['tried']} asked "
+            "for, but not in one piece: set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
         )
     if spec is not None:
         parts.append(_plan_memory(spec, _bytes(x.get("total") or x.get("total_old"))))
@@ -227,7 +229,10 @@ def action_for(d: Diagnosis, spec: RunSpec | None = None) -> str:
     if d.cls == "cuda_error":
         if "ECC" in str(x.get("error")):
             return _drain(node, "uncorrectable ECC")
-        return "rerun the failing step with CUDA_LAUNCH_BLOCKING=1 (or compute-sanitizer) to find the kernel"
+        return (
+            "rerun the failing step with CUDA_LAUNCH_BLOCKING=1 (or under compute-sanitizer) "
+            "to find the kernel"
+        )
     if d.cls == "injected_fault":
         outcome = (
             "the job recovered"
@@ -269,6 +274,13 @@ _WAITING_CLASSES = ("nccl_timeout", "collective_timeout", "hang", "heartbeat_tim
 
 
 def _waiting_action(d: Diagnosis) -> str:
+    if d.frozen:
+        return (
+            "no rank had ever enqueued a collective (last enqueued -1 everywhere): the processes "
+            "were frozen before the first one (a storage stall, a Python deadlock, a slow "
+            "compile), not a network fault. py-spy dump the ranks next time; if storage stalls "
+            "are normal there, raise TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"
+        )
     if d.not_joined:
         return (
             f"rank(s) {_ranks(d.not_joined)} never reached the collective the others waited in: "

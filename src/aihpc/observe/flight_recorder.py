@@ -51,10 +51,7 @@ def read_dump(path: Path) -> tuple[int, dict[str, Any]]:
     if m is None:
         raise ValueError(f"{path}: a flight-recorder dump's name ends with its rank")
     data = path.read_bytes()
-    if data[:1] == b"\x80":
-        dump = _DataOnly(io.BytesIO(data)).load()
-    else:
-        dump = json.loads(data)
+    dump = _DataOnly(io.BytesIO(data)).load() if data[:1] == b"\x80" else json.loads(data)
     if not isinstance(dump, dict) or "entries" not in dump:
         raise ValueError(f"{path}: not a flight-recorder dump (no entries)")
     return int(m.group(1)), dump

@@ -32,10 +32,11 @@ _KEYWORDS = re.compile(
     r"Segmentation|SIGSEGV|CANCELLED|Node failure|Traceback|exitcode|closing signal|"
     r"CUDA error|nccl\w*Error|Cuda failure|Timed out|timeout|Timeout|Heartbeat|"
     r"Connection|Broken pipe|recvBytes|sendBytes|terminate called|what\(\)|NCCL operations|"
-    r"data inconsistency|dump signal|srun: error|made no progress|DistNetworkError|"
-    r"Fatal Python|host\s+:|rank\s+:|trained|final_step"
+    r"data inconsistency|dump signal|death signal|srun: error|made no progress|DistNetworkError|"
+    r"Fatal Python|host\s+:|rank\s+:|trained|final_step|NCCL INFO comm"
 )
-_RANK_PREFIX = re.compile(r"^\[(?:rank|Rank )(\d+)\]:\s?|^\s{0,3}(\d{1,6}): ")
+# torchrun's "[rank3]:", srun --label's "3: ", torchrun --tee's "[default3]:" (role, local rank)
+_RANK_PREFIX = re.compile(r"^\[(?:rank|Rank )(\d+)\]:\s?|^\s{0,3}(\d{1,6}): |^\[[a-z_]+(\d+)\]:")
 _RANK_IN_TEXT = re.compile(r"\[(?:PG [^\]]*?)?Rank (\d+)\]|\[aihpc\.\w+ rank (\d+)\]")
 _NCCL_HOST = re.compile(r"^(?P<host>[A-Za-z][\w.-]*):(?P<pid>\d+):(?P<tid>\d+) \[\d+\]")
 _SYSLOG_HOST = re.compile(
@@ -187,9 +188,10 @@ class _FileReader:
         self.logs, self.path, self.year = logs, path, year
         self.last_time: float | None = None
         self.untimed: list[LogEvent] = []  # events above the file's first timestamp
-        self.in_traceback: dict[int | None, bool] = {}
+        self.in_traceback: dict[tuple[int | None, int | None], bool] = {}
         self.failure: dict[str, str] = {}
         self.root_next = False
+        self.local: int | None = None  # the line's local rank, from a "[default3]:" prefix
         self.file_node = _kernel_file_node(path)
 
     def read(self) -> None:
@@ -203,7 +205,8 @@ class _FileReader:
                     ev.time = stamp
                 self.untimed = []
             m = _RANK_PREFIX.match(line)
-            rank = int(m.group(1) or m.group(2)) if m else None
+            rank = int(m.group(1) or m.group(2)) if m and not m.group(3) else None
+            self.local = int(m.group(3)) if m and m.group(3) else None
             body = line[m.end() :] if m else line
             if rank is None and body.startswith("[aihpc.") and (r := _RANK_IN_TEXT.match(body)):
                 rank = int(r.group(2))
@@ -230,6 +233,8 @@ class _FileReader:
         details = {k: _number(v) for k, v in details.items() if v is not None}
         if rank is None and (m := _RANK_IN_TEXT.search(body)):
             rank = int(m.group(1) or m.group(2))
+        if rank is None and self.local is not None:
+            details.setdefault("local_rank", self.local)
         node = details.pop("node", None) or _node_from(line, self.path)
         if node is None and cls in ("xid", "segfault", "host_oom"):
             node = self.file_node
@@ -238,6 +243,16 @@ class _FileReader:
         if cls == "worker_failed":
             cls, tier = classify_exitcode(int(details["exitcode"]))
             details["source"] = "agent"
+        if isinstance(details.get("at"), str) and (at := _timestamp(details["at"], self.year)):
+            self.last_time = at  # Slurm's "CANCELLED AT <time>" is the line's own time
+        if cls == "ib_error" and details.get("status") == 5:
+            tier = "follow_on"  # IBV_WC_WR_FLUSH_ERR: the queue pair was already in error
+        if cls == "nccl_comm":  # NCCL's rank in the default communicator: the global rank
+            rank = details["comm_rank"] if rank is None else rank
+            if details.get("pg") in (None, 0):
+                self.logs.world_size = max(self.logs.world_size or 0, details["nranks"])
+        if rank is None and isinstance(details.get("tasks"), int):
+            rank = details["tasks"]  # srun's task id is the global rank (one task per GPU)
         ev = self.logs.add(
             cls=cls,
             tier=tier,
@@ -254,14 +269,15 @@ class _FileReader:
 
     def _traceback(self, n: int, body: str, rank: int | None, line: str) -> bool:
         """Emit the exception that ends a Python traceback; True if the line was consumed."""
+        who = (rank, self.local)
         if body.startswith("Traceback (most recent call last)"):
-            self.in_traceback[rank] = True
+            self.in_traceback[who] = True
             return True
-        if not self.in_traceback.get(rank):
+        if not self.in_traceback.get(who):
             return False
         if body.startswith((" ", "\t")) or not body.strip():
             return True  # a frame or its source line
-        self.in_traceback[rank] = False
+        self.in_traceback[who] = False
         m = EXCEPTION_LINE.match(body.strip())
         if m is None:
             return False
@@ -280,11 +296,13 @@ class _FileReader:
         if key != "exitcode":
             return
         code = re.match(r"(-?\d+)", self.failure["exitcode"])
-        rank = re.match(r"(\d+)", self.failure.get("rank", ""))
+        rank = re.match(r"(\d+)(?: \(local_rank: (\d+)\))?", self.failure.get("rank", ""))
         if code is None:
             return
         cls, tier = classify_exitcode(int(code.group(1)))
         details = {"exitcode": int(code.group(1)), "source": "summary", "root": self.root_next}
+        if rank and rank.group(2):
+            details["summary_local_rank"] = int(rank.group(2))
         self.root_next = False
         self.logs.add(
             cls=cls,

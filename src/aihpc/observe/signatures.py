@@ -53,8 +53,15 @@ SIGNATURES: tuple[Signature, ...] = (
     _s(
         "agent_sigterm",
         "follow_on",
-        r"Sending process (?P<pid>\d+) closing signal (?P<signal>SIG\w+)",
+        r"Sending process (?P<pid>\d+) closing signal (?P<signal>SIG\w+)|"
+        r"Received (?P<signum>\d+) death signal, shutting down workers",
         "PyTorch torch/distributed/elastic/multiprocessing/api.py",
+    ),
+    _s(
+        "nccl_comm",
+        "context",
+        r"NCCL INFO comm 0x[0-9a-f]+ rank (?P<comm_rank>\d+) nranks (?P<nranks>\d+)",
+        "NCCL src/init.cc (the 'Init COMPLETE' line: which host and PID hold which rank)",
     ),
     # ---- hardware ------------------------------------------------------------------------------
     _s(
@@ -103,14 +110,14 @@ SIGNATURES: tuple[Signature, ...] = (
         "cause",
         r"Detected (?P<events>\d+) oom[_-]kill event|"
         r"srun: error: (?P<node>\S+): tasks? (?P<tasks>[\d,-]+): Out Of Memory|"
-        r"Out of memory: Killed process (?P<pid>\d+) \((?P<comm>[^)]+)\)",
+        r"[Oo]ut of memory: Killed process (?P<pid>\d+) \((?P<comm>[^)]+)\)",
         "Slurm task/cgroup (oom_kill events), srun; Linux mm/oom_kill.c",
     ),
     _s(
         "segfault",
         "cause",
         r"(?P<comm>\S+)\[(?P<pid>\d+)\]: segfault at (?P<addr>[0-9a-f]+) ip (?P<ip>[0-9a-f]+) "
-        r"sp [0-9a-f]+ error (?P<err>\d+)(?: in (?P<obj>\S+))?|"
+        r"sp [0-9a-f]+ error (?P<err>\d+)(?: in (?P<obj>[^\[\s]+))?|"
         r"Fatal Python error: Segmentation fault|"
         r"Signal 11 \(SIGSEGV\) received by PID (?P<sig_pid>\d+)",
         "Linux arch/x86/mm/fault.c (show_signal_msg); CPython faulthandler; torchelastic",
