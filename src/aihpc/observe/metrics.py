@@ -258,7 +258,9 @@ class TrainMetrics(NullMetrics):
         metric = cls(d.name, d.help, (*LABELS, *d.labels), **kwargs)
         if d.labels:  # children are made where the extra label's value is known
             return _Partial(metric, base)
-        return metric.labels(**base)
+        if d.kind == "gauge":  # a gauge nobody set yet is absent, not 0
+            return _Lazy(metric, base)
+        return metric.labels(**base)  # counters and histograms: 0 is true before anything
 
     def _describe(self, spec: RunSpec | None, restarts: int, hangs_before: int) -> None:
         m, p = self._m, self.prediction
@@ -306,7 +308,6 @@ class TrainMetrics(NullMetrics):
     ) -> None:
         m, now = self._m, time.time()
         share = tokens / self.world_size
-        norm = _as_float(grad_norm)
         m["aihpc_train_steps_total"].inc()
         m["aihpc_train_step"].set(step)
         m["aihpc_train_step_duration_seconds"].observe(step_time_s)
@@ -318,7 +319,8 @@ class TrainMetrics(NullMetrics):
             flops = self.prediction.model_flops_per_token * share / step_time_s
             m["aihpc_train_mfu_ratio"].set(flops / self.prediction.peak_flops)
         m["aihpc_train_loss"].set(loss)
-        m["aihpc_train_grad_norm"].set(norm)
+        if grad_norm is not None:
+            m["aihpc_train_grad_norm"].set(_as_float(grad_norm))
         m["aihpc_train_learning_rate"].set(learning_rate)
         m["aihpc_train_last_step_timestamp_seconds"].set(now)
         self._step_sum += step_time_s
@@ -418,6 +420,16 @@ class TrainMetrics(NullMetrics):
                     return
             time.sleep(0.05)
         log.warning("no scrape in the %.0f s after the end", self.config.final_scrape_timeout_s)
+
+
+class _Lazy:
+    """A gauge's labelled child, made on first use."""
+
+    def __init__(self, metric: Any, base: dict[str, str]):
+        self.metric, self.base = metric, base
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.metric.labels(**self.base), name)
 
 
 class _Partial:
