@@ -45,7 +45,7 @@ def test_every_metric_is_scraped(prometheus, kill_run):
 def test_steps_tokens_loss_and_lr_match_the_run(prometheus, kill_run):
     summary = kill_run.summary
     resumed = summary["resumed_from_step"]
-    assert summary["restarts"] == 1 and 0 <= resumed < 6
+    assert summary["restarts"] == 1 and resumed == INTERVAL  # the step-4 save, synchronous
     done = TRAIN_STEPS - resumed  # steps the restarted processes ran
     assert last(prometheus, kill_run, "aihpc_train_step") == {"0": TRAIN_STEPS, "1": TRAIN_STEPS}
     assert last(prometheus, kill_run, "aihpc_train_steps_total") == {"0": done, "1": done}
@@ -63,7 +63,7 @@ def test_restarts_are_counted_across_the_kill(prometheus, kill_run):
     assert last(prometheus, kill_run, "aihpc_train_restarts_total") == {"0": 1.0, "1": 1.0}
     # the restarted processes loaded the checkpoint, and said how long it took
     load = last(prometheus, kill_run, "aihpc_train_checkpoint_load_seconds")
-    assert all(0 < v < 30 for v in load.values()) if kill_run.summary["resumed_from_step"] else True
+    assert set(load) == {"0", "1"} and all(0 < v < 30 for v in load.values())
 
 
 def test_checkpoint_bytes_and_commits_match_the_manifests(prometheus, kill_run):
@@ -80,10 +80,11 @@ def test_checkpoint_bytes_and_commits_match_the_manifests(prometheus, kill_run):
     assert committed == {"0": TRAIN_STEPS, "1": TRAIN_STEPS}
     count = last(prometheus, kill_run, "aihpc_train_checkpoint_save_seconds_count")
     assert count == {"0": len(saved), "1": len(saved)}
-    # a save's total (to commit) is never shorter than the part that blocked training
+    # the test's saves are synchronous: the commit happens inside the blocking call (before its
+    # closing barrier), so "start to commit" is positive and no longer than the blocking time
     total = last(prometheus, kill_run, "aihpc_train_checkpoint_save_seconds_sum")
     blocking = last(prometheus, kill_run, "aihpc_train_checkpoint_blocking_seconds_sum")
-    assert all(total[r] >= blocking[r] > 0 for r in ("0", "1"))
+    assert all(0 < total[r] <= blocking[r] for r in ("0", "1")), (total, blocking)
 
 
 def test_step_time_phases_add_up_and_mfu_follows_from_tokens(prometheus, kill_run):

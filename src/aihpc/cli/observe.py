@@ -225,8 +225,9 @@ def _register_check(app: typer.Typer) -> None:
         if nproc_per_node is not None and nproc_per_node < 1:
             raise SpecError("--nproc-per-node", nproc_per_node, "a positive integer")
         cal = load_calibration(calibration) if calibration is not None else None
-        smi = chk.run_tool(["nvidia-smi", f"--query-gpu={chk.NVIDIA_SMI_QUERY}",
-                            "--format=csv,noheader,nounits"])  # fmt: skip
+        smi = chk.run_tool(
+            ["nvidia-smi", f"--query-gpu={chk.NVIDIA_SMI_QUERY}", "--format=csv,noheader,nounits"]
+        )
         ib = chk.run_tool(["ibstat"])
         results = chk.gpu_checks(smi[1] if smi else None, smi[0] if smi else 0, gpus)
         hcas = tuple(h.split(":")[0] for h in (ib_hca or "").split(",") if h)
@@ -270,8 +271,9 @@ def _report_checks(results: list, gemm: list[dict], comm: list[dict], as_json: b
             table.add_column(col)
         colour = {"pass": "green", "fail": "bold red", "skip": "yellow", "info": "cyan"}
         for r in results:
-            table.add_row(r.name, f"[{colour[r.status]}]{r.status}[/]", r.measured, r.expected,
-                          r.detail)  # fmt: skip
+            table.add_row(
+                r.name, f"[{colour[r.status]}]{r.status}[/]", r.measured, r.expected, r.detail
+            )
         console.print(table)
     for r in failed:
         err_console.print(r.line(), highlight=False, soft_wrap=True, markup=False)

@@ -203,9 +203,10 @@ def action_for(d: Diagnosis, spec: RunSpec | None = None) -> str:
         return f"restart from the last checkpoint. NVIDIA: {info['action']}"
     if d.cls == "ib_error":
         status = int(x["status"])
-        why = {12: "the link dropped packets until the transport retry count ran out",
-               13: "the receiver was not ready (RNR) past the retry count"}.get(
-            status, f"IBV_WC_{IBV_WC_STATUS.get(status, '?')}")  # fmt: skip
+        why = {
+            12: "the link dropped packets until the transport retry count ran out",
+            13: "the receiver was not ready (RNR) past the retry count",
+        }.get(status, f"IBV_WC_{IBV_WC_STATUS.get(status, '?')}")
         return (
             f"{why}: check both ends (ibstat; the port counters symbol_error, link_downed, "
             f"port_rcv_errors) of {node or 'this node'} and {x.get('peer')}; "
@@ -269,8 +270,15 @@ def action_for(d: Diagnosis, spec: RunSpec | None = None) -> str:
     )
 
 
-_WAITING_CLASSES = ("nccl_timeout", "collective_timeout", "hang", "heartbeat_timeout", "aborted",
-                    "peer_closed", "collective_stuck")  # fmt: skip
+_WAITING_CLASSES = (
+    "nccl_timeout",
+    "collective_timeout",
+    "hang",
+    "heartbeat_timeout",
+    "aborted",
+    "peer_closed",
+    "collective_stuck",
+)
 
 
 def _waiting_action(d: Diagnosis) -> str:

@@ -33,7 +33,7 @@ _KEYWORDS = re.compile(
     r"CUDA error|nccl\w*Error|Cuda failure|Timed out|timeout|Timeout|Heartbeat|"
     r"Connection|Broken pipe|recvBytes|sendBytes|terminate called|what\(\)|NCCL operations|"
     r"data inconsistency|dump signal|death signal|srun: error|made no progress|DistNetworkError|"
-    r"Fatal Python|host\s+:|rank\s+:|trained|final_step|NCCL INFO comm"
+    r"Fatal Python|host\s+:|rank\s+:|trained|final_step|world_size|NCCL INFO comm"
 )
 # torchrun's "[rank3]:", srun --label's "3: ", torchrun --tee's "[default3]:" (role, local rank)
 _RANK_PREFIX = re.compile(r"^\[(?:rank|Rank )(\d+)\]:\s?|^\s{0,3}(\d{1,6}): |^\[[a-z_]+(\d+)\]:")
@@ -251,6 +251,8 @@ class _FileReader:
             rank = details["comm_rank"] if rank is None else rank
             if details.get("pg") in (None, 0):
                 self.logs.world_size = max(self.logs.world_size or 0, details["nranks"])
+        if isinstance(details.get("world"), int):  # aihpc's summary names the world size
+            self.logs.world_size = max(self.logs.world_size or 0, details["world"])
         if rank is None and isinstance(details.get("tasks"), int):
             rank = details["tasks"]  # srun's task id is the global rank (one task per GPU)
         ev = self.logs.add(

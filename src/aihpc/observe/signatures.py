@@ -207,8 +207,14 @@ SIGNATURES: tuple[Signature, ...] = (
     _s(
         "done",
         "context",
-        r"^trained \d+ steps on \d+ rank|\"final_step\": \d+",
+        r"^trained \d+ steps on (?P<world>\d+) rank|\"final_step\": \d+",
         "aihpc train (its closing line and JSON summary)",
+    ),
+    _s(
+        "world",
+        "context",
+        r"^\s*\"world_size\": (?P<world>\d+)",
+        "aihpc train (its JSON summary)",
     ),
     _s(
         "worker_failed",

@@ -54,8 +54,9 @@ def _draw(ax: Any, panel: PanelData, t0: float, step: float) -> None:
         ys = []
         for _, ts, vs in panel.series:
             at = dict(zip(ts, vs, strict=True))
-            ys.append([scale * at.get(t, 0.0) if math.isfinite(at.get(t, 0.0)) else 0.0
-                       for t in grid])  # fmt: skip
+            ys.append(
+                [scale * at.get(t, 0.0) if math.isfinite(at.get(t, 0.0)) else 0.0 for t in grid]
+            )
         ax.stackplot([t - t0 for t in grid], ys, labels=[s[0] for s in panel.series], alpha=0.7)
     else:
         for label, times, values in panel.series:
