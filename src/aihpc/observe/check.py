@@ -251,7 +251,8 @@ def _judge(
     name: str, measured: float, expected: float | None, unit: str, min_ratio: float, src: str
 ) -> CheckResult:
     if expected is None:
-        return CheckResult(name, "info", f"{measured:.4g} {unit}", detail=f"no expectation ({src})")
+        why = "give --calibration (aihpc calibrate) or --gpu" if src == "none" else f"not in {src}"
+        return CheckResult(name, "info", f"{measured:.4g} {unit}", detail=f"no expectation: {why}")
     ok = measured >= min_ratio * expected
     return CheckResult(
         name,

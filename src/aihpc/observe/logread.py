@@ -28,7 +28,7 @@ from aihpc.observe.signatures import EXCEPTION_LINE, SIGNATURES, classify_exitco
 __all__ = ["LogEvent", "LogSet", "read_logs"]
 
 _KEYWORDS = re.compile(
-    r"Xid|NET/IB|Watchdog|watchdog|out of memory|Out Of Memory|OutOfMemory|oom|segfault|"
+    r"Xid|NET/IB : |Watchdog|watchdog|out of memory|Out Of Memory|OutOfMemory|oom|segfault|"
     r"Segmentation|SIGSEGV|CANCELLED|Node failure|Traceback|exitcode|closing signal|"
     r"CUDA error|nccl\w*Error|Cuda failure|Timed out|timeout|Timeout|Heartbeat|"
     r"Connection|Broken pipe|recvBytes|sendBytes|terminate called|what\(\)|NCCL operations|"
@@ -42,6 +42,7 @@ _NCCL_HOST = re.compile(r"^(?P<host>[A-Za-z][\w.-]*):(?P<pid>\d+):(?P<tid>\d+) \
 _SYSLOG_HOST = re.compile(
     r"^(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT\S+) (?P<host>[\w.-]+) kernel:"
 )
+_HAS_TIME = re.compile(r"\d\d:\d\d:\d\d")
 _GLOG = re.compile(r"(?:^|[\[\s])[EWIF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(\.\d+)?\s")
 _ISO = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T _](\d\d):(\d\d):(\d\d)([.,]\d+)?")
 _SYSLOG = re.compile(r"^([A-Z][a-z]{2}) ([ \d]\d) (\d\d):(\d\d):(\d\d)\s")
@@ -186,7 +187,8 @@ class _FileReader:
 
     def __init__(self, logs: LogSet, path: Path, year: int):
         self.logs, self.path, self.year = logs, path, year
-        self.last_time: float | None = None
+        self._last_time: float | None = None
+        self._stamp_line: str | None = None  # the last line with a time in it, parsed lazily
         self.untimed: list[LogEvent] = []  # events above the file's first timestamp
         self.in_traceback: dict[tuple[int | None, int | None], bool] = {}
         self.failure: dict[str, str] = {}
@@ -198,12 +200,14 @@ class _FileReader:
         for n, raw in enumerate(_open_text(self.path), 1):
             self.logs.lines += 1
             line = raw.rstrip("\n")
-            stamp = _timestamp(line, self.year)
-            if stamp is not None:
-                self.last_time = stamp
-                for ev in self.untimed:  # before this line: no later than it
-                    ev.time = stamp
-                self.untimed = []
+            # Parsing a time costs more than the rest of a line: only note where the last one
+            # is, and parse it when a matched line needs it.
+            if _HAS_TIME.search(line, 0, 64):
+                self._stamp_line = line
+                if self.untimed and (stamp := self.last_time) is not None:
+                    for ev in self.untimed:  # before this line: no later than it
+                        ev.time = stamp
+                    self.untimed = []
             m = _RANK_PREFIX.match(line)
             rank = int(m.group(1) or m.group(2)) if m and not m.group(3) else None
             self.local = int(m.group(3)) if m and m.group(3) else None
@@ -213,6 +217,20 @@ class _FileReader:
             if rank is not None:
                 self.logs.ranks_seen.add(rank)
             self._line(n, body, rank, line)
+
+    @property
+    def last_time(self) -> float | None:
+        """The time of the last line above that has one (parsed on demand)."""
+        if self._stamp_line is not None:
+            stamp = _timestamp(self._stamp_line, self.year)
+            self._stamp_line = None
+            if stamp is not None:
+                self._last_time = stamp
+        return self._last_time
+
+    @last_time.setter
+    def last_time(self, value: float | None) -> None:
+        self._stamp_line, self._last_time = None, value
 
     def _line(self, n: int, body: str, rank: int | None, line: str) -> None:
         if self._traceback(n, body, rank, line):
