@@ -97,6 +97,8 @@ def test_a_pickled_dump_cannot_run_code(tmp_path):
     evil.write_bytes(pickle.dumps({"entries": [], "version": "2.10", "x": Path("/")}))
     with pytest.raises(pickle.UnpicklingError, match="refused"):
         read_dump(evil)
+    d = diagnose([tmp_path])  # in a folder: reported unreadable, the rest still read
+    assert d.cls == "none"
 
 
 # ---- logs of real runs ---------------------------------------------------------------------
@@ -109,7 +111,8 @@ def test_real_kill_is_found_on_the_killed_rank(kill_run):
     assert d.recovered  # the elastic agent restarted it and the run finished
     # what rank 0 printed depends on timing (a closed-peer error, or only the agent's SIGTERM)
     assert d.follow_on and all(row["rank"] != 1 for row in d.follow_on)
-    drill = diagnose([kill_run.log, kill_run.dir / "events.jsonl"])
+    # the whole run directory: events.jsonl read, checkpoint shards and DCP metadata skipped
+    drill = diagnose([kill_run.log, kill_run.dir])
     assert drill.cls == "injected_fault" and drill.cause.rank == 1
     assert drill.cause.details["kinds"] == ["kill"] and drill.cause.details["step"] == 6
 

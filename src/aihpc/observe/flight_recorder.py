@@ -34,7 +34,10 @@ class _DataOnly(pickle.Unpickler):
 
 
 def is_dump(path: Path) -> bool:
-    """A pickle (protocol 2+ magic) or a JSON object with ``entries`` and ``pg_status``."""
+    """A file named ``<prefix><rank>`` holding a pickle (protocol 2+ magic) or a JSON object
+    with ``entries``: what PyTorch writes (a DCP ``.metadata`` pickle is not one)."""
+    if not _RANK_SUFFIX.search(path.name):
+        return False
     try:
         with open(path, "rb") as f:
             head = f.read(4096)

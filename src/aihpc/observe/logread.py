@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import pickle
 import re
 import time
 from collections.abc import Iterator
@@ -399,13 +400,17 @@ def read_logs(paths: list[Path]) -> LogSet:
     files = _expand(paths)
     logs = LogSet()
     dumps = [p for p in files if is_dump(p)]
-    texts = [p for p in files if p not in dumps]
+    texts = [p for p in files if p not in dumps and not _binary(p)]
     year = _full_year(texts)
     for path in dumps:
-        rank, dump = read_dump(path)
+        logs.files += 1
+        try:
+            rank, dump = read_dump(path)
+        except (pickle.UnpicklingError, ValueError, EOFError, OSError) as err:
+            _unreadable(logs, path, err)
+            continue
         logs.flight_recorder[rank] = dump
         logs.ranks_seen.add(rank)
-        logs.files += 1
     for path in texts:
         logs.files += 1
         if _is_events_jsonl(path):
@@ -414,14 +419,30 @@ def read_logs(paths: list[Path]) -> LogSet:
             try:
                 _FileReader(logs, path, year).read()
             except (OSError, EOFError) as err:  # unreadable: say so, read the rest
-                logs.add(
-                    cls="unreadable",
-                    tier="context",
-                    time=None,
-                    file=str(path),
-                    line=0,
-                    rank=None,
-                    node=None,
-                    text=str(err),
-                )
+                _unreadable(logs, path, err)
     return logs
+
+
+def _unreadable(logs: LogSet, path: Path, err: Exception) -> None:
+    logs.add(
+        cls="unreadable",
+        tier="context",
+        time=None,
+        file=str(path),
+        line=0,
+        rank=None,
+        node=None,
+        text=f"{type(err).__name__}: {err}",
+    )
+
+
+def _binary(path: Path) -> bool:
+    """Checkpoint shards and other binaries in a run directory: a NUL byte near the start of an
+    uncompressed file (gzip is text once opened)."""
+    if path.suffix == ".gz":
+        return False
+    try:
+        with open(path, "rb") as f:
+            return b"\0" in f.read(4096)
+    except OSError:
+        return False
