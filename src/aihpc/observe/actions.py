@@ -70,6 +70,54 @@ def _drain(node: str | None, reason: str) -> str:
     )
 
 
+# One sentence per class; fields are the line's parsed details plus those _fields() derives.
+_SUMMARIES = {
+    "xid": "Xid {xid} ({xid_meaning}) on {where}, GPU at PCI {pci}",
+    "ib_error": "InfiniBand/RoCE completion error {status} (IBV_WC_{wc_status}) on {where} "
+    "with peer {peer}",
+    "ib_port_event": "InfiniBand/RoCE {event} on {dev}{port_suffix}, {where}",
+    "host_oom": "host out of memory (the kernel's OOM killer) on {where}",
+    "segfault": "segmentation fault on {where}{obj_suffix}",
+    "cuda_error": "CUDA error on {where}: {error}",
+    "exception": "Python exception on {where}: {type}: {message}",
+    "killed": "{where} was killed by SIGKILL (exit -9)",
+    "injected_fault": "aihpc drill: injected {kinds_text} at step {step} on {where}",
+    "nccl_timeout": "NCCL collective timeout: {op} #{seq} (timeout {timeout_ms} ms) on {where}",
+    "collective_timeout": "collective timed out on {where}: {op} waited {ms} ms",
+    "hang": "hang: {where}'s watchdog saw no progress for {stalled_s} s after step {step}",
+    "heartbeat_timeout": "hang: PyTorch's heartbeat monitor fired on {where}",
+    "aborted": "{where} aborted (SIGABRT, PyTorch's watchdog takes a failed process down)",
+    "node_failure": "Slurm node failure: {node_name}",
+    "slurm_timeout": "Slurm cancelled the job at its time limit ({entity} on {node_name}, {at})",
+    "slurm_preempted": "Slurm preempted the job ({entity} on {node_name}, {at})",
+    "slurm_cancelled": "the job was cancelled ({entity}, {at})",
+    "nccl_error": "NCCL error on {where}: {code}{cuda}",
+    "peer_closed": "a peer of {where} went away without a message of its own",
+}
+
+
+class _Fields(dict):
+    def __missing__(self, key: str) -> str:
+        return "?"
+
+
+def _fields(e: Any) -> _Fields:
+    x = e.details
+    f = _Fields({k: v for k, v in x.items() if v is not None})
+    f.update(where=e.where(), node_name=e.node or x.get("node", "?"), dev=x.get("dev", "a port"))
+    f["port_suffix"] = f":{x['port']}" if x.get("port") else ""
+    f["obj_suffix"] = f" in {x['obj']}" if x.get("obj") else ""
+    f["kinds_text"] = ", ".join(x.get("kinds", []))
+    f.setdefault("message", "")
+    f.setdefault("code", "")
+    f.setdefault("cuda", "")
+    if "xid" in x:
+        f["xid_meaning"] = xid_info(int(x["xid"]))["meaning"]
+    if "status" in x:
+        f["wc_status"] = IBV_WC_STATUS.get(int(x["status"]), "?")
+    return f
+
+
 def summary_for(d: Diagnosis) -> str:
     """One sentence: what failed first, where."""
     e = d.cause
@@ -77,64 +125,14 @@ def summary_for(d: Diagnosis) -> str:
         if d.stuck:
             return "collective stuck: " + "; ".join(s.describe() for s in d.stuck)
         return "no failure found in these logs"
-    x, where = e.details, e.where()
-    text = {
-        "xid": lambda: (
-            f"Xid {x.get('xid')} ({xid_info(int(x['xid']))['meaning']}) on "
-            f"{where}, GPU at PCI {x.get('pci')}"
-        ),
-        "ib_error": lambda: (
-            f"InfiniBand/RoCE completion error {x.get('status')} "
-            f"(IBV_WC_{IBV_WC_STATUS.get(int(x['status']), '?')}) on {where} "
-            f"with peer {x.get('peer')}"
-        ),
-        "ib_port_event": lambda: (
-            f"InfiniBand/RoCE {x.get('event')} on {x.get('dev', 'a port')}"
-            f"{':' + x['port'] if x.get('port') else ''}, {where}"
-        ),
-        "cuda_oom": lambda: _oom_summary(e),
-        "host_oom": lambda: f"host out of memory (the kernel's OOM killer) on {where}",
-        "segfault": lambda: (
-            f"segmentation fault on {where}" + (f" in {x['obj']}" if x.get("obj") else "")
-        ),
-        "cuda_error": lambda: f"CUDA error on {where}: {x.get('error')}",
-        "exception": lambda: (
-            f"Python exception on {where}: {x.get('type')}: {x.get('message', '')}"
-        ),
-        "killed": lambda: f"{where} was killed by SIGKILL (exit -9)",
-        "injected_fault": lambda: (
-            f"aihpc drill: injected {', '.join(x.get('kinds', []))} at "
-            f"step {x.get('step')} on {where}"
-        ),
-        "nccl_timeout": lambda: (
-            f"NCCL collective timeout: {x.get('op')} #{x.get('seq')} "
-            f"(timeout {x.get('timeout_ms', '?')} ms) on {where}"
-        ),
-        "collective_timeout": lambda: (
-            f"collective timed out on {where}: {x.get('op', '')} waited {x.get('ms', '?')} ms"
-        ),
-        "hang": lambda: (
-            f"hang: {where}'s watchdog saw no progress for "
-            f"{x.get('stalled_s', '?')} s after step {x.get('step', '?')}"
-        ),
-        "heartbeat_timeout": lambda: f"hang: PyTorch's heartbeat monitor fired on {where}",
-        "aborted": lambda: (
-            f"{where} aborted (SIGABRT, PyTorch's watchdog takes a failed process down)"
-        ),
-        "node_failure": lambda: f"Slurm node failure: {e.node or x.get('node', '?')}",
-        "slurm_timeout": lambda: (
-            f"Slurm cancelled the job at its time limit ({x.get('entity')} "
-            f"on {e.node}, {x.get('at')})"
-        ),
-        "slurm_preempted": lambda: (
-            f"Slurm preempted the job ({x.get('entity')} on {e.node}, {x.get('at')})"
-        ),
-        "slurm_cancelled": lambda: f"the job was cancelled ({x.get('entity')}, {x.get('at')})",
-        "nccl_error": lambda: f"NCCL error on {where}: {x.get('code') or x.get('cuda')}",
-        "peer_closed": lambda: f"a peer of {where} went away without a message of its own",
-    }.get(d.cls, lambda: f"{d.cls} on {where}")()
+    if d.cls == "cuda_oom":
+        text = _oom_summary(e)
+    else:
+        text = _SUMMARIES.get(d.cls, d.cls + " on {where}").format_map(_fields(e))
     if d.not_joined:
         text += f"; not joined: rank(s) {_ranks(d.not_joined)}"
+    if d.frozen:
+        text += "; no rank had enqueued a collective: frozen, not stuck on the network"
     if d.recovered:
         text += " (the job restarted and finished)"
     return text
@@ -188,14 +186,8 @@ def _plan_memory(spec: RunSpec, device_bytes: float | None) -> str:
     )
 
 
-def action_for(d: Diagnosis, spec: RunSpec | None = None) -> str:
-    """What to do next, for the root cause's class."""
-    e = d.cause
-    if e is None:
-        if d.stuck:
-            return _waiting_action(d)
-        return "nothing failed in these logs: pass the ranks' stderr, dmesg and events.jsonl"
-    x, node = e.details, e.node
+def _hardware_action(d: Diagnosis) -> str | None:
+    x, node = d.cause.details, d.cause.node
     if d.cls == "xid":
         info = xid_info(int(x["xid"]))
         if info["kind"] == "hardware":
@@ -214,32 +206,33 @@ def action_for(d: Diagnosis, spec: RunSpec | None = None) -> str:
         )
     if d.cls == "ib_port_event":
         return "a link flap or a dead HCA port: " + _drain(node, f"IB {x.get('event')}")
-    if d.cls == "cuda_oom":
-        return _oom_action(d, spec)
-    if d.cls == "host_oom":
-        return (
-            "the node's RAM ran out: fewer dataloader workers, smaller pinned buffers, async "
-            "checkpoint staging counted in the budget, or a larger --mem"
-        )
-    if d.cls == "segfault":
-        return (
-            "a native crash: rerun with PYTHONFAULTHANDLER=1 and core dumps on (ulimit -c "
-            "unlimited) to see the frame; check the library it names and the driver/CUDA versions; "
-            "if it happened once on one node, requeue without it"
-        )
-    if d.cls == "cuda_error":
-        if "ECC" in str(x.get("error")):
-            return _drain(node, "uncorrectable ECC")
-        return (
-            "rerun the failing step with CUDA_LAUNCH_BLOCKING=1 (or under compute-sanitizer) "
-            "to find the kernel"
-        )
+    if d.cls == "cuda_error" and "ECC" in str(x.get("error")):
+        return _drain(node, "uncorrectable ECC")
+    if d.cls == "node_failure":
+        return _drain(node or x.get("node"), "node failure")
+    return None
+
+
+_FIXED_ACTIONS = {
+    "host_oom": "the node's RAM ran out: fewer dataloader workers, smaller pinned buffers, async "
+    "checkpoint staging counted in the budget, or a larger --mem",
+    "segfault": "a native crash: rerun with PYTHONFAULTHANDLER=1 and core dumps on (ulimit -c "
+    "unlimited) to see the frame; check the library it names and the driver/CUDA versions; if it "
+    "happened once on one node, requeue without it",
+    "cuda_error": "rerun the failing step with CUDA_LAUNCH_BLOCKING=1 (or under "
+    "compute-sanitizer) to find the kernel",
+    "slurm_timeout": "requeue: the job resumes from its last checkpoint (sbatch --requeue, or "
+    "scontrol requeue JOBID); ask for a longer --time, and checkpoint at the interval `aihpc "
+    "goodput` gives so less is lost at the limit",
+    "slurm_preempted": "nothing is wrong with the job: requeue it (automatic with sbatch "
+    "--requeue)",
+}
+
+
+def _process_action(d: Diagnosis) -> str | None:
+    e = d.cause
     if d.cls == "injected_fault":
-        outcome = (
-            "the job recovered"
-            if d.recovered
-            else "it did not recover: read the follow-on failures"
-        )
+        outcome = "the job recovered" if d.recovered else "it did not recover: see the follow-on"
         return f"a fault injected on purpose (aihpc train --inject): nothing to fix; {outcome}"
     if d.cls == "exception":
         return (
@@ -251,23 +244,26 @@ def action_for(d: Diagnosis, spec: RunSpec | None = None) -> str:
             f"find who sent SIGKILL to {e.where()}: the kernel's OOM killer (dmesg: 'Out of "
             "memory: Killed process'), scancel or the time limit (sacct -j JOBID), or a watchdog"
         )
-    if d.cls in ("node_failure",):
-        return _drain(node or x.get("node"), "node failure")
-    if d.cls == "slurm_timeout":
-        return (
-            "requeue: the job resumes from its last checkpoint (sbatch --requeue, or scontrol "
-            "requeue JOBID); ask for a longer --time, and checkpoint at the interval `aihpc "
-            "goodput` gives so less is lost at the limit"
-        )
-    if d.cls == "slurm_preempted":
-        return "nothing is wrong with the job: requeue it (automatic with sbatch --requeue)"
+    return None
+
+
+def action_for(d: Diagnosis, spec: RunSpec | None = None) -> str:
+    """What to do next, for the root cause's class."""
+    e = d.cause
+    if e is None:
+        if d.stuck:
+            return _waiting_action(d)
+        return "nothing failed in these logs: pass the ranks' stderr, dmesg and events.jsonl"
+    if d.cls == "cuda_oom":
+        return _oom_action(d, spec)
+    action = _hardware_action(d) or _process_action(d) or _FIXED_ACTIONS.get(d.cls)
+    if action is not None:
+        return action
     if d.cls in _WAITING_CLASSES:
         return _waiting_action(d)
-    return (
-        f"look at {Path(e.file).name}:{e.line} ({signal_name(int(x['exitcode']))})"
-        if ("exitcode" in x)
-        else f"look at {Path(e.file).name}:{e.line}"
-    )
+    code = e.details.get("exitcode")
+    where = f"{Path(e.file).name}:{e.line}"
+    return f"look at {where} ({signal_name(int(code))})" if code is not None else f"look at {where}"
 
 
 _WAITING_CLASSES = (
