@@ -9,7 +9,7 @@ from __future__ import annotations
 import typer
 
 from aihpc import __version__
-from aihpc.cli import bench, catalog, goodput, plan, train
+from aihpc.cli import bench, catalog, goodput, observe, plan, train
 from aihpc.cli._common import HelpGroup
 
 __all__ = ["app", "main"]
@@ -46,6 +46,7 @@ train.register(app)
 goodput.register(app)
 bench.register(app)
 catalog.register(app)
+observe.register(app)
 
 
 def main() -> None:

@@ -26,6 +26,7 @@ from typing import Any
 import typer
 
 from aihpc.cli._common import RUNSPEC_HELP, console, fail, guarded, print_json, require_torch
+from aihpc.cli.observe import metrics_args, metrics_config
 from aihpc.spec import RunSpec, SpecError, load_runspec
 
 __all__ = ["register"]
@@ -175,6 +176,12 @@ def register(app: typer.Typer) -> None:
         startup_timeout: float = typer.Option(
             600.0, "--startup-timeout", help="Bound on start-up and the first step, seconds."
         ),
+        metrics_port: int | None = typer.Option(
+            None, "--metrics-port", help="Prometheus endpoint: rank r serves on P + local rank."
+        ),
+        metrics_textfile: Path | None = typer.Option(
+            None, "--metrics-textfile", help="Folder for node-exporter's textfile collector."
+        ),
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     ) -> None:
         """Train the run spec's model under its plan (DP / FSDP / HSDP, TP + SP, PP, CP),
@@ -201,10 +208,13 @@ def register(app: typer.Typer) -> None:
         world = int(env["WORLD_SIZE"]) if env else (nproc_per_node if agent else 1)
         check_trainable(spec, world, data)
         faults = _check_faults(spec, inject, world)
+        metrics = metrics_config(metrics_port, metrics_textfile, nproc_per_node or 1)
         if env is None:
             _check_host_memory(spec, world)
         _check_run_dir(run_dir)
-        job = _Job(spec, runspec, run_dir, data, faults, inject, hang_timeout, startup_timeout)
+        job = _Job(
+            spec, runspec, run_dir, data, faults, inject, hang_timeout, startup_timeout, metrics
+        )
         if env is None:
             job.own(agent, nproc_per_node, max_restarts, as_json)
         else:
@@ -223,6 +233,7 @@ class _Job:
     inject: list[str]
     hang_timeout: float
     startup_timeout: float
+    metrics: Any  # aihpc.observe.metrics.MetricsConfig | None
 
     def options(self, **kw: Any) -> Any:
         from aihpc.runtime import TrainOptions
@@ -234,6 +245,7 @@ class _Job:
             hang_timeout_s=self.hang_timeout,
             startup_timeout_s=self.startup_timeout,
             progress=True,
+            metrics=self.metrics,
             **kw,
         )
 
@@ -299,6 +311,7 @@ class _Job:
             args += ["--data", str(self.data)]
         for f in self.inject:
             args += ["--inject", f]
+        args += metrics_args(self.metrics)
         code, line = launch_elastic(nproc, max_restarts, args, self.run_dir)
         if code:
             fail(line, code=code)

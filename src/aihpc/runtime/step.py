@@ -9,9 +9,10 @@ value / (dp x cp x tp) from the ranks of the last pipeline stage is that mean.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -78,6 +79,10 @@ class Stepper:
     device: torch.device
     schedule: Any = None  # the pipeline schedule, when pp > 1
     positions: torch.Tensor | None = None  # context parallel: this rank's token positions
+    # what the last step spent where, and its gradient norm (for the metrics exporter)
+    last_phases: dict[str, float] = field(default_factory=dict)
+    last_grad_norm: float | None = None
+    last_step_s: float = 0.0  # the phases' sum
 
     def _loss_ctx(self) -> AbstractContextManager[Any]:
         return loss_parallel() if self.par.dims.tp > 1 else nullcontext()
@@ -127,20 +132,35 @@ class Stepper:
         return torch.stack([v.detach().float() for v in values]).mean()
 
     def step(self, autocast: Any) -> float:
+        """One optimizer step; the global batch's mean loss."""
+        t0 = time.perf_counter()
         x, y = self._batch()
+        t_data = time.perf_counter()
         if self.schedule is not None:
             local = self._pipeline(x, y)
         else:
             local = self._forward_backward(x, y, autocast)
+        t_fb = time.perf_counter()
         params = [p for p in self.parts.model.parameters() if p.requires_grad]
+        self.last_grad_norm = None
         if self.grad_clip > 0:
             pp_group = self.par.pp_group if self.par.dims.pp > 1 else None
-            clip_grad_norm(params, self.grad_clip, pp_group)
+            self.last_grad_norm = clip_grad_norm(params, self.grad_clip, pp_group)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        t_opt = time.perf_counter()
         d = self.par.dims
         weight = 1.0 / (d.dp * d.cp * d.tp) if self.parts.last else 0.0
         total = local * weight
         dist.all_reduce(total)
-        return total.item()
+        loss = total.item()
+        end = time.perf_counter()
+        self.last_step_s = end - t0
+        self.last_phases = {
+            "data_wait": t_data - t0,
+            "forward_backward": t_fb - t_data,
+            "optimizer": t_opt - t_fb,
+            "loss_sync": end - t_opt,
+        }
+        return loss

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch.optim.lr_scheduler import LambdaLR
 
 from aihpc._io import to_json
+from aihpc.observe.metrics import MetricsConfig, open_train_metrics
 from aihpc.resilience import (
     CheckpointManager,
     Fault,
@@ -73,6 +74,7 @@ class TrainOptions:
     # agent); under torchrun or srun rank 0 takes it once the process group is up.
     lock_held: bool = False
     watch_parent: int | None = None  # exit when the launcher with this PID is gone
+    metrics: MetricsConfig | None = None  # Prometheus: --metrics-port / --metrics-textfile
 
 
 def lr_lambda(t: TrainingSpec) -> Callable[[int], float]:
@@ -216,6 +218,48 @@ def train(
         log.warning("%s", note)
         events("log_repaired", detail=note)
     injector = FaultInjector(list(opts.faults), ctx.rank, run_dir)
+    observe = open_train_metrics(  # a no-op without --metrics-port / --metrics-textfile
+        opts.metrics,
+        spec=spec,
+        run_dir=run_dir,
+        rank=ctx.rank,
+        local_rank=ctx.local_rank,
+        world_size=ctx.world_size,
+        attempt=watchdog.attempt,
+        device_memory=_device_memory(ctx),
+    )
+    on_hang = watchdog.on_hang
+    watchdog.on_hang = lambda ev: (on_hang and on_hang(ev), observe.hang())
+    done = False
+    try:
+        result = _train(spec, opts, ctx, watchdog, events, injector, observe)
+        done = True
+        return result
+    finally:
+        observe.close(final=done)  # final: wait (briefly) for a last scrape
+
+
+def _device_memory(ctx: DistContext) -> Callable[[], dict[str, float]] | None:
+    """The CUDA caching allocator's figures for the metrics (None on the CPU)."""
+    if ctx.device.type != "cuda":
+        return None
+    return lambda: {
+        "device_allocated": float(torch.cuda.memory_allocated(ctx.device)),
+        "device_reserved": float(torch.cuda.memory_reserved(ctx.device)),
+        "device_peak_allocated": float(torch.cuda.max_memory_allocated(ctx.device)),
+    }
+
+
+def _train(
+    spec: RunSpec,
+    opts: TrainOptions,
+    ctx: DistContext,
+    watchdog: Watchdog,
+    events: Events,
+    injector: FaultInjector,
+    observe: Any,
+) -> dict[str, Any]:
+    run_dir = opts.run_dir
     injector.fire(0, "start")
     par, parts, stepper, state = _build(spec, opts, ctx)
     manager = CheckpointManager(
@@ -230,7 +274,10 @@ def train(
     bounds = _Bounds.of(spec, opts, ctx.world_size)
     watchdog.phase("load", bounds.load(manager.root))
     injector.fire(0, "load")
+    t_load = time.perf_counter()
     start = manager.load_latest(state) or 0
+    if start:
+        observe.loaded(start, time.perf_counter() - t_load)
     for problem in manager.problems:
         events("checkpoint_problem", detail=problem)
     events("loaded", step=start)
@@ -241,7 +288,7 @@ def train(
     num_params = _num_params(parts, par)
     job = _Job(
         stepper, state, manager, injector, watchdog, events, ctx, spec, metrics, bounds,
-        16 * num_params / ctx.world_size,
+        16 * num_params / ctx.world_size, observe,
     )  # fmt: skip
     result = _loop(job, start, opts.progress)
     watchdog.phase("final", bounds.final(manager.last_state_bytes or job.state_bytes_guess))
@@ -304,6 +351,7 @@ class _Job:
     metrics: Path
     bounds: _Bounds
     state_bytes_guess: float  # per rank, before the first save measures it: fp32 + AdamW
+    observe: Any  # aihpc.observe.metrics.NullMetrics | TrainMetrics
 
 
 def _checkpoint(job: _Job, step: int) -> None:
@@ -313,6 +361,7 @@ def _checkpoint(job: _Job, step: int) -> None:
     injector.arm_fs(step, manager.root)
     manager.save(step, job.state)
     events("checkpoint_saved", step=step, blocking_s=manager.last_blocking_s)
+    job.observe.checkpoint(step, manager.last_blocking_s, manager.root / f"step_{step:08d}")
     job.watchdog.beat(step)
     if injector.due(step, "step", ("corrupt-checkpoint",)):
         manager.wait()
@@ -331,9 +380,17 @@ def _loop(job: _Job, start: int, progress: bool) -> dict[str, Any]:
     step, loss = start, logged_loss(job.metrics, start) if start else None
     with _progress(progress and ctx.is_main, t.train_steps, start) as report:
         for step in range(start + 1, t.train_steps + 1):
-            t0 = time.perf_counter()
             loss = stepper.step(autocast)
-            dt = time.perf_counter() - t0
+            dt = stepper.last_step_s
+            job.observe.step(
+                step,
+                step_time_s=dt,
+                tokens=tokens_per_step,
+                loss=loss,
+                learning_rate=stepper.scheduler.get_last_lr()[0],
+                grad_norm=stepper.last_grad_norm,
+                phases=stepper.last_phases,
+            )
             job.watchdog.beat(step)
             if ctx.is_main:
                 record = {

@@ -1,0 +1,154 @@
+"""Shared fixtures for tests/observe: one real Prometheus server, and three real 2-rank
+``aihpc train`` runs of examples/tiny-train.toml (an injected kill, hang and exception) that it
+scrapes. The metrics, dashboard and doctor tests all read the same runs, so the area pays for
+each run once."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from promserver import TARGETS_ENV, URL_ENV, Prometheus, free_port, start
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "tiny-train.toml"
+TRAIN_STEPS, INTERVAL = 12, 4
+
+
+def spec_text() -> str:
+    """The example, shortened: 12 steps, a save every 4, every save kept (bytes are counted),
+    saves synchronous: an async step-4 commit may still be in flight when the step-5/6 fault
+    lands on a loaded machine, and resuming from 0 is then right, but the tests want a resume."""
+    text = EXAMPLE.read_text()
+    for old, new in (
+        ("train_steps = 40", f"train_steps = {TRAIN_STEPS}"),
+        ("interval_steps = 10", f"interval_steps = {INTERVAL}"),
+        ("keep_last = 2", "keep_last = 10"),
+        ("log_interval = 10", "log_interval = 4"),
+        ("async_save = true", "async_save = false"),
+    ):
+        assert old in text, f"{EXAMPLE.name} changed: {old!r} not found"
+        text = text.replace(old, new)
+    return text
+
+
+@pytest.fixture(scope="session")
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Prometheus:
+    """.ci/run's server (AIHPC_PROMETHEUS_URL), else one started here from PATH."""
+    url, targets = os.environ.get(URL_ENV), os.environ.get(TARGETS_ENV)
+    if url and targets:
+        prom = Prometheus(url, Path(targets))
+        if not prom.ready():
+            pytest.fail(f"{URL_ENV}={url} is set but Prometheus does not answer")
+        yield prom
+        return
+    try:
+        prom = start(tmp_path_factory.mktemp("prometheus"))
+    except (FileNotFoundError, RuntimeError) as err:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run these tests against a real Prometheus: {err}")
+        pytest.skip(f"no Prometheus here ({err}); .ci/run installs Debian's package")
+    yield prom
+    prom.stop()
+
+
+@dataclass
+class Run:
+    name: str
+    job: str
+    dir: Path
+    proc: subprocess.CompletedProcess
+    begin: float
+    end: float
+
+    @property
+    def summary(self) -> dict:
+        return json.loads((self.dir / "summary.json").read_text())
+
+    def events(self, name: str) -> list[dict]:
+        rows = [json.loads(x) for x in (self.dir / "events.jsonl").read_text().splitlines()]
+        return [r for r in rows if r["event"] == name]
+
+    @property
+    def log(self) -> Path:
+        """What the job printed (stdout then stderr), as a user would save it."""
+        path = self.dir.parent / f"{self.name}.log"
+        path.write_text(self.proc.stdout + self.proc.stderr)
+        return path
+
+
+def train(tmp: Path, name: str, prom: Prometheus | None, *extra: str, textfile: bool = False):
+    """``aihpc train`` on 2 ranks with metrics; Prometheus scrapes it when given."""
+    spec = tmp / "run.toml"
+    spec.write_text(spec_text())
+    job = f"{name}-{uuid.uuid4().hex[:8]}"  # unique per test session: a shared server keeps data
+    args = [sys.executable, "-m", "aihpc", "train", str(spec), "--run-dir", str(tmp / "run")]
+    args += ["--nproc-per-node", "2", "--json", *extra]
+    if prom is not None:
+        port = free_port(2)
+        prom.add_targets(job, [port, port + 1])
+        args += ["--metrics-port", str(port)]
+    if textfile:
+        args += ["--metrics-textfile", str(tmp / "textfile")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "AIHPC_JOB": job}
+    begin = time.time()
+    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+    return Run(name, job, tmp / "run", proc, begin, time.time())
+
+
+@pytest.fixture(scope="session")
+def kill_run(tmp_path_factory, prometheus) -> Run:
+    """Rank 1 SIGKILLed after step 6; the agent restarts both ranks once."""
+    tmp = tmp_path_factory.mktemp("kill")
+    run = train(tmp, "kill", prometheus, "--max-restarts", "1", "--inject", "kill:step=6:rank=1")
+    assert run.proc.returncode == 0, run.proc.stderr[-3000:]
+    return run
+
+
+@pytest.fixture(scope="session")
+def hang_run(tmp_path_factory, prometheus) -> Run:
+    """Rank 1 SIGSTOPped after step 5; rank 0's watchdog fires after 3 s; one restart."""
+    tmp = tmp_path_factory.mktemp("hang")
+    run = train(
+        tmp,
+        "hang",
+        prometheus,
+        "--max-restarts",
+        "1",
+        "--hang-timeout",
+        "3",
+        "--inject",
+        "hang:step=5:rank=1",
+    )
+    assert run.proc.returncode == 0, run.proc.stderr[-3000:]
+    return run
+
+
+@pytest.fixture(scope="session")
+def exception_run(tmp_path_factory) -> Run:
+    """Rank 1 raises after step 3, no restarts: the job fails. Metrics to a textfile only."""
+    tmp = tmp_path_factory.mktemp("exception")
+    run = train(tmp, "exception", None, "--inject", "exception:step=3:rank=1", textfile=True)
+    assert run.proc.returncode == 1, run.proc.stderr[-3000:]
+    return run
+
+
+@pytest.fixture(scope="session")
+def fr_run(tmp_path_factory) -> tuple[Path, str]:
+    """Real flight-recorder dumps (gloo records since PyTorch 2.7): (dump folder, stderr)."""
+    out = tmp_path_factory.mktemp("flight_recorder")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_FR_BUFFER_SIZE": "64"}
+    # --tee 3: each worker's lines prefixed "[default<local rank>]:", as users often run it
+    args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--tee", "3"]
+    args += ["--log-dir", str(out.parent / "fr_logs"), "--master-port", str(free_port())]
+    args += [str(Path(__file__).with_name("fr_worker.py"))]
+    proc = subprocess.run([*args, str(out)], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc.stdout + proc.stderr
