@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The measurements the performance model still waits for that one GPU can make, as one script
-# for a session that is lent a GPU (about 5 minutes on an H100/H200). Run from the repository
+# for a session that is lent a GPU (about 7 minutes on an H100/H200). Run from the repository
 # root after installing the package with torch:
 #
 #   bash benchmarks/gpu_checks.sh [OUT_DIR]      # default: ./benchmark-results
@@ -13,8 +13,16 @@
 #    allocator's defaults, and with expandable segments, which torchtitan's launcher of the
 #    measured runs set (run_llama_train.sh at 9dec370: PYTORCH_CUDA_ALLOC_CONF=
 #    "expandable_segments:True").
-# Each writes <name>.json and <name>.md; docs/performance-model.md (I08, I09) says what each
-# outcome would mean.
+# 3. MoE dispatch / combine (aihpc.comm, `aihpc bench moe`) on every GPU of the machine in
+#    DeepEP's setting (tokens per rank 1024 / 4096 / 16384, hidden 7168, top-8 of 256 experts,
+#    bf16), our operator against a plain all_to_all_single dispatcher. With one GPU there is no
+#    network: the times are our operator's own permutation, grouping and float32 reduce kernels
+#    (what the model prices as permute / unpermute); with 8 GPUs the same line is DeepEP's
+#    intranode row (DeepEP docs/legacy.md: 153 / 158 GB/s dispatch / combine on H800 NVLink).
+# 4. The GPU tests of the operators and the MoE block: the NCCL path bitwise the CPU path and
+#    deterministic, torch's grouped_mm against the per-expert loop in bf16.
+# Each writes <name>.json and <name>.md; docs/performance-model.md (I08, I09) and docs/moe.md say
+# what each outcome would mean.
 set -euo pipefail
 out=${1:-benchmark-results}
 mkdir -p "$out"
@@ -34,3 +42,8 @@ python ring_attention_rank.py --cp 2 4 8 --gather --slack 0.05 --out "$out/ring_
 PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True" \
     python ring_attention_rank.py --cp 2 4 8 --gather --slack 0.05 \
     --out "$out/ring_attention_rank_gather_pressure_expandable"
+ngpu=$(python -c 'import torch; print(torch.cuda.device_count())')
+python moe_dispatch.py --nproc "$ngpu" --tokens 1024,4096,16384 --hidden 7168 --experts 256 \
+    --iters 10 --reps 3 --tag "gpu_${ngpu}x" --out "$out"
+python -m pytest -q -m gpu ../tests/comm/test_moe_dispatch_gpu.py ../tests/runtime/test_moe.py \
+    | tee "$out/moe_gpu_tests.txt"

@@ -270,7 +270,8 @@ def load_measurements(
     collective: str | None = None,
     column: str = "out-of-place",
 ) -> tuple[list[CommPoint], dict[str, list[tuple[float, float]]]]:
-    """Read every input: ``aihpc bench comm|gemm --json`` documents or nccl-tests text logs."""
+    """Read every input: ``aihpc bench comm|moe|gemm --json`` documents or nccl-tests text
+    logs (a moe document contributes its ``calibration`` points: all_to_all)."""
     if tier is not None and tier not in TIERS:
         raise SpecError("--tier", tier, "allowed: " + " | ".join(TIERS))
     if column not in ("out-of-place", "in-place", "min"):
@@ -290,6 +291,9 @@ def load_measurements(
             kind = doc.get("benchmark")
             if kind == "comm":
                 comm += points_from_bench_json(doc, path.name, tier, column)
+            elif kind == "moe":  # our dispatch / combine as all_to_all points (bench/moe.py)
+                calib = {"results": doc.get("calibration", [])}
+                comm += points_from_bench_json(calib, path.name, tier, "out-of-place")
             elif kind == "gemm":
                 for prec, pts in gemm_points_from_json(doc, path.name).items():
                     gemm[prec] += pts
@@ -299,8 +303,8 @@ def load_measurements(
                 raise SpecError(
                     "INPUT",
                     str(path),
-                    "JSON must come from `aihpc bench comm|gemm --json` (key "
-                    "benchmark = comm | gemm) or nccl-tests -J",
+                    "JSON must come from `aihpc bench comm|moe|gemm --json` (key "
+                    "benchmark = comm | moe | gemm) or nccl-tests -J",
                 )
         else:
             comm += points_from_nccl_tests(read_nccl_tests_log(path, collective), tier, column)

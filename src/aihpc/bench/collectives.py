@@ -36,6 +36,7 @@ __all__ = [
     "busbw_GBps",
     "busbw_factor",
     "element_counts",
+    "float_str",
     "format_footer",
     "format_header",
     "format_row",
@@ -167,7 +168,7 @@ class RowTiming:
     wrong: int | None  # None: not checked (nccl-tests prints N/A)
 
 
-def _float_str(value: float, width: int) -> str:
+def float_str(value: float, width: int) -> str:
     # nccl-tests getFloatStr: as many decimals as fit the column, then an exponent
     for fmt in ("%*.2f", "%*.1f", "%*.0f"):
         s = fmt % (width, value)
@@ -237,9 +238,9 @@ def format_row(
             row += "  %7s  %6s  %6s  %6s" % ("N/A", "N/A", "N/A", "N/A")
             continue
         body = "  %7s  %6s  %6s" % (
-            _float_str(t.time_us, 7),
-            _float_str(t.algbw_GBps, 6),
-            _float_str(t.busbw_GBps, 6),
+            float_str(t.time_us, 7),
+            float_str(t.algbw_GBps, 6),
+            float_str(t.busbw_GBps, 6),
         )
         body += "  %6g" % t.wrong if t.wrong is not None else "    N/A"
         row += body

@@ -38,7 +38,7 @@ from aihpc.bench.collectives import (
     is_reducing,
 )
 from aihpc.bench.comm_config import GROUPS, CommConfig, group_layout, validate_comm_config
-from aihpc.bench.dist import DistContext, init_distributed
+from aihpc.bench.dist import DistContext, init_distributed, run_facts
 
 __all__ = [
     "GROUPS",
@@ -380,15 +380,7 @@ def results_json(results: Sequence[CommResult], ctx: DistContext, cfg: CommConfi
     wrong = [r for r in results if any(h.wrong for h in (r.out_of_place, r.in_place) if h)]
     return {
         "benchmark": "comm",
-        "backend": ctx.backend,
-        "world_size": ctx.world_size,
-        "num_nodes": ctx.num_nodes,
-        "torch_version": torch.__version__,
-        "nccl_version": (
-            ".".join(map(str, torch.cuda.nccl.version())) if ctx.backend == "nccl" else None
-        ),
-        # what decides NCCL's algorithm and protocol travels with the numbers
-        "nccl_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")},
+        **run_facts(ctx),
         "iters": cfg.iters,
         "warmup": cfg.warmup,
         "results": rows,

@@ -24,7 +24,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistContext", "free_port", "init_distributed", "launch_local", "launcher_env"]
+__all__ = [
+    "DistContext",
+    "free_port",
+    "init_distributed",
+    "launch_local",
+    "launcher_env",
+    "run_facts",
+]
 
 
 @dataclass
@@ -162,3 +169,18 @@ def launch_local(nproc: int, fn: Callable[..., Any], *args: Any) -> Any:
             start_method="spawn",
         )
         return torch.load(result_path, weights_only=False) if Path(result_path).exists() else None
+
+
+def run_facts(ctx: DistContext) -> dict[str, Any]:
+    """What a benchmark's JSON records about the run besides its numbers."""
+    return {
+        "backend": ctx.backend,
+        "world_size": ctx.world_size,
+        "num_nodes": ctx.num_nodes,
+        "torch_version": torch.__version__,
+        "nccl_version": (
+            ".".join(map(str, torch.cuda.nccl.version())) if ctx.backend == "nccl" else None
+        ),
+        # what decides NCCL's algorithm and protocol travels with the numbers
+        "nccl_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")},
+    }

@@ -1,4 +1,5 @@
-"""Measuring commands: ``aihpc bench comm``, ``aihpc bench gemm`` and ``aihpc calibrate``.
+"""Measuring commands: ``aihpc bench comm``, ``aihpc bench gemm`` and ``aihpc calibrate``
+(``aihpc bench moe`` lives in bench_moe.py).
 
 torch is imported inside the bench commands only, so ``aihpc calibrate`` on an nccl-tests log
 works on a laptop without torch.
@@ -100,16 +101,83 @@ def _comm_worker(cfg: Any, as_json: bool, timeout_s: float, output: str | None) 
                             print(format_footer(r.collective, bad, avg), flush=True)
 
                 results = run_comm_bench(ctx, cfg, on_result, on_start)
-            doc = results_json(results, ctx, cfg)
-            if lead:
-                if as_json:
-                    print_json(doc)
-                if output:
-                    write_atomic(Path(output), to_json(doc, indent=2) + "\n")
-            return {"wrong_rows": doc["wrong_rows"]}
+            return publish(results_json(results, ctx, cfg), lead, as_json, output)
     except SpecError as err:
         # travels back to the parent of spawned workers, which turns it into exit code 2
         return {"spec_error": (err.field, err.value, err.allowed)}
+
+
+def publish(doc: dict[str, Any], lead: bool, as_json: bool, output: str | None) -> dict:
+    """Rank 0 prints the JSON (--json) and writes it (--output); every rank returns the status
+    the launcher turns into an exit code."""
+    if lead:
+        if as_json:
+            print_json(doc)
+        if output:
+            write_atomic(Path(output), to_json(doc, indent=2) + "\n")
+    return {"wrong_rows": doc["wrong_rows"]}
+
+
+# options every distributed bench command takes (comm, moe)
+CHECK = typer.Option(1, "-c", "--check", help="1: count wrong elements; 0: off.")
+RANKS_PER_NODE = typer.Option(
+    None, "--ranks-per-node", help="Override the node split (default: by hostname)."
+)
+NPROC_PER_NODE = typer.Option(
+    None,
+    "--nproc-per-node",
+    help="Start N local workers (default: one per local GPU, or 2 on CPU; "
+    "not used under torchrun / srun).",
+)
+TIMEOUT = typer.Option(300.0, "--timeout", help="Process-group timeout, s.")
+OUTPUT = typer.Option(None, "--output", help="Also write the JSON here.")
+AS_JSON = typer.Option(False, "--json", help="Print one JSON object.")
+
+
+def launch_plan(
+    check: int, output: str | None, nproc_per_node: int | None
+) -> tuple[dict[str, str] | None, int]:
+    """Check the options every distributed bench takes; (launcher env or None, world size).
+
+    A collective on one rank measures nothing: without a launcher the default is every local
+    GPU, or 2 processes on a CPU."""
+    if check not in (0, 1):
+        raise SpecError("-c/--check", check, "allowed: 0 | 1")
+    if output:
+        check_output_path(Path(output), "--output")
+    if nproc_per_node is not None and nproc_per_node < 1:
+        raise SpecError("--nproc-per-node", nproc_per_node, "must be >= 1")
+    import torch
+
+    from aihpc.bench.dist import launcher_env
+
+    env = launcher_env()
+    if env is None and nproc_per_node is None:
+        nproc_per_node = torch.cuda.device_count() if torch.cuda.is_available() else 2
+    return env, int(env["WORLD_SIZE"]) if env else (nproc_per_node or 1)
+
+
+def run_workers(
+    worker: Any, env: dict[str, str] | None, world: int, args: tuple, unit: str
+) -> None:
+    """Run ``worker(*args)`` here (under torchrun / srun) or in ``world`` spawned local workers;
+    turn a worker's SpecError into exit 2 and wrong results into exit 1 (one line each)."""
+    from aihpc.bench.dist import launch_local
+
+    if env is not None:
+        status = worker(*args)
+    else:
+        import torch.multiprocessing as tmp
+
+        try:
+            status = launch_local(world, worker, *args)
+        except (tmp.ProcessRaisedException, tmp.ProcessExitedException) as err:
+            last = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+            fail(f"a benchmark worker failed: {last[-1] if last else err}", code=1)
+    if status and "spec_error" in status:
+        raise SpecError(*status["spec_error"])
+    if status and status.get("wrong_rows"):
+        fail(f"{status['wrong_rows']} {unit} returned wrong elements (#wrong > 0)", code=1)
 
 
 # above this the fit is reported but flagged (research notes section 1.4 suggest refusing > 15 %)
@@ -129,7 +197,9 @@ def _factor(sizes: tuple[int, ...]) -> int:
 
 def register(app: typer.Typer) -> None:
     bench_app = typer.Typer(
-        help="Micro-benchmarks: collectives (nccl-tests semantics) and GEMM.", no_args_is_help=True
+        help="Micro-benchmarks: collectives (nccl-tests semantics), MoE dispatch / combine "
+        "(DeepEP's), GEMM.",
+        no_args_is_help=True,
     )
     app.add_typer(bench_app, name="bench")
 
@@ -153,7 +223,7 @@ def register(app: typer.Typer) -> None:
         ),
         op: str = typer.Option("sum", "-o", "--op", help="sum | prod | max | min | avg"),
         root: int = typer.Option(0, "-r", "--root", help="Root rank of broadcast."),
-        check: int = typer.Option(1, "-c", "--check", help="1: count wrong elements; 0: off."),
+        check: int = CHECK,
         group: str = typer.Option(
             "world",
             "--group",
@@ -161,18 +231,11 @@ def register(app: typer.Typer) -> None:
             "scale-up tier) | inter (same local rank across nodes: "
             "scale-out tier).",
         ),
-        ranks_per_node: int | None = typer.Option(
-            None, "--ranks-per-node", help="Override the node split (default: by hostname)."
-        ),
-        nproc_per_node: int | None = typer.Option(
-            None,
-            "--nproc-per-node",
-            help="Start N local workers (default: one per local GPU, or 2 on CPU; "
-            "not used under torchrun / srun).",
-        ),
-        timeout: float = typer.Option(300.0, "--timeout", help="Process-group timeout, s."),
-        output: str | None = typer.Option(None, "--output", help="Also write the JSON here."),
-        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+        ranks_per_node: int | None = RANKS_PER_NODE,
+        nproc_per_node: int | None = NPROC_PER_NODE,
+        timeout: float = TIMEOUT,
+        output: str | None = OUTPUT,
+        as_json: bool = AS_JSON,
     ) -> None:
         """Collective bandwidth sweep with nccl-tests' size, algbw and busbw definitions."""
         require_torch("bench comm")
@@ -187,12 +250,6 @@ def register(app: typer.Typer) -> None:
         sizes = size_sweep(
             parse_size(minbytes, "-b/--minbytes"), parse_size(maxbytes, "-e/--maxbytes"), stepfactor
         )
-        if check not in (0, 1):
-            raise SpecError("-c/--check", check, "allowed: 0 | 1")
-        if output:
-            check_output_path(Path(output), "--output")
-        if nproc_per_node is not None and nproc_per_node < 1:
-            raise SpecError("--nproc-per-node", nproc_per_node, "must be >= 1")
         if not timeout > 0:
             raise SpecError("--timeout", timeout, "seconds > 0")
         cfg = CommConfig(
@@ -209,34 +266,14 @@ def register(app: typer.Typer) -> None:
         )
         # every check that needs no torch and no process first: bad input costs no launch
         validate_comm_config(cfg)
-        from aihpc.bench.dist import launch_local, launcher_env
+        env, world = launch_plan(check, output, nproc_per_node)
 
-        env = launcher_env()
-        if env is None and nproc_per_node is None:
-            import torch
-
-            # a collective on one rank measures nothing: default to every local GPU, or 2 on CPU
-            nproc_per_node = torch.cuda.device_count() if torch.cuda.is_available() else 2
-        world = int(env["WORLD_SIZE"]) if env else (nproc_per_node or 1)
         if collective == "all" and world < 2:
             cfg = replace(cfg, collectives=tuple(c for c in colls if c != "send_recv"))
         cfg = validate_comm_config(cfg, world)
         if env is None or ranks_per_node:  # the node of every rank is known before the launch
             group_layout(cfg, [r // (ranks_per_node or world) for r in range(world)])
-        if env is not None:
-            status = _comm_worker(cfg, as_json, timeout, output)
-        else:
-            import torch.multiprocessing as tmp
-
-            try:
-                status = launch_local(world, _comm_worker, cfg, as_json, timeout, output)
-            except (tmp.ProcessRaisedException, tmp.ProcessExitedException) as err:
-                last = [ln for ln in str(err).strip().splitlines() if ln.strip()]
-                fail(f"a benchmark worker failed: {last[-1] if last else err}", code=1)
-        if status and "spec_error" in status:
-            raise SpecError(*status["spec_error"])
-        if status and status.get("wrong_rows"):
-            fail(f"{status['wrong_rows']} size(s) returned wrong elements (#wrong > 0)", code=1)
+        run_workers(_comm_worker, env, world, (cfg, as_json, timeout, output), "size(s)")
 
     @bench_app.command("gemm")
     @guarded
@@ -297,6 +334,10 @@ def register(app: typer.Typer) -> None:
                 f"{r.tflops:.3f}",
             )
         console.print(table)
+
+    from aihpc.cli import bench_moe
+
+    bench_moe.register(bench_app)
 
     @app.command("calibrate")
     @guarded

@@ -34,6 +34,7 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
+from aihpc.runtime.moe import MoE, MoEConfig, moe_config_from_spec
 from aihpc.spec import ModelSpec, SpecError
 from aihpc.spec._table import check_choice
 from aihpc.spec.parallel import RECOMPUTE
@@ -88,6 +89,7 @@ class LlamaConfig:
     tied_embeddings: bool = False
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    moe: MoEConfig | None = None  # mixture of experts: which layers, router, experts (moe.py)
 
     @property
     def head_dim(self) -> int:
@@ -95,11 +97,7 @@ class LlamaConfig:
 
     @classmethod
     def from_spec(cls, spec: ModelSpec) -> LlamaConfig:
-        """The runtime trains dense SwiGLU decoders; other ModelSpec shapes are refused."""
-        if spec.is_moe:
-            raise SpecError(
-                "model.num_experts", spec.num_experts, "the runtime trains dense models only (0)"
-            )
+        """The runtime trains SwiGLU decoders, dense or MoE; other ModelSpec shapes are refused."""
         if spec.ffn_activation != "swiglu":
             raise SpecError(
                 "model.ffn_activation",
@@ -127,6 +125,7 @@ class LlamaConfig:
             vocab_size=spec.vocab_size,
             max_seq_len=spec.seq_length,
             tied_embeddings=spec.tied_embeddings,
+            moe=moe_config_from_spec(spec),
         )
 
 
@@ -220,13 +219,14 @@ class Block(nn.Module):
     the attention core; the checkpoint sits inside the layer's forward, so FSDP's hooks on the
     layer gather its parameters around the recompute as around the forward."""
 
-    def __init__(self, cfg: LlamaConfig, recompute: str = "none"):
+    def __init__(self, cfg: LlamaConfig, recompute: str = "none", layer_id: int = 0):
         super().__init__()
         self.recompute = recompute
         self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.attention = Attention(cfg, recompute_core=recompute == "selective")
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.feed_forward = FeedForward(cfg)
+        moe = cfg.moe is not None and cfg.moe.is_moe_layer(layer_id)
+        self.feed_forward = MoE(cfg.moe) if moe else FeedForward(cfg)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """x: (batch, seq, dim); rope: (cos, sin, positions) of this rank's tokens."""
@@ -251,7 +251,9 @@ class Llama(nn.Module):
         check_choice("parallel.recompute", recompute, RECOMPUTE)
         self.cfg = cfg
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(cfg.vocab_size, cfg.dim)
-        self.layers = nn.ModuleDict({str(i): Block(cfg, recompute) for i in range(cfg.num_layers)})
+        self.layers = nn.ModuleDict(
+            {str(i): Block(cfg, recompute, i) for i in range(cfg.num_layers)}
+        )
         self.norm: RMSNorm | None = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output: nn.Linear | None = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         if cfg.tied_embeddings:
@@ -310,7 +312,7 @@ class Llama(nn.Module):
             gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
             if name.endswith("norm.weight"):
                 full = torch.ones(param.shape)
-            elif name.endswith(("wo.weight", "w2.weight")):
+            elif name.endswith(("wo.weight", "w2.weight", "experts.w2")):
                 full = torch.randn(param.shape, generator=gen) * out_std
             else:
                 full = torch.randn(param.shape, generator=gen) * 0.02
@@ -321,3 +323,6 @@ class Llama(nn.Module):
                 param.to_local().copy_(shard.to_local())
             else:
                 param.copy_(full)
+        for module in self.modules():
+            if isinstance(module, MoE):
+                module.init_buffers()

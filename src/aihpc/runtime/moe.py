@@ -1,0 +1,346 @@
+"""A mixture-of-experts feed-forward block for one device (expert parallelism is applied from
+outside, by ``aihpc.runtime.expert_parallel.apply_ep``).
+
+y = shared(x) + sum_{j < k} g_j(x) * expert_{e_j}(x), experts SwiGLU (Shazeer 2020), where the
+router picks the top-k experts e_j of each token:
+
+* scores ``softmax`` (Mixtral, Qwen3) or ``sigmoid`` (DeepSeek-V3, arXiv 2412.19437 eq. 15);
+  gate weights are the selected scores, normalised over the k (``route_norm``; Mixtral's
+  "softmax over the top-k logits" is the same thing) and scaled by ``route_scale``
+  (DeepSeek-V3's routed_scaling_factor 2.5);
+* group-limited routing (DeepSeek-V3 §2.1.2 / its config's n_group, topk_group): experts split in
+  ``num_groups`` groups (EP nodes: node-limited routing), a token keeps its ``topk_groups`` best
+  groups by the sum of each group's two best scores, then picks top-k inside them;
+* load balancing without an auxiliary loss (DeepSeek-V3 §2.1.2, eq. 16; Wang et al. 2024,
+  arXiv 2408.15664): a per-expert bias added to the scores for the *choice* only (gate weights
+  use the raw scores); after each optimizer step ``update_expert_bias`` moves every bias by
+  ``bias_update_rate`` towards balance: b_i += rate * sign(mean load - load_i), the loads counted
+  over the whole global batch;
+* and/or DeepSeek-V3's sequence-wise balance loss (eq. 17-20): alpha * sum_i f_i P_i per sequence,
+  f_i = E / (k T) * #tokens choosing i, P_i = mean over the sequence of the normalised scores,
+  averaged over the sequences. Per sequence, so data parallelism leaves it unchanged. Its
+  gradient is attached to the block's output (Megatron-Core's MoEAuxLossAutoScaler), so the
+  trainer's loss and its backward need no change; ``aux_loss_scale`` scales it (set it to
+  1 / gradient-accumulation steps if the trainer divides its loss by them).
+
+Expert compute is grouped: the tokens of one expert are contiguous, and the three SwiGLU matmuls
+run per expert (a loop) or as ``torch.nn.functional.grouped_mm`` (one call; on CPU in torch 2.13
+it is slower than the loop, so ``auto`` picks it on CUDA only). Tokens are grouped, and summed
+back, by the ``aihpc.comm`` operators with no communication, so one code path serves one process
+and expert parallelism, and the sums are in a fixed order (bitwise reproducible on GPU too).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from aihpc.comm import MoEDispatcher
+from aihpc.spec import ModelSpec, SpecError
+from aihpc.spec._table import check_choice
+
+__all__ = [
+    "EXPERT_COMPUTE",
+    "ROUTER_SCORES",
+    "GroupedExperts",
+    "MoE",
+    "MoEConfig",
+    "Router",
+    "moe_config_from_spec",
+    "update_expert_bias",
+]
+
+ROUTER_SCORES = ("softmax", "sigmoid")
+EXPERT_COMPUTE = ("auto", "loop", "grouped_mm")
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    dim: int
+    num_experts: int
+    top_k: int
+    expert_ffn_dim: int
+    num_shared_experts: int = 0
+    score_func: str = "softmax"
+    route_norm: bool = True
+    route_scale: float = 1.0
+    bias_update_rate: float = 0.0  # 0: no aux-loss-free balancing (DeepSeek-V3 used 0.001)
+    aux_loss_coeff: float = 0.0  # 0: no sequence-wise balance loss (DeepSeek-V3 used 0.0001)
+    num_groups: int = 1  # group-limited routing: groups of experts (1: off)
+    topk_groups: int = 1  # groups a token may use
+    first_dense_layers: int = 0
+    layer_freq: int = 1  # layer i >= first_dense_layers is MoE when i % layer_freq == 0
+    expert_compute: str = "auto"
+
+    def __post_init__(self) -> None:
+        check_choice("model.moe_router_score_function", self.score_func, ROUTER_SCORES)
+        check_choice("expert_compute", self.expert_compute, EXPERT_COMPUTE)
+        if not 1 <= self.top_k <= self.num_experts:
+            raise SpecError(
+                "model.moe_top_k", self.top_k, f"must be between 1 and {self.num_experts}"
+            )
+        if self.num_groups < 1 or self.num_experts % self.num_groups:
+            raise SpecError(
+                "model.moe_router_num_groups",
+                self.num_groups,
+                f"must divide num_experts {self.num_experts}",
+            )
+        if not 1 <= self.topk_groups <= self.num_groups:
+            raise SpecError(
+                "model.moe_router_group_topk", self.topk_groups, f"1 to {self.num_groups}"
+            )
+        if self.topk_groups * self.num_experts // self.num_groups < self.top_k:
+            raise SpecError(
+                "model.moe_router_group_topk",
+                self.topk_groups,
+                f"its groups hold fewer than moe_top_k {self.top_k} experts",
+            )
+        if self.layer_freq < 1:
+            raise SpecError("model.moe_layer_freq", self.layer_freq, "must be >= 1")
+
+    def is_moe_layer(self, layer_id: int) -> bool:
+        """HF DeepSeek's rule: first_k_dense_replace dense layers, then every moe_layer_freq-th."""
+        return layer_id >= self.first_dense_layers and layer_id % self.layer_freq == 0
+
+
+def moe_config_from_spec(spec: ModelSpec) -> MoEConfig | None:
+    """The block's configuration from the run spec's [model] table (None for a dense model).
+
+    Router fields the spec may not define yet are read with their defaults (softmax, no
+    balancing, no group limit, every layer after the first dense ones).
+    """
+    if not spec.is_moe:
+        return None
+
+    def opt(name: str, default: Any) -> Any:
+        value = getattr(spec, name, None)
+        return default if value is None else value
+
+    return MoEConfig(
+        dim=spec.hidden_size,
+        num_experts=spec.num_experts,
+        top_k=spec.moe_top_k,
+        expert_ffn_dim=spec.expert_ffn_hidden_size,
+        num_shared_experts=spec.num_shared_experts,
+        score_func=opt("moe_router_score_function", "softmax"),
+        route_scale=float(opt("moe_router_topk_scaling_factor", 1.0)),
+        bias_update_rate=float(opt("moe_router_bias_update_rate", 0.0)),
+        aux_loss_coeff=float(opt("moe_aux_loss_coeff", 0.0)),
+        num_groups=int(opt("moe_router_num_groups", 1)),
+        topk_groups=int(opt("moe_router_group_topk", 1)),
+        first_dense_layers=spec.first_dense_layers,
+        layer_freq=int(opt("moe_layer_freq", 1)),
+    )
+
+
+def _in_backward() -> bool:
+    """True while autograd runs a backward (activation recompute re-runs forwards there)."""
+    return torch._C._current_graph_task_id() != -1
+
+
+class Router(nn.Module):
+    def __init__(self, cfg: MoEConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.gate = nn.Linear(cfg.dim, cfg.num_experts, bias=False)
+        # aux-loss-free balancing bias: state (checkpointed), not a parameter
+        self.register_buffer("expert_bias", torch.zeros(cfg.num_experts), persistent=True)
+        # tokens per expert since the last bias update; a plain attribute, so DDP's buffer
+        # broadcast cannot overwrite one rank's count with another's
+        self.load: torch.Tensor | None = None
+
+    def _scores(self, h: torch.Tensor) -> torch.Tensor:
+        # at least float32 whatever autocast says: the choice must not flip with rounding
+        dtype = torch.promote_types(h.dtype, torch.float32)
+        with torch.autocast(h.device.type, enabled=False):
+            logits = F.linear(h.to(dtype), self.gate.weight.to(dtype))
+        return logits.softmax(dim=-1) if self.cfg.score_func == "softmax" else logits.sigmoid()
+
+    def _choose(self, scores: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        choice = scores.detach() + self.expert_bias
+        if cfg.num_groups > 1:
+            t, per_group = choice.shape[0], cfg.num_experts // cfg.num_groups
+            grouped = choice.view(t, cfg.num_groups, per_group)
+            group_score = grouped.topk(min(2, per_group), dim=-1).values.sum(dim=-1)
+            keep = group_score.topk(cfg.topk_groups, dim=-1).indices
+            allowed = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, keep, True)
+            choice = choice.masked_fill(~allowed.repeat_interleave(per_group, dim=1), -torch.inf)
+        return choice.topk(cfg.top_k, dim=-1).indices
+
+    def _balance_loss(self, scores: torch.Tensor, idx: torch.Tensor, seq_len: int) -> torch.Tensor:
+        """DeepSeek-V3 eq. 17-20, averaged over the sequences of the micro-batch."""
+        cfg = self.cfg
+        e, k = cfg.num_experts, cfg.top_k
+        norm = scores if cfg.score_func == "softmax" else scores / scores.sum(-1, keepdim=True)
+        p = norm.view(-1, seq_len, e).mean(dim=1)  # (sequences, E)
+        chosen = idx.view(-1, seq_len * k)
+        f = torch.zeros_like(p).scatter_add_(1, chosen, torch.ones_like(chosen, dtype=p.dtype))
+        f = f * (e / (k * seq_len))
+        return cfg.aux_loss_coeff * (f * p).sum(dim=-1).mean()
+
+    def forward(
+        self, h: torch.Tensor, seq_len: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """h: (tokens, dim) → top-k expert ids (tokens, k), gate weights (tokens, k) in float32
+        (float64 for a float64 model), the balance loss (None when off or not training)."""
+        scores = self._scores(h)
+        idx = self._choose(scores)
+        weights = scores.gather(1, idx)
+        if self.cfg.route_norm:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        weights = weights * self.cfg.route_scale
+        if self.training and not _in_backward():
+            counts = torch.bincount(idx.flatten(), minlength=self.cfg.num_experts).float()
+            self.load = counts if self.load is None else self.load + counts
+        aux = None
+        if self.cfg.aux_loss_coeff > 0 and self.training:
+            aux = self._balance_loss(scores, idx, seq_len)
+        return idx, weights, aux
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; backward multiplies the gradient (expert weights under EP)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, scale: float) -> torch.Tensor:  # type: ignore[override]
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        return g * ctx.scale, None
+
+
+class _AttachAux(torch.autograd.Function):
+    """Returns y unchanged; in backward also feeds d(aux)/d(aux) = 1 into the balance loss."""
+
+    @staticmethod
+    def forward(ctx: Any, y: torch.Tensor, aux: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(aux)
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        (aux,) = ctx.saved_tensors
+        return g, torch.ones_like(aux)
+
+
+class GroupedExperts(nn.Module):
+    """``num_experts`` SwiGLU experts as three stacked weights: w1, w3 (E, dim, ffn), w2 (E, ffn,
+    dim). Under EP they are DTensors sharded on dim 0 over the EP mesh (this rank's experts)."""
+
+    def __init__(self, num_experts: int, dim: int, ffn_dim: int, compute: str = "auto"):
+        super().__init__()
+        self.compute = compute
+        self.w1 = nn.Parameter(torch.empty(num_experts, dim, ffn_dim))
+        self.w3 = nn.Parameter(torch.empty(num_experts, dim, ffn_dim))
+        self.w2 = nn.Parameter(torch.empty(num_experts, ffn_dim, dim))
+        self.grad_scale = 1.0  # 1 / EP size under EP (see expert_parallel.py)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.w1.device.type != "meta":
+            for w in (self.w1, self.w3, self.w2):
+                nn.init.normal_(w, std=0.02)
+
+    def _weights(self) -> list[torch.Tensor]:
+        out = []
+        for p in (self.w1, self.w3, self.w2):
+            w = p.to_local() if isinstance(p, DTensor) else p
+            out.append(_ScaleGrad.apply(w, self.grad_scale) if self.grad_scale != 1.0 else w)
+        return out
+
+    def forward(self, x: torch.Tensor, tokens_per_expert: list[int]) -> torch.Tensor:
+        """x: (m, dim), the tokens of local expert 0 first, then of expert 1, ... → (m, dim)."""
+        w1, w3, w2 = self._weights()
+        # torch's grouped_mm takes float32 / 16-bit rows of a multiple of 16 bytes; on CPU the
+        # loop is faster (torch 2.13), so "auto" uses it on GPUs only
+        aligned = all(n * x.element_size() % 16 == 0 for n in w1.shape[1:])
+        grouped = self.compute == "grouped_mm" or (
+            self.compute == "auto" and x.is_cuda and x.dtype != torch.float64 and aligned
+        )
+        if grouped:
+            offs = torch.tensor(tokens_per_expert, device=x.device).cumsum(0).to(torch.int32)
+            h = F.silu(F.grouped_mm(x, w1, offs=offs)) * F.grouped_mm(x, w3, offs=offs)
+            return F.grouped_mm(h, w2, offs=offs)
+        outs = []
+        for e, xe in enumerate(x.split(tokens_per_expert)):
+            outs.append((F.silu(xe @ w1[e]) * (xe @ w3[e])) @ w2[e])
+        return torch.cat(outs) if outs else x.new_zeros((0, w2.shape[-1]))
+
+
+class SharedExperts(nn.Module):
+    """The always-on experts, as one SwiGLU of width num_shared * expert_ffn (DeepSeekMoE)."""
+
+    def __init__(self, dim: int, ffn_dim: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, ffn_dim, bias=False)
+        self.w3 = nn.Linear(dim, ffn_dim, bias=False)
+        self.w2 = nn.Linear(ffn_dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class MoE(nn.Module):
+    def __init__(self, cfg: MoEConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.router = Router(cfg)
+        self.experts = GroupedExperts(
+            cfg.num_experts, cfg.dim, cfg.expert_ffn_dim, cfg.expert_compute
+        )
+        self.shared = (
+            SharedExperts(cfg.dim, cfg.num_shared_experts * cfg.expert_ffn_dim)
+            if cfg.num_shared_experts
+            else None
+        )
+        # one process holds every expert until apply_ep gives it an EP group
+        self.dispatcher = MoEDispatcher(cfg.num_experts)
+        self.aux_loss_scale = 1.0
+        self.last_aux_loss: torch.Tensor | None = None
+
+    def init_buffers(self) -> None:
+        """Zero the router state (after ``to_empty``: buffers of a meta-built model are garbage)."""
+        self.router.expert_bias.zero_()
+        self.router.load = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (batch, seq, dim) → (batch, seq, dim)."""
+        b, s, d = x.shape
+        h = x.reshape(b * s, d)
+        idx, weights, aux = self.router(h, s)
+        routed = self.dispatcher.dispatch(h, idx, weights)
+        y = self.experts(routed.x, routed.tokens_per_expert)
+        out = self.dispatcher.combine(y, routed.handle, routed.weights).to(x.dtype)
+        if self.shared is not None:
+            out = out + self.shared(h)
+        if aux is not None:
+            self.last_aux_loss = aux.detach()
+            out = _AttachAux.apply(out, aux * self.aux_loss_scale)
+        return out.view(b, s, d)
+
+
+@torch.no_grad()
+def update_expert_bias(model: nn.Module, group: Any = None) -> None:
+    """After an optimizer step: move each MoE layer's routing bias towards balance
+    (DeepSeek-V3 §2.1.2) from the tokens per expert counted since the last call, summed over
+    ``group`` (every rank whose tokens make up the global batch: data and expert parallel).
+    One all-reduce for all layers. A no-op for layers with bias_update_rate 0."""
+    routers = [m for m in model.modules() if isinstance(m, Router) and m.cfg.bias_update_rate > 0]
+    if not routers:
+        return
+    loads = torch.stack(
+        [r.load if r.load is not None else torch.zeros_like(r.expert_bias) for r in routers]
+    )
+    if torch.distributed.is_initialized():  # group None: the default (whole job) group
+        torch.distributed.all_reduce(loads, group=group)
+    for r, load in zip(routers, loads, strict=True):
+        r.expert_bias += r.cfg.bias_update_rate * torch.sign(load.mean() - load)
+        r.load = None

@@ -1,0 +1,167 @@
+"""Spawned workers for the dispatch / combine tests: real processes, gloo, no mocks.
+
+Every rank can regenerate every rank's inputs from the seed, so each rank computes the
+single-process reference for the whole EP group itself and compares its own share.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from aihpc.bench.dist import init_distributed
+from aihpc.comm import MoEDispatcher, build_ep_groups
+
+HIDDEN = 5
+
+
+def case_inputs(
+    seed: int, rank: int, world: int, experts: int, k: int, dtype: torch.dtype, skew: bool = False
+) -> dict[str, torch.Tensor]:
+    """Rank ``rank``'s tokens: integer-valued x (so sums are exact), distinct top-k experts per
+    token with some slots dropped (-1), integer weights. Rank 1 has no tokens when seed is odd."""
+    g = torch.Generator().manual_seed(seed * 1000 + rank)
+    n = 0 if (seed % 2 and rank == 1) else 4 + 3 * rank
+    x = torch.randint(-7, 8, (n, HIDDEN), generator=g).to(dtype)
+    scores = torch.rand((n, experts), generator=g)
+    if skew:  # every token wants expert 0 (one rank, one expert gets everything)
+        scores[:, 0] += 2
+    idx = scores.topk(k, dim=1).indices
+    idx[torch.rand((n, k), generator=g) < 0.15] = -1
+    w = torch.randint(1, 4, (n, k), generator=g).to(dtype)
+    c = torch.randn((n, HIDDEN), generator=g, dtype=torch.float64).to(dtype)
+    return {"x": x, "idx": idx, "w": w, "c": c}
+
+
+def expert_mats(seed: int, experts: int, dtype: torch.dtype) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed + 77)
+    return torch.randn((experts, HIDDEN, HIDDEN), generator=g, dtype=torch.float64).to(dtype) / 2
+
+
+def expected_dispatch(inputs: list[dict], rank: int, per_rank: int) -> tuple[torch.Tensor, ...]:
+    """Rows for ``rank``'s experts, expert-major, then source rank, then token: the contract."""
+    xs, ws, counts = [], [], []
+    for le in range(per_rank):
+        e, num = rank * per_rank + le, 0
+        for inp in inputs:
+            for t in range(inp["idx"].shape[0]):
+                hits = (inp["idx"][t] == e).nonzero().flatten().tolist()
+                for j in hits:
+                    xs.append(inp["x"][t])
+                    ws.append(inp["w"][t, j])
+                    num += 1
+        counts.append(num)
+    x = torch.stack(xs) if xs else torch.empty((0, HIDDEN), dtype=inputs[0]["x"].dtype)
+    w = torch.stack(ws) if ws else torch.empty((0,), dtype=inputs[0]["w"].dtype)
+    return x, w, torch.tensor(counts)
+
+
+def _ep_forward(disp, inp, mats, per_rank, rank):
+    """EP path: dispatch, expert_e(z) = tanh(z @ A_e) on the local experts, weighted combine."""
+    x = inp["x"].clone().requires_grad_(True)
+    w = inp["w"].clone().requires_grad_(True)
+    local = mats[rank * per_rank : (rank + 1) * per_rank].clone().requires_grad_(True)
+    d = disp.dispatch(x, inp["idx"], w)
+    ys = [z @ local[e] for e, z in enumerate(d.x.split(d.tokens_per_expert))]
+    y = torch.tanh(torch.cat(ys)) if ys else d.x
+    out = disp.combine(y, d.handle, d.weights)
+    (out * inp["c"]).sum().backward()
+    return out.detach(), x.grad, w.grad, local.grad, d
+
+
+def _reference(inputs, mats, rank, per_rank):
+    """Single process: every rank's tokens, every expert, the formula written out."""
+    xs = [i["x"].clone().requires_grad_(True) for i in inputs]
+    ws = [i["w"].clone().requires_grad_(True) for i in inputs]
+    a = mats.clone().requires_grad_(True)
+    total, outs = 0.0, []
+    for inp, x, w in zip(inputs, xs, ws, strict=True):
+        out = torch.zeros_like(x)
+        for t in range(x.shape[0]):
+            for j, e in enumerate(inp["idx"][t].tolist()):
+                if e >= 0:
+                    out[t] = out[t] + w[t, j] * torch.tanh(x[t] @ a[e])
+        outs.append(out)
+        total = total + (out * inp["c"]).sum()
+    total.backward()
+    lo, hi = rank * per_rank, (rank + 1) * per_rank
+    return outs[rank].detach(), xs[rank].grad, ws[rank].grad, a.grad[lo:hi]
+
+
+def _max_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max()) if a.numel() else 0.0
+
+
+def _check_case(disp, seed, rank, world, experts, k, skew=False) -> dict[str, Any]:
+    per_rank = experts // world
+    f64 = torch.float64
+    inputs = [case_inputs(seed, r, world, experts, k, f64, skew) for r in range(world)]
+    inp = inputs[rank]
+    # 1. dispatch delivers exactly the contracted rows, weights and counts (bitwise)
+    d = disp.dispatch(inp["x"], inp["idx"], inp["w"])
+    ex, ew, ecounts = expected_dispatch(inputs, rank, per_rank)
+    res: dict[str, Any] = {
+        "rows_equal": torch.equal(d.x, ex),
+        "weights_equal": torch.equal(d.weights, ew),
+        "counts_equal": d.tokens_per_expert == ecounts.tolist(),
+        "x": d.x,
+    }
+    # 2. exact round trip: identity experts, unweighted and weighted (integers: exact sums)
+    valid = (inp["idx"] >= 0).to(f64)
+    res["roundtrip_unweighted"] = torch.equal(
+        disp.combine(d.x, d.handle), inp["x"] * valid.sum(1, keepdim=True)
+    )
+    wsum = (inp["w"] * valid).sum(1, keepdim=True)
+    res["roundtrip_weighted"] = torch.equal(disp.combine(d.x, d.handle, d.weights), inp["x"] * wsum)
+    # without weights (DeepEP's combine without top-k weights): the same rows, none carried
+    d0 = disp.dispatch(inp["x"], inp["idx"])
+    res["unweighted_dispatch"] = (
+        d0.weights is None
+        and torch.equal(d0.x, d.x)
+        and torch.equal(disp.combine(d0.x, d0.handle), inp["x"] * valid.sum(1, keepdim=True))
+    )
+    # 3. outputs and gradients against the single-process reference, float64
+    mats = expert_mats(seed, experts, f64)
+    got = _ep_forward(disp, inp, mats, per_rank, rank)
+    ref = _reference(inputs, mats, rank, per_rank)
+    res["max_err"] = max(_max_err(g, r) for g, r in zip(got[:4], ref, strict=True))
+    res["out"], res["grads"] = got[0], got[1:4]
+    res["recv_rows"], res["inter_node_rows"] = got[4].recv_rows, got[4].inter_node_rows
+    # the rows this rank should receive: one per (token, rank) pair, DeepEP's recv_x
+    res["expected_recv_rows"] = sum(
+        int(((i["idx"] >= 0) & (i["idx"] // per_rank == rank)).any(1).sum()) for i in inputs
+    )
+    res["expected_inter_node_rows"] = _distinct_owners(inp["idx"], per_rank * disp.rpn)
+    res["expected_flat_send_rows"] = _distinct_owners(inp["idx"], per_rank)
+    return res
+
+
+def _distinct_owners(idx: torch.Tensor, experts_per_owner: int) -> int:
+    """(token, owner) pairs: how many rows a token-once-per-owner exchange sends."""
+    owners = [{e // experts_per_owner for e in row if e >= 0} for row in idx.tolist()]
+    return sum(len(o) for o in owners)
+
+
+def dispatch_checks(seeds: list[int], ranks_per_node: int | None) -> list[dict[str, Any]]:
+    """Run every case on every rank, flat and (if ranks_per_node) hierarchical; rank 0 returns
+    all ranks' results."""
+    with init_distributed(60.0) as ctx:
+        world, rank = ctx.world_size, ctx.rank
+        experts, k = 4 * world, 3
+        flat = MoEDispatcher(experts, build_ep_groups(world))
+        hier = None
+        if ranks_per_node:
+            hier = MoEDispatcher(experts, build_ep_groups(world, ranks_per_node))
+        out: dict[str, Any] = {}
+        for seed in seeds:
+            out[f"flat{seed}"] = _check_case(flat, seed, rank, world, experts, k)
+            if hier is not None:
+                out[f"hier{seed}"] = _check_case(hier, seed, rank, world, experts, k)
+        out["skew"] = _check_case(flat, 3, rank, world, experts, k, skew=True)
+        if hier is not None:
+            out["hier_skew"] = _check_case(hier, 3, rank, world, experts, k, skew=True)
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, out)
+        return gathered
