@@ -1,9 +1,11 @@
-"""Our own communication operators (torch only): MoE token dispatch / combine.
+"""Our own communication operators (torch only): MoE token dispatch / combine, ring attention.
 
 * ``aihpc.comm.route``: one sparse all-to-all-v step (token permutation, the count exchange,
   packed uneven ``all_to_all_single``) and its adjoint, autograd-aware.
 * ``aihpc.comm.moe_dispatch``: expert-parallel dispatch and combine over an EP group, flat or
   hierarchical (across nodes once per node, then inside the node, as DeepEP's normal kernels).
+* ``aihpc.comm.ring``: context-parallel causal attention, K/V (and in the backward the dK/dV
+  accumulators) passed around the CP group's ring, with the load-balanced token layout.
 """
 
 from aihpc.comm.moe_dispatch import (
@@ -13,6 +15,7 @@ from aihpc.comm.moe_dispatch import (
     MoEDispatcher,
     build_ep_groups,
 )
+from aihpc.comm.ring import load_balanced_positions, ring_attention
 from aihpc.comm.route import Route, combine_stage, dispatch_stage, plan_route
 
 __all__ = [
@@ -24,5 +27,7 @@ __all__ = [
     "build_ep_groups",
     "combine_stage",
     "dispatch_stage",
+    "load_balanced_positions",
     "plan_route",
+    "ring_attention",
 ]
