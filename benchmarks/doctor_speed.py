@@ -2,8 +2,8 @@
 training chatter and NCCL INFO lines, with one Xid and its follow-on timeouts buried in it) read
 and diagnosed end to end, one core.
 
-    python benchmarks/doctor_speed.py            # 256 MiB; writes benchmarks/results/
-    python benchmarks/doctor_speed.py --mib 64
+    python benchmarks/doctor_speed.py --results benchmarks/results   # 256 MiB
+    python benchmarks/doctor_speed.py --mib 64                       # ./benchmark-results/
 
 The lines are the corpus's formats (tests/observe/corpus); the mix (mostly plain step lines,
 a tenth NCCL INFO lines, few matches) is what a healthy multi-day job's output looks like, so
@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import save
+from _common import add_results_arg, save
 
 from aihpc.observe.doctor import diagnose
 
@@ -65,6 +65,7 @@ def write_log(path: Path, mib: int) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=int, default=256)
+    add_results_arg(ap)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "job.log"
@@ -94,7 +95,7 @@ def main() -> None:
         f"| {data['log_mib']} MiB | {lines:,} | {seconds:.1f} | {mb_s:.1f} | "
         f"{lines / seconds:,.0f} | {d.summary} |"
     )
-    save("doctor_speed", data, table)
+    save("doctor_speed", data, table, args.results)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,6 @@ PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True" \
     --out "$out/ring_attention_rank_gather_pressure_expandable"
 ngpu=$(python -c 'import torch; print(torch.cuda.device_count())')
 python moe_dispatch.py --nproc "$ngpu" --tokens 1024,4096,16384 --hidden 7168 --experts 256 \
-    --iters 10 --reps 3 --tag "gpu_${ngpu}x" --out "$out"
+    --iters 10 --reps 3 --tag "gpu_${ngpu}x" --results "$out"
 python -m pytest -q -m gpu ../tests/comm/test_moe_dispatch_gpu.py ../tests/runtime/test_moe.py \
     | tee "$out/moe_gpu_tests.txt"

@@ -11,7 +11,8 @@ that cross nodes, and our time over the plain dispatcher's.
     python benchmarks/moe_dispatch.py --nproc 8 --tokens 4096 --hidden 7168 --experts 256 \\
         --tag h100x8                                                   # one 8-GPU node (NCCL)
 
-Results: benchmarks/results/moe_dispatch_<tag>.{json,md}; the JSON also holds the medians as
+Results: RESULTS/moe_dispatch_<tag>.{json,md} (``--results DIR``; the published ones are in
+benchmarks/results); the JSON also holds the medians as
 ``all_to_all`` calibration points, so `aihpc calibrate` reads it like a `bench moe --json` file.
 """
 
@@ -21,11 +22,9 @@ import argparse
 import dataclasses
 import statistics
 import time
-from pathlib import Path
 
-import _common
 import torch
-from _common import machine, save
+from _common import add_results_arg, machine, save
 
 from aihpc.bench.dist import init_distributed, launch_local
 from aihpc.bench.moe import MoEBenchConfig, MoEResult, Phase, calibration_points, run_moe_bench
@@ -79,20 +78,18 @@ def _table(meds: list[tuple[MoEResult, dict]], nproc: int, rpn: int) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--nproc", type=int, default=2)
-    p.add_argument("--ranks-per-node", type=int, default=None)
-    p.add_argument("--tokens", default="256,1024,4096")
-    p.add_argument("--hidden", type=int, default=1024)
-    p.add_argument("--topk", type=int, default=8)
-    p.add_argument("--experts", type=int, default=64)
-    p.add_argument("--iters", type=int, default=5)
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--tag", default=None, help="results name (default: cpu_<N>proc)")
-    p.add_argument("--out", default=None, help="results folder (default: benchmarks/results)")
-    a = p.parse_args()
-    if a.out:
-        _common.RESULTS = Path(a.out)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nproc", type=int, default=2)
+    add_results_arg(ap)
+    ap.add_argument("--ranks-per-node", type=int, default=None)
+    ap.add_argument("--tokens", default="256,1024,4096")
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--topk", type=int, default=8)
+    ap.add_argument("--experts", type=int, default=64)
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--tag", default=None, help="results name (default: cpu_<N>proc)")
+    a = ap.parse_args()
     rpn = a.ranks_per_node or a.nproc
     cfg = MoEBenchConfig(
         tokens=tuple(int(t) for t in a.tokens.split(",")),
@@ -107,20 +104,21 @@ def main() -> None:
     reps = launch_local(a.nproc, rounds, cfg, a.reps)
     meds = [_median([rep[i] for rep in reps]) for i in range(len(reps[0]))]
     results = [m for m, _ in meds]
-    data = {
-        "benchmark": "moe",
-        "machine": {**machine(), "elapsed_s": round(time.perf_counter() - t0, 1)},
-        "backend": "nccl" if torch.cuda.is_available() else "gloo",
-        "reps": a.reps,
-        "iters": a.iters,
-        "results": [r.to_json() for r in results],
-        "spread_us": [s for _, s in meds],
-        "calibration": calibration_points(results, "ours_hier" if rpn < a.nproc else "ours"),
-    }
+    data = dict(
+        benchmark="moe",
+        machine={**machine(), "elapsed_s": round(time.perf_counter() - t0, 1)},
+        backend="nccl" if torch.cuda.is_available() else "gloo",
+        reps=a.reps,
+        iters=a.iters,
+        results=[r.to_json() for r in results],  # the JSON key `aihpc bench moe --json` uses
+        spread_us=[s for _, s in meds],
+        calibration=calibration_points(results, "ours_hier" if rpn < a.nproc else "ours"),
+    )
     save(
         f"moe_dispatch_{a.tag or f'cpu_{a.nproc}proc'}",
         data,
         _table(meds, a.nproc, rpn),
+        a.results,
     )
 
 
