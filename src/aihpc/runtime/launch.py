@@ -81,7 +81,16 @@ def _cause(rank: int, failure: Any, run_dir: Path) -> str:
 # Ways a rank ends that follow from another rank's failure, not cause one: the agent's SIGTERM
 # to the survivors, and the collective errors of ranks whose peer vanished.
 _TEARDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "timed out")
+_PEER_LOST = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Connection refused",
+    "Broken pipe",
+    "timed out",
+    "pair closure",  # gloo: "Application timeout caused pair closure"
+    "Socket closed",
+    "ECONNRESET",
+)
 
 
 def _rank_order(run_dir: Path, rank: int, failure: Any) -> tuple[int, float]:
