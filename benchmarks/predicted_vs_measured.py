@@ -1,0 +1,149 @@
+"""The performance model's step time against `aihpc train`'s measured one, plan by plan, on this
+host.
+
+    python benchmarks/predicted_vs_measured.py [--steps 8] [--results DIR]
+
+1. `aihpc calibrate --local --nproc 2` measures this host (GEMMs at one thread per rank, memory
+   bandwidth, gloo collectives on 2 ranks) and writes the calibration and a gpu_spec;
+2. every plan below trains the same model (preset tiny-llama-small: 4 layers, dim 256, seq 128;
+   global batch 8) for ``--steps`` steps with `aihpc train`, whose summary.json holds the
+   median measured step time (steps after the first) and `aihpc estimate`'s prediction for the
+   same spec on this host (`performance` in summary.json);
+3. per plan: measured, predicted, error = predicted / measured - 1; over plans: median |error|
+   and Spearman's rho between the predicted and measured orders (targets: <= 20%, >= 0.8).
+
+The 1-rank plan is priced with a one-rank calibration (all cores); the 2-rank plans with the
+2-rank one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import add_results_arg, machine, save
+
+MODEL = """[model]
+preset = "tiny-llama-small"
+"""
+TRAIN = """[training]
+precision = "bf16"
+train_steps = {steps}
+warmup_steps = 2
+log_interval = 1000
+[checkpoint]
+interval_steps = 100000
+"""
+# name, ranks, [parallel] lines
+PLANS = [
+    ("1 rank", 1, "zero_stage = 0"),
+    ("dp2 (DDP)", 2, "zero_stage = 0"),
+    ("dp2 zero 3 (FSDP2)", 2, "zero_stage = 3"),
+    ("tp2", 2, "tp = 2"),
+    ("tp2 + sp", 2, "tp = 2\nsequence_parallel = true"),
+    ("pp2 1F1B", 2, 'pp = 2\npp_schedule = "1f1b"'),
+    ("cp2", 2, "cp = 2"),
+]
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman's rank correlation (no ties expected among wall times)."""
+
+    def ranks(x: list[float]) -> list[float]:
+        order = sorted(range(len(x)), key=x.__getitem__)
+        r = [0.0] * len(x)
+        for i, j in enumerate(order):
+            r[j] = float(i)
+        return r
+
+    ra, rb = ranks(a), ranks(b)
+    n = len(a)
+    d2 = sum((x - y) ** 2 for x, y in zip(ra, rb, strict=True))
+    return 1 - 6 * d2 / (n * (n * n - 1))
+
+
+def calibrate(folder: Path, nproc: int) -> Path:
+    spec = folder / f"base{nproc}.toml"
+    spec.write_text(MODEL + f"[cluster]\ngpu = 'h100-sxm'\nnum_gpus = {nproc}\n")
+    cal = folder / f"cal{nproc}.toml"
+    cmd = [
+        sys.executable, "-m", "aihpc", "calibrate", "--local", "--nproc", str(nproc),
+        "--spec", str(spec), "-O", str(cal),
+    ]  # fmt: skip
+    r = subprocess.run(cmd, cwd=folder, capture_output=True, text=True, timeout=3600)
+    if r.returncode:
+        raise SystemExit(f"calibrate --local failed: {r.stderr.strip()[-400:]}")
+    return folder / f"base{nproc}.local.toml"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=8)
+    add_results_arg(ap)
+    args = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="aihpc-pvm-") as tmp:
+        folder = Path(tmp)
+        local = {n: calibrate(folder, n).read_text() for n in (1, 2)}
+        for name, nproc, par in PLANS:
+            cluster = local[nproc].split("[cluster]", 1)[1].split("\n[parallel]")[0]
+            cluster = cluster.split("\n[training]")[0]
+            text = (
+                MODEL
+                + "[cluster]"
+                + cluster
+                + f"\n[parallel]\n{par}\nmicro_batch_size = 4\nglobal_batch_size = 8\n"
+                + TRAIN.format(steps=args.steps)
+            )
+            spec = folder / f"plan{len(rows)}.toml"
+            spec.write_text(text)
+            run = folder / f"run{len(rows)}"
+            cmd = [
+                sys.executable, "-m", "aihpc", "train", str(spec), "--run-dir", str(run),
+                "--nproc-per-node", str(nproc), "--json",
+            ]  # fmt: skip
+            r = subprocess.run(cmd, cwd=folder, capture_output=True, text=True, timeout=1800)
+            if r.returncode:
+                raise SystemExit(f"{name}: aihpc train failed: {r.stderr.strip()[-400:]}")
+            perf = json.loads((run / "summary.json").read_text())["performance"]
+            row = {
+                "plan": name,
+                "ranks": nproc,
+                "measured_s": perf["measured_step_time_s"],
+                "predicted_s": perf["predicted_step_time_s"],
+                "error": perf["step_time_error"],
+            }
+            rows.append(row)
+            print(
+                f"{name}: measured {row['measured_s'] * 1e3:.1f} ms, predicted "
+                f"{row['predicted_s'] * 1e3:.1f} ms ({row['error']:+.0%})",
+                flush=True,
+            )
+    med = statistics.median(abs(r["error"]) for r in rows)
+    rho = spearman([r["measured_s"] for r in rows], [r["predicted_s"] for r in rows])
+    table = "\n".join(
+        [
+            "| plan | ranks | measured ms | predicted ms | error |",
+            "|---|---:|---:|---:|---:|",
+            *(
+                f"| {r['plan']} | {r['ranks']} | {r['measured_s'] * 1e3:.1f} | "
+                f"{r['predicted_s'] * 1e3:.1f} | {r['error']:+.0%} |"
+                for r in rows
+            ),
+            "",
+            f"median |error| {med:.0%} (target <= 20%); Spearman rho {rho:.2f} (target >= 0.8)",
+        ]
+    )
+    data = {"machine": machine(), "steps": args.steps, "plans": rows}
+    data.update(median_abs_error=med, spearman_rho=rho)
+    save("predicted_vs_measured", data, table, args.results)
+
+
+if __name__ == "__main__":
+    main()
