@@ -24,10 +24,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import tomllib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import add_results_arg, machine, save
+
+from aihpc.spec.tomlw import dumps_toml
 
 MODEL = """[model]
 preset = "tiny-llama-small"
@@ -90,14 +93,11 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="aihpc-pvm-") as tmp:
         folder = Path(tmp)
-        local = {n: calibrate(folder, n).read_text() for n in (1, 2)}
+        local = {n: tomllib.loads(calibrate(folder, n).read_text()) for n in (1, 2)}
         for name, nproc, par in PLANS:
-            cluster = local[nproc].split("[cluster]", 1)[1].split("\n[parallel]")[0]
-            cluster = cluster.split("\n[training]")[0]
             text = (
                 MODEL
-                + "[cluster]"
-                + cluster
+                + dumps_toml({"cluster": local[nproc]["cluster"]})
                 + f"\n[parallel]\n{par}\nmicro_batch_size = 4\nglobal_batch_size = 8\n"
                 + TRAIN.format(steps=args.steps)
             )
