@@ -9,8 +9,10 @@ host.
    global batch 8) for ``--steps`` steps with `aihpc train`, whose summary.json holds the
    median measured step time (steps after the first) and `aihpc estimate`'s prediction for the
    same spec on this host (`performance` in summary.json);
-3. per plan: measured, predicted, error = predicted / measured - 1; over plans: median |error|
-   and Spearman's rho between the predicted and measured orders (targets: <= 20%, >= 0.8).
+3. per plan: the fastest step after the first (on a shared machine the step least slowed by
+   other work; the median is shown too), the prediction, error = predicted / fastest - 1; over
+   plans: median |error| and Spearman's rho between the predicted and measured orders
+   (targets: <= 20%, >= 0.8).
 
 The 1-rank plan is priced with a one-rank calibration (all cores); the 2-rank plans with the
 2-rank one.
@@ -112,12 +114,17 @@ def main() -> None:
             if r.returncode:
                 raise SystemExit(f"{name}: aihpc train failed: {r.stderr.strip()[-400:]}")
             perf = json.loads((run / "summary.json").read_text())["performance"]
+            lines = (run / "metrics.jsonl").read_text().splitlines()
+            times = [json.loads(x)["step_time_s"] for x in lines][1:]
+            best = min(times)
             row = {
                 "plan": name,
                 "ranks": nproc,
-                "measured_s": perf["measured_step_time_s"],
+                "measured_s": best,
+                "median_s": perf["measured_step_time_s"],
                 "predicted_s": perf["predicted_step_time_s"],
-                "error": perf["step_time_error"],
+                "error": perf["predicted_step_time_s"] / best - 1,
+                "error_vs_median": perf["step_time_error"],
             }
             rows.append(row)
             print(
@@ -129,11 +136,12 @@ def main() -> None:
     rho = spearman([r["measured_s"] for r in rows], [r["predicted_s"] for r in rows])
     table = "\n".join(
         [
-            "| plan | ranks | measured ms | predicted ms | error |",
-            "|---|---:|---:|---:|---:|",
+            "| plan | ranks | fastest step ms | median step ms | predicted ms | error | vs median |",
+            "|---|---:|---:|---:|---:|---:|---:|",
             *(
                 f"| {r['plan']} | {r['ranks']} | {r['measured_s'] * 1e3:.1f} | "
-                f"{r['predicted_s'] * 1e3:.1f} | {r['error']:+.0%} |"
+                f"{r['median_s'] * 1e3:.1f} | {r['predicted_s'] * 1e3:.1f} | {r['error']:+.0%} | "
+                f"{r['error_vs_median']:+.0%} |"
                 for r in rows
             ),
             "",
