@@ -136,7 +136,7 @@ def main() -> None:
     rho = spearman([r["measured_s"] for r in rows], [r["predicted_s"] for r in rows])
     table = "\n".join(
         [
-            "| plan | ranks | fastest step ms | median step ms | predicted ms | error | vs median |",
+            "| plan | ranks | fastest ms | median ms | predicted ms | error | vs median |",
             "|---|---:|---:|---:|---:|---:|---:|",
             *(
                 f"| {r['plan']} | {r['ranks']} | {r['measured_s'] * 1e3:.1f} | "
