@@ -2,6 +2,7 @@
 host.
 
     python benchmarks/predicted_vs_measured.py [--steps 8] [--results DIR]
+    python benchmarks/predicted_vs_measured.py --gpu --steps 20   # one-GPU plans, catalog GPU
 
 1. `aihpc calibrate --local --nproc 2` measures this host (GEMMs at one thread per rank, memory
    bandwidth, gloo collectives on 2 ranks) and writes the calibration and a gpu_spec;
@@ -57,6 +58,47 @@ PLANS = [
 ]
 
 
+# --gpu: one-GPU plans of a model large enough to keep an H100 busy (about 1.2 B parameters,
+# seq 2048), priced for the catalog GPU the machine has; no calibration (the catalog's figures).
+GPU_MODEL = """[model]
+preset = "tiny-llama"
+num_layers = 16
+hidden_size = 2048
+num_attention_heads = 16
+num_kv_heads = 8
+ffn_hidden_size = 7168
+vocab_size = 32000
+seq_length = 2048
+"""
+GPU_PLANS = [
+    ("mbs 1", 1, "micro_batch_size = 1"),
+    ("mbs 2", 1, "micro_batch_size = 2"),
+    ("mbs 1, recompute selective", 1, 'micro_batch_size = 1\nrecompute = "selective"'),
+    ("mbs 1, recompute full", 1, 'micro_batch_size = 1\nrecompute = "full"'),
+    ("mbs 2, recompute full", 1, 'micro_batch_size = 2\nrecompute = "full"'),
+    ("mbs 4, recompute full", 1, 'micro_batch_size = 4\nrecompute = "full"'),
+]
+
+
+def catalog_gpu() -> str:
+    """The catalog id of the machine's GPU (H100 / H200 / A100 / B200 by name)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("--gpu: no CUDA GPU visible")
+    name = torch.cuda.get_device_name().lower()
+    for key, gpu in (("h200", "h200"), ("h100", "h100-sxm"), ("h800", "h800"), ("b200", "b200")):
+        if key in name:
+            return gpu
+    if "a100" in name:
+        return (
+            "a100-80gb"
+            if torch.cuda.get_device_properties(0).total_memory > 50e9
+            else ("a100-40gb")
+        )
+    raise SystemExit(f"--gpu: {name!r} is not in the GPU catalog (aihpc gpus)")
+
+
 def spearman(a: list[float], b: list[float]) -> float:
     """Spearman's rank correlation (no ties expected among wall times)."""
 
@@ -90,17 +132,25 @@ def calibrate(folder: Path, nproc: int) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--gpu", action="store_true", help="one-GPU plans on this machine's GPU")
     add_results_arg(ap)
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="aihpc-pvm-") as tmp:
         folder = Path(tmp)
-        local = {n: tomllib.loads(calibrate(folder, n).read_text()) for n in (1, 2)}
-        for name, nproc, par in PLANS:
+        if args.gpu:
+            gpu = catalog_gpu()
+            plans = GPU_PLANS
+            clusters = {1: {"cluster": {"gpu": gpu, "num_gpus": 1, "gpus_per_node": 1}}}
+            model, batch = GPU_MODEL, "global_batch_size = 8"
+        else:
+            plans, model, batch = PLANS, MODEL, "micro_batch_size = 4\nglobal_batch_size = 8"
+            clusters = {n: tomllib.loads(calibrate(folder, n).read_text()) for n in (1, 2)}
+        for name, nproc, par in plans:
             text = (
-                MODEL
-                + dumps_toml({"cluster": local[nproc]["cluster"]})
-                + f"\n[parallel]\n{par}\nmicro_batch_size = 4\nglobal_batch_size = 8\n"
+                model
+                + dumps_toml({"cluster": clusters[nproc]["cluster"]})
+                + f"\n[parallel]\n{par}\n{batch}\n"
                 + TRAIN.format(steps=args.steps)
             )
             spec = folder / f"plan{len(rows)}.toml"
@@ -150,7 +200,8 @@ def main() -> None:
     )
     data = {"machine": machine(), "steps": args.steps, "plans": rows}
     data.update(median_abs_error=med, spearman_rho=rho)
-    save("predicted_vs_measured", data, table, args.results)
+    name = "predicted_vs_measured_gpu" if args.gpu else "predicted_vs_measured"
+    save(name, data, table, args.results)
 
 
 if __name__ == "__main__":
