@@ -39,6 +39,8 @@ def test_local_calibration_prices_the_spec_on_this_host(tmp_path: Path) -> None:
     assert cluster["calibration"] == "cal.toml"
     best = max(t for _, t in measured["fp32"])
     assert cluster["gpu_spec"]["bf16_tflops"] == pytest.approx(best, rel=1e-5)
+    for key in ("attention_fwd_efficiency", "attention_bwd_efficiency"):
+        assert 0 < cluster["gpu_spec"][key] <= 1
     assert local["model"] == tomllib.loads(spec.read_text())["model"]
     est = _aihpc("estimate", "tiny.local.toml", "--json", cwd=tmp_path)
     assert est.returncode == 0, est.stderr

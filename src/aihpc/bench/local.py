@@ -7,7 +7,10 @@ Measures what the model needs to price a plan on this host, with the project's o
 * the collectives the trainer uses, on N local ranks of this host's backend (``aihpc bench
   comm``: gloo on CPUs, NCCL on GPUs), fitted as ``aihpc calibrate`` fits any measurement;
 * memory bandwidth (a large tensor copy: read + write bytes over time) for the memory-bound
-  terms (optimizer step, elementwise work).
+  terms (optimizer step, elementwise work);
+* causal scaled-dot-product attention forward and backward, as fractions of the best GEMM rate
+  (the gpu_spec's attention efficiencies: on a CPU the attention kernel runs at about half the
+  GEMM rate, where the model's default assumes a GPU's fused kernel).
 
 It writes a calibration TOML, and, given a run spec, a copy of it whose ``[cluster]`` describes
 this host (``gpu_spec`` from the measurements, ``num_gpus = gpus_per_node = N`` and the
@@ -44,6 +47,7 @@ class LocalMeasurement:
     comm: dict[str, Any]  # `aihpc bench comm --json`
     mem_bw_GBps: float
     host_mem_gib: float
+    attention_tflops: tuple[float, float]  # causal SDPA forward, backward
 
 
 def _threads(nproc: int) -> int:
@@ -66,6 +70,38 @@ def _memory_bandwidth_GBps(device: Any) -> float:
             torch.cuda.synchronize(device)
         best = min(best, time.perf_counter() - t0)
     return 2 * a.numel() * a.element_size() / best / 1e9
+
+
+def _attention_tflops(device: Any, iters: int) -> tuple[float, float]:
+    """Causal SDPA forward and backward, TFLOP/s counted as the model counts them (the causal
+    half of the 4·s²·d score and value matmuls per head; the backward 2.5x the forward), at a
+    training shape: batch 4, 8 heads of 64, sequence 512."""
+    import torch
+    import torch.nn.functional as F
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    b, h, s, d = 4, 8, 512, 64
+    q, k, v = (
+        torch.randn(b, h, s, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3)
+    )
+    flops = 4 * b * s * s * h * d * 0.5
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    fwd = bwd = float("inf")
+    for _ in range(max(3, iters // 2)):
+        sync()
+        t0 = time.perf_counter()
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        sync()
+        t1 = time.perf_counter()
+        out.backward(torch.ones_like(out))
+        sync()
+        t2 = time.perf_counter()
+        fwd, bwd = min(fwd, t1 - t0), min(bwd, t2 - t1)
+    return flops / fwd / 1e12, 2.5 * flops / bwd / 1e12
 
 
 def _host_mem_gib() -> float:
@@ -93,6 +129,7 @@ def measure_local(nproc: int, iters: int = 10) -> LocalMeasurement:
         gemm = gemm_json(run_gemm_bench(cfg, device), device)
         name = device_name(device)
         mem_bw = _memory_bandwidth_GBps(device)
+        attention = _attention_tflops(device, iters)
     finally:
         torch.set_num_threads(old)
     comm: dict[str, Any] = {}
@@ -109,7 +146,7 @@ def measure_local(nproc: int, iters: int = 10) -> LocalMeasurement:
                 tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
                 raise RuntimeError(f"aihpc bench comm failed: {tail[0]}")
             comm = json.loads(out.read_text())
-    return LocalMeasurement(nproc, threads, name, gemm, comm, mem_bw, _host_mem_gib())
+    return LocalMeasurement(nproc, threads, name, gemm, comm, mem_bw, _host_mem_gib(), attention)
 
 
 def local_gpu_spec(m: LocalMeasurement) -> dict[str, Any]:
@@ -139,4 +176,7 @@ def local_gpu_spec(m: LocalMeasurement) -> dict[str, Any]:
         "scale_out_bw_GBps": round(link, 6),
         "gpus_per_node": m.nproc,
         "gemm_efficiency": 1.0,
+        # the attention kernel's own rate, as a fraction of the peak (the best GEMM measured)
+        "attention_fwd_efficiency": round(min(1.0, m.attention_tflops[0] / best_tflops), 4),
+        "attention_bwd_efficiency": round(min(1.0, m.attention_tflops[1] / best_tflops), 4),
     }
