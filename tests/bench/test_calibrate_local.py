@@ -38,7 +38,8 @@ def test_local_calibration_prices_the_spec_on_this_host(tmp_path: Path) -> None:
     assert cluster["num_gpus"] == cluster["gpus_per_node"] == 1 and "gpu" not in cluster
     assert cluster["calibration"] == "cal.toml"
     best = max(t for _, t in measured["fp32"])
-    assert cluster["gpu_spec"]["bf16_tflops"] == pytest.approx(best, rel=1e-5)
+    # the calibration file keeps 4 significant digits (relative rounding <= 5e-4)
+    assert cluster["gpu_spec"]["bf16_tflops"] == pytest.approx(best, rel=5e-4)
     for key in ("attention_fwd_efficiency", "attention_bwd_efficiency"):
         assert 0 < cluster["gpu_spec"][key] <= 1
     assert local["model"] == tomllib.loads(spec.read_text())["model"]

@@ -164,19 +164,23 @@ def local_gpu_spec(m: LocalMeasurement) -> dict[str, Any]:
         default=0.0,
     )
     link = link or m.mem_bw_GBps  # one rank: no link is used
+
+    def sig(x: float) -> float:  # six significant digits (a CPU's TFLOP/s are small numbers)
+        return float(f"{x:.6g}")
+
     return {
         "name": f"{m.device} as {m.nproc} rank(s)",
         "source": "measured by aihpc calibrate --local",
-        "bf16_tflops": round(best_tflops, 6),
-        "fp32_tflops": round(best_tflops, 6),
-        "hbm_gib": round(m.host_mem_gib / m.nproc, 3),
-        "hbm_bw_GBps": round(m.mem_bw_GBps / m.nproc, 3),
-        "scale_up_bw_GBps": round(link, 6),
+        "bf16_tflops": sig(best_tflops),
+        "fp32_tflops": sig(best_tflops),
+        "hbm_gib": sig(m.host_mem_gib / m.nproc),
+        "hbm_bw_GBps": sig(m.mem_bw_GBps / m.nproc),
+        "scale_up_bw_GBps": sig(link),
         "scale_up_domain": m.nproc,
-        "scale_out_bw_GBps": round(link, 6),
+        "scale_out_bw_GBps": sig(link),
         "gpus_per_node": m.nproc,
         "gemm_efficiency": 1.0,
         # the attention kernel's own rate, as a fraction of the peak (the best GEMM measured)
-        "attention_fwd_efficiency": round(min(1.0, m.attention_tflops[0] / best_tflops), 4),
-        "attention_bwd_efficiency": round(min(1.0, m.attention_tflops[1] / best_tflops), 4),
+        "attention_fwd_efficiency": sig(min(1.0, m.attention_tflops[0] / best_tflops)),
+        "attention_bwd_efficiency": sig(min(1.0, m.attention_tflops[1] / best_tflops)),
     }
