@@ -249,6 +249,9 @@ def register(app: typer.Typer) -> None:
                 explain=5 if explain else 0,
                 progress=lambda n: bar.update(task, completed=n),
             )
+        refusal = result.refusal()
+        if refusal is not None:  # no combination is valid: say which rule refused, not "no fit"
+            raise refusal
         if not result.plans:
             hint = ""
             if result.rejected_best:
@@ -363,6 +366,9 @@ def register(app: typer.Typer) -> None:
             "--heldout",
             help="The held-out runs: published, not in the shared set the model was developed on.",
         ),
+        moe: bool = typer.Option(
+            False, "--moe", help="The mixture-of-experts runs (issue 17's development set)."
+        ),
     ) -> None:
         """Predicted vs measured tokens/s/GPU and memory on published runs; MAPE per source."""
         from aihpc.perf.validate import validate as run_validate
@@ -370,8 +376,11 @@ def register(app: typer.Typer) -> None:
         for name, path in (("--runs", runs), ("--memory", memory)):
             if path is not None and not path.is_file():
                 raise SpecError(name, str(path), "file not found")
-            if path is not None and heldout:
-                raise SpecError(name, str(path), "not with --heldout, which names its own runs")
+            if path is not None and (heldout or moe):
+                flag = "--heldout" if heldout else "--moe"
+                raise SpecError(name, str(path), f"not with {flag}, which names its own runs")
+        if heldout and moe:
+            raise SpecError("--moe", True, "not with --heldout: choose one set of runs")
         with Progress(
             TextColumn("validating {task.fields[row]}"),
             BarColumn(),
@@ -385,6 +394,7 @@ def register(app: typer.Typer) -> None:
                 memory,
                 progress=lambda rid: bar.update(task, advance=1, row=rid),
                 heldout=heldout,
+                moe=moe,
             )
         if json_out:
             print_json(report.to_json())
@@ -401,7 +411,11 @@ def validation_table(report: ValidationReport) -> str:
     for r in report.rows:
         p = r.plan
         plan = (
-            f"tp{p.tp} pp{p.pp} v{p.vpp} cp{p.cp} dp{p.dp} z{p.zero_stage} "
+            f"tp{p.tp} pp{p.pp} v{p.vpp} cp{p.cp} dp{p.dp}"
+            + (f" ep{p.ep}" if p.ep > 1 else "")
+            + (f" etp{p.etp}" if p.etp > 1 else "")
+            + (f" a2a:{p.moe_a2a_overlap}" if p.moe_a2a_overlap != "none" else "")
+            + f" z{p.zero_stage} "
             f"{p.recompute}{f' off{p.offload_layers}' if p.offload_layers else ''} "
             f"mbs{p.micro_batch_size}{' *' if r.searched else ''}"
         )
@@ -438,6 +452,21 @@ def validation_table(report: ValidationReport) -> str:
             f"| {m.id} | {m.component} ({memory_kind(m)}) | {m.measured_gib:.1f} | "
             f"{m.predicted_gib:.1f} | {m.error:+.1%} |"
         )
+    if report.moe:
+        from aihpc.perf.validate import TARGET_MOE_MAPE, TARGET_MOE_MAX_ERROR
+
+        over = [r.id for r in report.rows if abs(r.error) > TARGET_MOE_MAX_ERROR]
+        met = report.targets_met
+        lines += [
+            "",
+            f"MoE targets (issue 17) {'all met' if report.passed else 'NOT all met'}: "
+            f"MAPE {report.mape:.1%} ≤ {TARGET_MOE_MAPE:.0%} "
+            f"{'met' if met['mape'] else 'NOT met'}; "
+            f"worst row {report.max_error:.1%} ≤ {TARGET_MOE_MAX_ERROR:.0%}"
+            + (f" ({len(over)} over: {', '.join(over)})" if over else "")
+            + f" {'met' if met['max_abs_error'] else 'NOT met'}.",
+        ]
+        return "\n".join(lines)
     if report.heldout:
         lines += [
             "",

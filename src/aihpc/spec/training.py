@@ -15,6 +15,8 @@ __all__ = [
     "CROSS_ENTROPY",
     "DTYPE_BYTES",
     "FP8_SAVED_INPUTS",
+    "MOE_DISPATCHERS",
+    "MOE_DISPATCH_DTYPES",
     "OPTIMIZERS",
     "PIPELINE_SPLITS",
     "STATE_DTYPES",
@@ -32,6 +34,8 @@ CP_EXCHANGES = ("ring", "allgather")
 PIPELINE_SPLITS = ("uneven", "even")
 FP8_SAVED_INPUTS = ("fp8", "bf16")
 CROSS_ENTROPY = ("fused", "vocab_parallel", "eager")
+MOE_DISPATCHERS = ("alltoall", "hierarchical")
+MOE_DISPATCH_DTYPES = ("bf16", "fp8")
 # The [training] fields that cap a communicator's NCCL CTAs (point-to-point transfers only).
 COMM_CTA_CAPS = ("cp_comm_ctas", "pp_comm_ctas")
 
@@ -106,6 +110,17 @@ class TrainingSpec:
     # `--fp8-param-gather`) behind the distributed optimizer, torchao's
     # `enable_fsdp_float8_all_gather` under FSDP2. Embeddings and the output layer stay 16-bit.
     fp8_param_gather: bool = False
+    # How MoE tokens reach their experts. alltoall: one flat all-to-all over the EP group, every
+    # routed copy sent on its own (Megatron-Core's alltoall token dispatcher, NCCL). hierarchical:
+    # a token crosses the network once per destination node and is forwarded over NVLink inside
+    # it (DeepEP's normal kernels, Megatron-Core's flex dispatcher with DeepEP or HybridEP).
+    moe_dispatcher: str = "alltoall"
+    # Bytes per value of the dispatched tokens: bf16, or fp8 (DeepSeek-V3 quantizes before the
+    # dispatch, sec. 3.3.2; the combine stays bf16).
+    moe_dispatch_dtype: str = "bf16"
+    # Tokens on the busiest expert-parallel rank over the balanced share (>= 1). 1: balanced, as
+    # the published benchmarks force (Megatron-Core --moe-router-force-load-balancing).
+    moe_imbalance: float = 1.0
     train_steps: int = 100
     learning_rate: float = 3e-4
     min_lr_ratio: float = 0.1  # cosine decays to learning_rate * min_lr_ratio
@@ -128,6 +143,10 @@ class TrainingSpec:
         check_choice("training.cp_exchange", self.cp_exchange, CP_EXCHANGES)
         check_choice("training.pipeline_split", self.pipeline_split, PIPELINE_SPLITS)
         check_choice("training.fp8_saved_inputs", self.fp8_saved_inputs, FP8_SAVED_INPUTS)
+        check_choice("training.moe_dispatcher", self.moe_dispatcher, MOE_DISPATCHERS)
+        check_choice("training.moe_dispatch_dtype", self.moe_dispatch_dtype, MOE_DISPATCH_DTYPES)
+        if not self.moe_imbalance >= 1:
+            check_choice("training.moe_imbalance", self.moe_imbalance, ["a number >= 1"])
         if self.fp8_param_gather and self.precision != "fp8":
             raise SpecError(
                 "training.fp8_param_gather", self.fp8_param_gather, 'needs precision = "fp8"'
