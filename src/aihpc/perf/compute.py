@@ -248,6 +248,8 @@ def _routed_expert_fwd(
     act = 2 * (f_in + ffn) / plan.etp
     moved = tokens * model.num_experts * 4 * 3 + 2 * (tokens * h + copies * h) * 2
     moved += copies * act
+    if prec == "fp8":  # each expert GEMM's input cast to FP8 (read 2 B, write 1 B per value)
+        moved += copies * 3 * (h + ffn / plan.etp)
     return gemms, moved
 
 

@@ -218,7 +218,9 @@ def estimate_plan(
         assert lt_moe is not None
         ep_fwd = _moe_comm_fwd(model, cluster, plan, training, params, collective)
         reps = 2 if plan.recompute == "full" else 1  # the recompute dispatches again
-        ep_all = layers * moe_frac * (reps * ep_fwd + 2 * ep_fwd)  # backward: the same bytes
+        # The backward moves the same bytes: the combine's gradient goes out as a dispatch, the
+        # dispatch's gradient comes back as a combine.
+        ep_all = layers * moe_frac * (reps + 1) * ep_fwd
         if plan.moe_a2a_overlap == "none":
             ep_mb = ep_all
         else:
