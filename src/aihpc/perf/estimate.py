@@ -193,6 +193,18 @@ def estimate_plan(
         recompute_layer = lt.fwd_gemm_unsaved_op + lt.fwd_elementwise
     else:
         recompute_layer = 0.0
+    if training.pipeline_split == "balanced" and p > 1:
+        # The embedding and the loss each take one layer's slot of the split (Megatron-Core's
+        # --account-for-embedding/loss-in-pipeline-split, and the custom layouts of
+        # Megatron-Bridge's DeepSeek-V3 and Kimi-K2 recipes, "Et|(tt|)*30mL"): the last stage
+        # holds one layer fewer beside the output head(s). The busier of a middle stage and the
+        # last one is priced.
+        per = -(-(model.num_layers + model.mtp_layers + 2) // (p * v)) * v
+        one = fwd_layer + bwd_layer + recompute_layer
+        if per * one >= (per - 1) * one + lfwd + lbwd:
+            layers, lfwd, lbwd = per, 0.0, 0.0
+        else:
+            layers = per - 1
     compute_mb = layers * (fwd_layer + bwd_layer) + lfwd + lbwd
     recompute_mb = layers * recompute_layer
 

@@ -31,7 +31,7 @@ STATE_DTYPES = ("fp32", "bf16", "fp16")
 DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
 ZERO3_GATHERS = ("bucketed", "per_tensor")
 CP_EXCHANGES = ("ring", "allgather")
-PIPELINE_SPLITS = ("uneven", "even")
+PIPELINE_SPLITS = ("uneven", "even", "balanced")
 FP8_SAVED_INPUTS = ("fp8", "bf16")
 CROSS_ENTROPY = ("fused", "vocab_parallel", "eager")
 MOE_DISPATCHERS = ("alltoall", "hierarchical")
@@ -99,7 +99,10 @@ class TrainingSpec:
     # How layers may be split into pipeline chunks (pp x vpp of them). uneven: chunks may differ
     # by a layer and the busiest is priced (torchtitan's split points; Llama 3's stack runs 126
     # layers on 16 x V chunks). even: every chunk holds the same number of layers, as Megatron-LM,
-    # Megatron-Core (arguments.py at core_v0.8.0 asserts it) and NeMo require.
+    # Megatron-Core (arguments.py at core_v0.8.0 asserts it) and NeMo require. balanced: the
+    # embedding and the loss count as one layer each in the split, so the last stage holds one
+    # layer fewer beside the output layer (Megatron-Core's account_for_embedding/loss_in_pipeline_
+    # split and custom pipeline layouts).
     pipeline_split: str = "uneven"
     # What an FP8 linear layer keeps of its input for the backward (precision = "fp8"). fp8:
     # the FP8 cast, 1 byte per value (Transformer Engine: Megatron, NeMo). bf16: the 16-bit input,
