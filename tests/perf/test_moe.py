@@ -302,3 +302,30 @@ def test_moe_memory_counts_routed_token_activations() -> None:
 def test_mlp_params_helper_is_used_for_experts() -> None:
     m = model_from_table({"preset": "mixtral-8x7b"})
     assert expert_params_per_layer(m) == 8 * mlp_params(m, 14336)
+
+
+def test_balanced_split_gives_the_loss_a_layer_slot() -> None:
+    """DeepSeek-V3 on 8 x 4 chunks: 61 layers + MTP + embedding + loss = 64 slots, 8 per stage;
+    the last stage runs 7 layers beside its two output heads, so it is faster than 8 layers
+    plus the heads (the uneven split) and never slower than 8 plain layers."""
+    s = spec(
+        "deepseek-v3",
+        "h100-sxm",
+        1024,
+        {
+            "tp": 2,
+            "pp": 8,
+            "vpp": 4,
+            "ep": 64,
+            "zero_stage": 1,
+            "recompute": "none",
+            "micro_batch_size": 1,
+            "global_batch_size": 8192,
+        },
+        precision="fp8",
+    )
+    uneven = estimate_plan(s.model, s.cluster, s.plan(), s.training)
+    bal = estimate_plan(
+        s.model, s.cluster, s.plan(), replace(s.training, pipeline_split="balanced")
+    )
+    assert bal.time_s["compute"] < uneven.time_s["compute"]

@@ -223,13 +223,24 @@ def moe_all_to_all_time_s(
     k, domains = group_tiers(cluster, n, stride)
     up_bw = cluster.scale_up_bw_GBps * params.scale_up_efficiency * 1e9
     out_bw = cluster.scale_out_bw_GBps * params.scale_out_efficiency * 1e9
+    up_lat, out_lat = params.scale_up_latency_s, params.scale_out_latency_s
+    cal = cluster.calibration
+    # A calibration's all-to-all fit (aihpc bench moe / nccl-tests alltoall_perf, through
+    # aihpc calibrate) replaces the bus bandwidth and latency of its tier.
+    for tier in ("scale_up", "scale_out"):
+        fit = cal.comm_fit("all_to_all", tier) if cal is not None else None
+        if fit is not None:
+            r = fit.regime(copies_bytes)
+            if tier == "scale_up":
+                up_bw, up_lat = r.busbw_GBps * 1e9, r.latency_us * 1e-6
+            else:
+                out_bw, out_lat = r.busbw_GBps * 1e9, r.latency_us * 1e-6
     if domains == 1:
-        return params.scale_up_latency_s + copies_bytes * (n - 1) / n / up_bw
+        return up_lat + copies_bytes * (n - 1) / n / up_bw
     if hierarchical:
         intra = copies_bytes * (k - 1) / k
         inter = token_bytes * remote_domains
     else:
         intra = copies_bytes * (k - 1) / n
         inter = copies_bytes * (n - k) / n
-    latency = params.scale_up_latency_s + params.scale_out_latency_s
-    return latency + max(intra / up_bw, inter / out_bw)
+    return up_lat + out_lat + max(intra / up_bw, inter / out_bw)
