@@ -143,14 +143,24 @@ def test_search_explores_expert_parallel() -> None:
         {
             "model": {"preset": "qwen3-30b-a3b"},
             "cluster": {"gpu": "h100-sxm", "num_gpus": 16},
-            "parallel": {"global_batch_size": 256, "pp": 1, "zero_stage": 1, "recompute": "full"},
+            "parallel": {
+                "global_batch_size": 256,
+                "pp": 1,
+                "cp": 1,
+                "micro_batch_size": 1,
+                "zero_stage": 1,
+                "recompute": "full",
+            },
             "training": {"precision": "fp8"},
         }
     )
     result = search_plans(s.model, s.cluster, s.parallel, s.training)
     eps = {e.plan.ep for e in result.plans}
     assert {1, 8, 16} <= eps
-    assert {e.plan.moe_a2a_overlap for e in result.plans} == {"none", "1f1b"}
+    assert {(e.plan.ep > 1, e.plan.moe_a2a_overlap) for e in result.plans} == {
+        (False, "none"),
+        (True, "1f1b"),
+    }
 
 
 def test_attention_weights_are_not_divided_by_ep() -> None:

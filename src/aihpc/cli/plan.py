@@ -32,6 +32,7 @@ TIME_LABELS = {
     "recompute": "activation recompute",
     "tp_comm": "tensor-parallel comm (exposed)",
     "cp_comm": "context-parallel comm (exposed)",
+    "ep_comm": "expert-parallel all-to-all (exposed)",
     "pp_comm": "pipeline p2p (exposed)",
     "dp_comm": "data-parallel comm (exposed)",
     "pipeline_bubble": "pipeline bubble",
@@ -54,7 +55,15 @@ def _yes_no(flag: bool) -> str:
 def _plan_line(plan: dict) -> str:
     return (
         f"tp {plan['tp']} · pp {plan['pp']} · vpp {plan['vpp']} · cp {plan['cp']} · "
-        f"dp {plan['dp']} · zero {plan['zero_stage']} · sp {_yes_no(plan['sequence_parallel'])}"
+        f"dp {plan['dp']}"
+        + (f" · ep {plan['ep']}" if plan.get("ep", 1) > 1 else "")
+        + (f" · etp {plan['etp']}" if plan.get("etp", 1) > 1 else "")
+        + (
+            f" · a2a overlap {plan['moe_a2a_overlap']}"
+            if plan.get("moe_a2a_overlap", "none") != "none"
+            else ""
+        )
+        + f" · zero {plan['zero_stage']} · sp {_yes_no(plan['sequence_parallel'])}"
         f" · recompute {plan['recompute']} · mbs {plan['micro_batch_size']} · "
         f"gbs {plan['global_batch_size']}"
         + (f" · offload {plan['offload_layers']} layers" if plan.get("offload_layers") else "")
@@ -88,6 +97,11 @@ def _software_line(spec: RunSpec, est: Estimate) -> str:
         parts.append(
             f"pipeline chunks {tr.pipeline_split}"
             + (f", sends on {_ctas(tr.pp_comm_ctas)}" if tr.pp_comm_ctas else "")
+        )
+    if est.moe and (est.plan.ep > 1 or est.plan.etp > 1):
+        parts.append(
+            f"MoE dispatch {tr.moe_dispatcher} in {tr.moe_dispatch_dtype}"
+            + (f", busiest rank {tr.moe_imbalance:g}x balanced" if tr.moe_imbalance > 1 else "")
         )
     if tr.precision == "fp8":
         parts.append(f"FP8 linear inputs kept in {tr.fp8_saved_inputs}")
@@ -299,6 +313,7 @@ def register(app: typer.Typer) -> None:
         if not result.plans:
             console.print("[red]No plan fits in memory.[/] Try --explain.")
         t = Table(show_edge=False)
+        moe_cols = ("ep", "etp", "a2a") if spec.model.is_moe else ()
         for col in (
             "#",
             "tp",
@@ -306,6 +321,7 @@ def register(app: typer.Typer) -> None:
             "vpp",
             "cp",
             "dp",
+            *moe_cols,
             "zero",
             "sp",
             "recompute",
@@ -325,6 +341,7 @@ def register(app: typer.Typer) -> None:
                 str(p.vpp),
                 str(p.cp),
                 str(p.dp),
+                *((str(p.ep), str(p.etp), p.moe_a2a_overlap) if moe_cols else ()),
                 str(p.zero_stage),
                 _yes_no(p.sequence_parallel),
                 p.recompute + (f" +offload {p.offload_layers}" if p.offload_layers else ""),

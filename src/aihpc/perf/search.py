@@ -119,13 +119,11 @@ def candidate_plans(
     recs = [g["recompute"]] if "recompute" in g else list(RECOMPUTE)
     mbss = [g["micro_batch_size"]] if "micro_batch_size" in g else list(MICRO_BATCH_SIZES)
     # Mixture of experts: expert parallel degrees that split the experts evenly (powers of two,
-    # as the published recipes use), expert TP 1 or tp (Megatron-Core's default), with and
-    # without the 1F1B all-to-all overlap; DualPipe only when the run spec names it.
-    overlaps = (
-        [g["moe_a2a_overlap"]]
-        if "moe_a2a_overlap" in g
-        else (["none", "1f1b"] if model.is_moe else ["none"])
-    )
+    # as the published recipes use), expert TP 1 or tp (Megatron-Core's default). With ep > 1
+    # the 1F1B all-to-all overlap is offered, not "none": hiding part of the all-to-all never
+    # costs more than the penalty of the part it hides (as sequence parallel, a dominated choice
+    # is not enumerated; fix moe_a2a_overlap = "none" to price a framework without it).
+    # DualPipe only when the run spec names it.
     for tp, pp, cp in itertools.product(tps, pps, cps):
         mp = tp * pp * cp
         if n % mp:
@@ -160,7 +158,13 @@ def candidate_plans(
         else:
             eps = [1]
         etps = [g["etp"]] if "etp" in g else sorted({1, tp}) if model.is_moe else [1]
-        moe = list(itertools.product(eps, etps, overlaps))
+        moe = [
+            (ep, etp, a2a)
+            for ep, etp in itertools.product(eps, etps)
+            for a2a in (
+                [g["moe_a2a_overlap"]] if "moe_a2a_overlap" in g else ["1f1b" if ep > 1 else "none"]
+            )
+        ]
         for vpp, sp, zero, rec, mbs, (ep, etp, a2a) in itertools.product(
             vpps, sps, zeros, recs, mbss, moe
         ):
