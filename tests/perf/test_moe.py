@@ -339,3 +339,22 @@ def test_balanced_split_gives_the_loss_a_layer_slot() -> None:
         s.model, s.cluster, s.plan(), replace(s.training, pipeline_split="balanced")
     )
     assert bal.time_s["compute"] < uneven.time_s["compute"]
+
+
+def test_docs_quote_the_moe_validation_table_of_this_commit() -> None:
+    """docs/performance-model.md must show exactly what `aihpc validate --moe` prints today."""
+    from pathlib import Path
+
+    from aihpc.cli.plan import validation_table
+
+    docs = Path(__file__).resolve().parents[2] / "docs" / "performance-model.md"
+    assert validation_table(validate(moe=True)) in docs.read_text(encoding="utf-8")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 17's MoE targets (MAPE <= 15%, no row beyond 30%) are not met yet: "
+    "see docs/performance-model.md, MoE validation",
+)
+def test_moe_targets() -> None:
+    assert validate(moe=True).passed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, replace
 from functools import cache
@@ -76,6 +77,9 @@ class ModelSpec:
             "moe_capacity_factor",
         ):
             check_positive(f"model.{f}", getattr(self, f))
+        cf = self.moe_capacity_factor
+        if cf is not None and not math.isfinite(cf):
+            raise SpecError("model.moe_capacity_factor", cf, "a finite number > 0, or unset")
         for f in ("moe_router_groups", "moe_router_group_topk", "mtp_layers"):
             check_positive(f"model.{f}", getattr(self, f), allow_zero=True)
         if self.kv_lora_rank is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from aihpc.spec._table import check_choice, check_positive
@@ -148,7 +149,7 @@ class TrainingSpec:
         check_choice("training.fp8_saved_inputs", self.fp8_saved_inputs, FP8_SAVED_INPUTS)
         check_choice("training.moe_dispatcher", self.moe_dispatcher, MOE_DISPATCHERS)
         check_choice("training.moe_dispatch_dtype", self.moe_dispatch_dtype, MOE_DISPATCH_DTYPES)
-        if not self.moe_imbalance >= 1:
+        if not (math.isfinite(self.moe_imbalance) and self.moe_imbalance >= 1):
             check_choice("training.moe_imbalance", self.moe_imbalance, ["a number >= 1"])
         if self.fp8_param_gather and self.precision != "fp8":
             raise SpecError(
