@@ -358,3 +358,39 @@ def test_docs_quote_the_moe_validation_table_of_this_commit() -> None:
 )
 def test_moe_targets() -> None:
     assert validate(moe=True).passed
+
+
+def test_recompute_modules_trade_memory_for_time() -> None:
+    """Each module drops what it saved and runs its forward again in the backward."""
+    s = spec(
+        "deepseek-v3",
+        "gb200",
+        256,
+        {
+            "tp": 1,
+            "pp": 4,
+            "vpp": 4,
+            "ep": 64,
+            "zero_stage": 1,
+            "recompute": "none",
+            "micro_batch_size": 1,
+            "global_batch_size": 4096,
+        },
+        precision="fp8",
+    )
+    base = estimate_plan(s.model, s.cluster, s.plan(), s.training)
+    for mods in (["mla_up_proj"], ["moe_act"], ["layernorm"], ["mla_up_proj", "moe_act"]):
+        plan = replace(s.plan(), recompute_modules=tuple(mods))
+        est = estimate_plan(s.model, s.cluster, plan, s.training)
+        assert est.memory.activations < base.memory.activations, mods
+        assert est.time_s["recompute"] > 0 and est.step_time_s > base.step_time_s, mods
+    full = replace(s.plan(), recompute="full", recompute_modules=("moe_act",))
+    err = plan_problem(full, s.model, s.cluster)
+    assert err is not None and err.field == "parallel.recompute_modules"
+    dense = spec("llama3-8b", "h100-sxm", 8, {"tp": 1})
+    err = plan_problem(
+        replace(dense.plan(), recompute_modules=("mla_up_proj",)), dense.model, dense.cluster
+    )
+    assert err is not None and "MLA" in err.allowed
+    with pytest.raises(SpecError):
+        spec("llama3-8b", "h100-sxm", 8, {"recompute_modules": ["attention"]})

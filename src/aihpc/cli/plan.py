@@ -432,8 +432,9 @@ def validation_table(report: ValidationReport) -> str:
             + (f" ep{p.ep}" if p.ep > 1 else "")
             + (f" etp{p.etp}" if p.etp > 1 else "")
             + (f" a2a:{p.moe_a2a_overlap}" if p.moe_a2a_overlap != "none" else "")
-            + f" z{p.zero_stage} "
-            f"{p.recompute}{f' off{p.offload_layers}' if p.offload_layers else ''} "
+            + f" z{p.zero_stage} {p.recompute}"
+            + "".join("+" + m for m in p.recompute_modules)
+            + f"{f' off{p.offload_layers}' if p.offload_layers else ''} "
             f"mbs{p.micro_batch_size}{' *' if r.searched else ''}"
         )
         lines.append(

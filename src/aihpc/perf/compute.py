@@ -76,6 +76,7 @@ class LayerTimes:
     bwd_attn: float
     bwd_elementwise: float
     fwd_gemm_unsaved_op: float = 0.0  # GEMMs op-level selective checkpointing recomputes
+    fwd_modules: float = 0.0  # forward of the plan's recompute_modules, run again in backward
 
     @property
     def fwd(self) -> float:
@@ -118,6 +119,14 @@ def layer_times(
         # Q, K and V run as one fused GEMM (Megatron, TE); the FFN input as one (gate and up).
         fwd_gemm = gemm(tokens, (hq + 2 * hkv) / t, h) + gemm(tokens, h, hq / t)
     stream_moe = 0.0
+    modules = plan.recompute_modules
+    fwd_modules = 0.0
+    if "mla_up_proj" in modules and model.is_mla:
+        for name, n_in, n_out, _ in mla_gemms(model):
+            if name in ("q_up", "kv_up"):
+                fwd_modules += gemm(tokens, n_out / t, n_in)
+    if "mlp" in modules and not moe:
+        fwd_modules += gemm(tokens, f_in / t, h) + gemm(tokens, h, ffn / t)
     if moe:
         # Shared experts: one dense FFN of num_shared x the expert width, split over TP.
         shared = model.num_shared_experts
@@ -182,6 +191,13 @@ def layer_times(
     # The attention core (score GEMMs plus, when unfused, the softmax/dropout traffic) is what
     # selective recompute re-runs, so it is kept in fwd_attn.
     softmax = stream_time_s(attn_stream_fwd, gpu, params, kernels=2) if attn_stream_fwd else 0.0
+    if "layernorm" in modules:  # each norm reads and writes h per token
+        sp = t if plan.sequence_parallel else 1
+        fwd_modules += stream_time_s(tokens * 8 * h / sp, gpu, params, kernels=2)
+    if "moe_act" in modules and moe:  # the experts' activation: read f_in, write ffn per copy
+        fe = model.expert_ffn_hidden_size
+        act = 2 * ((2 * fe if model.ffn_activation == "swiglu" else fe) + fe) / plan.etp
+        fwd_modules += stream_time_s(routed_tokens(model, plan, training) * act, gpu, params)
     fwd_stream = stream_time_s(tokens * per_token, gpu, params, kernels=6)
     bwd_stream = stream_time_s(2 * tokens * per_token, gpu, params, kernels=10)
     if moe:  # router, permute, expert activation, unpermute: forward 5 kernels, backward twice
@@ -195,6 +211,7 @@ def layer_times(
         bwd_attn + 2 * softmax,
         bwd_stream,
         unsaved_op,
+        fwd_modules,
     )
 
 

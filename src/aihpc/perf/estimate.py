@@ -164,6 +164,7 @@ def estimate_plan(
         plan.sequence_parallel,
         plan.ep,
         plan.etp,
+        plan.recompute_modules,
     )
     kernels = memo.get(shape) if memo is not None else None
     if kernels is None:
@@ -193,6 +194,12 @@ def estimate_plan(
         recompute_layer = lt.fwd_gemm_unsaved_op + lt.fwd_elementwise
     else:
         recompute_layer = 0.0
+    if plan.recompute_modules:  # fine-grained recompute beside none / selective
+        if moe_frac:
+            assert lt_moe is not None
+            recompute_layer += (1 - moe_frac) * lt.fwd_modules + moe_frac * lt_moe.fwd_modules
+        else:
+            recompute_layer += lt.fwd_modules
     if training.pipeline_split == "balanced" and p > 1:
         # The embedding and the loss each take one layer's slot of the split (Megatron-Core's
         # --account-for-embedding/loss-in-pipeline-split, and the custom layouts of

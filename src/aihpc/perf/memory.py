@@ -129,15 +129,23 @@ def _activation_bytes(
     ffn = model.expert_ffn_hidden_size if moe else model.ffn_hidden_size
     act_in = 4 * ffn if model.ffn_activation == "swiglu" else 2 * ffn  # gate+up, or one input
     fc2_in = act_in // 2 if model.ffn_activation == "swiglu" else act_in
+    if "mlp" in plan.recompute_modules and not moe:  # the dense FFN keeps only its input
+        act_in, fc2_in = 0, 0
     if moe:
         # Shared experts run on this rank's tokens split over TP like a dense FFN. Routed ones:
         # a token's top_k copies (times the routing imbalance on the busiest rank) land on the
         # etp x ep expert ranks; per attention-layout token that is top_k x etp copies over t
         # ranks, each keeping its permuted input (h), its FFN input and activation input split
         # over etp; plus the router's fp32 scores.
+        # With FP8 linears keeping FP8 inputs (below), the permuted input and the FFN-out input
+        # take 1 byte per value.
+        fp8 = training.precision == "fp8" and training.fp8_saved_inputs == "fp8"
+        inp, out_in = (h, fc2_in / 2) if fp8 else (2 * h, fc2_in)
+        if "moe_act" in plan.recompute_modules:  # the activation's output is made again
+            out_in = 0
         copies = model.moe_top_k * training.moe_imbalance
-        shared = model.num_shared_experts * (act_in + fc2_in)
-        routed = copies * (2 * h * plan.etp + act_in + fc2_in)
+        shared = model.num_shared_experts * (act_in + out_in)
+        routed = copies * (inp * plan.etp + act_in + out_in)
         act_in, fc2_in = shared + routed, 0
         act_in += 4 * model.num_experts
     if model.is_mla:
@@ -148,7 +156,8 @@ def _activation_bytes(
         dqk += model.qk_rope_head_dim
         a = model.num_attention_heads
         latents = 2 * ((model.q_lora_rank or 0) + model.kv_lora_rank + model.qk_rope_head_dim)
-        split = 2 * a * (2 * dqk + 2 * dv) + latents * t + act_in + fc2_in
+        qkv = 0 if "mla_up_proj" in plan.recompute_modules else 2 * a * (2 * dqk + dv)
+        split = qkv + 2 * a * dv + latents * t + act_in + fc2_in
         hq = a * dv
     else:
         split = 2 * (hq + hkv) + 2 * hkv + 2 * hq + act_in + fc2_in  # Q, K, V, proj input, FFN
@@ -160,6 +169,9 @@ def _activation_bytes(
         # FP8 input is kept beside the attention output the attention backward needs in 16 bits.
         replicated -= 2 * h / sp
         split += -fc2_in / 2 + hq
+    if "layernorm" in plan.recompute_modules:  # the norms' outputs (the GEMM inputs) remade
+        fp8_in = training.precision == "fp8" and training.fp8_saved_inputs == "fp8"
+        replicated -= (2 if fp8_in else 4) * h / sp
     if training.attention == "unfused" and recompute == "none":
         a = model.num_attention_heads
         s_kv = model.seq_length  # scores over the whole sequence

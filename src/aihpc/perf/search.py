@@ -187,6 +187,7 @@ def candidate_plans(
                 micro_batch_size=mbs,
                 global_batch_size=gbs,
                 offload_layers=g.get("offload_layers", 0),
+                recompute_modules=tuple(g.get("recompute_modules", ())),
             )
             problem = plan_problem(plan, model, cluster)
             if problem is not None:

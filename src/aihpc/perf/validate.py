@@ -210,6 +210,8 @@ def row_runspec(row: dict[str, str]) -> RunSpec:
     }
     if _cell(row, "moe_a2a_overlap"):
         parallel["moe_a2a_overlap"] = _cell(row, "moe_a2a_overlap")
+    if _cell(row, "recompute_modules"):  # Megatron's --recompute-modules, joined by "+"
+        parallel["recompute_modules"] = _cell(row, "recompute_modules").split("+")
     if _cell(row, "sequence_parallel"):
         parallel["sequence_parallel"] = _cell(row, "sequence_parallel").lower() == "true"
     if _cell(row, "recompute"):

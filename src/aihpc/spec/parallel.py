@@ -14,6 +14,7 @@ __all__ = [
     "MOE_A2A_OVERLAPS",
     "PP_SCHEDULES",
     "RECOMPUTE",
+    "RECOMPUTE_MODULES",
     "ZERO_STAGES",
     "ParallelPlan",
     "PartialPlan",
@@ -35,6 +36,11 @@ PP_SCHEDULES = ("1f1b", "interleaved-1f1b", "zbv")
 # another; dualpipe: DeepSeek-V3's DualPipe schedule (arXiv 2412.19437 sec. 3.2.1), the same
 # overlap plus its own pipeline bubble.
 MOE_A2A_OVERLAPS = ("none", "1f1b", "dualpipe")
+# Megatron-Core's fine-grained recompute (--recompute-modules), the parts aihpc prices:
+# mla_up_proj (MLA's query and key-value up projections: Q, K, V not kept), moe_act (the experts'
+# activation function: its output not kept), layernorm (the norms: their outputs not kept), mlp
+# (the dense layers' FFN). Each runs its forward again in the backward.
+RECOMPUTE_MODULES = ("mla_up_proj", "moe_act", "layernorm", "mlp")
 
 
 @dataclass(frozen=True)
@@ -57,8 +63,11 @@ class PartialPlan:
     pp_schedule: str | None = None
     dp_shard: int | None = None
     moe_a2a_overlap: str | None = None
+    recompute_modules: list[str] | tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
+        if self.recompute_modules is not None:
+            object.__setattr__(self, "recompute_modules", _check_modules(self.recompute_modules))
         for f in (
             "tp",
             "pp",
@@ -118,6 +127,8 @@ class ParallelPlan:
     # across groups); None: all dp ranks (plain FSDP / distributed optimizer).
     dp_shard: int | None = None
     moe_a2a_overlap: str = "none"
+    # Fine-grained recompute beside ``recompute`` none or selective (RECOMPUTE_MODULES).
+    recompute_modules: tuple[str, ...] = ()
 
     @property
     def expert_dp(self) -> int:
@@ -193,6 +204,7 @@ def resolve_plan(partial: PartialPlan, cluster: ClusterSpec) -> ParallelPlan:
         pp_schedule=g.get("pp_schedule"),
         dp_shard=g.get("dp_shard"),
         moe_a2a_overlap=g.get("moe_a2a_overlap", "none"),
+        recompute_modules=tuple(g.get("recompute_modules", ())),
     )
     return plan
 
@@ -251,6 +263,17 @@ def plan_problem(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> 
             p.tp,
             "must divide the per-CP-rank sequence length with sequence_parallel",
         )
+    if p.recompute_modules and p.recompute in ("full", "op"):
+        return SpecError(
+            "parallel.recompute_modules",
+            list(p.recompute_modules),
+            f'fine-grained recompute goes with recompute = "none" or "selective" '
+            f"(recompute is {p.recompute!r})",
+        )
+    if "mla_up_proj" in p.recompute_modules and not model.is_mla:
+        return SpecError("parallel.recompute_modules", "mla_up_proj", "needs an MLA model")
+    if "moe_act" in p.recompute_modules and not model.is_moe:
+        return SpecError("parallel.recompute_modules", "moe_act", "needs an MoE model")
     moe_problem = _moe_problem(p, model)
     if moe_problem is not None:
         return moe_problem
@@ -272,6 +295,14 @@ def plan_problem(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> 
             f"{p.num_microbatches} to be a multiple of pp {p.pp}",
         )
     return None
+
+
+def _check_modules(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple):
+        raise SpecError("parallel.recompute_modules", value, "a list of module names")
+    for v in value:
+        check_choice("parallel.recompute_modules", v, RECOMPUTE_MODULES)
+    return tuple(dict.fromkeys(value))
 
 
 def _moe_problem(p: ParallelPlan, model: ModelSpec) -> SpecError | None:
