@@ -282,9 +282,14 @@ def test_expert_tensor_parallel_gathers_over_etp() -> None:
     assert b.memory.weights < a.memory.weights
 
 
-def test_moe_validation_rows_are_all_expressible() -> None:
+@pytest.fixture(scope="module")
+def moe_report():
+    return validate(moe=True)
+
+
+def test_moe_validation_rows_are_all_expressible(moe_report) -> None:
     """Every row of the MoE development set is priced (no refusal), with its published plan."""
-    report = validate(moe=True)
+    report = moe_report
     assert len(report.rows) == 13
     for r in report.rows:
         assert r.predicted > 0
@@ -341,14 +346,14 @@ def test_balanced_split_gives_the_loss_a_layer_slot() -> None:
     assert bal.time_s["compute"] < uneven.time_s["compute"]
 
 
-def test_docs_quote_the_moe_validation_table_of_this_commit() -> None:
+def test_docs_quote_the_moe_validation_table_of_this_commit(moe_report) -> None:
     """docs/performance-model.md must show exactly what `aihpc validate --moe` prints today."""
     from pathlib import Path
 
     from aihpc.cli.plan import validation_table
 
     docs = Path(__file__).resolve().parents[2] / "docs" / "performance-model.md"
-    assert validation_table(validate(moe=True)) in docs.read_text(encoding="utf-8")
+    assert validation_table(moe_report) in docs.read_text(encoding="utf-8")
 
 
 @pytest.mark.xfail(
@@ -356,8 +361,8 @@ def test_docs_quote_the_moe_validation_table_of_this_commit() -> None:
     reason="issue 17's MoE targets (MAPE <= 15%, no row beyond 30%) are not met yet: "
     "see docs/performance-model.md, MoE validation",
 )
-def test_moe_targets() -> None:
-    assert validate(moe=True).passed
+def test_moe_targets(moe_report) -> None:
+    assert moe_report.passed
 
 
 def test_recompute_modules_trade_memory_for_time() -> None:
@@ -394,3 +399,16 @@ def test_recompute_modules_trade_memory_for_time() -> None:
     assert err is not None and "MLA" in err.allowed
     with pytest.raises(SpecError):
         spec("llama3-8b", "h100-sxm", 8, {"recompute_modules": ["attention"]})
+
+
+def test_an_all_to_all_calibration_prices_the_dispatch() -> None:
+    """A measured all_to_all fit (aihpc bench moe -> aihpc calibrate) replaces the NVLink
+    tier's bandwidth and latency."""
+    from aihpc.spec.calibration import Calibration, CommFit, CommRegime
+
+    c = spec("mixtral-8x7b", "h100-sxm", 8, {"tp": 1}).cluster
+    fit = CommFit("all_to_all", "scale_up", (CommRegime(12.0, 100.0),), num_ranks=8)
+    measured = replace(c, calibration=Calibration(comm={("all_to_all", "scale_up"): fit}))
+    size = 64e6
+    got = comm.moe_all_to_all_time_s(measured, size, size / 2, 8, 1, False, 0.0)
+    assert got == pytest.approx(12e-6 + size * 7 / 8 / 100e9)
