@@ -64,7 +64,9 @@ def _plan_line(plan: dict) -> str:
             else ""
         )
         + f" · zero {plan['zero_stage']} · sp {_yes_no(plan['sequence_parallel'])}"
-        f" · recompute {plan['recompute']} · mbs {plan['micro_batch_size']} · "
+        f" · recompute {plan['recompute']}"
+        + "".join(f"+{m}" for m in plan.get("recompute_modules", ()))
+        + f" · mbs {plan['micro_batch_size']} · "
         f"gbs {plan['global_batch_size']}"
         + (f" · offload {plan['offload_layers']} layers" if plan.get("offload_layers") else "")
     )
