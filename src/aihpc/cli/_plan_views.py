@@ -31,6 +31,7 @@ TERM_NAMES = {
     "recompute": "recompute",
     "tp_comm": "tensor-parallel comm",
     "cp_comm": "context-parallel comm",
+    "ep_comm": "expert-parallel all-to-all",
     "pp_comm": "pipeline p2p",
     "dp_comm": "data-parallel comm",
     "pipeline_bubble": "pipeline bubble",

@@ -32,6 +32,7 @@ TIME_LABELS = {
     "recompute": "activation recompute",
     "tp_comm": "tensor-parallel comm (exposed)",
     "cp_comm": "context-parallel comm (exposed)",
+    "ep_comm": "expert-parallel all-to-all (exposed)",
     "pp_comm": "pipeline p2p (exposed)",
     "dp_comm": "data-parallel comm (exposed)",
     "pipeline_bubble": "pipeline bubble",
@@ -54,8 +55,18 @@ def _yes_no(flag: bool) -> str:
 def _plan_line(plan: dict) -> str:
     return (
         f"tp {plan['tp']} · pp {plan['pp']} · vpp {plan['vpp']} · cp {plan['cp']} · "
-        f"dp {plan['dp']} · zero {plan['zero_stage']} · sp {_yes_no(plan['sequence_parallel'])}"
-        f" · recompute {plan['recompute']} · mbs {plan['micro_batch_size']} · "
+        f"dp {plan['dp']}"
+        + (f" · ep {plan['ep']}" if plan.get("ep", 1) > 1 else "")
+        + (f" · etp {plan['etp']}" if plan.get("etp", 1) > 1 else "")
+        + (
+            f" · a2a overlap {plan['moe_a2a_overlap']}"
+            if plan.get("moe_a2a_overlap", "none") != "none"
+            else ""
+        )
+        + f" · zero {plan['zero_stage']} · sp {_yes_no(plan['sequence_parallel'])}"
+        f" · recompute {plan['recompute']}"
+        + "".join(f"+{m}" for m in plan.get("recompute_modules", ()))
+        + f" · mbs {plan['micro_batch_size']} · "
         f"gbs {plan['global_batch_size']}"
         + (f" · offload {plan['offload_layers']} layers" if plan.get("offload_layers") else "")
     )
@@ -88,6 +99,11 @@ def _software_line(spec: RunSpec, est: Estimate) -> str:
         parts.append(
             f"pipeline chunks {tr.pipeline_split}"
             + (f", sends on {_ctas(tr.pp_comm_ctas)}" if tr.pp_comm_ctas else "")
+        )
+    if est.moe and (est.plan.ep > 1 or est.plan.etp > 1):
+        parts.append(
+            f"MoE dispatch {tr.moe_dispatcher} in {tr.moe_dispatch_dtype}"
+            + (f", busiest rank {tr.moe_imbalance:g}x balanced" if tr.moe_imbalance > 1 else "")
         )
     if tr.precision == "fp8":
         parts.append(f"FP8 linear inputs kept in {tr.fp8_saved_inputs}")
@@ -249,6 +265,9 @@ def register(app: typer.Typer) -> None:
                 explain=5 if explain else 0,
                 progress=lambda n: bar.update(task, completed=n),
             )
+        refusal = result.refusal()
+        if refusal is not None:  # no combination is valid: say which rule refused, not "no fit"
+            raise refusal
         if not result.plans:
             hint = ""
             if result.rejected_best:
@@ -296,6 +315,7 @@ def register(app: typer.Typer) -> None:
         if not result.plans:
             console.print("[red]No plan fits in memory.[/] Try --explain.")
         t = Table(show_edge=False)
+        moe_cols = ("ep", "etp", "a2a") if spec.model.is_moe else ()
         for col in (
             "#",
             "tp",
@@ -303,6 +323,7 @@ def register(app: typer.Typer) -> None:
             "vpp",
             "cp",
             "dp",
+            *moe_cols,
             "zero",
             "sp",
             "recompute",
@@ -322,6 +343,7 @@ def register(app: typer.Typer) -> None:
                 str(p.vpp),
                 str(p.cp),
                 str(p.dp),
+                *((str(p.ep), str(p.etp), p.moe_a2a_overlap) if moe_cols else ()),
                 str(p.zero_stage),
                 _yes_no(p.sequence_parallel),
                 p.recompute + (f" +offload {p.offload_layers}" if p.offload_layers else ""),
@@ -363,6 +385,9 @@ def register(app: typer.Typer) -> None:
             "--heldout",
             help="The held-out runs: published, not in the shared set the model was developed on.",
         ),
+        moe: bool = typer.Option(
+            False, "--moe", help="The mixture-of-experts runs (issue 17's development set)."
+        ),
     ) -> None:
         """Predicted vs measured tokens/s/GPU and memory on published runs; MAPE per source."""
         from aihpc.perf.validate import validate as run_validate
@@ -370,8 +395,11 @@ def register(app: typer.Typer) -> None:
         for name, path in (("--runs", runs), ("--memory", memory)):
             if path is not None and not path.is_file():
                 raise SpecError(name, str(path), "file not found")
-            if path is not None and heldout:
-                raise SpecError(name, str(path), "not with --heldout, which names its own runs")
+            if path is not None and (heldout or moe):
+                flag = "--heldout" if heldout else "--moe"
+                raise SpecError(name, str(path), f"not with {flag}, which names its own runs")
+        if heldout and moe:
+            raise SpecError("--moe", True, "not with --heldout: choose one set of runs")
         with Progress(
             TextColumn("validating {task.fields[row]}"),
             BarColumn(),
@@ -385,6 +413,7 @@ def register(app: typer.Typer) -> None:
                 memory,
                 progress=lambda rid: bar.update(task, advance=1, row=rid),
                 heldout=heldout,
+                moe=moe,
             )
         if json_out:
             print_json(report.to_json())
@@ -401,8 +430,13 @@ def validation_table(report: ValidationReport) -> str:
     for r in report.rows:
         p = r.plan
         plan = (
-            f"tp{p.tp} pp{p.pp} v{p.vpp} cp{p.cp} dp{p.dp} z{p.zero_stage} "
-            f"{p.recompute}{f' off{p.offload_layers}' if p.offload_layers else ''} "
+            f"tp{p.tp} pp{p.pp} v{p.vpp} cp{p.cp} dp{p.dp}"
+            + (f" ep{p.ep}" if p.ep > 1 else "")
+            + (f" etp{p.etp}" if p.etp > 1 else "")
+            + (f" a2a:{p.moe_a2a_overlap}" if p.moe_a2a_overlap != "none" else "")
+            + f" z{p.zero_stage} {p.recompute}"
+            + "".join("+" + m for m in p.recompute_modules)
+            + f"{f' off{p.offload_layers}' if p.offload_layers else ''} "
             f"mbs{p.micro_batch_size}{' *' if r.searched else ''}"
         )
         lines.append(
@@ -438,6 +472,21 @@ def validation_table(report: ValidationReport) -> str:
             f"| {m.id} | {m.component} ({memory_kind(m)}) | {m.measured_gib:.1f} | "
             f"{m.predicted_gib:.1f} | {m.error:+.1%} |"
         )
+    if report.moe:
+        from aihpc.perf.validate import TARGET_MOE_MAPE, TARGET_MOE_MAX_ERROR
+
+        over = [r.id for r in report.rows if abs(r.error) > TARGET_MOE_MAX_ERROR]
+        met = report.targets_met
+        lines += [
+            "",
+            f"MoE targets (issue 17) {'all met' if report.passed else 'NOT all met'}: "
+            f"MAPE {report.mape:.1%} ≤ {TARGET_MOE_MAPE:.0%} "
+            f"{'met' if met['mape'] else 'NOT met'}; "
+            f"worst row {report.max_error:.1%} ≤ {TARGET_MOE_MAX_ERROR:.0%}"
+            + (f" ({len(over)} over: {', '.join(over)})" if over else "")
+            + f" {'met' if met['max_abs_error'] else 'NOT met'}.",
+        ]
+        return "\n".join(lines)
     if report.heldout:
         lines += [
             "",

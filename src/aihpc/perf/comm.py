@@ -23,7 +23,14 @@ from aihpc.spec.calibration import Calibration, busbw_factor
 from aihpc.spec.cluster import ClusterSpec
 from aihpc.spec.errors import SpecError
 
-__all__ = ["busbw_factor", "collective_time_s", "group_tiers", "p2p_time_s"]
+__all__ = [
+    "busbw_factor",
+    "collective_time_s",
+    "group_tiers",
+    "moe_all_to_all_time_s",
+    "p2p_time_s",
+    "remote_domains_per_token",
+]
 
 
 def group_tiers(cluster: ClusterSpec, n: int, stride: int) -> tuple[int, int]:
@@ -164,3 +171,76 @@ def _channel_bw_GBps(
             f"{channels}: set it, or leave the training.*_comm_ctas caps at 0",
         )
     return cluster.gpu.p2p_channel_bw_GBps
+
+
+def remote_domains_per_token(
+    domains: int, top_k: int, groups: int = 0, group_topk: int = 0
+) -> float:
+    """Scale-up domains other than its own that one token's top-k experts lie in, on average.
+
+    Experts are spread evenly over the EP ranks and the balanced routing the benchmarks force
+    picks them uniformly, so k picks over D domains touch D (1 - (1 - 1/D)^k) distinct domains.
+    Group-limited routing (DeepSeek-V3's node-limited routing: experts in ``groups`` contiguous
+    groups, a token's experts from its best ``group_topk`` of them, sec. 2.1.2) caps that at
+    group_topk x D / groups domains when a group spans several domains, at group_topk when a
+    domain holds several groups. The token's own domain is one of those touched with
+    probability 1/D per domain: (D - 1) / D of them are remote."""
+    if domains <= 1:
+        return 0.0
+    touched = domains * (1 - (1 - 1 / domains) ** top_k)
+    if groups and group_topk:
+        cap = group_topk * max(1.0, domains / groups)
+        touched = min(touched, cap, float(domains))
+    return touched * (domains - 1) / domains
+
+
+def moe_all_to_all_time_s(
+    cluster: ClusterSpec,
+    copies_bytes: float,
+    token_bytes: float,
+    n: int,
+    stride: int,
+    hierarchical: bool,
+    remote_domains: float,
+    params: ModelParams | None = None,
+) -> float:
+    """One MoE dispatch (or combine) over an EP group of ``n`` ranks ``stride`` apart.
+
+    ``copies_bytes``: what one rank's routed token copies weigh (tokens x top_k x hidden x
+    bytes); ``token_bytes``: the same tokens once each. The NVLink and the network phases run
+    at once (both DeepEP's normal kernels and NCCL's all-to-all drive the two fabrics
+    concurrently), so the time is the slower of them plus one latency of each.
+
+    alltoall (flat, NCCL): each copy travels on its own; (k - 1) / n of them stay in the
+    rank's scale-up domain of k members, (n - k) / n cross the NIC.
+    hierarchical (DeepEP normal kernels, HybridEP): a token crosses the network once per
+    remote domain it needs (``remote_domains``), to the peer of the same local index, which
+    forwards it over NVLink to the experts there; the NVLink phase carries the copies bound for
+    other ranks of each domain, (k - 1) / k of them."""
+    params = params or DEFAULT_PARAMS
+    if n <= 1 or copies_bytes <= 0:
+        return 0.0
+    k, domains = group_tiers(cluster, n, stride)
+    up_bw = cluster.scale_up_bw_GBps * params.scale_up_efficiency * 1e9
+    out_bw = cluster.scale_out_bw_GBps * params.scale_out_efficiency * 1e9
+    up_lat, out_lat = params.scale_up_latency_s, params.scale_out_latency_s
+    cal = cluster.calibration
+    # A calibration's all-to-all fit (aihpc bench moe / nccl-tests alltoall_perf, through
+    # aihpc calibrate) replaces the bus bandwidth and latency of its tier.
+    for tier in ("scale_up", "scale_out"):
+        fit = cal.comm_fit("all_to_all", tier) if cal is not None else None
+        if fit is not None:
+            r = fit.regime(copies_bytes)
+            if tier == "scale_up":
+                up_bw, up_lat = r.busbw_GBps * 1e9, r.latency_us * 1e-6
+            else:
+                out_bw, out_lat = r.busbw_GBps * 1e9, r.latency_us * 1e-6
+    if domains == 1:
+        return up_lat + copies_bytes * (n - 1) / n / up_bw
+    if hierarchical:
+        intra = copies_bytes * (k - 1) / k
+        inter = token_bytes * remote_domains
+    else:
+        intra = copies_bytes * (k - 1) / n
+        inter = copies_bytes * (n - k) / n
+    return up_lat + out_lat + max(intra / up_bw, inter / out_bw)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aihpc.perf.flops import layer_gemms, op_sac_saved
+from aihpc.perf.flops import layer_gemms, mla_gemms, mla_head_dims, op_sac_saved
 from aihpc.perf.params import ModelParams
 from aihpc.spec.calibration import Calibration
 from aihpc.spec.cluster import GPUSpec
@@ -76,6 +76,7 @@ class LayerTimes:
     bwd_attn: float
     bwd_elementwise: float
     fwd_gemm_unsaved_op: float = 0.0  # GEMMs op-level selective checkpointing recomputes
+    fwd_modules: float = 0.0  # forward of the plan's recompute_modules, run again in backward
 
     @property
     def fwd(self) -> float:
@@ -107,19 +108,47 @@ def layer_times(
     def gemm(m: float, n: float, k: float) -> float:
         return gemm_time_s(m, n, k, gpu, prec, params, calibration)
 
-    experts = (model.moe_top_k + model.num_shared_experts) if moe else 1
-    # Q, K and V run as one fused GEMM (Megatron, TE); the FFN input as one (gate and up).
-    fwd_gemm = gemm(tokens, (hq + 2 * hkv) / t, h) + gemm(tokens, h, hq / t)
-    # Routed experts: each token passes top_k expert MLPs (balanced routing assumed).
-    fwd_gemm += experts * (gemm(tokens, f_in / t, h) + gemm(tokens, h, ffn / t))
-    # What op-level selective checkpointing recomputes: every other matmul, one by one.
-    unsaved_op = 0.0
-    for i, (name, n_in, n_out, row) in enumerate(layer_gemms(model, moe)):
-        if not op_sac_saved(i):
-            copies = experts if name in ("w1", "w3", "w2", "fc1", "fc2") else 1
-            unsaved_op += copies * (
-                gemm(tokens, n_out, n_in / t) if row else gemm(tokens, n_out / t, n_in)
-            )
+    if model.is_mla:
+        fwd_gemm = 0.0
+        for _, n_in, n_out, split in mla_gemms(model):
+            if split == "row":
+                fwd_gemm += gemm(tokens, n_out, n_in / t)
+            else:  # "rep": the down projections run whole on every TP rank
+                fwd_gemm += gemm(tokens, n_out / (t if split == "col" else 1), n_in)
+    else:
+        # Q, K and V run as one fused GEMM (Megatron, TE); the FFN input as one (gate and up).
+        fwd_gemm = gemm(tokens, (hq + 2 * hkv) / t, h) + gemm(tokens, h, hq / t)
+    stream_moe = 0.0
+    modules = plan.recompute_modules
+    fwd_modules = 0.0
+    if "mla_up_proj" in modules and model.is_mla:
+        for name, n_in, n_out, _ in mla_gemms(model):
+            if name in ("q_up", "kv_up"):
+                fwd_modules += gemm(tokens, n_out / t, n_in)
+    if "mlp" in modules and not moe:
+        fwd_modules += gemm(tokens, f_in / t, h) + gemm(tokens, h, ffn / t)
+    if moe:
+        # Shared experts: one dense FFN of num_shared x the expert width, split over TP.
+        shared = model.num_shared_experts
+        if shared:
+            fwd_gemm += gemm(tokens, shared * f_in / t, h) + gemm(tokens, h, shared * ffn / t)
+        routed, stream_moe = _routed_expert_fwd(model, gpu, plan, training, params, calibration)
+        fwd_gemm += routed
+        # What op-level checkpointing recomputes: every other matmul, half of the GEMM time.
+        unsaved_op = fwd_gemm / 2
+    else:
+        # The FFN input as one GEMM (gate and up).
+        fwd_gemm += gemm(tokens, f_in / t, h) + gemm(tokens, h, ffn / t)
+    if model.is_mla and not moe:
+        unsaved_op = fwd_gemm / 2
+    elif not moe:
+        # What op-level selective checkpointing recomputes: every other matmul, one by one.
+        unsaved_op = 0.0
+        for i, (_, n_in, n_out, row) in enumerate(layer_gemms(model, moe)):
+            if not op_sac_saved(i):
+                unsaved_op += (
+                    gemm(tokens, n_out, n_in / t) if row else gemm(tokens, n_out / t, n_in)
+                )
     # Backward: gradient w.r.t. inputs and w.r.t. weights, each the size of the forward GEMM.
     bwd_gemm = 2 * fwd_gemm
 
@@ -128,6 +157,9 @@ def layer_times(
         # Causal FlashAttention skips the masked half; the backward recomputes the scores (5
         # matmuls vs 2: 2.5x the forward FLOPs). Under load-balanced CP each rank does 1/cp.
         flops = 4 * tokens * s * heads * d * 0.5
+        if model.is_mla:  # scores over the qk width, AV over the v width
+            dqk, dv = mla_head_dims(model)
+            flops = 2 * tokens * s * heads * (dqk + dv) * 0.5
         eff_f, eff_b = gpu.attention_efficiency(training.attention)
         peak = gpu.sustained_peak_tflops("bf16") * 1e12
         fwd_attn = (
@@ -152,12 +184,25 @@ def layer_times(
         drop = training.dropout > 0
         attn_stream_fwd = tokens * heads * s * (2 + 2 + (5 if drop else 0))
 
+    if moe:  # the shared experts' activation; the routed ones are in stream_moe
+        ffn = model.num_shared_experts * ffn
+        f_in = 2 * ffn if model.ffn_activation == "swiglu" else ffn
     per_token = elementwise_bytes_per_token(model, plan, training, ffn, f_in)
     # The attention core (score GEMMs plus, when unfused, the softmax/dropout traffic) is what
     # selective recompute re-runs, so it is kept in fwd_attn.
     softmax = stream_time_s(attn_stream_fwd, gpu, params, kernels=2) if attn_stream_fwd else 0.0
+    if "layernorm" in modules:  # each norm reads and writes h per token
+        sp = t if plan.sequence_parallel else 1
+        fwd_modules += stream_time_s(tokens * 8 * h / sp, gpu, params, kernels=2)
+    if "moe_act" in modules and moe:  # the experts' activation: read f_in, write ffn per copy
+        fe = model.expert_ffn_hidden_size
+        act = 2 * ((2 * fe if model.ffn_activation == "swiglu" else fe) + fe) / plan.etp
+        fwd_modules += stream_time_s(routed_tokens(model, plan, training) * act, gpu, params)
     fwd_stream = stream_time_s(tokens * per_token, gpu, params, kernels=6)
     bwd_stream = stream_time_s(2 * tokens * per_token, gpu, params, kernels=10)
+    if moe:  # router, permute, expert activation, unpermute: forward 5 kernels, backward twice
+        fwd_stream += stream_time_s(stream_moe, gpu, params, kernels=5)
+        bwd_stream += stream_time_s(2 * stream_moe, gpu, params, kernels=10)
     return LayerTimes(
         fwd_gemm,
         fwd_attn + softmax,
@@ -166,7 +211,63 @@ def layer_times(
         bwd_attn + 2 * softmax,
         bwd_stream,
         unsaved_op,
+        fwd_modules,
     )
+
+
+def routed_tokens(model: ModelSpec, plan: ParallelPlan, training: TrainingSpec) -> float:
+    """Token copies the busiest GPU's routed experts take per micro-batch and MoE layer.
+
+    The layer's input is split over tp x cp ranks (sequence parallel); each token goes to
+    top_k experts. With parallel folding the expert grid etp x ep spreads those copies evenly
+    over the stage's ranks, each of an expert's etp ranks seeing all of its tokens: top_k x etp
+    copies per local token. The busiest rank takes ``moe_imbalance`` times that, at most the
+    capacity factor's cap (token-dropping runs)."""
+    tokens = plan.micro_batch_size * model.seq_length / (plan.cp * plan.tp)
+    load = training.moe_imbalance
+    if model.moe_capacity_factor is not None:
+        load = min(load, model.moe_capacity_factor)
+    return tokens * model.moe_top_k * plan.etp * load
+
+
+def _routed_expert_fwd(
+    model: ModelSpec,
+    gpu: GPUSpec,
+    plan: ParallelPlan,
+    training: TrainingSpec,
+    params: ModelParams,
+    calibration: Calibration | None,
+) -> tuple[float, float]:
+    """(forward GEMM seconds, forward element-wise HBM bytes) of one MoE layer's router and
+    routed experts on the busiest GPU.
+
+    The E / ep local experts run as one grouped GEMM per projection (TE GroupedLinear, CUTLASS
+    grouped GEMM): each expert's product is priced at the tokens it actually sees, so its
+    size-dependent efficiency is that of a GEMM of tokens-per-expert rows, and every expert's
+    weights are read once. The router is a GEMM of the local tokens onto the experts."""
+    h, ffn = model.hidden_size, model.expert_ffn_hidden_size
+    f_in = 2 * ffn if model.ffn_activation == "swiglu" else ffn
+    prec = training.precision
+    local = model.num_experts / plan.ep
+    copies = routed_tokens(model, plan, training)
+    per_expert = copies / local
+
+    def grouped(n: float, k: float) -> float:
+        one = gemm_time_s(per_expert, n, k, gpu, prec, params, calibration)
+        return local * (one - params.kernel_overhead_s) + params.kernel_overhead_s
+
+    tokens = plan.micro_batch_size * model.seq_length / (plan.cp * plan.tp)
+    router = gemm_time_s(tokens, model.num_experts, h, gpu, "bf16", params, calibration)
+    gemms = grouped(f_in / plan.etp, h) + grouped(h, ffn / plan.etp) + router
+    # Bytes: router scores (fp32 logits, softmax / top-k), permute (read the token, write each
+    # copy), the expert activation (read f_in, write ffn per copy), unpermute (read each copy
+    # and its weight, write the token), all 16-bit.
+    act = 2 * (f_in + ffn) / plan.etp
+    moved = tokens * model.num_experts * 4 * 3 + 2 * (tokens * h + copies * h) * 2
+    moved += copies * act
+    if prec == "fp8":  # each expert GEMM's input cast to FP8 (read 2 B, write 1 B per value)
+        moved += copies * 3 * (h + ffn / plan.etp)
+    return gemms, moved
 
 
 def elementwise_bytes_per_token(

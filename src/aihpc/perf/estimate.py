@@ -22,13 +22,19 @@ from aihpc.perf.flops import (
 from aihpc.perf.memory import (
     GiB,
     MemoryBreakdown,
-    _layer_params_local,
     activation_bytes_per_layer,
+    layer_params_split,
     memory_breakdown,
+    warmup_chunks,
     zero3_keeps_unsharded,
 )
 from aihpc.perf.params import DEFAULT_PARAMS, ModelParams
-from aihpc.perf.pipeline import bubble_slots, p2p_transfers, zero_bubble_fraction
+from aihpc.perf.pipeline import (
+    bubble_slots,
+    dualpipe_bubble_slots,
+    p2p_transfers,
+    zero_bubble_fraction,
+)
 from aihpc.spec.cluster import ClusterSpec
 from aihpc.spec.errors import SpecError
 from aihpc.spec.model import ModelSpec
@@ -43,6 +49,7 @@ TIME_KEYS = (
     "recompute",
     "tp_comm",
     "cp_comm",
+    "ep_comm",
     "pp_comm",
     "dp_comm",
     "pipeline_bubble",
@@ -72,8 +79,6 @@ class Estimate:
         text = _bottleneck(
             self.time_s, self.step_time_s, self.memory, self.hbm_gib, self.host_mem_gib
         )
-        if self.moe:
-            text += " MoE: expert-parallel all-to-all and routing imbalance are not priced yet."
         return text
 
     def to_json(self) -> dict[str, Any]:
@@ -145,11 +150,22 @@ def estimate_plan(
 
     s = model.seq_length
     tokens_mb = plan.micro_batch_size * s / plan.cp
-    layers = plan.layers_per_stage(model.num_layers)
+    # Multi-token-prediction modules run as one more layer each (Megatron-Bridge's DeepSeek-V3
+    # pipeline layouts give the MTP module a layer's slot on the last stage).
+    layers = plan.layers_per_stage(model.num_layers + model.mtp_layers)
     moe_frac = model.num_moe_layers / model.num_layers if model.is_moe else 0.0
 
     # --- compute per micro-batch on the slowest stage (the last: it also runs the output layer)
-    shape = ("kernels", plan.tp, plan.cp, plan.micro_batch_size, plan.sequence_parallel)
+    shape = (
+        "kernels",
+        plan.tp,
+        plan.cp,
+        plan.micro_batch_size,
+        plan.sequence_parallel,
+        plan.ep,
+        plan.etp,
+        plan.recompute_modules,
+    )
     kernels = memo.get(shape) if memo is not None else None
     if kernels is None:
         kernels = (
@@ -162,6 +178,8 @@ def estimate_plan(
         if memo is not None:
             memo[shape] = kernels
     lt, lt_moe, (lfwd, lbwd) = kernels
+    if model.mtp_layers:  # each MTP module has its own output head and loss
+        lfwd, lbwd = (1 + model.mtp_layers) * lfwd, (1 + model.mtp_layers) * lbwd
     if moe_frac:
         assert lt_moe is not None
         fwd_layer = (1 - moe_frac) * lt.fwd + moe_frac * lt_moe.fwd
@@ -176,6 +194,24 @@ def estimate_plan(
         recompute_layer = lt.fwd_gemm_unsaved_op + lt.fwd_elementwise
     else:
         recompute_layer = 0.0
+    if plan.recompute_modules:  # fine-grained recompute beside none / selective
+        if moe_frac:
+            assert lt_moe is not None
+            recompute_layer += (1 - moe_frac) * lt.fwd_modules + moe_frac * lt_moe.fwd_modules
+        else:
+            recompute_layer += lt.fwd_modules
+    if training.pipeline_split == "balanced" and p > 1:
+        # The embedding and the loss each take one layer's slot of the split (Megatron-Core's
+        # --account-for-embedding/loss-in-pipeline-split, and the custom layouts of
+        # Megatron-Bridge's DeepSeek-V3 and Kimi-K2 recipes, "Et|(tt|)*30mL"): the last stage
+        # holds one layer fewer beside the output head(s). The busier of a middle stage and the
+        # last one is priced.
+        per = -(-(model.num_layers + model.mtp_layers + 2) // (p * v)) * v
+        one = fwd_layer + bwd_layer + recompute_layer
+        if per * one >= (per - 1) * one + lfwd + lbwd:
+            layers, lfwd, lbwd = per, 0.0, 0.0
+        else:
+            layers = per - 1
     compute_mb = layers * (fwd_layer + bwd_layer) + lfwd + lbwd
     recompute_mb = layers * recompute_layer
 
@@ -194,6 +230,31 @@ def estimate_plan(
         per_layer = (4 + (2 if plan.recompute == "full" else 0)) * one
         tp_mb = layers * per_layer * (1 - params.tp_overlap_fraction)
         hidden_mb += layers * per_layer * params.tp_overlap_fraction
+
+    # --- expert parallel: dispatch and combine all-to-all per MoE layer, forward and backward
+    ep_mb = 0.0
+    if moe_frac and (plan.ep > 1 or plan.etp > 1):
+        assert lt_moe is not None
+        ep_fwd = _moe_comm_fwd(model, cluster, plan, training, params, collective)
+        reps = 2 if plan.recompute == "full" else 1  # the recompute dispatches again
+        # The backward moves the same bytes: the combine's gradient goes out as a dispatch, the
+        # dispatch's gradient comes back as a combine.
+        ep_all = layers * moe_frac * (reps + 1) * ep_fwd
+        if plan.moe_a2a_overlap == "none":
+            ep_mb = ep_all
+        else:
+            # Overlapped with the other micro-batch's compute (Megatron-Core's 1F1B A2A overlap
+            # pairs one micro-batch's forward with another's backward; DualPipe does the same in
+            # every pair of its chunks). Under 1F1B the warm-up forwards and the cool-down
+            # backwards have no partner: that share of the all-to-all stays exposed.
+            paired = 1.0
+            if plan.moe_a2a_overlap == "1f1b":
+                warm = warmup_chunks(p, v, m) if p > 1 else 1
+                paired = max(0.0, 1 - warm / (m * v))
+            window = params.overlap_efficiency * layers * moe_frac * (lt_moe.fwd + lt_moe.bwd)
+            hidden_ep = min(paired * ep_all, window)
+            ep_mb = ep_all - hidden_ep
+            hidden_mb += hidden_ep
 
     # --- context parallel. K/V of this rank's tokens: kv heads (all query heads when the
     # trainer repeats them before the kernel), split over TP ranks, at least one per rank.
@@ -241,7 +302,7 @@ def estimate_plan(
         bwd_w = max(0.0, copy - (bwd_layer + recompute_layer))
         offload_mb = plan.offload_layers * (fwd_w + bwd_w)
 
-    t_mb = compute_mb + recompute_mb + tp_mb + cp_mb
+    t_mb = compute_mb + recompute_mb + tp_mb + cp_mb + ep_mb
 
     # --- pipeline: bubble and point-to-point activations between stages
     zb = 0.0
@@ -252,7 +313,12 @@ def estimate_plan(
         w_mb = layers * lt.bwd_gemm / 2
         b_mb = layers * (bwd_layer + recompute_layer) + lbwd - w_mb
         zb = zero_bubble_fraction(layers * fwd_layer + lfwd, b_mb, w_mb)
-    bubble = bubble_slots(p, v, plan.schedule, zb) * t_mb
+    if plan.moe_a2a_overlap == "dualpipe":
+        w_mb = layers * lt.bwd_gemm / 2
+        f_mb = layers * fwd_layer + lfwd
+        bubble = dualpipe_bubble_slots(p, f_mb, t_mb - f_mb, w_mb) * t_mb
+    else:
+        bubble = bubble_slots(p, v, plan.schedule, zb) * t_mb
     pp_time = 0.0
     if p > 1:
         msg = act_bytes / (t if plan.sequence_parallel else 1)
@@ -265,7 +331,7 @@ def estimate_plan(
     stride = _group_stride(plan, "cp") if plan.cp > 1 else _group_stride(plan, "dp")
     # The first stage's layers and embedding; without PP also the untied output layer.
     embeddings = 1 if model.tied_embeddings or p > 1 else 2
-    layer_params = _layer_params_local(model, plan, layers)
+    layer_params, expert_params = layer_params_split(model, plan, layers)
     params_stage = layer_params + embeddings * embedding_params(model) / t
     # Gradient reduction in grad_reduce_dtype (fp32: Megatron's bf16 default and FSDP2's in
     # torchtitan; bf16: NeMo's grad_sync_dtype).
@@ -381,19 +447,38 @@ def estimate_plan(
             exposed = max(0.0, per_mb - window)
             dp_time = m * (exposed + edges)
             hidden = m * (per_mb - exposed)
+    if expert_params:
+        # Routed experts' gradients are reduced (and, sharded, their weights gathered) over the
+        # expert-data-parallel group, etp x ep ranks apart, in the window the dense part leaves.
+        edp, e_stride = plan.expert_dp, plan.etp * plan.ep
+        e_grad = DTYPE_BYTES[training.grad_reduce_dtype] * expert_params
+        e_time = 0.0
+        if edp > 1 and plan.zero_stage == 0:
+            e_time = collective("all_reduce", e_grad, edp, e_stride)
+        elif edp > 1:
+            e_time = collective("reduce_scatter", e_grad, edp, e_stride)
+            e_time += collective("all_gather", layer_weight_bytes * expert_params, edp, e_stride)
+            if plan.zero_stage == 3 and not zero3_keeps_unsharded(plan):
+                e_time *= m  # gathered and reduced again for every micro-batch
+        layers_bwd = layers * (bwd_layer + recompute_layer)
+        room = hide * (layers_bwd + layers * fwd_layer) if training.grad_reduce_overlap else 0.0
+        e_exposed = max(0.0, e_time - max(0.0, room - hidden))
+        dp_time += e_exposed
+        hidden += e_time - e_exposed
     penalty = params.overlap_compute_penalty * max(0.0, hidden + m * hidden_mb)
 
     shard = shard_n if plan.zero_stage >= 1 else 1
     opt = compute.optimizer_time_s(params_stage, plan.zero_stage, shard, gpu, params, training)
 
     compute_total = m * compute_mb + penalty
-    step = compute_total + m * (recompute_mb + tp_mb + cp_mb + offload_mb)
+    step = compute_total + m * (recompute_mb + tp_mb + cp_mb + ep_mb + offload_mb)
     step += bubble + pp_time + dp_time + opt
     time_s = {
         "compute": compute_total,
         "recompute": m * recompute_mb,
         "tp_comm": m * tp_mb,
         "cp_comm": m * cp_mb,
+        "ep_comm": m * ep_mb,
         "pp_comm": pp_time,
         "dp_comm": dp_time,
         "pipeline_bubble": bubble,
@@ -430,6 +515,44 @@ def estimate_plan(
         moe=model.is_moe,
         host_mem_gib=host,
     )
+
+
+def _moe_comm_fwd(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: ParallelPlan,
+    training: TrainingSpec,
+    params: ModelParams,
+    collective: Any,
+) -> float:
+    """Forward dispatch + combine of one MoE layer for one micro-batch on one GPU, seconds.
+
+    The layer's input is split over tp x cp (sequence parallel): each rank routes its own
+    tokens. Dispatch moves each token's top-k copies in ``moe_dispatch_dtype``, combine brings
+    them back in 16 bits, over the EP group: ep ranks etp apart (Megatron-Core's expert rank
+    order puts etp innermost). With etp > 1 the received copies are all-gathered over the etp
+    ranks before the experts and reduce-scattered after them."""
+    tokens = plan.micro_batch_size * model.seq_length / (plan.cp * plan.tp)
+    h, k = model.hidden_size, model.moe_top_k
+    load = training.moe_imbalance  # the busiest rank receives this much more
+    if model.moe_capacity_factor is not None:
+        load = min(load, model.moe_capacity_factor)
+    _, domains = comm.group_tiers(cluster, plan.ep, plan.etp)
+    remote = comm.remote_domains_per_token(
+        domains, k, model.moe_router_groups, model.moe_router_group_topk
+    )
+    hier = training.moe_dispatcher == "hierarchical"
+    out = 0.0
+    for nbytes in (1.0 if training.moe_dispatch_dtype == "fp8" else 2.0, 2.0):
+        one = tokens * h * nbytes
+        out += load * comm.moe_all_to_all_time_s(
+            cluster, one * k, one, plan.ep, plan.etp, hier, remote, params
+        )
+    if plan.etp > 1:
+        recv = tokens * k * h * 2.0 * load
+        out += collective("all_gather", recv * plan.etp, plan.etp, 1)
+        out += collective("reduce_scatter", recv * plan.etp, plan.etp, 1)
+    return out
 
 
 def _token_flops(model: ModelSpec, recompute: str) -> tuple[float, float]:
@@ -477,6 +600,7 @@ def _bottleneck(
         "recompute": "activation recompute",
         "tp_comm": "exposed tensor-parallel communication",
         "cp_comm": "exposed context-parallel communication",
+        "ep_comm": "exposed expert-parallel all-to-all (dispatch and combine)",
         "pp_comm": "pipeline point-to-point transfers",
         "dp_comm": "exposed data-parallel gradient/parameter communication",
         "pipeline_bubble": "the pipeline bubble",

@@ -31,10 +31,60 @@ def _ffn_in(model: ModelSpec, ffn: int) -> int:
 
 
 def attention_params(model: ModelSpec) -> int:
+    if model.is_mla:
+        return sum(n_in * n_out for _, n_in, n_out, _ in mla_gemms(model)) + mla_norms(model)
     d = model.kv_channels
     q = model.num_attention_heads * d
     kv = model.kv_heads * d
     return model.hidden_size * (q + 2 * kv) + q * model.hidden_size
+
+
+def mla_head_dims(model: ModelSpec) -> tuple[int, int]:
+    """(query/key width, value width) per head of multi-head latent attention."""
+    assert model.qk_nope_head_dim and model.qk_rope_head_dim and model.v_head_dim
+    return model.qk_nope_head_dim + model.qk_rope_head_dim, model.v_head_dim
+
+
+def mla_gemms(model: ModelSpec) -> list[tuple[str, int, int, str]]:
+    """Multi-head latent attention's projections as (name, in, out, split), DeepSeek-V3's layout
+    (arXiv 2412.19437 sec. 2.1.1; Megatron-Core's MLASelfAttention): the down projections of
+    the query (to q_lora_rank) and of the joint key-value latent plus the shared RoPE key (to
+    kv_lora_rank + qk_rope_head_dim) are replicated over TP ranks ("rep"), the up projections
+    split their output ("col") and the output projection its input ("row")."""
+    h, a = model.hidden_size, model.num_attention_heads
+    dqk, dv = mla_head_dims(model)
+    assert model.kv_lora_rank is not None and model.qk_nope_head_dim and model.qk_rope_head_dim
+    out: list[tuple[str, int, int, str]] = []
+    if model.q_lora_rank:
+        q = model.q_lora_rank
+        out += [("q_down", h, q, "rep"), ("q_up", q, a * dqk, "col")]
+    else:
+        out += [("q", h, a * dqk, "col")]
+    out += [
+        ("kv_down", h, model.kv_lora_rank + model.qk_rope_head_dim, "rep"),
+        ("kv_up", model.kv_lora_rank, a * (model.qk_nope_head_dim + dv), "col"),
+        ("o", a * dv, h, "row"),
+    ]
+    return out
+
+
+def mla_norms(model: ModelSpec) -> int:
+    """RMSNorm weights on the query and key-value latents."""
+    return (model.q_lora_rank or 0) + (model.kv_lora_rank or 0)
+
+
+def expert_params_per_layer(model: ModelSpec) -> int:
+    """Routed experts' weights of one MoE layer (what expert parallelism splits)."""
+    return model.num_experts * mlp_params(model, model.expert_ffn_hidden_size)
+
+
+def mtp_params(model: ModelSpec) -> int:
+    """Multi-token prediction modules (DeepSeek-V3 sec. 2.2): one transformer layer (an MoE layer
+    in an MoE model), a 2h -> h projection and two RMSNorms each; embedding and output head are
+    shared with the main model. DeepSeek-V3's 671B excludes them (its 14B MTP module)."""
+    h = model.hidden_size
+    per = params_per_layer(model, model.is_moe) + 2 * h * h + 2 * h
+    return model.mtp_layers * per
 
 
 def mlp_params(model: ModelSpec, ffn: int) -> int:
@@ -89,6 +139,15 @@ def embedding_params(model: ModelSpec) -> int:
     return model.vocab_size * model.hidden_size
 
 
+def active_params(model: ModelSpec) -> int:
+    """Weights one token passes through: every layer's attention and norms, its top-k routed
+    and the shared experts, the router, embeddings (as in ``num_params``); DeepSeek-V3's 37B."""
+    routed_idle = (model.num_experts - model.moe_top_k) * mlp_params(
+        model, model.expert_ffn_hidden_size
+    )
+    return num_params(model) - model.num_moe_layers * routed_idle
+
+
 def num_params(model: ModelSpec) -> int:
     """All weights: layers, input embedding, output layer (unless tied), final norm."""
     dense = model.num_layers - model.num_moe_layers
@@ -119,6 +178,22 @@ def layer_flops(model: ModelSpec, tokens: float, seq: float, moe: bool = False) 
     h, d = model.hidden_size, model.kv_channels
     q = model.num_attention_heads * d
     kv = model.kv_heads * d
+    if moe:
+        ffn = model.expert_ffn_hidden_size
+        active = model.moe_top_k + model.num_shared_experts
+        mlp = 2 * tokens * active * mlp_params(model, ffn) + 2 * tokens * h * model.num_experts
+    else:
+        mlp = 2 * tokens * mlp_params(model, model.ffn_hidden_size)
+    if model.is_mla:
+        dqk, dv = mla_head_dims(model)
+        a = model.num_attention_heads
+        gemms = mla_gemms(model)
+        return LayerFlops(
+            qkv=2 * tokens * sum(i * o for name, i, o, _ in gemms if name != "o"),
+            attn_core=2 * tokens * seq * a * (dqk + dv),  # scores and AV, full square
+            proj=2 * tokens * a * dv * h,
+            mlp=mlp,
+        )
     if moe:
         ffn = model.expert_ffn_hidden_size
         active = model.moe_top_k + model.num_shared_experts
@@ -168,4 +243,8 @@ def model_flops_per_token(model: ModelSpec, seq: int | None = None) -> float:
     if model.num_moe_layers:
         fwd += model.num_moe_layers * layer_flops(model, 1, seq, moe=True).total
     fwd += logits_flops(model, 1)
+    if model.mtp_layers:  # each MTP module: a layer, its 2h -> h projection and the output head
+        kind = model.is_moe
+        per = layer_flops(model, 1, seq, moe=kind).total + 2 * 2 * model.hidden_size**2
+        fwd += model.mtp_layers * (per + logits_flops(model, 1))
     return 3 * fwd

@@ -17,7 +17,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 
-from aihpc.perf.flops import embedding_params, layer_gemms, op_sac_saved, params_per_layer
+from aihpc.perf.flops import (
+    embedding_params,
+    expert_params_per_layer,
+    layer_gemms,
+    op_sac_saved,
+    params_per_layer,
+)
 from aihpc.perf.params import DEFAULT_PARAMS, ModelParams
 from aihpc.spec.cluster import ClusterSpec
 from aihpc.spec.model import ModelSpec
@@ -79,11 +85,28 @@ class MemoryBreakdown:
 def activation_bytes_per_layer(
     model: ModelSpec, plan: ParallelPlan, training: TrainingSpec, recompute: str | None = None
 ) -> float:
-    """Bytes one layer keeps for its backward, for one micro-batch, on one GPU.
+    """Bytes one layer keeps for its backward, for one micro-batch, on one GPU; for an MoE
+    model, the mean over its dense and MoE layers.
 
     Counted tensor by tensor (16-bit activations, 1-byte dropout masks): LayerNorm inputs,
     GEMM inputs, Q/K/V, the attention scores path when unfused, activation-function inputs.
     """
+    if not model.is_moe:
+        return _activation_bytes(model, plan, training, recompute, False)
+    frac = model.num_moe_layers / model.num_layers
+    moe = _activation_bytes(model, plan, training, recompute, True)
+    if frac >= 1:
+        return moe
+    return frac * moe + (1 - frac) * _activation_bytes(model, plan, training, recompute, False)
+
+
+def _activation_bytes(
+    model: ModelSpec,
+    plan: ParallelPlan,
+    training: TrainingSpec,
+    recompute: str | None,
+    moe: bool,
+) -> float:
     recompute = recompute or plan.recompute
     h, d = model.hidden_size, model.kv_channels
     hq, hkv = model.num_attention_heads * d, model.kv_heads * d
@@ -96,19 +119,48 @@ def activation_bytes_per_layer(
         # Op-level selective checkpointing keeps the layer input, the attention output and
         # log-sum-exp, and every other matmul output (column-parallel ones split over TP).
         kept = 2 * h / sp + (2 * hq + 4 * model.num_attention_heads) / t
-        for i, (_, _, n_out, row) in enumerate(layer_gemms(model, model.is_moe)):
+        for i, (_, _, n_out, row) in enumerate(layer_gemms(model, moe)):
             if op_sac_saved(i):
                 kept += 2 * (n_out if row else n_out / t)
         return tokens * kept
     drop = training.dropout > 0
     # Replicated across TP unless sequence parallel: 2 norm inputs, 2 GEMM inputs, 2 masks.
     replicated = (8 * h + (2 * h if drop else 0)) / sp
-    ffn = model.expert_ffn_hidden_size if model.is_moe else model.ffn_hidden_size
+    ffn = model.expert_ffn_hidden_size if moe else model.ffn_hidden_size
     act_in = 4 * ffn if model.ffn_activation == "swiglu" else 2 * ffn  # gate+up, or one input
-    if model.is_moe:  # routed tokens: every token visits top_k (+ shared) experts
-        act_in *= model.moe_top_k + model.num_shared_experts
     fc2_in = act_in // 2 if model.ffn_activation == "swiglu" else act_in
-    split = 2 * (hq + hkv) + 2 * hkv + 2 * hq + act_in + fc2_in  # Q, K, V, proj input, FFN
+    if "mlp" in plan.recompute_modules and not moe:  # the dense FFN keeps only its input
+        act_in, fc2_in = 0, 0
+    if moe:
+        # Shared experts run on this rank's tokens split over TP like a dense FFN. Routed ones:
+        # a token's top_k copies (times the routing imbalance on the busiest rank) land on the
+        # etp x ep expert ranks; per attention-layout token that is top_k x etp copies over t
+        # ranks, each keeping its permuted input (h), its FFN input and activation input split
+        # over etp; plus the router's fp32 scores.
+        # With FP8 linears keeping FP8 inputs (below), the permuted input and the FFN-out input
+        # take 1 byte per value.
+        fp8 = training.precision == "fp8" and training.fp8_saved_inputs == "fp8"
+        inp, out_in = (h, fc2_in / 2) if fp8 else (2 * h, fc2_in)
+        if "moe_act" in plan.recompute_modules:  # the activation's output is made again
+            out_in = 0
+        copies = model.moe_top_k * training.moe_imbalance
+        shared = model.num_shared_experts * (act_in + out_in)
+        routed = copies * (inp * plan.etp + act_in + out_in)
+        act_in, fc2_in = shared + routed, 0
+        act_in += 4 * model.num_experts
+    if model.is_mla:
+        # MLA: per-head Q and K of qk width, V and the projection input of v width; the query
+        # and key-value latents feeding the up projections are whole on every TP rank.
+        assert model.kv_lora_rank is not None and model.qk_rope_head_dim is not None
+        dqk, dv = model.qk_nope_head_dim or 0, model.v_head_dim or 0
+        dqk += model.qk_rope_head_dim
+        a = model.num_attention_heads
+        latents = 2 * ((model.q_lora_rank or 0) + model.kv_lora_rank + model.qk_rope_head_dim)
+        qkv = 0 if "mla_up_proj" in plan.recompute_modules else 2 * a * (2 * dqk + dv)
+        split = qkv + 2 * a * dv + latents * t + act_in + fc2_in
+        hq = a * dv
+    else:
+        split = 2 * (hq + hkv) + 2 * hkv + 2 * hq + act_in + fc2_in  # Q, K, V, proj input, FFN
     if training.kv_repeat:  # the attention kernel saves the K and V repeated to every head
         split += 4 * (hq - hkv)
     if training.precision == "fp8" and training.fp8_saved_inputs == "fp8":
@@ -117,6 +169,9 @@ def activation_bytes_per_layer(
         # FP8 input is kept beside the attention output the attention backward needs in 16 bits.
         replicated -= 2 * h / sp
         split += -fc2_in / 2 + hq
+    if "layernorm" in plan.recompute_modules:  # the norms' outputs (the GEMM inputs) remade
+        fp8_in = training.precision == "fp8" and training.fp8_saved_inputs == "fp8"
+        replicated -= (2 if fp8_in else 4) * h / sp
     if training.attention == "unfused" and recompute == "none":
         a = model.num_attention_heads
         s_kv = model.seq_length  # scores over the whole sequence
@@ -140,6 +195,17 @@ def offload_split(layers: int, offload: int) -> tuple[int, int]:
 
 
 def _layer_params_local(model: ModelSpec, plan: ParallelPlan, layers: int) -> float:
+    """Parameters of ``layers`` layers on one GPU (both parts of ``layer_params_split``)."""
+    dense, experts = layer_params_split(model, plan, layers)
+    return dense + experts if experts else dense
+
+
+def layer_params_split(model: ModelSpec, plan: ParallelPlan, layers: int) -> tuple[float, float]:
+    """(parameters split over TP, routed-expert parameters) of ``layers`` layers on one GPU.
+
+    Attention, norms, dense FFNs, shared experts and the router are split over tp only (they are
+    replicated across the expert-parallel ranks); routed experts over etp x ep (Megatron-Core's
+    parallel folding; its theoretical memory since PR 4687)."""
     dense_layers = layers
     moe_layers = 0
     if model.is_moe:
@@ -147,8 +213,10 @@ def _layer_params_local(model: ModelSpec, plan: ParallelPlan, layers: int) -> fl
         dense_layers = layers - moe_layers
     dense = dense_layers * params_per_layer(model) / plan.tp
     if not moe_layers:
-        return dense
-    return dense + moe_layers * params_per_layer(model, moe=True) / (plan.tp * plan.ep)
+        return dense, 0.0
+    routed = expert_params_per_layer(model)
+    dense += moe_layers * (params_per_layer(model, moe=True) - routed) / plan.tp
+    return dense, moe_layers * routed / (plan.etp * plan.ep)
 
 
 def largest_param_tensor(model: ModelSpec) -> int:
@@ -173,7 +241,11 @@ def zero3_keeps_unsharded(plan: ParallelPlan) -> bool:
 
 
 def _state_bytes(
-    params_local: float, plan: ParallelPlan, training: TrainingSpec, layer_params_local: float
+    params_local: float,
+    plan: ParallelPlan,
+    training: TrainingSpec,
+    layer_params_local: float,
+    shard: int | None = None,
 ) -> tuple[float, float, float]:
     """(weights, gradients, optimizer) bytes for ``params_local`` parameters on this rank.
 
@@ -189,6 +261,8 @@ def _state_bytes(
     = bf16 halve the gradient and the master/moment bytes.
     """
     d = plan.shard_group * plan.cp  # ranks that share (shard) these states: all dp, or HSDP's group
+    if shard is not None:  # routed experts: their expert-data-parallel replicas
+        d = shard
     g, o = DTYPE_BYTES[training.grad_reduce_dtype], DTYPE_BYTES[training.optimizer_dtype]
     moments = MOMENTS[training.optimizer]
     fp8_cache = 1.0 if training.precision == "fp8" else 0.0  # FP8 copies of the weights
@@ -331,12 +405,20 @@ def memory_breakdown(
     def stage(
         layer_count: int, embed: bool, output: bool, acts: float, buffers: float, name: str
     ) -> MemoryBreakdown:
-        params_local = _layer_params_local(model, plan, layer_count)
+        params_local, expert_local = layer_params_split(model, plan, layer_count)
         if embed:
             params_local += emb_local
         if output and (not model.tied_embeddings or not embed):
             params_local += emb_local
         w, g, o = _state_bytes(params_local, plan, training, layer_local)
+        if expert_local:
+            # Routed experts: their optimizer state (and ZeRO-2/3 gradients) sharded over the
+            # expert-data-parallel ranks (Megatron-Core's distributed optimizer per expert DP
+            # group); DualPipe keeps a second copy of the stage's weights (DeepSeek-V3 Table 2).
+            we, ge, oe = _state_bytes(expert_local, plan, training, layer_local, plan.expert_dp)
+            w, g, o = w + we, g + ge, o + oe
+        if plan.moe_a2a_overlap == "dualpipe":
+            w *= 2
         later = 0.0
         points = lazy_grad_points(p, v, m, p - 1 if name == "last" else 0) if lazy_grads else ()
         # one point with every gradient and the logits live is the plain sum: nothing to do

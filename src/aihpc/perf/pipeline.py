@@ -17,7 +17,18 @@ W; as micro-batch slots of F + B + W: (p - 1) / 2 x max(0, F + B - 2W) / (F + B 
 
 from __future__ import annotations
 
-__all__ = ["bubble_slots", "p2p_transfers", "zero_bubble_fraction"]
+__all__ = ["bubble_slots", "dualpipe_bubble_slots", "p2p_transfers", "zero_bubble_fraction"]
+
+
+def dualpipe_bubble_slots(pp: int, fwd_s: float, bwd_s: float, bwd_weight_s: float) -> float:
+    """DualPipe's bubble in micro-batch slots (F + B) of a stage: (PP/2 - 1)(F&B + B - 3W)
+    (DeepSeek-V3 technical report, arXiv 2412.19437, Table 2), where B is the whole backward,
+    W its weight-gradient part and F&B an overlapped forward-and-backward pair, priced as
+    F + B (its all-to-all hidden)."""
+    slot = fwd_s + bwd_s
+    if pp < 2 or slot <= 0:
+        return 0.0
+    return (pp / 2 - 1) * max(0.0, fwd_s + 2 * bwd_s - 3 * bwd_weight_s) / slot
 
 
 def zero_bubble_fraction(fwd_s: float, bwd_input_s: float, bwd_weight_s: float) -> float:

@@ -43,6 +43,18 @@ class SearchResult:
     elapsed_s: float
     rejected_best: list[Rejected] = field(default_factory=list)
     invalid_reasons: Counter[str] = field(default_factory=Counter)
+    # The first refusal of each field, with its rule: what to say when no plan is valid at all
+    invalid_examples: dict[str, SpecError] = field(default_factory=dict)
+
+    def refusal(self) -> SpecError | None:
+        """When no combination passed the divisibility rules: the most frequent rule's refusal
+        (an expert-parallel rule, say), so the answer names it instead of "no plan fits"."""
+        if self.evaluated or not self.invalid_examples:
+            return None
+        for name, _ in self.invalid_reasons.most_common():
+            if name in self.invalid_examples:
+                return self.invalid_examples[name]
+        return None
 
     def to_json(self, top: int | None = None) -> dict:
         plans = self.plans if top is None else self.plans[:top]
@@ -71,6 +83,7 @@ def candidate_plans(
     cluster: ClusterSpec,
     partial: PartialPlan,
     invalid: Counter[str] | None = None,
+    examples: dict[str, SpecError] | None = None,
 ) -> Iterator[ParallelPlan]:
     """Every complete plan consistent with the given fields that passes ``plan_problem``."""
     g = partial.given()
@@ -105,7 +118,12 @@ def candidate_plans(
     zeros = [g["zero_stage"]] if "zero_stage" in g else [0, 1, 2, 3]
     recs = [g["recompute"]] if "recompute" in g else list(RECOMPUTE)
     mbss = [g["micro_batch_size"]] if "micro_batch_size" in g else list(MICRO_BATCH_SIZES)
-    eps = [g.get("ep", 1)]
+    # Mixture of experts: expert parallel degrees that split the experts evenly (powers of two,
+    # as the published recipes use), expert TP 1 or tp (Megatron-Core's default). With ep > 1
+    # the 1F1B all-to-all overlap is offered, not "none": hiding part of the all-to-all never
+    # costs more than the penalty of the part it hides (as sequence parallel, a dominated choice
+    # is not enumerated; fix moe_a2a_overlap = "none" to price a framework without it).
+    # DualPipe only when the run spec names it.
     for tp, pp, cp in itertools.product(tps, pps, cps):
         mp = tp * pp * cp
         if n % mp:
@@ -133,7 +151,23 @@ def candidate_plans(
         # all-reduce) and strictly lowers activation memory and norm/dropout work, so a plan
         # without it is never better: only SP plans are enumerated unless the field is fixed.
         sps = [g["sequence_parallel"]] if "sequence_parallel" in g else [tp > 1]
-        for vpp, sp, zero, rec, mbs, ep in itertools.product(vpps, sps, zeros, recs, mbss, eps):
+        if "ep" in g:
+            eps = [g["ep"]]
+        elif model.is_moe:
+            eps = [x for x in _pow2_upto(min(model.num_experts, tp * cp * dp))]
+        else:
+            eps = [1]
+        etps = [g["etp"]] if "etp" in g else sorted({1, tp}) if model.is_moe else [1]
+        moe = [
+            (ep, etp, a2a)
+            for ep, etp in itertools.product(eps, etps)
+            for a2a in (
+                [g["moe_a2a_overlap"]] if "moe_a2a_overlap" in g else ["1f1b" if ep > 1 else "none"]
+            )
+        ]
+        for vpp, sp, zero, rec, mbs, (ep, etp, a2a) in itertools.product(
+            vpps, sps, zeros, recs, mbss, moe
+        ):
             if gbs % (dp * mbs):
                 if invalid is not None:
                     invalid["global batch not divisible by dp x micro_batch_size"] += 1
@@ -145,17 +179,22 @@ def candidate_plans(
                 cp=cp,
                 dp=dp,
                 ep=ep,
+                etp=etp,
+                moe_a2a_overlap=a2a,
                 sequence_parallel=sp,
                 zero_stage=zero,
                 recompute=rec,
                 micro_batch_size=mbs,
                 global_batch_size=gbs,
                 offload_layers=g.get("offload_layers", 0),
+                recompute_modules=tuple(g.get("recompute_modules", ())),
             )
             problem = plan_problem(plan, model, cluster)
             if problem is not None:
                 if invalid is not None:
                     invalid[problem.field] += 1
+                if examples is not None:
+                    examples.setdefault(problem.field, problem)
                 continue
             yield plan
 
@@ -214,6 +253,7 @@ def search_plans(
     key = key or (lambda e: e.tokens_per_s_per_gpu)
     start = time.perf_counter()
     invalid: Counter[str] = Counter()
+    examples: dict[str, SpecError] = {}
     fitting: list[Estimate] = []
     rejected: list[Rejected] = []
     evaluated = 0
@@ -223,7 +263,7 @@ def search_plans(
     # A plan that does not fit may offload activations instead (the fewest layers that make it
     # fit), unless the run spec fixes offload_layers or the GPU has no host-link figure.
     auto_offload = partial.offload_layers is None and cluster.gpu.host_link_GBps is not None
-    for plan in candidate_plans(model, cluster, partial, invalid):
+    for plan in candidate_plans(model, cluster, partial, invalid, examples):
         if per_tensor and plan.zero_stage == 3 and plan.pp > 1:
             invalid["training.zero3_gather (per-tensor ZeRO-3 has no pipelining)"] += 1
             continue
@@ -257,4 +297,5 @@ def search_plans(
         elapsed_s=time.perf_counter() - start,
         rejected_best=rejected,
         invalid_reasons=invalid,
+        invalid_examples=examples,
     )

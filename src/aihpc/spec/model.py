@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, replace
 from functools import cache
@@ -37,6 +38,23 @@ class ModelSpec:
     moe_ffn_hidden_size: int | None = None
     num_shared_experts: int = 0
     first_dense_layers: int = 0
+    # Every n-th layer after the first dense ones is MoE (Megatron-Core moe_layer_freq; Llama 4
+    # Maverick interleaves dense and MoE layers: 2); 1: all of them.
+    moe_layer_freq: int = 1
+    # Tokens an expert may take, as a multiple of the balanced share; None: dropless (no cap).
+    moe_capacity_factor: float | None = None
+    # Group-limited routing (DeepSeek-V3's node-limited routing: experts in n_group groups, a
+    # token's top-k drawn from its best topk_group groups); 0: none.
+    moe_router_groups: int = 0
+    moe_router_group_topk: int = 0
+    # Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2); kv_lora_rank None: standard attention.
+    q_lora_rank: int | None = None  # None: queries projected directly (no low-rank q)
+    kv_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    # Multi-token prediction modules (DeepSeek-V3: 1), each one transformer layer plus an output.
+    mtp_layers: int = 0
     name: str = "custom"
     source: str = ""
 
@@ -50,8 +68,26 @@ class ModelSpec:
             "seq_length",
             "num_kv_heads",
             "head_dim",
+            "moe_layer_freq",
+            "q_lora_rank",
+            "kv_lora_rank",
+            "qk_nope_head_dim",
+            "qk_rope_head_dim",
+            "v_head_dim",
+            "moe_capacity_factor",
         ):
             check_positive(f"model.{f}", getattr(self, f))
+        cf = self.moe_capacity_factor
+        if cf is not None and not math.isfinite(cf):
+            raise SpecError("model.moe_capacity_factor", cf, "a finite number > 0, or unset")
+        for f in ("moe_router_groups", "moe_router_group_topk", "mtp_layers"):
+            check_positive(f"model.{f}", getattr(self, f), allow_zero=True)
+        if self.kv_lora_rank is not None:
+            for f in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+                if getattr(self, f) is None:
+                    raise SpecError(f"model.{f}", None, "required with kv_lora_rank (MLA)")
+        elif self.q_lora_rank is not None:
+            raise SpecError("model.q_lora_rank", self.q_lora_rank, "needs kv_lora_rank (MLA)")
         check_choice("model.ffn_activation", self.ffn_activation, FFN_ACTIVATIONS)
         check_choice("model.position_embedding", self.position_embedding, ("rope", "learned"))
         if self.head_dim is None and self.hidden_size % self.num_attention_heads:
@@ -75,6 +111,15 @@ class ModelSpec:
                     self.moe_top_k,
                     f"must be between 1 and num_experts {self.num_experts}",
                 )
+            if self.moe_router_groups and (
+                self.num_experts % self.moe_router_groups
+                or not 1 <= self.moe_router_group_topk <= self.moe_router_groups
+            ):
+                raise SpecError(
+                    "model.moe_router_groups",
+                    self.moe_router_groups,
+                    "must divide num_experts, with 1 <= moe_router_group_topk <= it",
+                )
             if self.first_dense_layers >= self.num_layers:
                 raise SpecError(
                     "model.first_dense_layers",
@@ -96,8 +141,15 @@ class ModelSpec:
         return self.num_experts > 0
 
     @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank is not None
+
+    @property
     def num_moe_layers(self) -> int:
-        return self.num_layers - self.first_dense_layers if self.is_moe else 0
+        """MoE layers: after ``first_dense_layers``, one in every ``moe_layer_freq``."""
+        if not self.is_moe:
+            return 0
+        return (self.num_layers - self.first_dense_layers) // self.moe_layer_freq
 
     @property
     def expert_ffn_hidden_size(self) -> int:

@@ -11,8 +11,10 @@ from aihpc.spec.errors import SpecError
 from aihpc.spec.model import ModelSpec
 
 __all__ = [
+    "MOE_A2A_OVERLAPS",
     "PP_SCHEDULES",
     "RECOMPUTE",
+    "RECOMPUTE_MODULES",
     "ZERO_STAGES",
     "ParallelPlan",
     "PartialPlan",
@@ -28,6 +30,17 @@ ZERO_STAGES = (0, 1, 2, 3)
 # zbv (zero-bubble V: two stages per rank, backward split into input and weight passes; Qi et al.,
 # "Zero Bubble Pipeline Parallelism", ICLR 2024)
 PP_SCHEDULES = ("1f1b", "interleaved-1f1b", "zbv")
+# How much of the MoE dispatch/combine all-to-all runs behind compute. none: all of it exposed
+# (Megatron-Core's default); 1f1b: Megatron-Core's EP A2A overlap (--overlap-moe-expert-parallel-
+# comm / Megatron-Bridge moe_a2a_overlap), the forward of one micro-batch beside the backward of
+# another; dualpipe: DeepSeek-V3's DualPipe schedule (arXiv 2412.19437 sec. 3.2.1), the same
+# overlap plus its own pipeline bubble.
+MOE_A2A_OVERLAPS = ("none", "1f1b", "dualpipe")
+# Megatron-Core's fine-grained recompute (--recompute-modules), the parts aihpc prices:
+# mla_up_proj (MLA's query and key-value up projections: Q, K, V not kept), moe_act (the experts'
+# activation function: its output not kept), layernorm (the norms: their outputs not kept), mlp
+# (the dense layers' FFN). Each runs its forward again in the backward.
+RECOMPUTE_MODULES = ("mla_up_proj", "moe_act", "layernorm", "mlp")
 
 
 @dataclass(frozen=True)
@@ -40,6 +53,7 @@ class PartialPlan:
     cp: int | None = None
     dp: int | None = None
     ep: int | None = None
+    etp: int | None = None
     sequence_parallel: bool | None = None
     zero_stage: int | None = None
     recompute: str | None = None
@@ -48,8 +62,12 @@ class PartialPlan:
     offload_layers: int | None = None
     pp_schedule: str | None = None
     dp_shard: int | None = None
+    moe_a2a_overlap: str | None = None
+    recompute_modules: list[str] | tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
+        if self.recompute_modules is not None:
+            object.__setattr__(self, "recompute_modules", _check_modules(self.recompute_modules))
         for f in (
             "tp",
             "pp",
@@ -57,6 +75,7 @@ class PartialPlan:
             "cp",
             "dp",
             "ep",
+            "etp",
             "micro_batch_size",
             "global_batch_size",
             "dp_shard",
@@ -65,6 +84,8 @@ class PartialPlan:
         check_positive("parallel.offload_layers", self.offload_layers, allow_zero=True)
         if self.pp_schedule is not None:
             check_choice("parallel.pp_schedule", self.pp_schedule, PP_SCHEDULES)
+        if self.moe_a2a_overlap is not None:
+            check_choice("parallel.moe_a2a_overlap", self.moe_a2a_overlap, MOE_A2A_OVERLAPS)
         if self.zero_stage is not None:
             check_choice("parallel.zero_stage", self.zero_stage, ZERO_STAGES)
         if self.recompute is not None:
@@ -85,7 +106,14 @@ class ParallelPlan:
     vpp: int = 1
     cp: int = 1
     dp: int = 1
+    # Expert parallel: the experts of an MoE layer split over ep ranks. Megatron-Core's "parallel
+    # folding" (MoE Parallel Folding, arXiv 2504.14960): attention runs on tp x cp x dp ranks,
+    # the experts on etp x ep x edp of the same ranks (etp innermost), so ep may span tensor- and
+    # context-parallel ranks: etp x ep must divide tp x cp x dp.
     ep: int = 1
+    # Expert tensor parallel: each expert's FFN split over etp ranks. Default 1 (Megatron-Core
+    # defaults it to tp; every MoE recipe of Megatron-Bridge's performance configs sets 1).
+    etp: int = 1
     sequence_parallel: bool = False
     zero_stage: int = 1
     recompute: str = "none"
@@ -98,6 +126,14 @@ class ParallelPlan:
     # HSDP: data-parallel ranks in one ZeRO / FSDP shard group (sharded inside, replicated
     # across groups); None: all dp ranks (plain FSDP / distributed optimizer).
     dp_shard: int | None = None
+    moe_a2a_overlap: str = "none"
+    # Fine-grained recompute beside ``recompute`` none or selective (RECOMPUTE_MODULES).
+    recompute_modules: tuple[str, ...] = ()
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert data parallel: replicas of each expert shard, tp*cp*dp / (etp*ep)."""
+        return max(1, self.tp * self.cp * self.dp // (self.etp * self.ep))
 
     @property
     def schedule(self) -> str:
@@ -158,6 +194,7 @@ def resolve_plan(partial: PartialPlan, cluster: ClusterSpec) -> ParallelPlan:
         cp=cp,
         dp=dp,
         ep=g.get("ep", 1),
+        etp=g.get("etp", 1),
         sequence_parallel=g.get("sequence_parallel", tp > 1),
         zero_stage=g.get("zero_stage", 1),
         recompute=g.get("recompute", "none"),
@@ -166,6 +203,8 @@ def resolve_plan(partial: PartialPlan, cluster: ClusterSpec) -> ParallelPlan:
         offload_layers=g.get("offload_layers", 0),
         pp_schedule=g.get("pp_schedule"),
         dp_shard=g.get("dp_shard"),
+        moe_a2a_overlap=g.get("moe_a2a_overlap", "none"),
+        recompute_modules=tuple(g.get("recompute_modules", ())),
     )
     return plan
 
@@ -224,12 +263,20 @@ def plan_problem(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> 
             p.tp,
             "must divide the per-CP-rank sequence length with sequence_parallel",
         )
-    if p.ep > 1 and not model.is_moe:
-        return SpecError("parallel.ep", p.ep, "expert parallel needs a mixture-of-experts model")
-    if model.is_moe and model.num_experts % p.ep:
-        return SpecError("parallel.ep", p.ep, f"must divide num_experts {model.num_experts}")
-    if p.ep > 1 and (p.dp * p.cp) % p.ep:
-        return SpecError("parallel.ep", p.ep, f"must divide dp*cp = {p.dp * p.cp}")
+    if p.recompute_modules and p.recompute in ("full", "op"):
+        return SpecError(
+            "parallel.recompute_modules",
+            list(p.recompute_modules),
+            f'fine-grained recompute goes with recompute = "none" or "selective" '
+            f"(recompute is {p.recompute!r})",
+        )
+    if "mla_up_proj" in p.recompute_modules and not model.is_mla:
+        return SpecError("parallel.recompute_modules", "mla_up_proj", "needs an MLA model")
+    if "moe_act" in p.recompute_modules and not model.is_moe:
+        return SpecError("parallel.recompute_modules", "moe_act", "needs an MoE model")
+    moe_problem = _moe_problem(p, model)
+    if moe_problem is not None:
+        return moe_problem
     if p.global_batch_size % (p.dp * p.micro_batch_size):
         return SpecError(
             "parallel.global_batch_size",
@@ -246,6 +293,60 @@ def plan_problem(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> 
             p.vpp,
             f"interleaved 1F1B needs the micro-batch count "
             f"{p.num_microbatches} to be a multiple of pp {p.pp}",
+        )
+    return None
+
+
+def _check_modules(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple):
+        raise SpecError("parallel.recompute_modules", value, "a list of module names")
+    for v in value:
+        check_choice("parallel.recompute_modules", v, RECOMPUTE_MODULES)
+    return tuple(dict.fromkeys(value))
+
+
+def _moe_problem(p: ParallelPlan, model: ModelSpec) -> SpecError | None:
+    """Megatron-Core's expert-parallel rules (parallel_state.initialize_model_parallel and
+    TransformerConfig): experts split evenly over ep; each expert's FFN evenly over etp; the
+    expert grid etp x ep folded onto the tp x cp x dp ranks of a pipeline stage (MoE parallel
+    folding); sequence parallel with tp > 1; DualPipe needs its two-direction pipeline."""
+    if not model.is_moe:
+        for f in ("ep", "etp"):
+            if getattr(p, f) > 1:
+                return SpecError(f"parallel.{f}", getattr(p, f), "needs a mixture-of-experts model")
+        if p.moe_a2a_overlap != "none":
+            return SpecError(
+                "parallel.moe_a2a_overlap", p.moe_a2a_overlap, "needs a mixture-of-experts model"
+            )
+        return None
+    if model.num_experts % p.ep:
+        return SpecError(
+            "parallel.ep", p.ep, f"EP rule: must divide num_experts {model.num_experts}"
+        )
+    if model.expert_ffn_hidden_size % p.etp:
+        return SpecError(
+            "parallel.etp",
+            p.etp,
+            f"ETP rule: must divide the expert FFN size {model.expert_ffn_hidden_size}",
+        )
+    attn = p.tp * p.cp * p.dp
+    if attn % (p.etp * p.ep):
+        return SpecError(
+            "parallel.ep",
+            p.ep,
+            f"EP folding rule: etp x ep = {p.etp * p.ep} must divide tp x cp x dp = {attn}",
+        )
+    if p.tp > 1 and not p.sequence_parallel:
+        return SpecError(
+            "parallel.sequence_parallel",
+            False,
+            "MoE with tensor parallelism needs sequence_parallel (Megatron-Core's rule)",
+        )
+    if p.moe_a2a_overlap == "dualpipe" and (p.pp < 2 or p.pp % 2 or p.vpp > 1):
+        return SpecError(
+            "parallel.moe_a2a_overlap",
+            "dualpipe",
+            f"DualPipe needs an even pp >= 2 and vpp = 1 (pp is {p.pp}, vpp {p.vpp})",
         )
     return None
 

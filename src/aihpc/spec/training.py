@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from aihpc.spec._table import check_choice, check_positive
@@ -15,6 +16,8 @@ __all__ = [
     "CROSS_ENTROPY",
     "DTYPE_BYTES",
     "FP8_SAVED_INPUTS",
+    "MOE_DISPATCHERS",
+    "MOE_DISPATCH_DTYPES",
     "OPTIMIZERS",
     "PIPELINE_SPLITS",
     "STATE_DTYPES",
@@ -29,9 +32,11 @@ STATE_DTYPES = ("fp32", "bf16", "fp16")
 DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
 ZERO3_GATHERS = ("bucketed", "per_tensor")
 CP_EXCHANGES = ("ring", "allgather")
-PIPELINE_SPLITS = ("uneven", "even")
+PIPELINE_SPLITS = ("uneven", "even", "balanced")
 FP8_SAVED_INPUTS = ("fp8", "bf16")
 CROSS_ENTROPY = ("fused", "vocab_parallel", "eager")
+MOE_DISPATCHERS = ("alltoall", "hierarchical")
+MOE_DISPATCH_DTYPES = ("bf16", "fp8")
 # The [training] fields that cap a communicator's NCCL CTAs (point-to-point transfers only).
 COMM_CTA_CAPS = ("cp_comm_ctas", "pp_comm_ctas")
 
@@ -95,7 +100,10 @@ class TrainingSpec:
     # How layers may be split into pipeline chunks (pp x vpp of them). uneven: chunks may differ
     # by a layer and the busiest is priced (torchtitan's split points; Llama 3's stack runs 126
     # layers on 16 x V chunks). even: every chunk holds the same number of layers, as Megatron-LM,
-    # Megatron-Core (arguments.py at core_v0.8.0 asserts it) and NeMo require.
+    # Megatron-Core (arguments.py at core_v0.8.0 asserts it) and NeMo require. balanced: the
+    # embedding and the loss count as one layer each in the split, so the last stage holds one
+    # layer fewer beside the output layer (Megatron-Core's account_for_embedding/loss_in_pipeline_
+    # split and custom pipeline layouts).
     pipeline_split: str = "uneven"
     # What an FP8 linear layer keeps of its input for the backward (precision = "fp8"). fp8:
     # the FP8 cast, 1 byte per value (Transformer Engine: Megatron, NeMo). bf16: the 16-bit input,
@@ -106,6 +114,17 @@ class TrainingSpec:
     # `--fp8-param-gather`) behind the distributed optimizer, torchao's
     # `enable_fsdp_float8_all_gather` under FSDP2. Embeddings and the output layer stay 16-bit.
     fp8_param_gather: bool = False
+    # How MoE tokens reach their experts. alltoall: one flat all-to-all over the EP group, every
+    # routed copy sent on its own (Megatron-Core's alltoall token dispatcher, NCCL). hierarchical:
+    # a token crosses the network once per destination node and is forwarded over NVLink inside
+    # it (DeepEP's normal kernels, Megatron-Core's flex dispatcher with DeepEP or HybridEP).
+    moe_dispatcher: str = "alltoall"
+    # Bytes per value of the dispatched tokens: bf16, or fp8 (DeepSeek-V3 quantizes before the
+    # dispatch, sec. 3.3.2; the combine stays bf16).
+    moe_dispatch_dtype: str = "bf16"
+    # Tokens on the busiest expert-parallel rank over the balanced share (>= 1). 1: balanced, as
+    # the published benchmarks force (Megatron-Core --moe-router-force-load-balancing).
+    moe_imbalance: float = 1.0
     train_steps: int = 100
     learning_rate: float = 3e-4
     min_lr_ratio: float = 0.1  # cosine decays to learning_rate * min_lr_ratio
@@ -128,6 +147,10 @@ class TrainingSpec:
         check_choice("training.cp_exchange", self.cp_exchange, CP_EXCHANGES)
         check_choice("training.pipeline_split", self.pipeline_split, PIPELINE_SPLITS)
         check_choice("training.fp8_saved_inputs", self.fp8_saved_inputs, FP8_SAVED_INPUTS)
+        check_choice("training.moe_dispatcher", self.moe_dispatcher, MOE_DISPATCHERS)
+        check_choice("training.moe_dispatch_dtype", self.moe_dispatch_dtype, MOE_DISPATCH_DTYPES)
+        if not (math.isfinite(self.moe_imbalance) and self.moe_imbalance >= 1):
+            check_choice("training.moe_imbalance", self.moe_imbalance, ["a number >= 1"])
         if self.fp8_param_gather and self.precision != "fp8":
             raise SpecError(
                 "training.fp8_param_gather", self.fp8_param_gather, 'needs precision = "fp8"'
