@@ -40,6 +40,7 @@ from aihpc.runtime.checks import check_plan, check_trainable
 from aihpc.runtime.data import TokenLoader, load_tokens
 from aihpc.runtime.distributed import DistContext, init_distributed, launcher_env
 from aihpc.runtime.mesh import Parallel
+from aihpc.runtime.moe import MoE
 from aihpc.runtime.parallelize import ModelParts, build_parallel_model
 from aihpc.runtime.pp import build_schedule
 from aihpc.runtime.rundir import (
@@ -191,9 +192,14 @@ def _build(
         schedule = build_schedule(
             parts.stages, parts.stage_ids, par.dims, par.pp_group, ctx.device, accum, token_loss
         )
+    moe = [m for m in parts.model.modules() if isinstance(m, MoE)]
+    for block in moe:
+        # the balance loss's gradient joins the token loss's: divided by the micro-batches as
+        # the token loss is (the pipeline schedules divide the gradients instead)
+        block.aux_loss_scale = 1.0 if schedule is not None else 1.0 / accum
     stepper = Stepper(
         parts, par, optimizer, scheduler, loader, micro, t.grad_clip, ctx.device, schedule,
-        positions,
+        positions, moe=bool(moe),
     )  # fmt: skip
     state = {
         "train": ModelOptimizerState(parts.model, optimizer),
@@ -331,6 +337,7 @@ def _plan_summary(par: Parallel) -> dict[str, Any]:
         "cp": d.cp,
         "dp": d.dp,
         "dp_shard": d.dp_shard,
+        "ep": d.ep,
         "sequence_parallel": d.sequence_parallel,
         "pp_schedule": d.pp_schedule if d.pp > 1 else None,
     }
