@@ -37,6 +37,11 @@ class ModelSpec:
     moe_ffn_hidden_size: int | None = None
     num_shared_experts: int = 0
     first_dense_layers: int = 0
+    # Router (what the trainer's MoE block does; Megatron-Core's names).
+    moe_router_score_function: str = "softmax"  # softmax (Mixtral, Qwen3) | sigmoid (DeepSeek-V3)
+    moe_router_topk_scaling_factor: float = 1.0  # DeepSeek-V3: 2.5
+    moe_router_bias_update_rate: float = 0.0  # aux-loss-free balancing; DeepSeek-V3: 0.001
+    moe_aux_loss_coeff: float = 0.0  # sequence-wise balance loss; DeepSeek-V3: 0.0001
     name: str = "custom"
     source: str = ""
 
@@ -66,8 +71,19 @@ class ModelSpec:
                 self.num_kv_heads,
                 f"must divide num_attention_heads {self.num_attention_heads}",
             )
-        for f in ("num_experts", "moe_top_k", "num_shared_experts", "first_dense_layers"):
+        for f in (
+            "num_experts",
+            "moe_top_k",
+            "num_shared_experts",
+            "first_dense_layers",
+            "moe_router_bias_update_rate",
+            "moe_aux_loss_coeff",
+        ):
             check_positive(f"model.{f}", getattr(self, f), allow_zero=True)
+        check_positive("model.moe_router_topk_scaling_factor", self.moe_router_topk_scaling_factor)
+        check_choice(
+            "model.moe_router_score_function", self.moe_router_score_function, ("softmax", "sigmoid")
+        )
         if self.num_experts:
             if not 1 <= self.moe_top_k <= self.num_experts:
                 raise SpecError(
