@@ -193,6 +193,8 @@ def _build(
             parts.stages, parts.stage_ids, par.dims, par.pp_group, ctx.device, accum, token_loss
         )
     moe = [m for m in parts.model.modules() if isinstance(m, MoE)]
+    if par.ep_mesh is not None:
+        _quiet_two_step_redistribute()
     for block in moe:
         # the balance loss's gradient joins the token loss's: divided by the micro-batches as
         # the token loss is (the pipeline schedules divide the gradients instead)
@@ -208,6 +210,21 @@ def _build(
         "rng": RNGState(),
     }
     return par, parts, stepper, state
+
+
+def _quiet_two_step_redistribute() -> None:
+    """Expert weights live on a 2-D (expert-DP x EP) mesh, so DTensor reduces their gradient
+    norm, and gathers them for state_sha256, in two collectives, and says so on every rank
+    ("While redistributing from ... 2 sequential ..."): by design here, and not the user's to
+    act on, so the trainer drops that one message."""
+    logger = logging.getLogger("torch.distributed.tensor._redistribute")
+    if not any(isinstance(f, _TwoStepFilter) for f in logger.filters):
+        logger.addFilter(_TwoStepFilter())
+
+
+class _TwoStepFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("While redistributing from")
 
 
 def train(
