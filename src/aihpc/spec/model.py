@@ -81,9 +81,8 @@ class ModelSpec:
         ):
             check_positive(f"model.{f}", getattr(self, f), allow_zero=True)
         check_positive("model.moe_router_topk_scaling_factor", self.moe_router_topk_scaling_factor)
-        check_choice(
-            "model.moe_router_score_function", self.moe_router_score_function, ("softmax", "sigmoid")
-        )
+        scores = self.moe_router_score_function
+        check_choice("model.moe_router_score_function", scores, ("softmax", "sigmoid"))
         if self.num_experts:
             if not 1 <= self.moe_top_k <= self.num_experts:
                 raise SpecError(
