@@ -21,6 +21,9 @@
 #    intranode row (DeepEP docs/legacy.md: 153 / 158 GB/s dispatch / combine on H800 NVLink).
 # 4. The GPU tests of the operators and the MoE block: the NCCL path bitwise the CPU path and
 #    deterministic, torch's grouped_mm against the per-expert loop in bf16.
+# 5. The trainer's measured step time against the model's prediction for one-GPU plans of a
+#    1.2 B-parameter model (micro-batch 1/2/4, recompute none/selective/full) on the catalog GPU
+#    the machine has: median |error| and Spearman's rho (issue 16's targets: <= 20%, >= 0.8).
 # Each writes <name>.json and <name>.md; docs/performance-model.md (I08, I09) and docs/moe.md say
 # what each outcome would mean.
 set -euo pipefail
@@ -47,3 +50,4 @@ python moe_dispatch.py --nproc "$ngpu" --tokens 1024,4096,16384 --hidden 7168 --
     --iters 10 --reps 3 --tag "gpu_${ngpu}x" --results "$out"
 python -m pytest -q -m gpu ../tests/comm/test_moe_dispatch_gpu.py ../tests/runtime/test_moe.py \
     | tee "$out/moe_gpu_tests.txt"
+python predicted_vs_measured.py --gpu --steps 20 --results "$out"

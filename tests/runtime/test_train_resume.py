@@ -71,7 +71,33 @@ def ref1(tmp_path_factory):
     d = tmp_path_factory.mktemp("ref1")
     summary = ok(train(write_spec(d / "run.toml"), d / "run"))
     assert summary["final_step"] == 10 and summary["restarts"] == 0
-    return summary, losses(d / "run")
+    return summary, losses(d / "run"), d
+
+
+def test_summary_sets_measured_beside_predicted(ref1):
+    """The run's median step time (steps after the first, from metrics.jsonl) and MFU over the
+    spec's peak, beside aihpc estimate's figures for the same spec."""
+    import statistics
+
+    from aihpc.perf import estimate
+    from aihpc.perf.flops import model_flops_per_token
+    from aihpc.spec import load_runspec
+
+    summary, _, d = ref1
+    perf, run, spec = summary["performance"], d / "run", load_runspec(d / "run.toml")
+    assert perf["measured_steps"] == summary["final_step"] - 1
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    median = statistics.median(r["step_time_s"] for r in rows[1:])
+    assert perf["measured_step_time_s"] == pytest.approx(median, rel=1e-12)
+    est = estimate(spec)
+    assert perf["predicted_step_time_s"] == pytest.approx(est.step_time_s, rel=1e-12)
+    assert perf["predicted_mfu"] == pytest.approx(est.mfu, rel=1e-12)
+    tokens = spec.plan().global_batch_size * spec.model.seq_length
+    peak = spec.cluster.gpu.peak_tflops(spec.training.precision) * 1e12
+    mfu = model_flops_per_token(spec.model) * tokens / (median * peak)
+    assert perf["measured_mfu"] == pytest.approx(mfu, rel=1e-9)
+    err = perf["predicted_step_time_s"] / perf["measured_step_time_s"] - 1
+    assert perf["step_time_error"] == pytest.approx(err, rel=1e-12)
 
 
 @pytest.fixture(scope="module")

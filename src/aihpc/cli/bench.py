@@ -8,6 +8,7 @@ works on a laptop without torch.
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 from collections.abc import Iterator
 from dataclasses import replace
@@ -339,11 +340,73 @@ def register(app: typer.Typer) -> None:
 
     bench_moe.register(bench_app)
 
+    def _local_spec_target(spec_path: str | None, local: bool, nproc: int) -> tuple | None:
+        """(the spec read, where its local copy goes), checked before anything is measured."""
+        if nproc < 1:
+            raise SpecError("--nproc", nproc, "must be at least 1")
+        if spec_path is None:
+            return None
+        if not local:
+            raise SpecError("--spec", spec_path, "only with --local")
+        from aihpc.spec import load_runspec
+
+        load_runspec(spec_path)  # a bad spec is exit 2 before minutes of measuring
+        target = Path(Path(spec_path).stem + ".local.toml")  # in the current folder
+        check_output_path(target, "--spec")
+        return spec_path, target
+
+    def _measure_local(nproc: int) -> tuple[list, dict, dict]:
+        """This host's measurements as calibration points (GEMMs for fp32 and, as the CPU
+        runtime trains bf16 specs in fp32, for bf16 too) and its gpu_spec table."""
+        import tempfile
+
+        from aihpc.bench.calibrate import load_measurements
+        from aihpc.bench.local import local_gpu_spec, measure_local
+
+        with err_console.status(f"measuring this host as {nproc} rank(s)"):
+            m = measure_local(nproc)
+        with tempfile.TemporaryDirectory(prefix="aihpc-local-") as tmp:
+            files = [Path(tmp) / "gemm.json"]
+            files[0].write_text(json.dumps(m.gemm))
+            if m.comm:
+                files.append(Path(tmp) / "comm.json")
+                files[-1].write_text(json.dumps(m.comm))
+            comm_pts, gemm_pts = load_measurements(
+                [str(f) for f in files], None, None, "out-of-place"
+            )
+        if "fp32" in gemm_pts:
+            gemm_pts.setdefault("bf16", list(gemm_pts["fp32"]))
+        return comm_pts, gemm_pts, local_gpu_spec(m)
+
+    def _write_local_spec(target: tuple, calibration: Path, device: dict, nproc: int) -> None:
+        import os
+        import tomllib
+
+        from aihpc.spec.tomlw import dumps_toml
+
+        spec_path, out = target
+        data = tomllib.loads(Path(spec_path).read_text())
+        cluster = data.setdefault("cluster", {})
+        for key in ("gpu", "gpu_spec", "num_gpus", "gpus_per_node", "scale_up_domain"):
+            cluster.pop(key, None)
+        cluster.update(
+            num_gpus=nproc,
+            gpus_per_node=nproc,
+            calibration=os.path.relpath(calibration.resolve(), out.resolve().parent),
+            gpu_spec=device,
+        )
+        header = (
+            f"{spec_path} on this host as {nproc} rank(s): [cluster] written by "
+            "`aihpc calibrate --local`"
+        )
+        write_atomic(out, dumps_toml(data, header))
+        err_console.print(f"wrote {out}: {spec_path} priced on this host", highlight=False)
+
     @app.command("calibrate")
     @guarded
     def calibrate(
         inputs: list[str] = typer.Argument(
-            ..., help="`aihpc bench comm|gemm --json` outputs and/or nccl-tests text logs."
+            None, help="`aihpc bench comm|gemm --json` outputs and/or nccl-tests text logs."
         ),
         output: str = typer.Option(
             "calibration.toml", "--output", "-O", help="Calibration TOML to write."
@@ -360,6 +423,18 @@ def register(app: typer.Typer) -> None:
             "out-of-place", "--column", help="Which time to fit: out-of-place | in-place | min."
         ),
         regimes: int = typer.Option(3, "--regimes", help="Size regimes per fit (1-4)."),
+        local: bool = typer.Option(
+            False,
+            "--local",
+            help="Measure this host instead of reading INPUTS: GEMMs, memory bandwidth and "
+            "collectives on --nproc local ranks.",
+        ),
+        nproc: int = typer.Option(2, "--nproc", help="With --local: ranks the job will run."),
+        spec_path: str | None = typer.Option(
+            None,
+            "--spec",
+            help="With --local: also write SPEC's copy for this host here, as STEM.local.toml.",
+        ),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
         r"""Fit latency / bandwidth per collective and tier (and GEMM efficiency) into a TOML
@@ -376,8 +451,18 @@ def register(app: typer.Typer) -> None:
         if not 1 <= regimes <= 4:
             raise SpecError("--regimes", regimes, "allowed: 1 to 4")
         check_output_path(Path(output), "--output")
-        comm_pts, gemm_pts = load_measurements(inputs, tier, collective, column)
-        source = "aihpc calibrate " + " ".join(Path(p).name for p in inputs)
+        if local == bool(inputs):
+            raise SpecError(
+                "INPUTS", " ".join(inputs or []) or "none", "give measurement files or --local"
+            )
+        local_spec = _local_spec_target(spec_path, local, nproc)
+        if local:
+            require_torch("calibrate --local")
+            comm_pts, gemm_pts, device = _measure_local(nproc)
+            source = f"aihpc calibrate --local --nproc {nproc}"
+        else:
+            comm_pts, gemm_pts = load_measurements(inputs, tier, collective, column)
+            source = "aihpc calibrate " + " ".join(Path(p).name for p in inputs)
         cal, reports = fit_to_calibration(comm_pts, gemm_pts, source, regimes)
         header = (
             "Written by `aihpc calibrate`. Time of a collective of whole-buffer size S on "
@@ -385,6 +470,8 @@ def register(app: typer.Typer) -> None:
             "regime S falls in."
         )
         write_atomic(Path(output), calibration_to_toml(cal, header))
+        if local_spec is not None:
+            _write_local_spec(local_spec, Path(output), device, nproc)
         for r in reports:
             if r.max_rel_error > _WARN_REL_ERROR:
                 err_console.print(

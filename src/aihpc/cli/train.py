@@ -52,6 +52,21 @@ def _render(summary: dict, finished_before: bool = False) -> None:
             highlight=False,
             soft_wrap=True,
         )
+    perf = summary.get("performance") or {}
+    if (
+        not finished_before
+        and perf.get("measured_step_time_s")
+        and perf.get("predicted_step_time_s")
+    ):
+        console.print(
+            f"step time {perf['measured_step_time_s'] * 1e3:.1f} ms measured (median of "
+            f"{perf['measured_steps']}), {perf['predicted_step_time_s'] * 1e3:.1f} ms predicted "
+            f"by aihpc estimate ({perf['step_time_error']:+.0%}); MFU "
+            f"{perf['measured_mfu']:.2e} measured, {perf['predicted_mfu']:.1%} predicted "
+            "(both over the spec's GPU peak)",
+            highlight=False,
+            soft_wrap=True,
+        )
     console.print(f"state_sha256 {summary['state_sha256']}", highlight=False, soft_wrap=True)
 
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 import logging
 import math
 import os
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -329,9 +330,38 @@ def _train(
         micro_batch_size=stepper.micro,
         grad_accum_steps=plan.global_batch_size // (par.dims.dp * stepper.micro),
         num_params=num_params,
+        performance=measured_vs_predicted(spec, job.step_times, ctx.world_size),
     )
     events("done", step=result["final_step"])
     return result
+
+
+def measured_vs_predicted(
+    spec: RunSpec, step_times: list[float], world_size: int
+) -> dict[str, Any]:
+    """This launch's measured step time (median over its steps after the first, which pays for
+    allocations and first-touch communication) and MFU beside ``aihpc estimate``'s for the same
+    spec. MFU is over the spec's GPU peak (``[cluster] gpu`` or ``gpu_spec``), so on a machine
+    the spec does not describe it says how far the run is from the spec's hardware."""
+    from aihpc.observe.metrics import predict
+
+    timed = step_times[1:] or step_times
+    measured_s = statistics.median(timed) if timed else None
+    tokens = spec.plan().global_batch_size * spec.model.seq_length
+    p = predict(spec)
+    out: dict[str, Any] = {
+        "measured_step_time_s": measured_s,
+        "measured_steps": len(timed),
+        "predicted_step_time_s": p.step_time_s if p else None,
+        "measured_mfu": None,
+        "predicted_mfu": p.mfu if p else None,
+        "step_time_error": None,
+    }
+    if p and measured_s:
+        flops = p.model_flops_per_token * tokens
+        out["measured_mfu"] = flops / (measured_s * world_size * p.peak_flops)
+        out["step_time_error"] = p.step_time_s / measured_s - 1.0
+    return out
 
 
 def _num_params(parts: ModelParts, par: Parallel) -> int:
@@ -376,6 +406,7 @@ class _Job:
     bounds: _Bounds
     state_bytes_guess: float  # per rank, before the first save measures it: fp32 + AdamW
     observe: Any  # aihpc.observe.metrics.NullMetrics | TrainMetrics
+    step_times: list[float] = field(default_factory=list)  # this launch's, s
 
 
 def _checkpoint(job: _Job, step: int) -> None:
@@ -402,10 +433,12 @@ def _loop(job: _Job, start: int, progress: bool) -> dict[str, Any]:
         torch.autocast("cuda", dtype=torch.bfloat16) if ctx.device.type == "cuda" else nullcontext()
     )
     step, loss = start, logged_loss(job.metrics, start) if start else None
+    job.step_times.clear()
     with _progress(progress and ctx.is_main, t.train_steps, start) as report:
         for step in range(start + 1, t.train_steps + 1):
             loss = stepper.step(autocast)
             dt = stepper.last_step_s
+            job.step_times.append(dt)
             job.observe.step(
                 step,
                 step_time_s=dt,

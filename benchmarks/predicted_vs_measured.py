@@ -1,0 +1,208 @@
+"""The performance model's step time against `aihpc train`'s measured one, plan by plan, on this
+host.
+
+    python benchmarks/predicted_vs_measured.py [--steps 8] [--results DIR]
+    python benchmarks/predicted_vs_measured.py --gpu --steps 20   # one-GPU plans, catalog GPU
+
+1. `aihpc calibrate --local --nproc 2` measures this host (GEMMs at one thread per rank, memory
+   bandwidth, gloo collectives on 2 ranks) and writes the calibration and a gpu_spec;
+2. every plan below trains the same model (preset tiny-llama-small: 4 layers, dim 256, seq 128;
+   global batch 8) for ``--steps`` steps with `aihpc train`, whose summary.json holds the
+   median measured step time (steps after the first) and `aihpc estimate`'s prediction for the
+   same spec on this host (`performance` in summary.json);
+3. per plan: the fastest step after the first (on a shared machine the step least slowed by
+   other work; the median is shown too), the prediction, error = predicted / fastest - 1; over
+   plans: median |error| and Spearman's rho between the predicted and measured orders
+   (targets: <= 20%, >= 0.8).
+
+The 1-rank plan is priced with a one-rank calibration (all cores); the 2-rank plans with the
+2-rank one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import tomllib
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import add_results_arg, machine, save
+
+from aihpc.spec.tomlw import dumps_toml
+
+MODEL = """[model]
+preset = "tiny-llama-small"
+"""
+TRAIN = """[training]
+precision = "bf16"
+train_steps = {steps}
+warmup_steps = 2
+log_interval = 1000
+[checkpoint]
+interval_steps = 100000
+"""
+# name, ranks, [parallel] lines
+PLANS = [
+    ("1 rank", 1, "zero_stage = 0"),
+    ("dp2 (DDP)", 2, "zero_stage = 0"),
+    ("dp2 zero 3 (FSDP2)", 2, "zero_stage = 3"),
+    ("tp2", 2, "tp = 2"),
+    ("tp2 + sp", 2, "tp = 2\nsequence_parallel = true"),
+    ("pp2 1F1B", 2, 'pp = 2\npp_schedule = "1f1b"'),
+    ("cp2", 2, "cp = 2"),
+]
+
+
+# --gpu: one-GPU plans of a model large enough to keep an H100 busy (about 1.2 B parameters,
+# seq 2048), priced for the catalog GPU the machine has; no calibration (the catalog's figures).
+GPU_MODEL = """[model]
+preset = "tiny-llama"
+num_layers = 16
+hidden_size = 2048
+num_attention_heads = 16
+num_kv_heads = 8
+ffn_hidden_size = 7168
+vocab_size = 32000
+seq_length = 2048
+"""
+GPU_PLANS = [
+    ("mbs 1", 1, "micro_batch_size = 1"),
+    ("mbs 2", 1, "micro_batch_size = 2"),
+    ("mbs 1, recompute selective", 1, 'micro_batch_size = 1\nrecompute = "selective"'),
+    ("mbs 1, recompute full", 1, 'micro_batch_size = 1\nrecompute = "full"'),
+    ("mbs 2, recompute full", 1, 'micro_batch_size = 2\nrecompute = "full"'),
+    ("mbs 4, recompute full", 1, 'micro_batch_size = 4\nrecompute = "full"'),
+]
+
+
+def catalog_gpu() -> str:
+    """The catalog id of the machine's GPU (H100 / H200 / A100 / B200 by name)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("--gpu: no CUDA GPU visible")
+    name = torch.cuda.get_device_name().lower()
+    for key, gpu in (("h200", "h200"), ("h100", "h100-sxm"), ("h800", "h800"), ("b200", "b200")):
+        if key in name:
+            return gpu
+    if "a100" in name:
+        return (
+            "a100-80gb"
+            if torch.cuda.get_device_properties(0).total_memory > 50e9
+            else ("a100-40gb")
+        )
+    raise SystemExit(f"--gpu: {name!r} is not in the GPU catalog (aihpc gpus)")
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman's rank correlation (no ties expected among wall times)."""
+
+    def ranks(x: list[float]) -> list[float]:
+        order = sorted(range(len(x)), key=x.__getitem__)
+        r = [0.0] * len(x)
+        for i, j in enumerate(order):
+            r[j] = float(i)
+        return r
+
+    ra, rb = ranks(a), ranks(b)
+    n = len(a)
+    d2 = sum((x - y) ** 2 for x, y in zip(ra, rb, strict=True))
+    return 1 - 6 * d2 / (n * (n * n - 1))
+
+
+def calibrate(folder: Path, nproc: int) -> Path:
+    spec = folder / f"base{nproc}.toml"
+    spec.write_text(MODEL + f"[cluster]\ngpu = 'h100-sxm'\nnum_gpus = {nproc}\n")
+    cal = folder / f"cal{nproc}.toml"
+    cmd = [
+        sys.executable, "-m", "aihpc", "calibrate", "--local", "--nproc", str(nproc),
+        "--spec", str(spec), "-O", str(cal),
+    ]  # fmt: skip
+    r = subprocess.run(cmd, cwd=folder, capture_output=True, text=True, timeout=3600)
+    if r.returncode:
+        raise SystemExit(f"calibrate --local failed: {r.stderr.strip()[-400:]}")
+    return folder / f"base{nproc}.local.toml"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--gpu", action="store_true", help="one-GPU plans on this machine's GPU")
+    add_results_arg(ap)
+    args = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="aihpc-pvm-") as tmp:
+        folder = Path(tmp)
+        if args.gpu:
+            gpu = catalog_gpu()
+            plans = GPU_PLANS
+            clusters = {1: {"cluster": {"gpu": gpu, "num_gpus": 1, "gpus_per_node": 1}}}
+            model, batch = GPU_MODEL, "global_batch_size = 8"
+        else:
+            plans, model, batch = PLANS, MODEL, "micro_batch_size = 4\nglobal_batch_size = 8"
+            clusters = {n: tomllib.loads(calibrate(folder, n).read_text()) for n in (1, 2)}
+        for name, nproc, par in plans:
+            text = (
+                model
+                + dumps_toml({"cluster": clusters[nproc]["cluster"]})
+                + f"\n[parallel]\n{par}\n{batch}\n"
+                + TRAIN.format(steps=args.steps)
+            )
+            spec = folder / f"plan{len(rows)}.toml"
+            spec.write_text(text)
+            run = folder / f"run{len(rows)}"
+            cmd = [
+                sys.executable, "-m", "aihpc", "train", str(spec), "--run-dir", str(run),
+                "--nproc-per-node", str(nproc), "--json",
+            ]  # fmt: skip
+            r = subprocess.run(cmd, cwd=folder, capture_output=True, text=True, timeout=1800)
+            if r.returncode:
+                raise SystemExit(f"{name}: aihpc train failed: {r.stderr.strip()[-400:]}")
+            perf = json.loads((run / "summary.json").read_text())["performance"]
+            lines = (run / "metrics.jsonl").read_text().splitlines()
+            times = [json.loads(x)["step_time_s"] for x in lines][1:]
+            best = min(times)
+            row = {
+                "plan": name,
+                "ranks": nproc,
+                "measured_s": best,
+                "median_s": perf["measured_step_time_s"],
+                "predicted_s": perf["predicted_step_time_s"],
+                "error": perf["predicted_step_time_s"] / best - 1,
+                "error_vs_median": perf["step_time_error"],
+            }
+            rows.append(row)
+            print(
+                f"{name}: measured {row['measured_s'] * 1e3:.1f} ms, predicted "
+                f"{row['predicted_s'] * 1e3:.1f} ms ({row['error']:+.0%})",
+                flush=True,
+            )
+    med = statistics.median(abs(r["error"]) for r in rows)
+    rho = spearman([r["measured_s"] for r in rows], [r["predicted_s"] for r in rows])
+    table = "\n".join(
+        [
+            "| plan | ranks | fastest ms | median ms | predicted ms | error | vs median |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+            *(
+                f"| {r['plan']} | {r['ranks']} | {r['measured_s'] * 1e3:.1f} | "
+                f"{r['median_s'] * 1e3:.1f} | {r['predicted_s'] * 1e3:.1f} | {r['error']:+.0%} | "
+                f"{r['error_vs_median']:+.0%} |"
+                for r in rows
+            ),
+            "",
+            f"median |error| {med:.0%} (target <= 20%); Spearman rho {rho:.2f} (target >= 0.8)",
+        ]
+    )
+    data = {"machine": machine(), "steps": args.steps, "plans": rows}
+    data.update(median_abs_error=med, spearman_rho=rho)
+    name = "predicted_vs_measured_gpu" if args.gpu else "predicted_vs_measured"
+    save(name, data, table, args.results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""Calibrate the performance model on the machine at hand (``aihpc calibrate --local``).
+
+Measures what the model needs to price a plan on this host, with the project's own benchmarks:
+
+* GEMM throughput (``aihpc bench gemm``) at the thread count a training rank gets (the launcher
+  gives each of N local ranks ``OMP_NUM_THREADS=1`` when N > 1; one rank keeps every core);
+* the collectives the trainer uses, on N local ranks of this host's backend (``aihpc bench
+  comm``: gloo on CPUs, NCCL on GPUs), fitted as ``aihpc calibrate`` fits any measurement;
+* memory bandwidth (a large tensor copy: read + write bytes over time) for the memory-bound
+  terms (optimizer step, elementwise work);
+* causal scaled-dot-product attention forward and backward, as fractions of the best GEMM rate
+  (the gpu_spec's attention efficiencies: on a CPU the attention kernel runs at about half the
+  GEMM rate, where the model's default assumes a GPU's fused kernel).
+
+It writes a calibration TOML, and, given a run spec, a copy of it whose ``[cluster]`` describes
+this host (``gpu_spec`` from the measurements, ``num_gpus = gpus_per_node = N`` and the
+calibration), so ``aihpc train`` prints its measured step time beside a prediction for the same
+hardware. On a CPU the runtime computes in fp32 where the spec says bf16 (see docs/runtime.md),
+so the GEMM table is written for both precisions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["LocalMeasurement", "local_gpu_spec", "measure_local"]
+
+# Square GEMMs spanning a tiny model's layer shapes (dim 64 .. 1024 x tokens 256 .. 4096).
+_GEMM_SIZES = (128, 256, 512, 1024)
+_COLLECTIVES = "all_reduce,all_gather,reduce_scatter,send_recv"
+
+
+@dataclass(frozen=True)
+class LocalMeasurement:
+    nproc: int
+    threads_per_rank: int
+    device: str
+    gemm: dict[str, Any]  # `aihpc bench gemm --json`
+    comm: dict[str, Any]  # `aihpc bench comm --json`
+    mem_bw_GBps: float
+    host_mem_gib: float
+    attention_tflops: tuple[float, float]  # causal SDPA forward, backward
+
+
+def _threads(nproc: int) -> int:
+    return max(1, (os.cpu_count() or 1) // nproc) if nproc == 1 else 1
+
+
+def _memory_bandwidth_GBps(device: Any) -> float:
+    """Best of five copies of 64 MiB: bytes read + written over time."""
+    import torch
+
+    a = torch.empty(16 << 20, dtype=torch.float32, device=device).fill_(1.0)
+    b = torch.empty_like(a)
+    best = float("inf")
+    for _ in range(5):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        b.copy_(a)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * a.numel() * a.element_size() / best / 1e9
+
+
+def _attention_tflops(device: Any, iters: int) -> tuple[float, float]:
+    """Causal SDPA forward and backward, TFLOP/s counted as the model counts them (the causal
+    half of the 4·s²·d score and value matmuls per head; the backward 2.5x the forward), at a
+    training shape: batch 4, 8 heads of 64, sequence 512."""
+    import torch
+    import torch.nn.functional as F
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    b, h, s, d = 4, 8, 512, 64
+    q, k, v = (
+        torch.randn(b, h, s, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3)
+    )
+    flops = 4 * b * s * s * h * d * 0.5
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    fwd = bwd = float("inf")
+    for _ in range(max(3, iters // 2)):
+        sync()
+        t0 = time.perf_counter()
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        sync()
+        t1 = time.perf_counter()
+        out.backward(torch.ones_like(out))
+        sync()
+        t2 = time.perf_counter()
+        fwd, bwd = min(fwd, t1 - t0), min(bwd, t2 - t1)
+    return flops / fwd / 1e12, 2.5 * flops / bwd / 1e12
+
+
+def _host_mem_gib() -> float:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        return 16.0
+
+
+def measure_local(nproc: int, iters: int = 10) -> LocalMeasurement:
+    """Run the GEMM, memory and collective measurements for ``nproc`` local ranks."""
+    import torch
+
+    from aihpc.bench.gemm import GemmConfig, device_name, gemm_json, run_gemm_bench
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    threads = _threads(nproc)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        precision = "bf16" if device.type == "cuda" else "fp32"
+        cfg = GemmConfig(
+            shapes=tuple((s, s, s) for s in _GEMM_SIZES), precision=precision, iters=iters
+        )
+        gemm = gemm_json(run_gemm_bench(cfg, device), device)
+        name = device_name(device)
+        mem_bw = _memory_bandwidth_GBps(device)
+        attention = _attention_tflops(device, iters)
+    finally:
+        torch.set_num_threads(old)
+    comm: dict[str, Any] = {}
+    if nproc > 1:
+        with tempfile.TemporaryDirectory(prefix="aihpc-local-") as tmp:
+            out = Path(tmp) / "comm.json"
+            cmd = [
+                sys.executable, "-m", "aihpc", "bench", "comm", "-C", _COLLECTIVES,
+                "-b", "1K", "-e", "16M", "-f", "4", "-n", str(iters),
+                "--nproc-per-node", str(nproc), "--output", str(out),
+            ]  # fmt: skip
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+            if r.returncode != 0 or not out.exists():
+                tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
+                raise RuntimeError(f"aihpc bench comm failed: {tail[0]}")
+            comm = json.loads(out.read_text())
+    return LocalMeasurement(nproc, threads, name, gemm, comm, mem_bw, _host_mem_gib(), attention)
+
+
+def local_gpu_spec(m: LocalMeasurement) -> dict[str, Any]:
+    """A ``[cluster.gpu_spec]`` table for this host as N ranks: the best GEMM rate measured is
+    the peak (the calibration's GEMM table prices each shape), memory bandwidth measured, and
+    the best point-to-point bus bandwidth measured as the link (scale-up and scale-out alike:
+    one host)."""
+    best_tflops = max(r["tflops"] for r in m.gemm["results"])
+    link = max(
+        (
+            float(r["busbw_GBps"])
+            for r in m.comm.get("results", [])
+            if r["collective"] == "send_recv"
+        ),
+        default=0.0,
+    )
+    link = link or m.mem_bw_GBps  # one rank: no link is used
+    return {
+        "name": f"{m.device} as {m.nproc} rank(s)",
+        "source": "measured by aihpc calibrate --local",
+        "bf16_tflops": round(best_tflops, 6),
+        "fp32_tflops": round(best_tflops, 6),
+        "hbm_gib": round(m.host_mem_gib / m.nproc, 3),
+        "hbm_bw_GBps": round(m.mem_bw_GBps / m.nproc, 3),
+        "scale_up_bw_GBps": round(link, 6),
+        "scale_up_domain": m.nproc,
+        "scale_out_bw_GBps": round(link, 6),
+        "gpus_per_node": m.nproc,
+        "gemm_efficiency": 1.0,
+        # the attention kernel's own rate, as a fraction of the peak (the best GEMM measured)
+        "attention_fwd_efficiency": round(min(1.0, m.attention_tflops[0] / best_tflops), 4),
+        "attention_bwd_efficiency": round(min(1.0, m.attention_tflops[1] / best_tflops), 4),
+    }

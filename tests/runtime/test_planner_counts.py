@@ -1,0 +1,49 @@
+"""The planner prices the model the trainer builds: parameter count and training FLOPs per token
+of aihpc.perf equal those of aihpc.runtime's Llama, counted by torch's FlopCounterMode over a
+real forward + backward (SDPA's math backend, which computes the full score square the planner
+counts; the planner's MFU convention is documented in docs/performance-model.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+from aihpc.perf.flops import model_flops_per_token, num_params  # noqa: E402
+from aihpc.runtime.model import Llama, LlamaConfig  # noqa: E402
+from aihpc.spec import ModelSpec  # noqa: E402
+from aihpc.spec.model import model_from_table  # noqa: E402
+
+CASES = {
+    "tiny-llama (GQA)": {"preset": "tiny-llama"},
+    "MHA, 3 layers, seq 48": {
+        "preset": "tiny-llama",
+        "num_layers": 3,
+        "num_kv_heads": 4,
+        "seq_length": 48,
+    },
+    "tied embeddings": {"preset": "tiny-llama", "tied_embeddings": True},
+}
+
+
+def _model(spec: ModelSpec) -> Llama:
+    model = Llama(LlamaConfig.from_spec(spec))
+    model.init_weights(seed=0)
+    return model
+
+
+@pytest.mark.parametrize("table", list(CASES.values()), ids=list(CASES))
+def test_planner_counts_equal_the_trainers_model(table: dict) -> None:
+    spec = model_from_table(table)
+    model = _model(spec)
+    assert sum(p.numel() for p in model.parameters()) == num_params(spec)
+    batch, seq = 2, spec.seq_length
+    tokens = torch.randint(0, spec.vocab_size, (batch, seq))
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        logits = model(tokens)
+        logits.float().sum().backward()
+    measured = counter.get_total_flops() / (batch * seq)
+    assert measured == pytest.approx(model_flops_per_token(spec), rel=1e-12)
