@@ -82,8 +82,7 @@ def check_plan(spec: RunSpec, world_size: int) -> ParallelDims:
     if given is not None and given * plan.tp * plan.pp * plan.cp != world_size:
         product = given * plan.tp * plan.pp * plan.cp
         _refuse("dp", given, f"tp*pp*cp*dp = {product} must equal the world size {world_size}")
-    if plan.ep != 1:
-        _refuse("ep", plan.ep, "the runtime trains dense models; allowed: 1")
+    _check_moe(spec, dims)
     if plan.offload_layers:
         _refuse(
             "offload_layers",
@@ -113,6 +112,44 @@ def check_plan(spec: RunSpec, world_size: int) -> ParallelDims:
         )
     _check_schedule(dims, plan.global_batch_size // per_step, model.num_layers)
     return dims
+
+
+def _check_moe(spec: RunSpec, dims: ParallelDims) -> None:
+    """Expert parallel is carved out of the data x context parallel ranks (the mesh dimension
+    that holds context parallel: replicas under ZeRO 0, the FSDP shard group otherwise)."""
+    model = spec.model
+    if not model.is_moe:
+        return  # the spec refuses ep > 1 for a dense model
+    if dims.tp > 1:
+        _refuse(
+            "tp",
+            dims.tp,
+            "the runtime does not split MoE layers over tensor parallel (no expert tensor "
+            "parallel); allowed with an MoE model: 1",
+        )
+    if getattr(model, "moe_aux_loss_coeff", None) and dims.cp > 1:
+        _refuse(
+            "cp",
+            dims.cp,
+            "the sequence-wise balance loss needs whole sequences on a rank; allowed with "
+            "model.moe_aux_loss_coeff > 0: 1",
+        )
+    if dims.ep == 1:
+        return
+    if (dims.dp * dims.cp) % dims.ep:
+        _refuse(
+            "ep",
+            dims.ep,
+            f"must divide dp*cp = {dims.dp * dims.cp} (dp = world size / (tp*pp*cp))",
+        )
+    group = dims.shape[dims.ep_dim]
+    if group % dims.ep:
+        _refuse(
+            "ep",
+            dims.ep,
+            f"must divide dp_shard*cp = {group}: under HSDP the expert-parallel group is carved "
+            "out of the FSDP shard group",
+        )
 
 
 def _check_schedule(dims: ParallelDims, microbatches: int, num_layers: int) -> None:

@@ -51,12 +51,14 @@ def _shard_experts(block: MoE, groups: EPGroups, mesh: DeviceMesh) -> None:
     experts.grad_scale = 1.0 / ep
 
 
-def apply_ep(model: nn.Module, groups: EPGroups) -> nn.Module:
+def apply_ep(model: nn.Module, groups: EPGroups, mesh: DeviceMesh | None = None) -> nn.Module:
     """Shard the experts of every MoE block over ``groups`` (in place; returns ``model``).
 
     The block's current expert weights (real or meta) are sliced, so a model initialised before
     ``apply_ep`` keeps its values. ``groups`` with ``ranks_per_node`` set and intra / inter
-    groups use the hierarchical dispatch.
+    groups use the hierarchical dispatch. ``mesh``: the 1-D EP mesh of ``groups.group`` as a
+    sub-mesh of the job's device mesh (the trainer's; FSDP2 then shards the experts over the
+    expert-data-parallel sub-mesh of the same root); None: a mesh made from the group.
     """
     blocks = [m for m in model.modules() if isinstance(m, MoE)]
     if not blocks:
@@ -65,7 +67,8 @@ def apply_ep(model: nn.Module, groups: EPGroups) -> nn.Module:
     num_experts = blocks[0].cfg.num_experts
     if num_experts % ep:
         raise SpecError("parallel.ep", ep, f"must divide model.num_experts {num_experts}")
-    mesh = DeviceMesh.from_group(groups.group, groups.device_type) if ep > 1 else None
+    if mesh is None and ep > 1:
+        mesh = DeviceMesh.from_group(groups.group, groups.device_type)
     for block in blocks:
         block.dispatcher = MoEDispatcher(block.cfg.num_experts, groups)
         if mesh is not None:

@@ -11,6 +11,14 @@ Context parallel sits inside ``fsdp_replicate`` (as dp_replicate x cp) when para
 replicated (ZeRO 0) and inside ``fsdp_shard`` (as dp_shard x cp) when they are sharded, so
 gradients are averaged over dp x cp, which is right: CP ranks hold the same parameters and
 different tokens. The CP process group comes from unflattening that dimension.
+
+Expert parallel is folded into the same ranks (Megatron-Core's "parallel folding"): the EP group
+is ``ep`` consecutive ranks of the data-parallel dimension that holds context parallel
+(``fsdp_replicate`` under ZeRO 0, ``fsdp_shard`` otherwise), unflattened into ``(edp, ep)``;
+expert weights are sharded over ``ep`` and replicated (ZeRO 0) or FSDP-sharded (ZeRO 1-3) over
+the expert-data-parallel ranks ``edp = dp x cp / ep``, while every other weight keeps the dense
+layout over dp x cp. Every sub-mesh comes from the one root mesh, which FSDP2 needs to combine the
+EP placement of an expert weight with its own.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ class ParallelDims:
     zero_stage: int = 0
     sequence_parallel: bool = False
     pp_schedule: str = "1f1b"
+    ep: int = 1
 
     @classmethod
     def from_plan(cls, plan: ParallelPlan, world_size: int) -> ParallelDims:
@@ -61,6 +70,7 @@ class ParallelDims:
             zero_stage=plan.zero_stage,
             sequence_parallel=plan.sequence_parallel,
             pp_schedule=plan_pp_schedule(plan),
+            ep=plan.ep,
         )
 
     @property
@@ -84,6 +94,11 @@ class ParallelDims:
     @property
     def shape(self) -> tuple[int, ...]:
         return (self.pp, self.dp_replicate * self.cp_r, self.dp_shard * self.cp_s, self.tp)
+
+    @property
+    def ep_dim(self) -> int:
+        """The mesh dimension (1 or 2) the EP group is carved out of: the one holding CP."""
+        return 1 if self.zero_stage == 0 else 2
 
     @property
     def pure_data_parallel(self) -> bool:
@@ -123,6 +138,20 @@ class Parallel:
             sizes = (dims.dp_replicate, dims.cp) if dims.cp_r > 1 else (dims.dp_shard, dims.cp)
             split = self.mesh._unflatten(where, sizes, ("dp_part", "cp"))
             self._cp_group = split["cp"].get_group()
+        self.ep_mesh: Any = None  # 1-D: this rank's expert-parallel group
+        self._expert_dp_mesh: Any = None  # FSDP2's mesh for the expert weights
+        if dims.ep > 1:
+            where = _DIMS[dims.ep_dim]
+            size = dims.shape[dims.ep_dim]
+            split = self.mesh._unflatten(where, (size // dims.ep, dims.ep), ("edp", "ep"))
+            self.ep_mesh = split["ep"]
+            if dims.zero_stage == 0:  # replicas over edp, a size-1 shard dimension
+                self._expert_dp_mesh = split["edp", "fsdp_shard"]
+            elif dims.shape[1] == 1:
+                self._expert_dp_mesh = split["edp"]
+            else:  # HSDP: replicate across the groups, shard over edp inside
+                self._expert_dp_mesh = split["fsdp_replicate", "edp"]
+        self._batch_group: Any = None
 
     @property
     def tp_mesh(self) -> Any:
@@ -135,6 +164,19 @@ class Parallel:
     @property
     def pp_group(self) -> Any:
         return self.mesh["pp"].get_group()
+
+    def batch_group(self) -> Any:
+        """The data x context parallel ranks of this stage, whose tokens make up its global batch
+        (the routers' load counts are summed over them). Created on the first call, which is
+        collective."""
+        if self._batch_group is None:
+            dp_dims = ("fsdp_replicate", "fsdp_shard")
+            self._batch_group = self.mesh[dp_dims]._flatten("dp_cp").get_group()
+        return self._batch_group
+
+    def expert_fsdp_mesh(self) -> Any:
+        """FSDP2's mesh for expert weights: the expert-data-parallel ranks (ep > 1 only)."""
+        return self._expert_dp_mesh
 
     def fsdp_mesh(self) -> Any:
         """1-D (shard) or 2-D (replicate, shard) mesh for ``fully_shard``."""

@@ -86,7 +86,7 @@ class MoEConfig:
             )
         if self.num_groups < 1 or self.num_experts % self.num_groups:
             raise SpecError(
-                "model.moe_router_num_groups",
+                "model.moe_router_groups",
                 self.num_groups,
                 f"must divide num_experts {self.num_experts}",
             )
@@ -131,8 +131,9 @@ def moe_config_from_spec(spec: ModelSpec) -> MoEConfig | None:
         route_scale=float(opt("moe_router_topk_scaling_factor", 1.0)),
         bias_update_rate=float(opt("moe_router_bias_update_rate", 0.0)),
         aux_loss_coeff=float(opt("moe_aux_loss_coeff", 0.0)),
-        num_groups=int(opt("moe_router_num_groups", 1)),
-        topk_groups=int(opt("moe_router_group_topk", 1)),
+        # the spec's 0 groups (no group limit) is the block's one group holding every expert
+        num_groups=int(opt("moe_router_groups", 0)) or 1,
+        topk_groups=int(opt("moe_router_group_topk", 0)) or 1,
         first_dense_layers=spec.first_dense_layers,
         layer_freq=int(opt("moe_layer_freq", 1)),
     )

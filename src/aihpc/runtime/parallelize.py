@@ -12,6 +12,13 @@ Data parallel, by ZeRO stage (the planner's terms):
 - 1 and 2: FSDP2 with ``reshard_after_forward=False`` (parameters stay gathered between forward
   and backward, the closest FSDP2 has to ZeRO-1/2).
 - 3: FSDP2 full shard. HSDP when ``dp_shard`` < dp: shard inside the group, replicate across.
+
+Expert parallel (``ep`` > 1, MoE models): ``apply_ep`` shards each MoE block's experts over the
+EP sub-mesh first; data parallel then wraps each block's experts in their own FSDP2 unit over the
+expert-data-parallel sub-mesh (replicas under ZeRO 0, shards under 1-3), so expert gradients are
+averaged over the ranks holding the same experts and every other gradient over all of dp x cp.
+DDP cannot hold EP-sharded weights (it would broadcast rank 0's experts), so ZeRO 0 with EP is
+FSDP2 with a size-1 shard dimension, as under model parallelism.
 """
 
 from __future__ import annotations
@@ -24,9 +31,12 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
+from aihpc.comm import EPGroups
 from aihpc.runtime.distributed import DistContext
+from aihpc.runtime.expert_parallel import apply_ep
 from aihpc.runtime.mesh import Parallel
 from aihpc.runtime.model import Llama, LlamaConfig
+from aihpc.runtime.moe import MoE
 from aihpc.runtime.pp import StageModule, stage_ids, stage_layers
 from aihpc.runtime.tp import apply_tp
 
@@ -89,6 +99,9 @@ def apply_dp(parts: ModelParts, par: Parallel) -> None:
         return  # one data-parallel rank: nothing to shard or replicate
     reshard = par.dims.zero_stage == 3
     for block in parts.model.layers.values():
+        if par.ep_mesh is not None and isinstance(block.feed_forward, MoE):
+            experts = block.feed_forward.experts
+            fully_shard(experts, mesh=par.expert_fsdp_mesh(), reshard_after_forward=reshard)
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
     for root in parts.stages or [parts.model]:
         fully_shard(root, mesh=mesh, reshard_after_forward=reshard)
@@ -107,7 +120,9 @@ def build_parallel_model(
         apply_cp(model, par)
     if dims.tp > 1:
         apply_tp(model, par.tp_mesh, dims.sequence_parallel)
-    if dims.pure_data_parallel and dims.zero_stage == 0:
+    if par.ep_mesh is not None:
+        apply_ep(model, EPGroups(par.ep_mesh.get_group()), mesh=par.ep_mesh)
+    if dims.pure_data_parallel and dims.zero_stage == 0 and par.ep_mesh is None:
         model.to_empty(device=ctx.device)
         model.init_weights(seed)
         if ctx.world_size > 1:

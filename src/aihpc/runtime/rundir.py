@@ -80,10 +80,16 @@ def data_fingerprint(data: Path | None) -> str:
 def run_identity(spec: RunSpec, data: Path | None) -> dict[str, Any]:
     """The fields a checkpoint must share with the run that resumes it: the model's shape, the
     data and the seed. The parallel plan is not among them: a new plan reshards."""
+    # a dense model's identity leaves out the MoE router's fields, so checkpoints written before
+    # the spec had them still resume
+    skip = {"name", "source"}
+    if not spec.model.is_moe:
+        skip |= {f.name for f in dataclasses.fields(ModelSpec) if f.name.startswith("moe_router")}
+        skip.add("moe_aux_loss_coeff")
     ident: dict[str, Any] = {
         f"model.{f.name}": getattr(spec.model, f.name)
         for f in dataclasses.fields(ModelSpec)
-        if f.name not in ("name", "source")
+        if f.name not in skip
     }
     ident["training.seed"] = spec.training.seed
     ident["data"] = data_fingerprint(data)

@@ -23,6 +23,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from aihpc.runtime.data import TokenLoader
 from aihpc.runtime.mesh import Parallel
+from aihpc.runtime.moe import update_expert_bias
 from aihpc.runtime.parallelize import ModelParts
 
 __all__ = ["Stepper", "clip_grad_norm", "token_loss"]
@@ -61,7 +62,15 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float, pp_group: 
         total_sq = total_sq.to(device)
         dist.all_reduce(total_sq, group=pp_group)
     total = total_sq.sqrt()
-    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total.to(params[0].device))
+    # one call per device mesh: expert weights (EP x expert-DP mesh) and the rest (DP mesh)
+    # cannot meet in one foreach op
+    meshes: dict[Any, list[torch.nn.Parameter]] = {}
+    for p in params:
+        if p.grad is not None:
+            key = p.grad.device_mesh if isinstance(p.grad, DTensor) else None
+            meshes.setdefault(key, []).append(p)
+    for group in meshes.values():
+        torch.nn.utils.clip_grads_with_norm_(group, max_norm, total.to(group[0].device))
     return float(total)
 
 
@@ -79,6 +88,7 @@ class Stepper:
     device: torch.device
     schedule: Any = None  # the pipeline schedule, when pp > 1
     positions: torch.Tensor | None = None  # context parallel: this rank's token positions
+    moe: bool = False  # the model has MoE layers: their routing bias moves after each step
     # what the last step spent where, and its gradient norm (for the metrics exporter)
     last_phases: dict[str, float] = field(default_factory=dict)
     last_grad_norm: float | None = None
@@ -149,6 +159,8 @@ class Stepper:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.moe:  # loads counted over this stage's global batch (DeepSeek-V3 §2.1.2)
+            update_expert_bias(self.parts.model, self.par.batch_group())
         t_opt = time.perf_counter()
         d = self.par.dims
         weight = 1.0 / (d.dp * d.cp * d.tp) if self.parts.last else 0.0

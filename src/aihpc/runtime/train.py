@@ -41,6 +41,7 @@ from aihpc.runtime.checks import check_plan, check_trainable
 from aihpc.runtime.data import TokenLoader, load_tokens
 from aihpc.runtime.distributed import DistContext, init_distributed, launcher_env
 from aihpc.runtime.mesh import Parallel
+from aihpc.runtime.moe import MoE
 from aihpc.runtime.parallelize import ModelParts, build_parallel_model
 from aihpc.runtime.pp import build_schedule
 from aihpc.runtime.rundir import (
@@ -192,9 +193,16 @@ def _build(
         schedule = build_schedule(
             parts.stages, parts.stage_ids, par.dims, par.pp_group, ctx.device, accum, token_loss
         )
+    moe = [m for m in parts.model.modules() if isinstance(m, MoE)]
+    if par.ep_mesh is not None:
+        _quiet_two_step_redistribute()
+    for block in moe:
+        # the balance loss's gradient joins the token loss's: divided by the micro-batches as
+        # the token loss is (the pipeline schedules divide the gradients instead)
+        block.aux_loss_scale = 1.0 if schedule is not None else 1.0 / accum
     stepper = Stepper(
         parts, par, optimizer, scheduler, loader, micro, t.grad_clip, ctx.device, schedule,
-        positions,
+        positions, moe=bool(moe),
     )  # fmt: skip
     state = {
         "train": ModelOptimizerState(parts.model, optimizer),
@@ -203,6 +211,21 @@ def _build(
         "rng": RNGState(),
     }
     return par, parts, stepper, state
+
+
+def _quiet_two_step_redistribute() -> None:
+    """Expert weights live on a 2-D (expert-DP x EP) mesh, so DTensor reduces their gradient
+    norm, and gathers them for state_sha256, in two collectives, and says so on every rank
+    ("While redistributing from ... 2 sequential ..."): by design here, and not the user's to
+    act on, so the trainer drops that one message."""
+    logger = logging.getLogger("torch.distributed.tensor._redistribute")
+    if not any(isinstance(f, _TwoStepFilter) for f in logger.filters):
+        logger.addFilter(_TwoStepFilter())
+
+
+class _TwoStepFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("While redistributing from")
 
 
 def train(
@@ -361,6 +384,7 @@ def _plan_summary(par: Parallel) -> dict[str, Any]:
         "cp": d.cp,
         "dp": d.dp,
         "dp_shard": d.dp_shard,
+        "ep": d.ep,
         "sequence_parallel": d.sequence_parallel,
         "pp_schedule": d.pp_schedule if d.pp > 1 else None,
     }

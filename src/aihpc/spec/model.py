@@ -55,6 +55,11 @@ class ModelSpec:
     v_head_dim: int | None = None
     # Multi-token prediction modules (DeepSeek-V3: 1), each one transformer layer plus an output.
     mtp_layers: int = 0
+    # Router (what the trainer's MoE block does; Megatron-Core's names).
+    moe_router_score_function: str = "softmax"  # softmax (Mixtral, Qwen3) | sigmoid (DeepSeek-V3)
+    moe_router_topk_scaling_factor: float = 1.0  # DeepSeek-V3: 2.5
+    moe_router_bias_update_rate: float = 0.0  # aux-loss-free balancing; DeepSeek-V3: 0.001
+    moe_aux_loss_coeff: float = 0.0  # sequence-wise balance loss; DeepSeek-V3: 0.0001
     name: str = "custom"
     source: str = ""
 
@@ -102,8 +107,18 @@ class ModelSpec:
                 self.num_kv_heads,
                 f"must divide num_attention_heads {self.num_attention_heads}",
             )
-        for f in ("num_experts", "moe_top_k", "num_shared_experts", "first_dense_layers"):
+        for f in (
+            "num_experts",
+            "moe_top_k",
+            "num_shared_experts",
+            "first_dense_layers",
+            "moe_router_bias_update_rate",
+            "moe_aux_loss_coeff",
+        ):
             check_positive(f"model.{f}", getattr(self, f), allow_zero=True)
+        check_positive("model.moe_router_topk_scaling_factor", self.moe_router_topk_scaling_factor)
+        scores = self.moe_router_score_function
+        check_choice("model.moe_router_score_function", scores, ("softmax", "sigmoid"))
         if self.num_experts:
             if not 1 <= self.moe_top_k <= self.num_experts:
                 raise SpecError(
