@@ -158,7 +158,7 @@ def test_grouped_mm_equals_the_loop():
 def test_config_refusals_name_the_field():
     with pytest.raises(SpecError, match=r"model\.moe_top_k"):
         MoEConfig(dim=8, num_experts=4, top_k=5, expert_ffn_dim=4)
-    with pytest.raises(SpecError, match=r"model\.moe_router_num_groups"):
+    with pytest.raises(SpecError, match=r"model\.moe_router_groups"):
         MoEConfig(dim=8, num_experts=6, top_k=2, expert_ffn_dim=4, num_groups=4)
     with pytest.raises(SpecError, match=r"model\.moe_router_score_function"):
         MoEConfig(dim=8, num_experts=4, top_k=2, expert_ffn_dim=4, score_func="relu")
@@ -229,3 +229,20 @@ def test_grouped_mm_on_gpu_equals_the_loop_in_bf16():
     loop.load_state_dict(auto.state_dict())
     x = torch.randn(4, 32, 64, device="cuda", dtype=torch.bfloat16)
     torch.testing.assert_close(auto(x), loop(x))
+
+
+def test_spec_router_fields_reach_the_block():
+    """The planner's [model] router fields (group-limited routing, layer frequency) configure
+    the trainer's block; 0 groups (the spec's "no group limit") is one group of every expert."""
+    from aihpc.runtime.moe import moe_config_from_spec
+    from aihpc.spec.model import model_from_table
+
+    base = {"preset": "tiny-llama", "num_experts": 8, "moe_top_k": 2, "moe_ffn_hidden_size": 32}
+    plain = moe_config_from_spec(model_from_table(base))
+    assert (plain.num_groups, plain.topk_groups, plain.layer_freq) == (1, 1, 1)
+    grouped = moe_config_from_spec(
+        model_from_table(
+            {**base, "moe_router_groups": 4, "moe_router_group_topk": 2, "moe_layer_freq": 2}
+        )
+    )
+    assert (grouped.num_groups, grouped.topk_groups, grouped.layer_freq) == (4, 2, 2)
