@@ -15,14 +15,15 @@ host.
    plans: median |error| and Spearman's rho between the predicted and measured orders
    (targets: <= 20%, >= 0.8).
 
-The 1-rank plan is priced with a one-rank calibration (all cores); the 2-rank plans with the
-2-rank one.
+Every rank runs one thread (OMP_NUM_THREADS=1); the 1-rank plan is priced with a one-rank
+calibration, the 2-rank plans with the 2-rank one.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -46,6 +47,9 @@ log_interval = 1000
 [checkpoint]
 interval_steps = 100000
 """
+# One thread per rank everywhere (the launcher's choice for several ranks), so the 1-rank plan
+# and its calibration see the same core count as each rank of the others.
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 # name, ranks, [parallel] lines
 PLANS = [
     ("1 rank", 1, "zero_stage = 0"),
@@ -123,7 +127,7 @@ def calibrate(folder: Path, nproc: int) -> Path:
         sys.executable, "-m", "aihpc", "calibrate", "--local", "--nproc", str(nproc),
         "--spec", str(spec), "-O", str(cal),
     ]  # fmt: skip
-    r = subprocess.run(cmd, cwd=folder, capture_output=True, text=True, timeout=3600)
+    r = subprocess.run(cmd, cwd=folder, capture_output=True, text=True, timeout=3600, env=ENV)
     if r.returncode:
         raise SystemExit(f"calibrate --local failed: {r.stderr.strip()[-400:]}")
     return folder / f"base{nproc}.local.toml"
@@ -160,7 +164,9 @@ def main() -> None:
                 sys.executable, "-m", "aihpc", "train", str(spec), "--run-dir", str(run),
                 "--nproc-per-node", str(nproc), "--json",
             ]  # fmt: skip
-            r = subprocess.run(cmd, cwd=folder, capture_output=True, text=True, timeout=1800)
+            r = subprocess.run(
+                cmd, cwd=folder, capture_output=True, text=True, timeout=1800, env=ENV
+            )
             if r.returncode:
                 raise SystemExit(f"{name}: aihpc train failed: {r.stderr.strip()[-400:]}")
             perf = json.loads((run / "summary.json").read_text())["performance"]

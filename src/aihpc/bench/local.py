@@ -51,7 +51,12 @@ class LocalMeasurement:
 
 
 def _threads(nproc: int) -> int:
-    return max(1, (os.cpu_count() or 1) // nproc) if nproc == 1 else 1
+    """A training rank's intra-op threads: OMP_NUM_THREADS when set (torch reads it), else all
+    cores for one rank and one per rank for several (aihpc's launcher sets OMP_NUM_THREADS=1)."""
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return max(1, os.cpu_count() or 1) if nproc == 1 else 1
 
 
 def _memory_bandwidth_GBps(device: Any) -> float:
