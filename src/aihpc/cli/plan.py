@@ -122,10 +122,13 @@ def render_estimate(spec: RunSpec, est: Estimate, use: CalibrationUse | None = N
         f"{gbs * m.seq_length:,} tokens per step ({gbs:,} sequences)"
     )
     console.print(f"plan: {_plan_line(out['plan'])}")
-    # pp_schedule follows vpp and dp_shard follows dp (full sharding): derived, not searched
-    derived = ("pp_schedule", "dp_shard")
+    # pp_schedule follows vpp and dp_shard follows dp (full sharding): derived; recompute_modules
+    # is not searched; the expert fields mean nothing for a dense model
+    skip = {"pp_schedule", "dp_shard", "recompute_modules"}
+    if not m.is_moe:
+        skip |= {"ep", "etp", "moe_a2a_overlap"}
     given = spec.parallel.given()
-    defaulted = [k for k in out["plan"] if k not in given and k not in derived]
+    defaulted = [k for k in out["plan"] if k not in given and k not in skip]
     if defaulted:
         console.print(
             f"[dim]defaults used for: {', '.join(defaulted)} "
