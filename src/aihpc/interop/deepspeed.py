@@ -1,13 +1,14 @@
 """DeepSpeed config JSON (+ the model, which DeepSpeed's config does not describe) ⇄ run spec.
 
-Keys and defaults are DeepSpeed v0.16's (docs: deepspeed.readthedocs.io "DeepSpeed Configuration
-JSON"; ``deepspeed/runtime/config.py``, ``zero/config.py``), unchanged in v0.19:
-train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size,
-any two given (gradient_accumulation_steps defaults to 1); zero_optimization.stage 0;
-overlap_comm false (true by default at stage 3); gradient_clipping 0 (off); steps_per_print 10;
-fp16 / bf16 off (fp32 training). Plain DeepSpeed is data parallel only (tp = pp = cp = 1).
-The model comes from ``--model``: a preset name or a Hugging Face ``config.json``
-(LlamaConfig-style keys).
+Keys and defaults are DeepSpeed v0.19.8's (``deepspeed/runtime/config.py``, ``zero/config.py``,
+``engine.py``; the "DeepSpeed Configuration JSON" docs): train_batch_size =
+train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size, any two given
+(gradient_accumulation_steps defaults to 1); zero_optimization.stage 0; overlap_comm false
+(true at stage 3); gradient_clipping 0 (off); steps_per_print 10; fp16 / bf16 off (fp32
+training); gradients reduced in the training dtype unless communication_data_type says
+otherwise (``engine.communication_data_type``). Plain DeepSpeed is data parallel only
+(tp = pp = cp = 1). The model comes from ``--model``: a preset name or a Hugging Face
+``config.json`` (LlamaConfig-style keys).
 """
 
 from __future__ import annotations
@@ -217,10 +218,11 @@ def import_deepspeed(
     if stage == 3 and hpz and hpz > 1:
         notes.append(f"ZeRO++ hpZ {hpz}: parameters gathered within groups of {hpz} (dp_shard)")
     precision = _precision(j)
-    comm = j.get("communication_data_type") or j.get("data_types.grad_accum_dtype")
-    grad_dtype = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", None: None}.get(comm, "fp32")
-    if grad_dtype is None:  # DeepSpeed reduces gradients in the training dtype by default
-        grad_dtype = "fp32" if precision == "bf16" else "fp16"
+    # engine.communication_data_type: the config's, else the training dtype
+    comm = j.get("communication_data_type") or precision
+    grad_dtype = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}.get(comm)
+    if grad_dtype is None:
+        raise SpecError("communication_data_type", comm, "allowed: fp32 | fp16 | bf16")
     opt = j.get("optimizer.type", "AdamW")
     opt_name = {"adamw": "adamw", "adam": "adam", "sgd": "sgd"}.get(str(opt).lower())
     if opt_name is None:
