@@ -144,26 +144,76 @@ def test_cli_import_then_estimate(tmp_path: Path) -> None:
 # checked against the names it documents: these were read from arguments.py and the config
 # dataclasses it exposes (TransformerConfig, ModelParallelConfig, training/config) at commit
 # d98e8a6 (Aug 2026).
-MEGATRON_FLAGS = set(
-    """
-    --num-layers --hidden-size --ffn-hidden-size --num-attention-heads --group-query-attention
-    --num-query-groups --kv-channels --seq-length --max-position-embeddings --swiglu
-    --squared-relu --position-embedding-type --untie-embeddings-and-output-weights
-    --normalization --disable-bias-linear --tokenizer-type --vocab-size
-    --make-vocab-size-divisible-by --num-experts --moe-router-topk --moe-ffn-hidden-size
-    --moe-shared-expert-intermediate-size --moe-layer-freq --tensor-model-parallel-size
-    --pipeline-model-parallel-size --context-parallel-size
-    --num-virtual-stages-per-pipeline-rank --expert-model-parallel-size --sequence-parallel
-    --use-distributed-optimizer --use-torch-fsdp2 --recompute-granularity --recompute-method
-    --recompute-num-layers --cpu-offloading --cpu-offloading-num-layers --micro-batch-size
-    --global-batch-size --bf16 --fp16 --fp8-format --accumulate-allreduce-grads-in-fp32
-    --grad-reduce-in-bf16 --use-precision-aware-optimizer --exp-avg-dtype --exp-avg-sq-dtype
-    --fp8-param-gather --transformer-impl --use-flash-attn --cross-entropy-loss-fusion
-    --overlap-grad-reduce --cp-comm-type --hidden-dropout --attention-dropout --optimizer --lr
-    --min-lr --lr-decay-style --lr-warmup-iters --train-iters --weight-decay --adam-beta1
-    --adam-beta2 --clip-grad --seed --log-interval --save-interval --mock-data
-    """.split()
-)
+MEGATRON_FLAGS = {
+    "--num-layers",
+    "--hidden-size",
+    "--ffn-hidden-size",
+    "--num-attention-heads",
+    "--group-query-attention",
+    "--num-query-groups",
+    "--kv-channels",
+    "--seq-length",
+    "--max-position-embeddings",
+    "--swiglu",
+    "--squared-relu",
+    "--position-embedding-type",
+    "--untie-embeddings-and-output-weights",
+    "--normalization",
+    "--disable-bias-linear",
+    "--tokenizer-type",
+    "--vocab-size",
+    "--make-vocab-size-divisible-by",
+    "--num-experts",
+    "--moe-router-topk",
+    "--moe-ffn-hidden-size",
+    "--moe-shared-expert-intermediate-size",
+    "--moe-layer-freq",
+    "--tensor-model-parallel-size",
+    "--pipeline-model-parallel-size",
+    "--context-parallel-size",
+    "--num-virtual-stages-per-pipeline-rank",
+    "--expert-model-parallel-size",
+    "--sequence-parallel",
+    "--use-distributed-optimizer",
+    "--use-torch-fsdp2",
+    "--recompute-granularity",
+    "--recompute-method",
+    "--recompute-num-layers",
+    "--cpu-offloading",
+    "--cpu-offloading-num-layers",
+    "--micro-batch-size",
+    "--global-batch-size",
+    "--bf16",
+    "--fp16",
+    "--fp8-format",
+    "--accumulate-allreduce-grads-in-fp32",
+    "--grad-reduce-in-bf16",
+    "--use-precision-aware-optimizer",
+    "--exp-avg-dtype",
+    "--exp-avg-sq-dtype",
+    "--fp8-param-gather",
+    "--transformer-impl",
+    "--use-flash-attn",
+    "--cross-entropy-loss-fusion",
+    "--overlap-grad-reduce",
+    "--cp-comm-type",
+    "--hidden-dropout",
+    "--attention-dropout",
+    "--optimizer",
+    "--lr",
+    "--min-lr",
+    "--lr-decay-style",
+    "--lr-warmup-iters",
+    "--train-iters",
+    "--weight-decay",
+    "--adam-beta1",
+    "--adam-beta2",
+    "--clip-grad",
+    "--seed",
+    "--log-interval",
+    "--save-interval",
+    "--mock-data",
+}
 TORCHRUN_FLAGS = {"--nproc-per-node", "--nnodes", "--rdzv-backend", "--rdzv-endpoint"}
 
 
