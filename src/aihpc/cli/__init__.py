@@ -48,6 +48,7 @@ bench.register(app)
 catalog.register(app)
 observe.register(app)
 interop.register(app)
+interop.register_launch(app)
 
 
 def main() -> None:

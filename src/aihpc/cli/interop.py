@@ -136,3 +136,81 @@ def register(app: typer.Typer) -> None:
             _warn("note: not carried: " + "; ".join(dropped))
         if output is not None:
             _warn(f"{to} config written to {output}")
+
+
+def register_launch(app: typer.Typer) -> None:
+    @app.command()
+    @guarded
+    def launch(
+        runspec: Path = typer.Argument(..., help=RUNSPEC_HELP),
+        slurm: bool = typer.Option(False, "--slurm", help="Write an sbatch script (required)."),
+        run_dir: Path = typer.Option(..., "--run-dir", help="Checkpoints, metrics, job log."),
+        output: Path | None = typer.Option(
+            None, "-o", "--output", help="Script path (default: RUN_DIR/job.sbatch)."
+        ),
+        submit: bool = typer.Option(False, "--submit", help="sbatch it and follow the job."),
+        partition: str | None = typer.Option(None, "--partition", help="sbatch --partition."),
+        account: str | None = typer.Option(None, "--account", help="sbatch --account."),
+        time_limit: str | None = typer.Option(None, "--time", help="sbatch --time (H:MM:SS)."),
+        exclude: list[str] | None = typer.Option(
+            None, "--exclude", help="Node never to run on (repeatable; a Slurm hostlist)."
+        ),
+        signal_lead: int = typer.Option(
+            120, "--signal-lead", help="Seconds before the time limit to checkpoint and requeue."
+        ),
+        gpus: bool = typer.Option(True, "--gpus/--no-gpus", help="Request GPUs (--gpus-per-node)."),
+        env: list[str] | None = typer.Option(
+            None, "--env", help="NAME=VALUE exported in the script (repeatable)."
+        ),
+        rdzv_port: int = typer.Option(29500, "--rdzv-port", help="torchrun's c10d port."),
+        follow_timeout: float | None = typer.Option(
+            None, "--follow-timeout", help="Stop following after this many seconds."
+        ),
+    ) -> None:
+        """Launch `aihpc train` for the run spec on a cluster: with --slurm, an sbatch script
+        (nodes and ranks from the plan, srun + torchrun rendezvous, requeue with a final
+        checkpoint on SIGUSR1 / SIGTERM); --submit submits it and follows the job."""
+        from aihpc.interop.slurm import SlurmOptions, follow_job, sbatch_script
+        from aihpc.interop.slurm import submit as sbatch
+
+        if not slurm:
+            raise SpecError("--slurm", False, "required: the only launcher `aihpc launch` writes")
+        spec = load_runspec(runspec)
+        pairs = []
+        for item in env or []:
+            name, eq, value = item.partition("=")
+            if not eq or not name.isidentifier():
+                raise SpecError("--env", item, "NAME=VALUE")
+            pairs.append((name, value))
+        opts = SlurmOptions(
+            run_dir=run_dir,
+            job_name=f"aihpc-{runspec.stem}",
+            partition=partition,
+            account=account,
+            time_limit=time_limit,
+            exclude=tuple(exclude or ()),
+            signal_lead_s=signal_lead,
+            gpus=gpus,
+            env=tuple(pairs),
+            rdzv_port=rdzv_port,
+        )
+        script = sbatch_script(spec, runspec, opts)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        path = output or run_dir / "job.sbatch"
+        write_atomic(path, script, "--output")
+        if not submit:
+            _warn(f"sbatch script written to {path}; submit it with: sbatch {path}")
+            return
+        job_id = sbatch(path)
+        _warn(f"submitted job {job_id}; log {run_dir.resolve()}/slurm-{job_id}.log")
+        log = run_dir.resolve() / f"slurm-{job_id}.log"
+        last = follow_job(job_id, log, _warn, timeout_s=follow_timeout)
+        if last is None:
+            raise SpecError("--submit", job_id, "Slurm no longer knows the job")
+        if not last.final:
+            _warn(f"job {job_id} still {last.state}; stopped following")
+            return
+        code = last.exit_code or 0
+        _warn(f"job {job_id} {last.state}, exit code {code}")
+        if last.state != "COMPLETED" or code:
+            raise typer.Exit(code or 1)
