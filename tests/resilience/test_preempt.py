@@ -70,3 +70,19 @@ def test_signal_checkpoints_and_resume_matches(tmp_path: Path) -> None:
     out2, err2 = straight.communicate(timeout=300)
     assert straight.returncode == 0, err2.decode()[-2000:]
     assert summary["state_sha256"] == json.loads(out2)["state_sha256"]
+
+
+def test_watch_records_the_signal_and_restores_handlers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from aihpc.resilience.preempt import PreemptWatch
+
+    monkeypatch.delenv("AIHPC_ELASTIC_AGENT", raising=False)
+    before = signal.getsignal(signal.SIGUSR1)
+    with PreemptWatch() as watch:
+        assert watch.active and watch.agreed() == 0
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.01)
+        assert watch.agreed() == signal.SIGUSR1  # one process: no collective
+    assert signal.getsignal(signal.SIGUSR1) is before and not watch.active
+    monkeypatch.setenv("AIHPC_ELASTIC_AGENT", "1")  # our agent's SIGTERM is a teardown
+    with PreemptWatch() as watch:
+        assert not watch.active and signal.getsignal(signal.SIGTERM) is not watch._handle

@@ -39,6 +39,7 @@ class PreemptWatch:
 
     def __init__(self) -> None:
         self.signum = 0
+        self.active = False  # handlers installed: the ranks have something to agree on
         self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
@@ -49,20 +50,23 @@ class PreemptWatch:
         if threading.current_thread() is threading.main_thread() and not own_agent:
             for sig in PREEMPT_SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
+            self.active = True
         return self
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+        self.active = False
 
     def agreed(self, group: Any = None, device: Any = None) -> int:
         """The largest signal any rank of ``group`` received (0: none), the same on every rank;
-        a collective: every rank calls it at the same point."""
+        a collective: every rank calls it at the same point (none where no rank watches: under
+        aihpc's own agent every rank leaves the default handlers)."""
         import torch
         import torch.distributed as dist
 
-        if not dist.is_initialized() or dist.get_world_size(group) == 1:
+        if not self.active or not dist.is_initialized() or dist.get_world_size(group) == 1:
             return self.signum
         flag = torch.tensor([self.signum], dtype=torch.int32, device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
