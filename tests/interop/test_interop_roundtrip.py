@@ -200,3 +200,40 @@ def test_training_defaults_differ_per_framework() -> None:
     assert titan.model.seq_length == 2048 and titan.training.learning_rate == 8e-4
     assert titan.plan().recompute == "full"  # selective_ac_option "2", priced as full
     assert titan.plan().zero_stage == 3  # FSDP over every rank left
+
+
+@pytest.mark.parametrize(
+    ("model", "parallel", "training"),
+    [
+        (  # a mixture of experts with a shared expert and a dense first layer
+            {"num_layers": 8, "hidden_size": 1024, "num_attention_heads": 16, "num_kv_heads": 4,
+             "ffn_hidden_size": 4096, "ffn_activation": "swiglu", "vocab_size": 32768,
+             "seq_length": 4096, "num_experts": 16, "moe_top_k": 2, "moe_ffn_hidden_size": 1024,
+             "num_shared_experts": 1, "first_dense_layers": 1},
+            {"tp": 2, "pp": 2, "ep": 4, "global_batch_size": 256, "zero_stage": 1,
+             "recompute": "selective"},
+            {"dropout": 0.1, "cross_entropy": "vocab_parallel", "grad_reduce_overlap": False},
+        ),
+        (  # FP8 with its options, context parallel with all-gather, FSDP2, full recompute
+            {"preset": "llama3-70b"},
+            {"tp": 4, "pp": 2, "cp": 2, "global_batch_size": 512, "zero_stage": 3,
+             "recompute": "full", "offload_layers": 0},
+            {"precision": "fp8", "fp8_param_gather": True, "grad_reduce_dtype": "bf16",
+             "optimizer_dtype": "bf16", "attention": "flash2", "cp_exchange": "allgather",
+             "learning_rate": 1e-4, "min_lr_ratio": 0.05, "warmup_steps": 7, "seed": 42},
+        ),
+    ],
+)  # fmt: skip
+def test_megatron_round_trip_of_every_option(model: dict, parallel: dict, training: dict) -> None:
+    spec = runspec_from_dict(
+        {
+            "model": model,
+            "cluster": {"gpu": "h100-sxm", "num_gpus": 256},
+            "parallel": parallel,
+            "training": {"pipeline_split": "even", **training},
+            "checkpoint": {"interval_steps": 250},
+        }
+    )
+    script, _ = export_megatron(spec)
+    back = import_megatron(script).spec()
+    _check(spec, back, {k: v for k, v in mg.FIXED.items() if k != "pipeline_split"})
