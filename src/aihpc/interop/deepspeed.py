@@ -20,12 +20,11 @@ from aihpc.interop._common import (
     Imported,
     as_int,
     cluster_table,
-    model_fields,
     model_table,
     not_carried,
 )
 from aihpc.spec import CheckpointSpec, RunSpec, SpecError, TrainingSpec
-from aihpc.spec.model import model_from_table, model_presets
+from aihpc.spec.model import model_presets
 
 __all__ = ["FIXED", "export_deepspeed", "import_deepspeed"]
 
@@ -382,7 +381,3 @@ def export_deepspeed(spec: RunSpec) -> tuple[str, str, list[str]]:
     if spec.checkpoint.interval_steps != CheckpointSpec().interval_steps:
         dropped.append("checkpoint.interval_steps (DeepSpeed: the training script saves)")
     return json.dumps(data, indent=2) + "\n", json.dumps(hf_config(spec), indent=2) + "\n", dropped
-
-
-def preset_shape_matches(spec: RunSpec, preset: str) -> bool:
-    return model_fields(model_from_table({"preset": preset})) == model_fields(spec.model)

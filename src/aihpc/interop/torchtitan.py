@@ -54,7 +54,6 @@ FIXED: dict[str, Any] = {
     "dropout": 0.0,
     "zero3_gather": "bucketed",
 }
-_KNOWN: dict[str, set[str]] = {}  # section -> keys read (filled while importing)
 
 
 def _ffn(dim: int, multiplier: float | None, multiple_of: int) -> int:
@@ -283,8 +282,9 @@ def _training(t: _Toml, numerics: dict[str, Any]) -> dict[str, Any]:
     seed = t.get("training", "seed", t.get("debug", "seed"))
     if seed is not None:
         out["seed"] = as_int(seed, "training.seed")
-    if t.get("lr_scheduler", "decay_type") in ("cosine",):
-        pass  # read: aihpc's trainer decays by cosine too
+    scheduler = t.data.get("lr_scheduler")
+    if isinstance(scheduler, dict) and scheduler.get("decay_type") == "cosine":
+        t.get("lr_scheduler", "decay_type")  # what aihpc's trainer runs; others: not priced
     return out
 
 
