@@ -9,7 +9,7 @@ from __future__ import annotations
 import typer
 
 from aihpc import __version__
-from aihpc.cli import bench, catalog, goodput, observe, plan, train
+from aihpc.cli import bench, catalog, goodput, interop, observe, plan, train
 from aihpc.cli._common import HelpGroup
 
 __all__ = ["app", "main"]
@@ -47,6 +47,8 @@ goodput.register(app)
 bench.register(app)
 catalog.register(app)
 observe.register(app)
+interop.register(app)
+interop.register_launch(app)
 
 
 def main() -> None:

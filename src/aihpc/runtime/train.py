@@ -37,6 +37,7 @@ from aihpc.resilience import (
     state_sha256,
 )
 from aihpc.resilience.manifest import committed_checkpoints, manifest_bytes
+from aihpc.resilience.preempt import Preempted, PreemptWatch
 from aihpc.runtime.checks import check_plan, check_trainable
 from aihpc.runtime.data import TokenLoader, load_tokens
 from aihpc.runtime.distributed import DistContext, init_distributed, launcher_env
@@ -434,7 +435,10 @@ def _loop(job: _Job, start: int, progress: bool) -> dict[str, Any]:
     )
     step, loss = start, logged_loss(job.metrics, start) if start else None
     job.step_times.clear()
-    with _progress(progress and ctx.is_main, t.train_steps, start) as report:
+    with (
+        PreemptWatch() as preempt,
+        _progress(progress and ctx.is_main, t.train_steps, start) as report,
+    ):
         for step in range(start + 1, t.train_steps + 1):
             loss = stepper.step(autocast)
             dt = stepper.last_step_s
@@ -465,8 +469,16 @@ def _loop(job: _Job, start: int, progress: bool) -> dict[str, Any]:
                 report(step, info, step % t.log_interval == 0 or step == t.train_steps)
             if step == start + 1:
                 job.events("first_step", step=step)
-            if step % spec.checkpoint.interval_steps == 0 or step == t.train_steps:
+            saved = step % spec.checkpoint.interval_steps == 0 or step == t.train_steps
+            if saved:
                 _checkpoint(job, step)
+            signum = preempt.agreed(device=ctx.device)  # SIGTERM / SIGUSR1: save, exit 128+sig
+            if signum:
+                if not saved:
+                    _checkpoint(job, step)
+                job.manager.close()
+                job.events("preempted", step=step, signal=signum)
+                raise Preempted(signum, step)
             if job.injector.due(step, "step", ("kill", "hang", "exception")):
                 kinds = [f.kind for f in job.injector.due(step, "step")]
                 job.events("fault", step=step, kinds=kinds)

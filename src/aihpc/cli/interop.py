@@ -1,0 +1,216 @@
+"""``aihpc import FRAMEWORK SOURCE`` and ``aihpc export RUN.toml --to FRAMEWORK``: a plan in and
+out of Megatron-LM, torchtitan and DeepSpeed."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from aihpc._io import write_atomic
+from aihpc.cli._common import RUNSPEC_HELP, err_console, guarded, print_json
+from aihpc.spec import SpecError, load_runspec
+
+__all__ = ["register"]
+
+FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
+
+
+def _read(path: Path, field: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise SpecError(field, str(path), "file not found") from None
+    except (IsADirectoryError, UnicodeDecodeError):
+        raise SpecError(field, str(path), "expected a text file") from None
+    except OSError as err:
+        raise SpecError(field, str(path), f"cannot read ({err.strerror})") from None
+
+
+def _warn(line: str) -> None:
+    err_console.print(line, highlight=False, soft_wrap=True, markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("import")
+    @guarded
+    def import_(
+        framework: str = typer.Argument(..., help="megatron | torchtitan | deepspeed"),
+        source: Path = typer.Argument(
+            ...,
+            help="Megatron: pretrain_gpt.py launch script or file of its arguments; torchtitan: "
+            "job TOML; DeepSpeed: config JSON.",
+        ),
+        model: str | None = typer.Option(
+            None, "--model", help="DeepSpeed: a preset name or a Hugging Face config.json."
+        ),
+        gpu: str = typer.Option("h100-sxm", "--gpu", help="GPU catalog id of the cluster."),
+        num_gpus: int | None = typer.Option(
+            None, "--num-gpus", help="GPUs of the job, where the source does not say."
+        ),
+        gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", help="GPUs per node."),
+        vocab_size: int | None = typer.Option(
+            None, "--vocab-size", help="Megatron: the tokenizer's size, where no flag gives it."
+        ),
+        seq_length: int | None = typer.Option(
+            None, "--seq-length", help="DeepSpeed: training sequence length (default: the model's)."
+        ),
+        output: Path | None = typer.Option(None, "-o", "--output", help="Write the run spec here."),
+        as_json: bool = typer.Option(False, "--json", help="Print tables and warnings as JSON."),
+    ) -> None:
+        """Read a Megatron-LM, torchtitan or DeepSpeed config as a run spec: every field aihpc
+        prices is carried, the framework's defaults applied; the rest is named in a warning."""
+        from aihpc.interop import import_deepspeed, import_megatron, import_torchtitan
+
+        if framework not in FRAMEWORKS:
+            raise SpecError("FRAMEWORK", framework, "allowed: " + " | ".join(FRAMEWORKS))
+        text = _read(source, "SOURCE")
+        cluster = {"gpu": gpu, "num_gpus": num_gpus, "gpus_per_node": gpus_per_node}
+        if framework == "megatron":
+            imported = import_megatron(text, vocab_size=vocab_size, **cluster)
+        elif framework == "torchtitan":
+            imported = import_torchtitan(text, **cluster)
+        else:
+            model_text = None
+            if model is not None and Path(model).is_file():
+                model_text = _read(Path(model), "--model")
+            imported = import_deepspeed(
+                text, model=model, model_text=model_text, seq_length=seq_length, **cluster
+            )
+        imported.spec()  # validated: SpecError names the field
+        if as_json:
+            print_json(
+                {
+                    "runspec": imported.tables,
+                    "not_priced": imported.unpriced,
+                    "notes": imported.notes,
+                }
+            )
+        else:
+            toml = imported.toml(str(source))
+            if output is None:
+                sys.stdout.write(toml)
+            else:
+                write_atomic(output, toml, "--output")
+            for note in imported.notes:
+                _warn(f"note: {note}")
+            if imported.unpriced:
+                _warn(
+                    f"warning: not priced ({len(imported.unpriced)} set in the source): "
+                    + ", ".join(imported.unpriced)
+                )
+            if output is not None:
+                _warn(f"run spec written to {output}")
+
+    @app.command("export")
+    @guarded
+    def export(
+        runspec: Path = typer.Argument(..., help=RUNSPEC_HELP),
+        to: str = typer.Option(..., "--to", help="megatron | torchtitan | deepspeed"),
+        output: Path | None = typer.Option(None, "-o", "--output", help="Write the config here."),
+        model_out: Path | None = typer.Option(
+            None, "--model-out", help="DeepSpeed: also write the model as a HF config.json."
+        ),
+    ) -> None:
+        """Write the run spec's plan as a Megatron-LM launch script, a torchtitan job TOML or a
+        DeepSpeed config JSON; a plan the framework cannot run is refused, naming the field."""
+        from aihpc.interop import export_deepspeed, export_megatron, export_torchtitan
+
+        if to not in FRAMEWORKS:
+            raise SpecError("--to", to, "allowed: " + " | ".join(FRAMEWORKS))
+        spec = load_runspec(runspec)
+        if to == "megatron":
+            text, dropped = export_megatron(spec, str(runspec))
+        elif to == "torchtitan":
+            text, dropped = export_torchtitan(spec, str(runspec))
+        else:
+            text, model_json, dropped = export_deepspeed(spec)
+            if model_out is not None:
+                write_atomic(model_out, model_json, "--model-out")
+        if output is None:
+            sys.stdout.write(text)
+        else:
+            write_atomic(output, text, "--output")
+        if dropped:
+            _warn("note: not carried: " + "; ".join(dropped))
+        if output is not None:
+            _warn(f"{to} config written to {output}")
+
+
+def register_launch(app: typer.Typer) -> None:
+    @app.command()
+    @guarded
+    def launch(
+        runspec: Path = typer.Argument(..., help=RUNSPEC_HELP),
+        slurm: bool = typer.Option(False, "--slurm", help="Write an sbatch script (required)."),
+        run_dir: Path = typer.Option(..., "--run-dir", help="Checkpoints, metrics, job log."),
+        output: Path | None = typer.Option(
+            None, "-o", "--output", help="Script path (default: RUN_DIR/job.sbatch)."
+        ),
+        submit: bool = typer.Option(False, "--submit", help="sbatch it and follow the job."),
+        partition: str | None = typer.Option(None, "--partition", help="sbatch --partition."),
+        account: str | None = typer.Option(None, "--account", help="sbatch --account."),
+        time_limit: str | None = typer.Option(None, "--time", help="sbatch --time (H:MM:SS)."),
+        exclude: list[str] | None = typer.Option(
+            None, "--exclude", help="Node never to run on (repeatable; a Slurm hostlist)."
+        ),
+        signal_lead: int = typer.Option(
+            120, "--signal-lead", help="Seconds before the time limit to checkpoint and requeue."
+        ),
+        gpus: bool = typer.Option(True, "--gpus/--no-gpus", help="Request GPUs (--gpus-per-node)."),
+        env: list[str] | None = typer.Option(
+            None, "--env", help="NAME=VALUE exported in the script (repeatable)."
+        ),
+        rdzv_port: int = typer.Option(29500, "--rdzv-port", help="torchrun's c10d port."),
+        follow_timeout: float | None = typer.Option(
+            None, "--follow-timeout", help="Stop following after this many seconds."
+        ),
+    ) -> None:
+        """Launch `aihpc train` for the run spec on a cluster: with --slurm, an sbatch script
+        (nodes and ranks from the plan, srun + torchrun rendezvous, requeue with a final
+        checkpoint on SIGUSR1 / SIGTERM); --submit submits it and follows the job."""
+        from aihpc.interop.slurm import SlurmOptions, follow_job, sbatch_script
+        from aihpc.interop.slurm import submit as sbatch
+
+        if not slurm:
+            raise SpecError("--slurm", False, "required: the only launcher `aihpc launch` writes")
+        spec = load_runspec(runspec)
+        pairs = []
+        for item in env or []:
+            name, eq, value = item.partition("=")
+            if not eq or not name.isidentifier():
+                raise SpecError("--env", item, "NAME=VALUE")
+            pairs.append((name, value))
+        opts = SlurmOptions(
+            run_dir=run_dir,
+            job_name=f"aihpc-{runspec.stem}",
+            partition=partition,
+            account=account,
+            time_limit=time_limit,
+            exclude=tuple(exclude or ()),
+            signal_lead_s=signal_lead,
+            gpus=gpus,
+            env=tuple(pairs),
+            rdzv_port=rdzv_port,
+        )
+        script = sbatch_script(spec, runspec, opts)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        path = output or run_dir / "job.sbatch"
+        write_atomic(path, script, "--output")
+        if not submit:
+            _warn(f"sbatch script written to {path}; submit it with: sbatch {path}")
+            return
+        job_id = sbatch(path)
+        _warn(f"submitted job {job_id}; log {run_dir.resolve()}/slurm-{job_id}.log")
+        log = run_dir.resolve() / f"slurm-{job_id}.log"
+        last = follow_job(job_id, log, _warn, timeout_s=follow_timeout)
+        if last is None:
+            raise SpecError("--submit", job_id, "Slurm no longer knows the job")
+        if not last.final:
+            _warn(f"job {job_id} still {last.state}; stopped following")
+            return
+        code = last.exit_code or 0
+        _warn(f"job {job_id} {last.state}, exit code {code}")
+        if last.state != "COMPLETED" or code:
+            raise typer.Exit(code or 1)

@@ -1,0 +1,383 @@
+"""DeepSpeed config JSON (+ the model, which DeepSpeed's config does not describe) ⇄ run spec.
+
+Keys and defaults are DeepSpeed v0.19.8's (``deepspeed/runtime/config.py``, ``zero/config.py``,
+``engine.py``; the "DeepSpeed Configuration JSON" docs): train_batch_size =
+train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size, any two given
+(gradient_accumulation_steps defaults to 1); zero_optimization.stage 0; overlap_comm false
+(true at stage 3); gradient_clipping 0 (off); steps_per_print 10; fp16 / bf16 off (fp32
+training); gradients reduced in the training dtype unless communication_data_type says
+otherwise (``engine.communication_data_type``). Plain DeepSpeed is data parallel only
+(tp = pp = cp = 1). The model comes from ``--model``: a preset name or a Hugging Face
+``config.json`` (LlamaConfig-style keys).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aihpc.interop._common import (
+    Imported,
+    as_int,
+    cluster_table,
+    model_table,
+    not_carried,
+)
+from aihpc.spec import CheckpointSpec, RunSpec, SpecError, TrainingSpec
+from aihpc.spec.model import model_presets
+
+__all__ = ["FIXED", "export_deepspeed", "import_deepspeed"]
+
+FRAMEWORK = "DeepSpeed"
+FIXED: dict[str, Any] = {
+    "pipeline_split": "uneven",
+    "kv_repeat": False,
+    "cp_exchange": "ring",
+    "fp8_saved_inputs": "fp8",
+    "fp8_param_gather": False,
+    "pp_comm_ctas": 0,
+    "cp_comm_ctas": 0,
+}
+# [training] fields the model code and training script decide under DeepSpeed, not its JSON:
+# an import gives aihpc's defaults.
+MODEL_CODE = ("attention", "cross_entropy", "fused_kernels", "dropout", "seed", "optimizer_dtype")
+_HF_ACT = {
+    "silu": "swiglu",
+    "swiglu": "swiglu",
+    "gelu": "gelu",
+    "gelu_new": "gelu",
+    "relu2": "relu2",
+}
+
+
+class _Json:
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+        self.read: set[str] = set()
+
+    def get(self, path: str, default: Any = None) -> Any:
+        self.read.add(path)
+        node: Any = self.data
+        for part in path.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        return node
+
+    def unread(self) -> list[str]:
+        out = []
+
+        def walk(node: dict[str, Any], prefix: str) -> None:
+            for k, v in node.items():
+                path = f"{prefix}{k}"
+                if path in self.read:
+                    continue
+                if isinstance(v, dict) and any(r.startswith(path + ".") for r in self.read):
+                    walk(v, path + ".")
+                else:
+                    out.append(path)
+
+        walk(self.data, "")
+        return out
+
+
+def hf_model_shape(config: dict[str, Any], seq_length: int | None) -> dict[str, Any]:
+    """A Hugging Face config.json (Llama-style keys) → run-spec model fields."""
+    try:
+        h = int(config["hidden_size"])
+        heads = int(config["num_attention_heads"])
+        shape: dict[str, Any] = {
+            "num_layers": int(config["num_hidden_layers"]),
+            "hidden_size": h,
+            "num_attention_heads": heads,
+            "ffn_hidden_size": int(config["intermediate_size"]),
+            "vocab_size": int(config["vocab_size"]),
+        }
+    except KeyError as err:
+        raise SpecError(f"--model {err.args[0]}", None, "required in config.json") from None
+    act = config.get("hidden_act", "silu")
+    if act not in _HF_ACT:
+        raise SpecError("--model hidden_act", act, "allowed: " + " | ".join(_HF_ACT))
+    shape["ffn_activation"] = _HF_ACT[act]
+    shape["tied_embeddings"] = bool(config.get("tie_word_embeddings", False))
+    shape["position_embedding"] = "learned" if "n_positions" in config else "rope"
+    kv = config.get("num_key_value_heads")
+    if kv is not None and kv != heads:
+        shape["num_kv_heads"] = int(kv)
+    head_dim = config.get("head_dim")
+    if head_dim is not None and head_dim * heads != h:
+        shape["head_dim"] = int(head_dim)
+    seq = seq_length or config.get("max_position_embeddings") or config.get("n_positions")
+    if seq is None:
+        raise SpecError("--seq-length", None, "the model gives no length: pass --seq-length N")
+    shape["seq_length"] = int(seq)
+    return shape
+
+
+def _model(model: str | None, model_text: str | None, seq_length: int | None) -> dict[str, Any]:
+    if model_text is not None:
+        try:
+            config = json.loads(model_text)
+        except ValueError as err:
+            raise SpecError("--model", model, f"not valid JSON: {err}") from None
+        return model_table(hf_model_shape(config, seq_length))
+    if model is None:
+        raise SpecError(
+            "--model", None, "DeepSpeed's config has no model: a preset or a config.json"
+        )
+    if model not in model_presets():
+        raise SpecError("--model", model, "a preset (aihpc presets) or a config.json path")
+    return {"preset": model, **({"seq_length": seq_length} if seq_length else {})}
+
+
+def _batch(j: _Json, num_gpus: int | None) -> tuple[int, int, int]:
+    """(global batch, micro-batch, world size): DeepSpeed's batch identity, any two given."""
+    gbs = j.get("train_batch_size")
+    mbs = j.get("train_micro_batch_size_per_gpu")
+    gas = j.get("gradient_accumulation_steps")
+    if gbs is not None and mbs is not None and num_gpus is None:
+        world = gbs // (mbs * (gas or 1))
+    elif num_gpus is not None:
+        world = num_gpus
+    else:
+        raise SpecError(
+            "--num-gpus", None, "the config does not fix the world size: pass --num-gpus N"
+        )
+    if mbs is None:
+        mbs = gbs // (world * (gas or 1))
+    gas = gas or 1 if gbs is None else gbs // (mbs * world)
+    if gbs is None:
+        gbs = mbs * gas * world
+    if mbs * gas * world != gbs or world < 1:
+        raise SpecError(
+            "train_batch_size",
+            gbs,
+            f"must equal micro-batch {mbs} x accumulation {gas} x world size {world}",
+        )
+    return int(gbs), int(mbs), int(world)
+
+
+def _precision(j: _Json) -> str:
+    if j.get("bf16.enabled", False):
+        return "bf16"
+    if j.get("fp16.enabled", False):
+        return "fp16"
+    raise SpecError(
+        "bf16.enabled",
+        False,
+        "DeepSpeed trains in fp32 without bf16 / fp16; aihpc prices bf16, fp16",
+    )
+
+
+def import_deepspeed(
+    text: str,
+    model: str | None = None,
+    model_text: str | None = None,
+    seq_length: int | None = None,
+    gpu: str = "h100-sxm",
+    num_gpus: int | None = None,
+    gpus_per_node: int | None = None,
+) -> Imported:
+    """A DeepSpeed config JSON and a model → run spec."""
+    try:
+        data = json.loads(text)
+    except ValueError as err:
+        raise SpecError("SOURCE", "DeepSpeed JSON", f"not valid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise SpecError("SOURCE", "DeepSpeed JSON", "expected a JSON object")
+    j = _Json(data)
+    notes: list[str] = []
+    gbs, mbs, world = _batch(j, num_gpus)
+    stage = as_int(j.get("zero_optimization.stage", 0), "zero_optimization.stage")
+    hpz = j.get("zero_optimization.zero_hpz_partition_size", 1)
+    parallel: dict[str, Any] = {
+        "tp": 1,
+        "pp": 1,
+        "cp": 1,
+        "dp": world,
+        "zero_stage": stage,
+        "micro_batch_size": mbs,
+        "global_batch_size": gbs,
+        "sequence_parallel": False,
+        "recompute": "full" if isinstance(j.get("activation_checkpointing"), dict) else "none",
+    }
+    if parallel["recompute"] == "full":
+        notes.append(
+            "activation_checkpointing present: priced as deepspeed.checkpointing of every layer"
+            " (full recompute); the model code decides what it wraps"
+        )
+        for key in (
+            "partition_activations",
+            "contiguous_memory_optimization",
+            "number_checkpoints",
+            "synchronize_checkpoint_boundary",
+            "profile",
+        ):
+            j.get(f"activation_checkpointing.{key}")
+    if stage == 3 and hpz and hpz > 1:
+        notes.append(f"ZeRO++ hpZ {hpz}: parameters gathered within groups of {hpz} (dp_shard)")
+    precision = _precision(j)
+    # engine.communication_data_type: the config's, else the training dtype
+    comm = j.get("communication_data_type") or precision
+    grad_dtype = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}.get(comm)
+    if grad_dtype is None:
+        raise SpecError("communication_data_type", comm, "allowed: fp32 | fp16 | bf16")
+    opt = j.get("optimizer.type", "AdamW")
+    opt_name = {"adamw": "adamw", "adam": "adam", "sgd": "sgd"}.get(str(opt).lower())
+    if opt_name is None:
+        raise SpecError("optimizer.type", opt, "aihpc prices AdamW | Adam | SGD")
+    if opt_name == "adam" and j.get("optimizer.params.adam_w_mode", True):
+        opt_name = "adamw"  # DeepSpeed's FusedAdam / Adam default to decoupled weight decay
+    betas = j.get("optimizer.params.betas", [0.9, 0.999])
+    lr = float(j.get("optimizer.params.lr", 1e-3))
+    training: dict[str, Any] = {
+        "precision": precision,
+        "optimizer": opt_name,
+        "grad_reduce_dtype": grad_dtype,
+        "grad_reduce_overlap": bool(j.get("zero_optimization.overlap_comm", stage == 3)),
+        "learning_rate": lr,
+        "weight_decay": float(j.get("optimizer.params.weight_decay", 0.01)),
+        "adam_beta1": float(betas[0]),
+        "adam_beta2": float(betas[1]),
+        "grad_clip": float(j.get("gradient_clipping", 0.0)),
+        "log_interval": as_int(j.get("steps_per_print", 10), "steps_per_print"),
+        **FIXED,
+    }
+    training.update(_scheduler(j, lr))
+    for key in ("eps", "adam_w_mode"):
+        j.get(f"optimizer.params.{key}")
+    for key in (
+        "train_batch_size",
+        "train_micro_batch_size_per_gpu",
+        "gradient_accumulation_steps",
+        "fp16.enabled",
+        "bf16.enabled",
+        "zero_optimization.zero_hpz_partition_size",
+    ):
+        j.get(key)
+    tables: dict[str, dict[str, Any]] = {
+        "model": _model(model, model_text, seq_length),
+        "cluster": cluster_table(gpu, world, gpus_per_node),
+        "parallel": parallel,
+        "training": training,
+    }
+    if stage == 3 and hpz and hpz > 1:
+        parallel["dp_shard"] = int(hpz)
+    return Imported(FRAMEWORK, tables, j.unread(), notes)
+
+
+def _scheduler(j: _Json, lr: float) -> dict[str, Any]:
+    kind = j.get("scheduler.type")
+    if kind is None:
+        return {"warmup_steps": 0, "min_lr_ratio": 1.0}  # constant learning rate
+    if kind != "WarmupCosineLR":
+        return {}  # other schedules are listed as not priced
+    total = j.get("scheduler.params.total_num_steps")
+    out = {
+        "warmup_steps": as_int(j.get("scheduler.params.warmup_num_steps", 0), "warmup_num_steps"),
+        "min_lr_ratio": float(j.get("scheduler.params.cos_min_ratio", 0.0001)),
+    }
+    if total is not None:
+        out["train_steps"] = as_int(total, "scheduler.params.total_num_steps")
+    j.get("scheduler.params.warmup_min_ratio")
+    return out
+
+
+def hf_config(spec: RunSpec) -> dict[str, Any]:
+    m = spec.model
+    out: dict[str, Any] = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": m.hidden_size,
+        "num_hidden_layers": m.num_layers,
+        "num_attention_heads": m.num_attention_heads,
+        "num_key_value_heads": m.kv_heads,
+        "intermediate_size": m.ffn_hidden_size,
+        "vocab_size": m.vocab_size,
+        "max_position_embeddings": m.seq_length,
+        "hidden_act": "silu" if m.ffn_activation == "swiglu" else m.ffn_activation,
+        "tie_word_embeddings": m.tied_embeddings,
+    }
+    if m.head_dim is not None:
+        out["head_dim"] = m.head_dim
+    return out
+
+
+def export_deepspeed(spec: RunSpec) -> tuple[str, str, list[str]]:
+    """(the DeepSpeed config JSON, the model as a HF config.json, fields not carried); a plan
+    plain DeepSpeed cannot run raises SpecError naming the field."""
+    m, p, t = spec.model, spec.plan(), spec.training
+    for name in ("tp", "pp", "cp", "ep"):
+        if getattr(p, name) > 1:
+            raise SpecError(
+                f"parallel.{name}",
+                getattr(p, name),
+                "DeepSpeed's engine is data parallel (ZeRO) only: 1",
+            )
+    if p.recompute in ("selective", "op"):
+        raise SpecError(
+            "parallel.recompute", p.recompute, "DeepSpeed checkpoints layers: none | full"
+        )
+    if p.offload_layers:
+        raise SpecError(
+            "parallel.offload_layers",
+            p.offload_layers,
+            "DeepSpeed offloads states, not activations: 0",
+        )
+    if m.is_moe:
+        raise SpecError(
+            "model.num_experts", m.num_experts, "DeepSpeed MoE layers live in the model code: 0"
+        )
+    if m.position_embedding == "learned":
+        raise SpecError(
+            "model.position_embedding", "learned", "the config.json written is Llama-style: rope"
+        )
+    if t.precision == "fp8":
+        raise SpecError("training.precision", "fp8", "DeepSpeed's config trains bf16 | fp16")
+    if p.dp_shard is not None and p.dp_shard != p.dp and p.zero_stage != 3:
+        raise SpecError("parallel.dp_shard", p.dp_shard, "DeepSpeed's hpZ groups need zero_stage 3")
+    zero: dict[str, Any] = {"stage": p.zero_stage, "overlap_comm": t.grad_reduce_overlap}
+    if p.zero_stage == 3 and p.dp_shard is not None and p.dp_shard != p.dp:
+        zero["zero_hpz_partition_size"] = p.dp_shard
+    data: dict[str, Any] = {
+        "train_batch_size": p.global_batch_size,
+        "train_micro_batch_size_per_gpu": p.micro_batch_size,
+        "gradient_accumulation_steps": p.num_microbatches,
+        "gradient_clipping": t.grad_clip,
+        "steps_per_print": t.log_interval,
+        "bf16": {"enabled": t.precision == "bf16"},
+        "fp16": {"enabled": t.precision == "fp16"},
+        "communication_data_type": t.grad_reduce_dtype,
+        "zero_optimization": zero,
+        "optimizer": {
+            "type": {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}[t.optimizer],
+            "params": {
+                "lr": t.learning_rate,
+                "betas": [t.adam_beta1, t.adam_beta2],
+                "weight_decay": t.weight_decay,
+                **({"adam_w_mode": False} if t.optimizer == "adam" else {}),
+            },
+        },
+        "scheduler": {
+            "type": "WarmupCosineLR",
+            "params": {
+                "total_num_steps": t.train_steps,
+                "warmup_num_steps": t.warmup_steps,
+                "cos_min_ratio": t.min_lr_ratio,
+            },
+        },
+    }
+    if t.optimizer == "sgd":
+        del data["optimizer"]["params"]["betas"]
+    if p.recompute == "full":
+        data["activation_checkpointing"] = {"partition_activations": False}
+    dropped = not_carried(spec, FIXED, FRAMEWORK)
+    defaults = TrainingSpec()
+    dropped += [
+        f"training.{k} = {getattr(t, k)!r} (DeepSpeed: the model code decides)"
+        for k in MODEL_CODE
+        if getattr(t, k) != getattr(defaults, k)
+    ]
+    if spec.checkpoint.interval_steps != CheckpointSpec().interval_steps:
+        dropped.append("checkpoint.interval_steps (DeepSpeed: the training script saves)")
+    return json.dumps(data, indent=2) + "\n", json.dumps(hf_config(spec), indent=2) + "\n", dropped

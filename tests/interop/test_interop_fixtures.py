@@ -1,0 +1,324 @@
+"""Importing the frameworks' own kind of config (fixtures written by us from their documented
+options): every field carried, every unpriced field named, and `aihpc estimate` runs on the
+result. Where the framework is installed, its own parser accepts what `aihpc export` writes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from aihpc.interop import (
+    export_deepspeed,
+    export_megatron,
+    export_torchtitan,
+    import_deepspeed,
+    import_megatron,
+    import_torchtitan,
+)
+from aihpc.interop.megatron import parse_flags
+from aihpc.interop.shell import command_tokens
+from aihpc.perf.estimate import estimate
+from aihpc.spec import load_runspec, runspec_from_dict
+
+DATA = Path(__file__).parent / "data"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_megatron_llama3_70b_script() -> None:
+    text = (DATA / "megatron_llama3_70b.sh").read_text()
+    imported = import_megatron(text)
+    spec = imported.spec()
+    # what the script says, read independently of the importer: its arrays and torchrun words
+    launcher, words = command_tokens(text, "pretrain_gpt.py")
+    flags = parse_flags(words)
+    assert launcher[0] == "torchrun" and flags["--num-layers"] == "80"
+    m, p, t = spec.model, spec.plan(), spec.training
+    assert spec.cluster.num_gpus == 64 * 8 and spec.cluster.gpus_per_node == 8
+    assert (m.num_layers, m.hidden_size, m.num_attention_heads, m.kv_heads) == (80, 8192, 64, 8)
+    assert (m.ffn_hidden_size, m.ffn_activation, m.seq_length) == (28672, "swiglu", 8192)
+    assert not m.tied_embeddings and m.position_embedding == "rope"
+    # the Llama 3 tokenizer's 128,256 entries, padded by Megatron to a multiple of 128 x tp 8
+    assert m.vocab_size == 129024 and m.name == "llama3-70b (modified)"
+    assert (p.tp, p.pp, p.cp, p.dp) == (8, 4, 1, 16)
+    assert p.vpp == 80 // (4 * 4)  # --num-layers-per-virtual-pipeline-stage 4
+    assert p.sequence_parallel and p.zero_stage == 1 and p.recompute == "none"
+    assert (p.micro_batch_size, p.global_batch_size) == (1, 512)
+    assert (t.precision, t.optimizer, t.learning_rate) == ("bf16", "adamw", 1.5e-4)
+    assert t.min_lr_ratio == pytest.approx(0.1) and t.warmup_steps == 2000
+    assert (t.adam_beta2, t.weight_decay, t.dropout) == (0.95, 0.1, 0.0)
+    assert t.cross_entropy == "fused" and t.grad_reduce_overlap and t.pipeline_split == "even"
+    assert t.train_steps == 500000 and t.log_interval == 10
+    assert spec.checkpoint.interval_steps == 1000
+    # every flag the script sets is either carried or named as not priced
+    unpriced = set(imported.unpriced)
+    assert unpriced == {
+        "--rotary-base", "--normalization", "--disable-bias-linear", "--overlap-param-gather",
+        "--data-path", "--split", "--eval-interval", "--eval-iters", "--save", "--load",
+    }  # fmt: skip
+    assert unpriced < set(flags)
+    assert estimate(spec).fits
+
+
+def test_torchtitan_llama3_tomls() -> None:
+    small = import_torchtitan((DATA / "torchtitan_llama3_8b.toml").read_text(), num_gpus=8)
+    spec = small.spec()
+    p = spec.plan()
+    assert spec.model.name == "llama3-8b" and spec.model.seq_length == 8192
+    assert (p.dp, p.zero_stage, p.recompute, p.micro_batch_size, p.global_batch_size) == (
+        8, 3, "op", 1, 8,
+    )  # fmt: skip
+    assert spec.training.fused_kernels and spec.training.cross_entropy == "fused"  # compile on
+    assert spec.training.learning_rate == 3e-4 and spec.training.warmup_steps == 200
+    assert "optimizer.eps" in small.unpriced and "training.dataset" in small.unpriced
+    assert "profiling.enable_profiling" in small.unpriced
+    assert estimate(spec).fits
+
+    big = import_torchtitan((DATA / "torchtitan_llama3_70b.toml").read_text())
+    spec = big.spec()
+    p = spec.plan()
+    assert spec.cluster.num_gpus == 64  # the TOML's degrees: shard 8 x tp 8
+    assert (p.tp, p.dp, p.sequence_parallel, p.zero_stage, p.recompute) == (8, 8, True, 3, "full")
+    assert (p.micro_batch_size, p.global_batch_size) == (8, 64)  # local batch x dp
+    assert spec.checkpoint.interval_steps == 500 and spec.checkpoint.async_save
+    assert not spec.training.fused_kernels and spec.training.cross_entropy == "eager"
+    estimate(spec)
+
+
+def test_deepspeed_zero3_json_with_hf_model() -> None:
+    imported = import_deepspeed(
+        (DATA / "deepspeed_zero3.json").read_text(),
+        model_text=(DATA / "llama3_8b_config.json").read_text(),
+    )
+    spec = imported.spec()
+    p, t = spec.plan(), spec.training
+    assert spec.model.name == "llama3-8b"  # the config.json's shape is the preset's
+    assert spec.cluster.num_gpus == 256 // (2 * 4)  # train_batch / (micro x accumulation)
+    assert (p.dp, p.zero_stage, p.micro_batch_size, p.global_batch_size) == (32, 3, 2, 256)
+    assert p.recompute == "full" and t.grad_reduce_overlap and t.grad_reduce_dtype == "bf16"
+    assert (t.learning_rate, t.warmup_steps, t.train_steps, t.min_lr_ratio) == (
+        2e-4, 500, 10000, 0.1,
+    )  # fmt: skip
+    assert t.log_interval == 50 and t.grad_clip == 1.0
+    assert "zero_optimization.stage3_prefetch_bucket_size" in imported.unpriced
+    assert "wall_clock_breakdown" in imported.unpriced
+    assert "optimizer.params.lr" not in imported.unpriced
+    estimate(spec)
+
+
+def test_cli_import_then_estimate(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    out = tmp_path / "imported.toml"
+    run = subprocess.run(
+        [sys.executable, "-m", "aihpc", "import", "megatron", str(DATA / "megatron_llama3_70b.sh"),
+         "-o", str(out)],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "warning: not priced (10 set in the source): --rotary-base" in run.stderr
+    assert load_runspec(out).plan().tp == 8
+    est = subprocess.run(
+        [sys.executable, "-m", "aihpc", "estimate", str(out), "--json"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert est.returncode == 0 and json.loads(est.stdout)["plan"]["vpp"] == 5
+    bad = subprocess.run(
+        [sys.executable, "-m", "aihpc", "export", str(out), "--to", "deepspeed"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == [
+        "error: parallel.tp = 8: DeepSpeed's engine is data parallel (ZeRO) only: 1"
+    ]
+
+
+# Megatron-LM ships no argument parser on PyPI (megatron-core holds megatron.core only; the
+# parser is megatron/training/arguments.py in the repository), so the flags aihpc writes are
+# checked against the names it documents: these were read from arguments.py and the config
+# dataclasses it exposes (TransformerConfig, ModelParallelConfig, training/config) at commit
+# d98e8a6 (Aug 2026).
+MEGATRON_FLAGS = {
+    "--num-layers",
+    "--hidden-size",
+    "--ffn-hidden-size",
+    "--num-attention-heads",
+    "--group-query-attention",
+    "--num-query-groups",
+    "--kv-channels",
+    "--seq-length",
+    "--max-position-embeddings",
+    "--swiglu",
+    "--squared-relu",
+    "--position-embedding-type",
+    "--untie-embeddings-and-output-weights",
+    "--normalization",
+    "--disable-bias-linear",
+    "--tokenizer-type",
+    "--vocab-size",
+    "--make-vocab-size-divisible-by",
+    "--num-experts",
+    "--moe-router-topk",
+    "--moe-ffn-hidden-size",
+    "--moe-shared-expert-intermediate-size",
+    "--moe-layer-freq",
+    "--tensor-model-parallel-size",
+    "--pipeline-model-parallel-size",
+    "--context-parallel-size",
+    "--num-virtual-stages-per-pipeline-rank",
+    "--expert-model-parallel-size",
+    "--sequence-parallel",
+    "--use-distributed-optimizer",
+    "--use-torch-fsdp2",
+    "--recompute-granularity",
+    "--recompute-method",
+    "--recompute-num-layers",
+    "--cpu-offloading",
+    "--cpu-offloading-num-layers",
+    "--micro-batch-size",
+    "--global-batch-size",
+    "--bf16",
+    "--fp16",
+    "--fp8-format",
+    "--accumulate-allreduce-grads-in-fp32",
+    "--grad-reduce-in-bf16",
+    "--use-precision-aware-optimizer",
+    "--exp-avg-dtype",
+    "--exp-avg-sq-dtype",
+    "--fp8-param-gather",
+    "--transformer-impl",
+    "--use-flash-attn",
+    "--cross-entropy-loss-fusion",
+    "--overlap-grad-reduce",
+    "--cp-comm-type",
+    "--hidden-dropout",
+    "--attention-dropout",
+    "--optimizer",
+    "--lr",
+    "--min-lr",
+    "--lr-decay-style",
+    "--lr-warmup-iters",
+    "--train-iters",
+    "--weight-decay",
+    "--adam-beta1",
+    "--adam-beta2",
+    "--clip-grad",
+    "--seed",
+    "--log-interval",
+    "--save-interval",
+    "--mock-data",
+}
+TORCHRUN_FLAGS = {"--nproc-per-node", "--nnodes", "--rdzv-backend", "--rdzv-endpoint"}
+
+
+@pytest.mark.parametrize(
+    ("parallel", "training"),
+    [
+        ({"tp": 8, "pp": 4, "vpp": 5, "global_batch_size": 512, "zero_stage": 1}, {}),
+        (
+            {"tp": 4, "pp": 2, "cp": 2, "global_batch_size": 512, "zero_stage": 3,
+             "recompute": "full", "offload_layers": 0},
+            {"precision": "fp8", "fp8_param_gather": True, "grad_reduce_dtype": "bf16",
+             "optimizer_dtype": "bf16", "attention": "flash2", "cp_exchange": "allgather"},
+        ),
+    ],
+)  # fmt: skip
+def test_megatron_export_uses_documented_flags(parallel: dict, training: dict) -> None:
+    spec = runspec_from_dict(
+        {
+            "model": {"preset": "llama3-70b"},
+            "cluster": {"gpu": "h100-sxm", "num_gpus": 1024},
+            "parallel": parallel,
+            "training": training,
+        }
+    )
+    script, _ = export_megatron(spec)
+    launcher, words = command_tokens(script, "pretrain_gpt.py")
+    assert set(parse_flags(words)) <= MEGATRON_FLAGS
+    assert set(parse_flags(launcher)) <= TORCHRUN_FLAGS
+    result = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
+    assert result.returncode == 0, result.stderr  # bash parses it
+
+
+def _framework_path() -> None:
+    """AIHPC_FRAMEWORKS_PATH: folders holding torchtitan 0.2.0 (+ tyro) and deepspeed, e.g.
+    from ``pip install --target DIR --no-deps torchtitan==0.2.0 tyro ... deepspeed``."""
+    for entry in os.environ.get("AIHPC_FRAMEWORKS_PATH", "").split(os.pathsep):
+        if entry and entry not in sys.path:
+            sys.path.append(entry)
+
+
+def _torchtitan_config_manager():
+    _framework_path()
+    if "torchtitan" not in sys.modules:
+        found = importlib.util.find_spec("torchtitan")
+        if found is None or importlib.util.find_spec("tyro") is None:
+            pytest.skip("torchtitan 0.2.0 and tyro are not installed (AIHPC_FRAMEWORKS_PATH)")
+        # torchtitan's package __init__ imports its models (tokenizers, datasets...): load only
+        # its config package, whose manager needs torch and tyro.
+        stub = types.ModuleType("torchtitan")
+        stub.__path__ = list(found.submodule_search_locations)
+        sys.modules["torchtitan"] = stub
+    from torchtitan.config.manager import ConfigManager  # type: ignore[import-not-found]
+
+    return ConfigManager
+
+
+@pytest.mark.parametrize("preset", ["llama3-8b", "llama3-70b"])
+def test_torchtitan_config_manager_reads_export(preset: str, tmp_path: Path) -> None:
+    manager = _torchtitan_config_manager()
+    spec = runspec_from_dict(
+        {
+            "model": {"preset": preset},
+            "cluster": {"gpu": "h100-sxm", "num_gpus": 256},
+            "parallel": {"tp": 8, "pp": 4, "vpp": 5 if preset == "llama3-70b" else 2,
+                         "global_batch_size": 256, "zero_stage": 3, "recompute": "op"},
+        }
+    )  # fmt: skip
+    text, _ = export_torchtitan(spec)
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    config = manager().parse_args([f"--job.config_file={path}"])
+    par = config.parallelism
+    p = spec.plan()
+    assert (par.tensor_parallel_degree, par.pipeline_parallel_degree) == (p.tp, p.pp)
+    assert par.data_parallel_shard_degree * par.data_parallel_replicate_degree == p.dp
+    assert config.model.flavor == {"llama3-8b": "8B", "llama3-70b": "70B"}[preset]
+    assert config.training.seq_len == spec.model.seq_length
+    assert config.training.global_batch_size == p.global_batch_size
+    assert config.activation_checkpoint.selective_ac_option == "op"
+    if preset == "llama3-70b":  # 20 stages of 80 layers: named module lists
+        assert len(par.module_fqns_per_model_part) == p.pp * p.vpp
+
+
+def test_deepspeed_config_class_reads_export() -> None:
+    _framework_path()
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("deepspeed is not installed (AIHPC_FRAMEWORKS_PATH)")
+    import deepspeed.runtime.config as ds_config  # type: ignore[import-not-found]
+
+    spec = runspec_from_dict(
+        {
+            "model": {"preset": "llama3-8b"},
+            "cluster": {"gpu": "h100-sxm", "num_gpus": 8},
+            "parallel": {"tp": 1, "pp": 1, "cp": 1, "global_batch_size": 64, "zero_stage": 3,
+                         "micro_batch_size": 2, "dp_shard": 4, "recompute": "full"},
+        }
+    )  # fmt: skip
+    text, _, _ = export_deepspeed(spec)
+    # DeepSpeedConfig takes the world size from the process group (none here) or an mpu
+    ds_config.dist.get_rank = lambda: 0
+    mpu = types.SimpleNamespace(get_data_parallel_world_size=lambda: 8)
+    config = ds_config.DeepSpeedConfig(json.loads(text), mpu=mpu)
+    assert (config.train_batch_size, config.train_micro_batch_size_per_gpu) == (64, 2)
+    assert config.gradient_accumulation_steps == 4 and config.zero_optimization_stage == 3
+    assert config.zero_config.zero_hpz_partition_size == 4 and config.zero_config.overlap_comm
+    assert config.optimizer_name == "adamw" and config.scheduler_name == "WarmupCosineLR"
+    assert re.search("float32", str(config.communication_data_type))

@@ -1,0 +1,239 @@
+"""Export → import reproduces the run spec, for every preset and a sample of searched plans, in
+each framework that can run the plan; a plan it cannot run is refused naming the field."""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+from typing import Any
+
+import pytest
+
+from aihpc.interop import deepspeed as ds
+from aihpc.interop import (
+    export_deepspeed,
+    export_megatron,
+    export_torchtitan,
+    import_deepspeed,
+    import_megatron,
+    import_torchtitan,
+    model_fields,
+)
+from aihpc.interop import megatron as mg
+from aihpc.interop import torchtitan as tt
+from aihpc.perf.estimate import estimate
+from aihpc.perf.search import search
+from aihpc.spec import RunSpec, SpecError, TrainingSpec, model_presets, runspec_from_dict
+
+BIG = {"gpt3-175b", "llama2-70b", "llama3-70b", "llama3-405b", "nemotron4-340b"}
+
+
+def _spec(preset: str, parallel: dict[str, Any], training: dict[str, Any]) -> RunSpec:
+    gpus = 256 if preset in BIG else 32
+    return runspec_from_dict(
+        {
+            "model": {"preset": preset},
+            "cluster": {"gpu": "h100-sxm", "num_gpus": gpus, "gpus_per_node": 8},
+            "parallel": parallel,
+            "training": training,
+        }
+    )
+
+
+def _searched(preset: str, parallel: dict[str, Any], training: dict[str, Any], ok) -> list[RunSpec]:
+    """The best few searched plans the framework can run, each as a complete run spec."""
+    base = _spec(preset, {"global_batch_size": 256, "micro_batch_size": 1, **parallel}, training)
+    plans = [e.plan for e in search(base, top=200).plans if ok(e.plan)][:3]
+    if not plans:  # none fits (405B with ZeRO-3 alone): the round trip of a plan that does not
+        return [replace(base, parallel=replace(base.parallel, recompute="full"))]
+    return [replace(base, parallel=type(base.parallel)(**_given(p))) for p in plans]
+
+
+def _given(plan: Any) -> dict[str, Any]:
+    out = {f.name: getattr(plan, f.name) for f in fields(plan)}
+    return out
+
+
+def _comparable(spec: RunSpec, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    c = spec.cluster
+    training = {
+        f.name: getattr(spec.training, f.name) for f in fields(spec.training) if f.name not in skip
+    }
+    plan = spec.plan().as_dict()
+    return {
+        "model": model_fields(spec.model),
+        "model_name": spec.model.name,
+        "cluster": (c.gpu.id, c.num_gpus, c.gpus_per_node),
+        "plan": plan,
+        "training": training,
+        "checkpoint": spec.checkpoint if "checkpoint" not in skip else None,
+    }
+
+
+def _check(original: RunSpec, back: RunSpec, fixed: dict[str, Any], skip=()) -> None:
+    skip = tuple(fixed) + tuple(skip)
+    assert _comparable(back, skip) == _comparable(original, skip)
+    for name, value in fixed.items():
+        assert getattr(back.training, name) == value, name
+    # and the planner prices them the same
+    assert estimate(back).step_time_s == pytest.approx(estimate(original).step_time_s, rel=1e-12)
+
+
+def _megatron_ok(p: Any) -> bool:
+    return (
+        p.zero_stage != 2
+        and p.recompute != "op"
+        and p.schedule != "zbv"
+        and (p.dp_shard is None or p.dp_shard == p.dp)
+    )
+
+
+@pytest.mark.parametrize("preset", sorted(model_presets()))
+def test_megatron_round_trip(preset: str) -> None:
+    specs = _searched(preset, {}, {"pipeline_split": "even"}, _megatron_ok)
+    for spec in specs:
+        if spec.model.vocab_size % spec.plan().tp:  # GPT-3's 50,257: Megatron would pad it
+            with pytest.raises(SpecError) as err:
+                export_megatron(spec)
+            assert err.value.field == "model.vocab_size"
+            padded = runspec_from_dict(
+                {
+                    "model": {"preset": preset, "vocab_size": 50304},
+                    "cluster": {"gpu": "h100-sxm", "num_gpus": 256},
+                }
+            )
+            spec = replace(spec, model=padded.model)
+        script, _ = export_megatron(spec)
+        back = import_megatron(script).spec()
+        # Megatron fixes these; its even split prices as the spec's when the layers divide
+        _check(spec, back, {k: v for k, v in mg.FIXED.items() if k != "pipeline_split"})
+
+
+def _titan_ok(p: Any) -> bool:
+    return (
+        p.zero_stage in (0, 2, 3)
+        and p.recompute != "selective"
+        and p.sequence_parallel == (p.tp > 1)
+        and p.offload_layers == 0
+    )
+
+
+@pytest.mark.parametrize("preset", sorted(model_presets()))
+def test_torchtitan_round_trip(preset: str) -> None:
+    training = {"attention": "flash2", "kv_repeat": True, "fused_kernels": False}
+    training["cross_entropy"] = "eager"
+    if not preset.startswith("llama3-"):
+        spec = _spec(preset, {"global_batch_size": 512, "zero_stage": 3}, training)
+        with pytest.raises(SpecError) as err:
+            export_torchtitan(spec)
+        assert err.value.field == "model" and "llama3 flavors" in str(err.value)
+        return
+    for spec in _searched(preset, {"zero_stage": 3}, training, _titan_ok):
+        text, dropped = export_torchtitan(spec)
+        assert dropped == []
+        back = import_torchtitan(text).spec()
+        _check(spec, back, tt.FIXED, skip=("seed",) if False else ())
+
+
+def _ds_ok(p: Any) -> bool:
+    return p.recompute in ("none", "full") and p.offload_layers == 0
+
+
+@pytest.mark.parametrize("preset", sorted(model_presets()))
+def test_deepspeed_round_trip(preset: str) -> None:
+    parallel = {"tp": 1, "pp": 1, "cp": 1, "sequence_parallel": False}
+    if preset in ("gpt3-175b",):  # learned positions: a Llama-style config.json cannot say it
+        with pytest.raises(SpecError) as err:
+            export_deepspeed(_spec(preset, {"global_batch_size": 1024, **parallel}, {}))
+        assert err.value.field == "model.position_embedding"
+        return
+    if preset in BIG:
+        parallel["zero_stage"] = 3
+    for spec in _searched(preset, parallel, {}, _ds_ok):
+        config, model_json, dropped = export_deepspeed(spec)
+        assert dropped == []
+        back = import_deepspeed(config, model_text=model_json).spec()
+        skip = ("seed",)  # nothing to compare: the spec's default either way
+        _check(spec, back, ds.FIXED, skip=(*skip, "checkpoint"))
+        by_name = import_deepspeed(config, model=preset).spec()
+        _check(spec, by_name, ds.FIXED, skip=(*skip, "checkpoint"))
+
+
+def test_refusals_are_one_line_naming_the_field() -> None:
+    spec = _spec("llama3-8b", {"tp": 4, "pp": 2, "global_batch_size": 64, "zero_stage": 2}, {})
+    cases = [
+        (export_megatron, spec, "parallel.zero_stage"),
+        (export_deepspeed, spec, "parallel.tp"),
+        (
+            export_torchtitan,
+            _spec("llama3-8b", {"tp": 2, "global_batch_size": 64, "zero_stage": 1}, {}),
+            "parallel.zero_stage",
+        ),
+        (
+            export_megatron,
+            _spec("llama3-405b", {"tp": 8, "pp": 8, "global_batch_size": 512}, {}),
+            "parallel.pp",  # 126 layers do not split evenly over 8 stages
+        ),
+    ]
+    for export, s, field in cases:
+        with pytest.raises(SpecError) as err:
+            export(s)
+        assert err.value.field == field
+        assert "\n" not in str(err.value)
+
+
+def test_training_defaults_differ_per_framework() -> None:
+    """An import with no training flags applies the framework's defaults, not aihpc's."""
+    assert TrainingSpec().adam_beta2 == 0.95
+    megatron = import_megatron(
+        "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 "
+        "--micro-batch-size 1 --vocab-size 256 --bf16 --lr 1e-3",
+        num_gpus=8,
+    ).spec()
+    assert megatron.training.adam_beta2 == 0.999  # Megatron's default
+    assert megatron.training.weight_decay == 0.01
+    assert megatron.training.dropout == 0.1
+    assert megatron.training.log_interval == 100
+    assert megatron.model.vocab_size == 256  # 256 is a multiple of 128 x tp 1
+    assert megatron.plan().global_batch_size == 8  # micro-batch x dp
+    titan = import_torchtitan('[model]\nname = "llama3"\nflavor = "8B"\n', num_gpus=8).spec()
+    assert titan.plan().micro_batch_size == 8 and titan.plan().global_batch_size == 64
+    assert titan.model.seq_length == 2048 and titan.training.learning_rate == 8e-4
+    assert titan.plan().recompute == "full"  # selective_ac_option "2", priced as full
+    assert titan.plan().zero_stage == 3  # FSDP over every rank left
+
+
+@pytest.mark.parametrize(
+    ("model", "parallel", "training"),
+    [
+        (  # a mixture of experts with a shared expert and a dense first layer
+            {"num_layers": 8, "hidden_size": 1024, "num_attention_heads": 16, "num_kv_heads": 4,
+             "ffn_hidden_size": 4096, "ffn_activation": "swiglu", "vocab_size": 32768,
+             "seq_length": 4096, "num_experts": 16, "moe_top_k": 2, "moe_ffn_hidden_size": 1024,
+             "num_shared_experts": 1, "first_dense_layers": 1},
+            {"tp": 2, "pp": 2, "ep": 4, "global_batch_size": 256, "zero_stage": 1,
+             "recompute": "selective"},
+            {"dropout": 0.1, "cross_entropy": "vocab_parallel", "grad_reduce_overlap": False},
+        ),
+        (  # FP8 with its options, context parallel with all-gather, FSDP2, full recompute
+            {"preset": "llama3-70b"},
+            {"tp": 4, "pp": 2, "cp": 2, "global_batch_size": 512, "zero_stage": 3,
+             "recompute": "full", "offload_layers": 0},
+            {"precision": "fp8", "fp8_param_gather": True, "grad_reduce_dtype": "bf16",
+             "optimizer_dtype": "bf16", "attention": "flash2", "cp_exchange": "allgather",
+             "learning_rate": 1e-4, "min_lr_ratio": 0.05, "warmup_steps": 7, "seed": 42},
+        ),
+    ],
+)  # fmt: skip
+def test_megatron_round_trip_of_every_option(model: dict, parallel: dict, training: dict) -> None:
+    spec = runspec_from_dict(
+        {
+            "model": model,
+            "cluster": {"gpu": "h100-sxm", "num_gpus": 256},
+            "parallel": parallel,
+            "training": {"pipeline_split": "even", **training},
+            "checkpoint": {"interval_steps": 250},
+        }
+    )
+    script, _ = export_megatron(spec)
+    back = import_megatron(script).spec()
+    _check(spec, back, {k: v for k, v in mg.FIXED.items() if k != "pipeline_split"})

@@ -1,0 +1,173 @@
+"""`aihpc launch --slurm` against a real Slurm (slurmctld + slurmd from Debian's slurm-wlm,
+started on this machine by tests/interop/slurm_cluster.py): a 2-rank job trains the tiny model;
+`scontrol requeue` makes the ranks checkpoint and the requeued job resumes from that checkpoint
+to the same final state as the uninterrupted job; `scancel` leaves every checkpoint intact."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import slurm_cluster
+
+from aihpc.resilience.manifest import committed_checkpoints, verify_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 24
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    why = slurm_cluster.available()
+    if why:
+        pytest.skip(why)
+    d = tmp_path_factory.mktemp("slurm")
+    env = slurm_cluster.start(d)
+    yield {
+        **os.environ,
+        **env,
+        "PYTHONPATH": str(ROOT / "src"),
+        "OMP_NUM_THREADS": "1",
+    }
+    subprocess.run(["scancel", "--user=root"], env={**os.environ, **env}, timeout=30)
+    slurm_cluster.stop(d)
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    text = (ROOT / "examples" / "tiny-train.toml").read_text()
+    for old, new in [
+        ("train_steps = 40", f"train_steps = {STEPS}"),
+        ("micro_batch_size = 4", "micro_batch_size = 2"),
+        ("global_batch_size = 16", "global_batch_size = 4"),
+        ("interval_steps = 10", "interval_steps = 5"),
+        ("keep_last = 2", "keep_last = 10"),
+    ]:
+        text = text.replace(old, new)
+    path = tmp_path_factory.mktemp("spec") / "tiny.toml"
+    path.write_text(text)
+    return path
+
+
+def _aihpc(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "aihpc", *args], env=env, capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+
+
+def _script(env: dict[str, str], spec: Path, run_dir: Path, port: int) -> Path:
+    done = _aihpc(env, "launch", str(spec), "--slurm", "--run-dir", str(run_dir), "--no-gpus",
+                  "--rdzv-port", str(port))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return run_dir / "job.sbatch"
+
+
+def _scontrol(env: dict[str, str], *args: str) -> str:
+    return subprocess.run(
+        ["scontrol", *args], env=env, capture_output=True, text=True, timeout=30, check=True
+    ).stdout
+
+
+def _state(env: dict[str, str], job: str) -> dict[str, str]:
+    out = _scontrol(env, "show", "job", "-o", job)
+    return dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
+
+
+def _wait(env: dict[str, str], job: str, states: set[str], timeout: float = 240) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        s = _state(env, job)
+        if s["JobState"] in states:
+            return s
+        time.sleep(0.5)
+    raise AssertionError(f"job {job} not in {states} after {timeout}s: {s['JobState']}")
+
+
+def _steps(run_dir: Path) -> int:
+    try:
+        return len((run_dir / "metrics.jsonl").read_text().splitlines())
+    except OSError:
+        return 0
+
+
+def _sbatch(env: dict[str, str], script: Path) -> str:
+    out = subprocess.run(["sbatch", "--parsable", str(script)], env=env, capture_output=True,
+                         text=True, timeout=30, check=True).stdout  # fmt: skip
+    return out.strip().split(";")[0]
+
+
+def _running_past(env: dict[str, str], job: str, run_dir: Path, steps: int) -> None:
+    deadline = time.monotonic() + 180
+    while _steps(run_dir) < steps and time.monotonic() < deadline:
+        assert _state(env, job)["JobState"] in ("PENDING", "RUNNING"), _state(env, job)
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def straight(slurm: dict[str, str], spec: Path, tmp_path_factory) -> dict:
+    """The uninterrupted job, submitted and followed by `aihpc launch --submit`."""
+    run_dir = tmp_path_factory.mktemp("straight")
+    done = _aihpc(slurm, "launch", str(spec), "--slurm", "--run-dir", str(run_dir), "--no-gpus",
+                  "--rdzv-port", str(slurm_cluster.free_port()), "--submit")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {"stderr": done.stderr, "summary": json.loads((run_dir / "summary.json").read_text())}
+
+
+def test_two_rank_job_trains(straight: dict) -> None:
+    summary = straight["summary"]
+    assert summary["world_size"] == 2 and summary["final_step"] == STEPS
+    lines = straight["stderr"].splitlines()
+    assert any(ln.startswith("submitted job ") for ln in lines)
+    assert any("RUNNING on localhost" in ln for ln in lines)  # followed: state
+    assert any(f"step {STEPS}/{STEPS}" in ln for ln in lines)  # followed: the log's tail
+    assert lines[-1].endswith("COMPLETED, exit code 0")
+
+
+def test_requeue_resumes_to_the_same_state(
+    slurm: dict[str, str], spec: Path, straight: dict, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "requeued"
+    job = _sbatch(slurm, _script(slurm, spec, run_dir, slurm_cluster.free_port()))
+    _running_past(slurm, job, run_dir, 7)
+    _scontrol(slurm, "requeue", job)
+    _wait(slurm, job, {"PENDING"})
+    # Slurm holds a requeued job back for two minutes (its BeginTime); start it now
+    _scontrol(slurm, "update", f"JobId={job}", "StartTime=now")
+    final = _wait(slurm, job, {"COMPLETED", "FAILED", "CANCELLED"})
+    assert final["JobState"] == "COMPLETED" and final["Restarts"] == "1"
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    stopped = {e["step"] for e in events if e["event"] == "preempted"}
+    assert len(stopped) == 1  # every rank stopped at the same step, on SIGTERM
+    step = stopped.pop()
+    assert all(e["signal"] == 15 for e in events if e["event"] == "preempted")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed_from_step"] == step >= 7
+    assert summary["state_sha256"] == straight["summary"]["state_sha256"]
+
+
+def test_cancel_leaves_checkpoints_intact(
+    slurm: dict[str, str], spec: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "cancelled"
+    job = _sbatch(slurm, _script(slurm, spec, run_dir, slurm_cluster.free_port()))
+    _running_past(slurm, job, run_dir, 7)
+    subprocess.run(["scancel", job], env=slurm, check=True, timeout=30)
+    final = _wait(slurm, job, {"CANCELLED", "COMPLETED", "FAILED"})
+    assert final["JobState"] == "CANCELLED"
+    committed, problems = committed_checkpoints(run_dir / "checkpoints")
+    assert not problems
+    steps = [c.step for c in committed]
+    assert 5 in steps and steps[-1] >= 7  # the interval's and the one SIGTERM asked for
+    for c in committed:
+        verify_checkpoint(c.path)  # every file's checksum as its manifest records it
+    assert "requeueing" not in (run_dir / f"slurm-{job}.log").read_text()
