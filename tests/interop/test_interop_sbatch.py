@@ -55,3 +55,29 @@ def test_rack_scale_nvlink_and_refusals(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as err:
         sbatch_script(_spec(), Path("p.toml"), SlurmOptions(tmp_path, signal_lead_s=0))
     assert err.value.field == "--signal-lead"
+
+
+def test_export_and_launch_answer_in_json(tmp_path: Path) -> None:
+    """`--json` for scripts: export gives the config text and what it did not carry, launch the
+    script it wrote (the same text the files hold)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from aihpc.cli import app
+
+    root = Path(__file__).resolve().parents[2]
+    spec = root / "examples" / "llama3-70b.toml"
+    out = tmp_path / "llama.sh"
+    r = CliRunner().invoke(app, ["export", str(spec), "--to", "megatron", "-o", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["framework"] == "megatron" and doc["output"] == str(out)
+    assert doc["config"] == out.read_text() and "--tensor-model-parallel-size 8" in doc["config"]
+    assert isinstance(doc["not_carried"], list)
+    run = tmp_path / "run"
+    r = CliRunner().invoke(app, ["launch", str(spec), "--slurm", "--run-dir", str(run), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc == {"script": str(run / "job.sbatch"), "run_dir": str(run), "job_id": None}
+    assert _directives((run / "job.sbatch").read_text())["nodes"] == str(1024 // 8)

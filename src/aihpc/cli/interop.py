@@ -112,6 +112,9 @@ def register(app: typer.Typer) -> None:
         model_out: Path | None = typer.Option(
             None, "--model-out", help="DeepSpeed: also write the model as a HF config.json."
         ),
+        as_json: bool = typer.Option(
+            False, "--json", help="Print one JSON object: the config text, notes, files written."
+        ),
     ) -> None:
         """Write the run spec's plan as a Megatron-LM launch script, a torchtitan job TOML or a
         DeepSpeed config JSON; a plan the framework cannot run is refused, naming the field."""
@@ -128,10 +131,21 @@ def register(app: typer.Typer) -> None:
             text, model_json, dropped = export_deepspeed(spec)
             if model_out is not None:
                 write_atomic(model_out, model_json, "--model-out")
+        if output is not None:
+            write_atomic(output, text, "--output")
+        if as_json:
+            print_json(
+                {
+                    "framework": to,
+                    "config": text,
+                    "not_carried": list(dropped),
+                    "output": str(output) if output is not None else None,
+                    "model_out": str(model_out) if to == "deepspeed" and model_out else None,
+                }
+            )
+            return
         if output is None:
             sys.stdout.write(text)
-        else:
-            write_atomic(output, text, "--output")
         if dropped:
             _warn("note: not carried: " + "; ".join(dropped))
         if output is not None:
@@ -166,6 +180,9 @@ def register_launch(app: typer.Typer) -> None:
         follow_timeout: float | None = typer.Option(
             None, "--follow-timeout", help="Stop following after this many seconds."
         ),
+        as_json: bool = typer.Option(
+            False, "--json", help="Print one JSON object at the end: script, job id, final state."
+        ),
     ) -> None:
         """Launch `aihpc train` for the run spec on a cluster: with --slurm, an sbatch script
         (nodes and ranks from the plan, srun + torchrun rendezvous, requeue with a final
@@ -198,7 +215,11 @@ def register_launch(app: typer.Typer) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         path = output or run_dir / "job.sbatch"
         write_atomic(path, script, "--output")
+        result: dict = {"script": str(path), "run_dir": str(run_dir), "job_id": None}
         if not submit:
+            if as_json:
+                print_json(result)
+                return
             _warn(f"sbatch script written to {path}; submit it with: sbatch {path}")
             return
         job_id = sbatch(path)
@@ -207,10 +228,13 @@ def register_launch(app: typer.Typer) -> None:
         last = follow_job(job_id, log, _warn, timeout_s=follow_timeout)
         if last is None:
             raise SpecError("--submit", job_id, "Slurm no longer knows the job")
+        code = last.exit_code or 0
+        result.update(job_id=job_id, state=last.state, final=last.final, exit_code=code)
+        if as_json:
+            print_json(result)
         if not last.final:
             _warn(f"job {job_id} still {last.state}; stopped following")
             return
-        code = last.exit_code or 0
         _warn(f"job {job_id} {last.state}, exit code {code}")
         if last.state != "COMPLETED" or code:
             raise typer.Exit(code or 1)
