@@ -194,12 +194,6 @@ def layer_flops(model: ModelSpec, tokens: float, seq: float, moe: bool = False) 
             proj=2 * tokens * a * dv * h,
             mlp=mlp,
         )
-    if moe:
-        ffn = model.expert_ffn_hidden_size
-        active = model.moe_top_k + model.num_shared_experts
-        mlp = 2 * tokens * active * mlp_params(model, ffn) + 2 * tokens * h * model.num_experts
-    else:
-        mlp = 2 * tokens * mlp_params(model, model.ffn_hidden_size)
     return LayerFlops(
         qkv=2 * tokens * h * (q + 2 * kv),
         attn_core=2 * 2 * tokens * seq * q,  # scores (s x s per head) and AV, full square
