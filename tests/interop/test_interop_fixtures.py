@@ -168,6 +168,29 @@ MEGATRON_FLAGS = {
     "--moe-ffn-hidden-size",
     "--moe-shared-expert-intermediate-size",
     "--moe-layer-freq",
+    # TransformerConfig / ModelParallelConfig fields (ArgumentGroupFactory) and _add_mla_args
+    # at d98e8a6
+    "--moe-expert-capacity-factor",
+    "--moe-router-num-groups",
+    "--moe-router-group-topk",
+    "--moe-router-score-function",
+    "--moe-router-topk-scaling-factor",
+    "--moe-router-enable-expert-bias",
+    "--moe-router-bias-update-rate",
+    "--moe-router-load-balancing-type",
+    "--moe-aux-loss-coeff",
+    "--moe-token-dispatcher-type",
+    "--moe-flex-dispatcher-backend",
+    "--multi-latent-attention",
+    "--q-lora-rank",
+    "--kv-lora-rank",
+    "--qk-head-dim",
+    "--qk-pos-emb-head-dim",
+    "--v-head-dim",
+    "--mtp-num-layers",
+    "--expert-tensor-parallel-size",
+    "--overlap-moe-expert-parallel-comm",
+    "--recompute-modules",
     "--tensor-model-parallel-size",
     "--pipeline-model-parallel-size",
     "--context-parallel-size",
@@ -244,6 +267,29 @@ def test_megatron_export_uses_documented_flags(parallel: dict, training: dict) -
     assert set(parse_flags(launcher)) <= TORCHRUN_FLAGS
     result = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
     assert result.returncode == 0, result.stderr  # bash parses it
+
+
+# Every MoE / MLA option aihpc carries to Megatron-LM, on a DeepSeek-V3-like model.
+MOE_EVERY_OPTION = {
+    "model": {"preset": "deepseek-v3", "moe_capacity_factor": 1.25,
+              "moe_router_score_function": "sigmoid", "moe_router_topk_scaling_factor": 2.5,
+              "moe_router_bias_update_rate": 0.001, "moe_aux_loss_coeff": 0.0001},
+    "cluster": {"gpu": "h100-sxm", "num_gpus": 256},
+    "parallel": {"tp": 2, "pp": 1, "ep": 8, "etp": 1, "global_batch_size": 256,
+                 "recompute": "selective", "recompute_modules": ["mla_up_proj", "moe_act"],
+                 "moe_a2a_overlap": "1f1b"},
+    "training": {"pipeline_split": "even", "moe_dispatcher": "hierarchical"},
+}  # fmt: skip
+
+
+def test_megatron_moe_export_uses_documented_flags() -> None:
+    script, _ = export_megatron(runspec_from_dict(MOE_EVERY_OPTION))
+    flags = parse_flags(command_tokens(script, "pretrain_gpt.py")[1])
+    assert set(flags) <= MEGATRON_FLAGS
+    assert flags["--recompute-modules"] == ["core_attn", "mla_up_proj", "moe_act"]
+    assert flags["--moe-token-dispatcher-type"] == "flex"
+    result = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
+    assert result.returncode == 0, result.stderr
 
 
 def _framework_path() -> None:

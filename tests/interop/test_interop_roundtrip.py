@@ -3,6 +3,7 @@ each framework that can run the plan; a plan it cannot run is refused naming the
 
 from __future__ import annotations
 
+import json
 from dataclasses import fields, replace
 from typing import Any
 
@@ -83,6 +84,7 @@ def _megatron_ok(p: Any) -> bool:
         p.zero_stage != 2
         and p.recompute != "op"
         and p.schedule != "zbv"
+        and p.moe_a2a_overlap != "dualpipe"
         and (p.dp_shard is None or p.dp_shard == p.dp)
     )
 
@@ -135,7 +137,13 @@ def test_torchtitan_round_trip(preset: str) -> None:
 
 
 def _ds_ok(p: Any) -> bool:
-    return p.recompute in ("none", "full") and p.offload_layers == 0
+    return (
+        p.recompute in ("none", "full")
+        and p.offload_layers == 0
+        and p.etp == 1
+        and p.moe_a2a_overlap == "none"
+        and not p.recompute_modules
+    )
 
 
 @pytest.mark.parametrize("preset", sorted(model_presets()))
@@ -148,6 +156,8 @@ def test_deepspeed_round_trip(preset: str) -> None:
         return
     if preset in BIG:
         parallel["zero_stage"] = 3
+    if model_presets()[preset].get("num_experts"):
+        parallel["ep"] = 1  # the plain engine has no expert parallelism
     for spec in _searched(preset, parallel, {}, _ds_ok):
         config, model_json, dropped = export_deepspeed(spec)
         assert dropped == []
@@ -179,6 +189,54 @@ def test_refusals_are_one_line_naming_the_field() -> None:
             export(s)
         assert err.value.field == field
         assert "\n" not in str(err.value)
+
+
+def test_moe_refusals_name_the_field() -> None:
+    """What Megatron-LM or the plain DeepSpeed engine cannot say about a mixture of experts is
+    refused naming the field, not dropped."""
+    moe = {"tp": 1, "pp": 1, "ep": 1, "global_batch_size": 256}
+    cases = [
+        (export_megatron, "mixtral-8x7b", {**moe, "ep": 8, "moe_a2a_overlap": "dualpipe"}, {},
+         {}, "parallel.moe_a2a_overlap"),
+        (export_megatron, "mixtral-8x7b", {**moe, "ep": 8}, {"moe_dispatch_dtype": "fp8"}, {},
+         "training.moe_dispatch_dtype"),
+        (export_deepspeed, "mixtral-8x7b", {**moe, "ep": 4}, {}, {}, "parallel.ep"),
+        (export_deepspeed, "mixtral-8x7b", {**moe, "moe_a2a_overlap": "1f1b"}, {}, {},
+         "parallel.moe_a2a_overlap"),
+        (export_deepspeed, "mixtral-8x7b", moe, {}, {"moe_capacity_factor": 1.0},
+         "model.moe_capacity_factor"),
+        (export_deepspeed, "deepseek-v3", moe, {}, {"moe_router_bias_update_rate": 0.001},
+         "model.moe_router_bias_update_rate"),
+    ]  # fmt: skip
+    for export, preset, parallel, training, model, field in cases:
+        spec = runspec_from_dict(
+            {
+                "model": {"preset": preset, **model},
+                "cluster": {"gpu": "h100-sxm", "num_gpus": 32},
+                "parallel": parallel,
+                "training": training,
+            }
+        )
+        with pytest.raises(SpecError) as err:
+            export(spec)
+        assert err.value.field == field
+        assert "\n" not in str(err.value)
+
+
+def test_deepspeed_model_json_carries_moe_and_mla() -> None:
+    """The config.json written for an MoE / MLA model uses the Hugging Face key names."""
+    spec = _spec("deepseek-v3", {"tp": 1, "pp": 1, "ep": 1, "global_batch_size": 256}, {})
+    _, model_json, _ = export_deepspeed(spec)
+    config = json.loads(model_json)
+    m = spec.model
+    assert config["model_type"] == "deepseek_v3"
+    assert config["n_routed_experts"] == m.num_experts
+    assert config["first_k_dense_replace"] == m.first_dense_layers
+    assert config["kv_lora_rank"] == m.kv_lora_rank and config["q_lora_rank"] == m.q_lora_rank
+    assert config["n_group"] == m.moe_router_groups
+    assert config["num_nextn_predict_layers"] == m.mtp_layers
+    _, mixtral, _ = export_deepspeed(_spec("mixtral-8x7b", {"ep": 1, "global_batch_size": 256}, {}))
+    assert json.loads(mixtral)["num_local_experts"] == 8
 
 
 def test_training_defaults_differ_per_framework() -> None:
@@ -213,6 +271,20 @@ def test_training_defaults_differ_per_framework() -> None:
             {"tp": 2, "pp": 2, "ep": 4, "global_batch_size": 256, "zero_stage": 1,
              "recompute": "selective"},
             {"dropout": 0.1, "cross_entropy": "vocab_parallel", "grad_reduce_overlap": False},
+        ),
+        (  # MLA, grouped sigmoid routing with expert bias, MTP, Llama 4's interleaved MoE
+            {"num_layers": 12, "hidden_size": 1024, "num_attention_heads": 16,
+             "ffn_hidden_size": 4096, "ffn_activation": "swiglu", "vocab_size": 32768,
+             "seq_length": 4096, "num_experts": 16, "moe_top_k": 4, "moe_ffn_hidden_size": 512,
+             "num_shared_experts": 1, "first_dense_layers": 1, "moe_layer_freq": 2,
+             "moe_capacity_factor": 1.25, "moe_router_groups": 4, "moe_router_group_topk": 2,
+             "q_lora_rank": 384, "kv_lora_rank": 128, "qk_nope_head_dim": 64,
+             "qk_rope_head_dim": 32, "v_head_dim": 64, "mtp_layers": 1,
+             "moe_router_score_function": "sigmoid", "moe_router_topk_scaling_factor": 2.5,
+             "moe_router_bias_update_rate": 0.001, "moe_aux_loss_coeff": 0.0001},
+            {"tp": 2, "pp": 2, "ep": 8, "etp": 2, "global_batch_size": 256,
+             "moe_a2a_overlap": "1f1b", "recompute_modules": ["mla_up_proj", "moe_act"]},
+            {"moe_dispatcher": "hierarchical"},
         ),
         (  # FP8 with its options, context parallel with all-gather, FSDP2, full recompute
             {"preset": "llama3-70b"},

@@ -7,8 +7,9 @@ train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size, any t
 (true at stage 3); gradient_clipping 0 (off); steps_per_print 10; fp16 / bf16 off (fp32
 training); gradients reduced in the training dtype unless communication_data_type says
 otherwise (``engine.communication_data_type``). Plain DeepSpeed is data parallel only
-(tp = pp = cp = 1). The model comes from ``--model``: a preset name or a Hugging Face
-``config.json`` (LlamaConfig-style keys).
+(tp = pp = cp = ep = 1). The model comes from ``--model``: a preset name or a Hugging Face
+``config.json`` (LlamaConfig-style keys; MixtralConfig / Qwen3MoeConfig / DeepseekV3Config keys
+for a mixture of experts, multi-latent attention and multi-token prediction).
 """
 
 from __future__ import annotations
@@ -111,7 +112,63 @@ def hf_model_shape(config: dict[str, Any], seq_length: int | None) -> dict[str, 
     if seq is None:
         raise SpecError("--seq-length", None, "the model gives no length: pass --seq-length N")
     shape["seq_length"] = int(seq)
+    shape.update(_hf_moe(config, shape["ffn_hidden_size"]))
+    if config.get("kv_lora_rank") is not None:  # DeepseekV3Config's multi-latent attention
+        for key, name in _HF_MLA.items():
+            if config.get(key) is not None:
+                shape[name] = int(config[key])
+    mtp = config.get("num_nextn_predict_layers") or 0
+    if mtp:
+        shape["mtp_layers"] = int(mtp)
     return shape
+
+
+# Hugging Face config.json keys of a mixture of experts → run-spec fields. The expert count is
+# num_local_experts (MixtralConfig), n_routed_experts (DeepseekV3Config) or num_experts
+# (Qwen3MoeConfig); the rest are DeepseekV3Config's (transformers v4.57, configuration_deepseek_v3
+# .py), with Llama 4's interleave_moe_layer_step / Qwen's decoder_sparse_step read as the MoE
+# layer frequency and Qwen2-MoE's shared_expert_intermediate_size as shared experts.
+_HF_EXPERTS = ("num_local_experts", "n_routed_experts", "num_experts")
+_HF_FREQ = ("moe_layer_freq", "interleave_moe_layer_step", "decoder_sparse_step")
+_HF_MLA = {
+    "q_lora_rank": "q_lora_rank",
+    "kv_lora_rank": "kv_lora_rank",
+    "qk_nope_head_dim": "qk_nope_head_dim",
+    "qk_rope_head_dim": "qk_rope_head_dim",
+    "v_head_dim": "v_head_dim",
+}
+
+
+def _hf_moe(config: dict[str, Any], ffn: int) -> dict[str, Any]:
+    experts = next((config[k] for k in _HF_EXPERTS if config.get(k)), 0)
+    if not experts:
+        return {}
+    moe_ffn = int(config.get("moe_intermediate_size") or ffn)
+    out: dict[str, Any] = {
+        "num_experts": int(experts),
+        "moe_top_k": int(config.get("num_experts_per_tok", 2)),
+        "first_dense_layers": int(config.get("first_k_dense_replace") or 0),
+        "moe_layer_freq": int(next((config[k] for k in _HF_FREQ if config.get(k)), 1)),
+        "num_shared_experts": int(config.get("n_shared_experts") or 0),
+        "moe_router_groups": int(config.get("n_group") or 0),
+        "moe_router_group_topk": int(config.get("topk_group") or 0),
+        "moe_router_score_function": str(config.get("scoring_func", "softmax")),
+        "moe_router_topk_scaling_factor": float(config.get("routed_scaling_factor") or 1.0),
+    }
+    if moe_ffn != ffn:
+        out["moe_ffn_hidden_size"] = moe_ffn
+    shared = int(config.get("shared_expert_intermediate_size") or 0)
+    if shared:
+        if shared % moe_ffn:
+            raise SpecError(
+                "--model shared_expert_intermediate_size",
+                shared,
+                f"a multiple of the expert FFN size {moe_ffn} (aihpc counts whole shared experts)",
+            )
+        out["num_shared_experts"] = shared // moe_ffn
+    if config.get("seq_aux", True) and config.get("aux_loss_alpha"):
+        out["moe_aux_loss_coeff"] = float(config["aux_loss_alpha"])
+    return out
 
 
 def _model(model: str | None, model_text: str | None, seq_length: int | None) -> dict[str, Any]:
@@ -300,6 +357,47 @@ def hf_config(spec: RunSpec) -> dict[str, Any]:
     }
     if m.head_dim is not None:
         out["head_dim"] = m.head_dim
+    if m.is_moe:
+        out.update(_hf_moe_config(m))
+    if m.is_mla:
+        out.update({key: getattr(m, name) for key, name in _HF_MLA.items()})
+    if m.mtp_layers:
+        out["num_nextn_predict_layers"] = m.mtp_layers
+    if m.is_mla or m.mtp_layers:
+        out["architectures"], out["model_type"] = ["DeepseekV3ForCausalLM"], "deepseek_v3"
+    return out
+
+
+def _hf_moe_config(m: Any) -> dict[str, Any]:
+    """The MoE keys of the config.json: MixtralConfig's when the experts are the FFN, else
+    Qwen3MoeConfig's or (shared experts, dense layers first, grouped routing, sigmoid scores)
+    DeepseekV3Config's key names."""
+    deepseek = bool(
+        m.num_shared_experts
+        or m.first_dense_layers
+        or m.moe_layer_freq != 1
+        or m.moe_router_groups
+        or m.moe_router_score_function != "softmax"
+        or m.moe_router_topk_scaling_factor != 1.0
+        or m.moe_aux_loss_coeff
+    )
+    out: dict[str, Any] = {"num_experts_per_tok": m.moe_top_k}
+    if deepseek:
+        out.update(architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3")
+        out.update(n_routed_experts=m.num_experts, moe_intermediate_size=m.expert_ffn_hidden_size)
+        out.update(n_shared_experts=m.num_shared_experts)
+        out.update(first_k_dense_replace=m.first_dense_layers, moe_layer_freq=m.moe_layer_freq)
+        out.update(n_group=m.moe_router_groups, topk_group=m.moe_router_group_topk)
+        out.update(scoring_func=m.moe_router_score_function)
+        out.update(routed_scaling_factor=m.moe_router_topk_scaling_factor)
+        if m.moe_aux_loss_coeff:
+            out.update(aux_loss_alpha=m.moe_aux_loss_coeff, seq_aux=True)
+    elif m.moe_ffn_hidden_size is not None and m.moe_ffn_hidden_size != m.ffn_hidden_size:
+        out.update(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe")
+        out.update(num_experts=m.num_experts, moe_intermediate_size=m.moe_ffn_hidden_size)
+    else:
+        out.update(architectures=["MixtralForCausalLM"], model_type="mixtral")
+        out["num_local_experts"] = m.num_experts
     return out
 
 
@@ -324,9 +422,28 @@ def export_deepspeed(spec: RunSpec) -> tuple[str, str, list[str]]:
             p.offload_layers,
             "DeepSpeed offloads states, not activations: 0",
         )
-    if m.is_moe:
+    if p.etp > 1:
+        raise SpecError("parallel.etp", p.etp, "DeepSpeed's engine is data parallel only: 1")
+    if p.moe_a2a_overlap != "none":
         raise SpecError(
-            "model.num_experts", m.num_experts, "DeepSpeed MoE layers live in the model code: 0"
+            "parallel.moe_a2a_overlap", p.moe_a2a_overlap, "DeepSpeed (ep = 1) has none: none"
+        )
+    if p.recompute_modules:
+        raise SpecError(
+            "parallel.recompute_modules",
+            list(p.recompute_modules),
+            "DeepSpeed checkpoints whole layers: []",
+        )
+    # MoE fields a config.json has no key for (no Hugging Face MoE config names them)
+    if m.moe_capacity_factor is not None:
+        raise SpecError(
+            "model.moe_capacity_factor", m.moe_capacity_factor, "a config.json says none: unset"
+        )
+    if m.moe_router_bias_update_rate:
+        raise SpecError(
+            "model.moe_router_bias_update_rate",
+            m.moe_router_bias_update_rate,
+            "a config.json says none: 0",
         )
     if m.position_embedding == "learned":
         raise SpecError(

@@ -3,9 +3,10 @@
 Flag names and defaults are Megatron-LM's at commit d98e8a6 (main, Aug 2026, after
 core_v0.15.0): ``megatron/training/arguments.py`` and the dataclass defaults it exposes from
 ``megatron/core/transformer/transformer_config.py`` and ``model_parallel_config.py``
-(hidden_dropout = attention_dropout = 0.1, moe_router_topk = 2, weight_decay 0.01, adam_beta2
-0.999, clip_grad 1.0, min_lr 0, make_vocab_size_divisible_by 128, position embeddings
-learned_absolute, no sequence parallel, no recompute, no distributed optimizer). The
+(hidden_dropout = attention_dropout = 0.1, moe_router_topk = 2, moe_token_dispatcher_type
+allgather, expert_tensor_parallel_size = tp, recompute_modules ["core_attn"], weight_decay
+0.01, adam_beta2 0.999, clip_grad 1.0, min_lr 0, make_vocab_size_divisible_by 128, position
+embeddings learned_absolute, no sequence parallel, no recompute, no distributed optimizer). The
 training-loop defaults read here (seed 1234, log_interval 100) are those of arguments.py since
 Megatron-LM v2 and unchanged through core_r0.12.0.
 """
@@ -28,6 +29,7 @@ from aihpc.interop._common import (
 )
 from aihpc.interop.shell import command_tokens, expand_script
 from aihpc.spec import RunSpec, SpecError
+from aihpc.spec.parallel import RECOMPUTE_MODULES
 
 __all__ = ["FIXED", "export_megatron", "import_megatron", "parse_flags"]
 
@@ -191,19 +193,161 @@ def _model(a: _Args, tp: int, notes: list[str], vocab_size: int | None) -> dict[
                 f"a multiple of the expert FFN size {moe_ffn} (aihpc counts whole shared experts)",
             )
         shape["num_shared_experts"] = shared // moe_ffn
-        shape["first_dense_layers"] = _first_dense(a.get("--moe-layer-freq", "1"))
+        first, freq = _layer_freq(a.get("--moe-layer-freq", "1"), shape["num_layers"])
+        shape["first_dense_layers"], shape["moe_layer_freq"] = first, freq
+        shape.update(_router(a))
+    else:
+        for name in _MOE_ONLY:
+            a.get(name)  # Megatron reads them only with --num-experts
+    shape.update(_mla(a))
+    shape["mtp_layers"] = a.int("--mtp-num-layers") or 0
     return shape
 
 
-def _first_dense(freq: str) -> int:
-    """``--moe-layer-freq``: 1 (every layer MoE) or ``([0]*k+[1]*m)`` (k dense layers first)."""
+# Flags Megatron-LM reads only for a mixture of experts (TransformerConfig's moe_* fields).
+_MOE_ONLY = (
+    "--moe-layer-freq",
+    "--moe-expert-capacity-factor",
+    "--moe-router-num-groups",
+    "--moe-router-group-topk",
+    "--moe-router-score-function",
+    "--moe-router-topk-scaling-factor",
+    "--moe-router-enable-expert-bias",
+    "--moe-router-bias-update-rate",
+    "--moe-router-load-balancing-type",
+    "--moe-aux-loss-coeff",
+)
+
+
+def _router(a: _Args) -> dict[str, Any]:
+    """The MoE router fields, with Megatron-LM's defaults (transformer_config.py at d98e8a6:
+    moe_expert_capacity_factor None, moe_router_num_groups / group_topk None,
+    moe_router_score_function "softmax", moe_router_topk_scaling_factor None,
+    moe_router_enable_expert_bias False with moe_router_bias_update_rate 1e-3; arguments.py
+    --moe-aux-loss-coeff 0.0)."""
+    score = a.get("--moe-router-score-function", "softmax")
+    if score not in ("softmax", "sigmoid"):
+        raise SpecError("--moe-router-score-function", score, "aihpc prices softmax | sigmoid")
+    rate = a.float("--moe-router-bias-update-rate", 1e-3)
+    coeff = a.get("--moe-aux-loss-coeff", "0")
+    coeffs = coeff if isinstance(coeff, list) else [coeff]
+    balance = a.get("--moe-router-load-balancing-type", "aux_loss")
+    if len(coeffs) != 1 or isinstance(balance, list):
+        raise SpecError("--moe-aux-loss-coeff", coeff, "aihpc prices one balance loss")
+    return {
+        "moe_capacity_factor": a.float("--moe-expert-capacity-factor"),
+        "moe_router_groups": a.int("--moe-router-num-groups") or 0,
+        "moe_router_group_topk": a.int("--moe-router-group-topk") or 0,
+        "moe_router_score_function": score,
+        "moe_router_topk_scaling_factor": a.float("--moe-router-topk-scaling-factor", 1.0),
+        "moe_router_bias_update_rate": rate if a.flag("--moe-router-enable-expert-bias") else 0.0,
+        # "none" balances nothing, whatever the coefficient
+        "moe_aux_loss_coeff": 0.0
+        if balance == "none"
+        else as_float(coeffs[0], "--moe-aux-loss-coeff"),
+    }
+
+
+def _mla(a: _Args) -> dict[str, Any]:
+    """Multi-latent attention, with arguments.py's defaults (_add_mla_args at d98e8a6:
+    --q-lora-rank None, --kv-lora-rank 32, --qk-head-dim 128, --qk-pos-emb-head-dim 64,
+    --v-head-dim 128). Megatron's qk_head_dim is the part of a query/key head without RoPE."""
+    names = ("--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim")
+    if not a.flag("--multi-latent-attention"):
+        for name in (*names, "--v-head-dim"):
+            a.get(name)  # read only with --multi-latent-attention
+        return {}
+    return {
+        "q_lora_rank": a.int("--q-lora-rank"),
+        "kv_lora_rank": a.int("--kv-lora-rank", 32),
+        "qk_nope_head_dim": a.int("--qk-head-dim", 128),
+        "qk_rope_head_dim": a.int("--qk-pos-emb-head-dim", 64),
+        "v_head_dim": a.int("--v-head-dim", 128),
+    }
+
+
+def _pattern(text: str) -> list[int]:
+    """A ``--moe-layer-freq`` list expression (``[0]*3+([1]+[0])*29``) → its list, read without
+    eval: terms ``[a,b,...]`` or ``(expr)``, each optionally ``*N``, joined by ``+``."""
+    tokens = re.findall(r"\d+|[][()*+,]", text)
+    if "".join(tokens) != text:
+        raise SpecError("--moe-layer-freq", text, "a list expression like ([0]*3+[1]*58)")
+    pos = 0
+
+    def take() -> str:
+        nonlocal pos
+        if pos >= len(tokens):
+            raise SpecError("--moe-layer-freq", text, "a list expression like ([0]*3+[1]*58)")
+        pos += 1
+        return tokens[pos - 1]
+
+    def expr() -> list[int]:
+        out = term()
+        while pos < len(tokens) and tokens[pos] == "+":
+            take()
+            out = out + term()
+        return out
+
+    def term() -> list[int]:
+        t = take()
+        if t == "(":
+            out = expr()
+            if take() != ")":
+                raise SpecError("--moe-layer-freq", text, "unbalanced parentheses")
+        elif t == "[":
+            out = []
+            while (t := take()) != "]":
+                if t != ",":
+                    out.append(as_int(t, "--moe-layer-freq"))
+        else:
+            raise SpecError("--moe-layer-freq", text, "a list expression like ([0]*3+[1]*58)")
+        if pos < len(tokens) and tokens[pos] == "*":
+            take()
+            out = out * as_int(take(), "--moe-layer-freq")
+        return out
+
+    out = expr()
+    if pos != len(tokens):
+        raise SpecError("--moe-layer-freq", text, "a list expression like ([0]*3+[1]*58)")
+    return out
+
+
+def _layer_freq(freq: Any, num_layers: int) -> tuple[int, int]:
+    """``--moe-layer-freq`` → (first_dense_layers, moe_layer_freq). Megatron reads an integer N
+    as "layer i is MoE when i % N == 0" and a list expression as the per-layer pattern
+    (arguments.py moe_freq_type); aihpc prices K dense layers, then one MoE layer in every F."""
     text = str(freq).replace(" ", "")
-    if text == "1":
-        return 0
-    m = re.fullmatch(r"\(?\[0\]\*(\d+)\+\[1\]\*(\d+)\)?", text)
-    if not m:
-        raise SpecError("--moe-layer-freq", freq, "aihpc prices 1 or ([0]*K+[1]*M)")
-    return int(m.group(1))
+    if text.isdigit():
+        n = as_int(text, "--moe-layer-freq")
+        layers = [1 if i % n == 0 else 0 for i in range(num_layers)]
+    else:
+        layers = _pattern(text)
+    if len(layers) != num_layers or set(layers) - {0, 1} or 1 not in layers:
+        raise SpecError(
+            "--moe-layer-freq", freq, f"a 0/1 pattern of num_layers {num_layers} with an MoE layer"
+        )
+    moe = [i for i, v in enumerate(layers) if v]
+    first = moe[0]
+    step = moe[1] - moe[0] if len(moe) > 1 else num_layers - first
+    regular = moe == list(range(first, num_layers, step))[: len(moe)]
+    if not regular or (num_layers - first) // step != len(moe):
+        raise SpecError(
+            "--moe-layer-freq", freq, "aihpc prices K dense layers, then one MoE layer in every F"
+        )
+    return first, step
+
+
+def _freq_pattern(num_layers: int, first: int, freq: int) -> str | None:
+    """The ``--moe-layer-freq`` for K dense layers then one MoE layer in every F (None: 1)."""
+    if first == 0 and freq == 1:
+        return None
+    if freq == 1:
+        return f"([0]*{first}+[1]*{num_layers - first})"
+    n, rest = divmod(num_layers - first, freq)
+    terms = [f"[0]*{first}"] if first else []
+    terms.append(f"([1]+[0]*{freq - 1})*{n}")
+    terms += [f"[0]*{rest}"] if rest else []
+    return "(" + "+".join(terms) + ")"
 
 
 def _vocab(a: _Args, tp: int, notes: list[str], given: int | None) -> int:
@@ -227,7 +371,7 @@ def _vocab(a: _Args, tp: int, notes: list[str], given: int | None) -> int:
     return padded
 
 
-def _parallel(a: _Args, num_layers: int, world: int) -> dict[str, Any]:
+def _parallel(a: _Args, num_layers: int, world: int, moe: bool = False) -> dict[str, Any]:
     tp = a.int("--tensor-model-parallel-size", 1)
     pp = a.int("--pipeline-model-parallel-size", 1)
     cp = a.int("--context-parallel-size", 1)
@@ -248,6 +392,17 @@ def _parallel(a: _Args, num_layers: int, world: int) -> dict[str, Any]:
     recompute = {None: "none", "selective": "selective", "full": "full"}.get(granularity)
     if recompute is None:
         raise SpecError("--recompute-granularity", granularity, "allowed: selective | full")
+    modules = a.get("--recompute-modules")
+    modules = [] if modules is None else modules if isinstance(modules, list) else [modules]
+    fine: list[str] = []
+    if recompute == "selective":  # transformer_config.py: recompute_modules default core_attn
+        modules = modules or ["core_attn"]
+        recompute = "selective" if "core_attn" in modules else "none"
+        fine = [m for m in modules if m != "core_attn"]
+        for m in fine:
+            if m not in RECOMPUTE_MODULES:
+                allowed = "aihpc prices core_attn | " + " | ".join(RECOMPUTE_MODULES)
+                raise SpecError("--recompute-modules", m, allowed)
     out = {
         "tp": tp,
         "pp": pp,
@@ -255,6 +410,10 @@ def _parallel(a: _Args, num_layers: int, world: int) -> dict[str, Any]:
         "cp": cp,
         "dp": dp,
         "ep": a.int("--expert-model-parallel-size", 1),
+        # arguments.py: expert_tensor_parallel_size defaults to tensor_model_parallel_size
+        "etp": a.int("--expert-tensor-parallel-size", tp) if moe else 1,
+        "moe_a2a_overlap": "1f1b" if a.flag("--overlap-moe-expert-parallel-comm") else "none",
+        "recompute_modules": fine,
         "sequence_parallel": a.flag("--sequence-parallel"),
         "zero_stage": zero,
         "recompute": recompute,
@@ -266,6 +425,26 @@ def _parallel(a: _Args, num_layers: int, world: int) -> dict[str, Any]:
         else 0,
     }
     return out
+
+
+def _dispatcher(a: _Args, notes: list[str]) -> str:
+    """--moe-token-dispatcher-type (transformer_config.py: default allgather; flex with
+    --moe-flex-dispatcher-backend deepep (default) | hybridep | ncclep) → aihpc's dispatcher."""
+    kind = a.get("--moe-token-dispatcher-type", "allgather")
+    backend = a.get("--moe-flex-dispatcher-backend", "deepep")
+    if kind == "flex":
+        if backend not in ("deepep", "hybridep"):
+            raise SpecError(
+                "--moe-flex-dispatcher-backend", backend, "aihpc prices deepep | hybridep"
+            )
+        return "hierarchical"
+    if kind == "allgather":
+        notes.append(
+            "--moe-token-dispatcher-type allgather (Megatron's default) priced as alltoall"
+        )
+    elif kind != "alltoall":
+        raise SpecError("--moe-token-dispatcher-type", kind, "allowed: allgather | alltoall | flex")
+    return "alltoall"
 
 
 def _precision(a: _Args) -> str:
@@ -382,8 +561,13 @@ def import_megatron(
         )
     tp = a.int("--tensor-model-parallel-size", 1) or 1
     shape = _model(a, tp, notes, vocab_size)
-    parallel = _parallel(a, shape["num_layers"], num_gpus)
+    parallel = _parallel(a, shape["num_layers"], num_gpus, bool(shape.get("num_experts")))
     training = _training(a, _precision(a), parallel["global_batch_size"], notes)
+    if shape.get("num_experts"):
+        training["moe_dispatcher"] = _dispatcher(a, notes)
+    else:
+        for name in ("--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend"):
+            a.get(name)
     tables: dict[str, dict[str, Any]] = {
         "model": model_table(shape),
         "cluster": cluster_table(gpu, num_gpus, gpus_per_node),
@@ -428,6 +612,19 @@ def export_megatron(spec: RunSpec, source: str = "") -> tuple[str, list[str]]:
         )
     if p.recompute == "op":
         raise SpecError("parallel.recompute", "op", "Megatron-LM runs none | selective | full")
+    if p.moe_a2a_overlap == "dualpipe":
+        raise SpecError(
+            "parallel.moe_a2a_overlap",
+            "dualpipe",
+            "Megatron-LM runs none | 1f1b (--overlap-moe-expert-parallel-comm)",
+        )
+    if t.moe_dispatch_dtype != "bf16" and m.is_moe:
+        raise SpecError(
+            "training.moe_dispatch_dtype",
+            t.moe_dispatch_dtype,
+            "Megatron-LM dispatches bf16 (its only 8-bit wire type is mxfp8, on the ncclep flex "
+            "backend)",
+        )
     if p.dp_shard is not None and p.dp_shard != p.dp:
         raise SpecError("parallel.dp_shard", p.dp_shard, f"Megatron-LM shards over all dp {p.dp}")
     if t.optimizer == "adam":
@@ -463,10 +660,23 @@ def export_megatron(spec: RunSpec, source: str = "") -> tuple[str, list[str]]:
         if m.num_shared_experts:
             size = m.num_shared_experts * m.expert_ffn_hidden_size
             args.append(("--moe-shared-expert-intermediate-size", size))
-        if m.first_dense_layers:
-            freq = f"([0]*{m.first_dense_layers}+[1]*{m.num_layers - m.first_dense_layers})"
+        freq = _freq_pattern(m.num_layers, m.first_dense_layers, m.moe_layer_freq)
+        if freq is not None:
             args.append(("--moe-layer-freq", freq))
-    args += _parallel_args(p)
+        args += _router_args(m)
+    if m.is_mla:
+        args.append(("--multi-latent-attention", None))
+        if m.q_lora_rank is not None:
+            args.append(("--q-lora-rank", m.q_lora_rank))
+        args += [
+            ("--kv-lora-rank", m.kv_lora_rank),
+            ("--qk-head-dim", m.qk_nope_head_dim),
+            ("--qk-pos-emb-head-dim", m.qk_rope_head_dim),
+            ("--v-head-dim", m.v_head_dim),
+        ]
+    if m.mtp_layers:
+        args.append(("--mtp-num-layers", m.mtp_layers))
+    args += _parallel_args(p, m.is_moe)
     args += _training_args(spec)
     body = " \\\n    ".join(_flag(k, v) for k, v in args)
     nodes, per_node = c.num_nodes, min(c.gpus_per_node, c.num_gpus)
@@ -487,7 +697,31 @@ def export_megatron(spec: RunSpec, source: str = "") -> tuple[str, list[str]]:
     return header + launch + body + " \\\n    --mock-data\n", not_carried(spec, fixed, FRAMEWORK)
 
 
-def _parallel_args(p: Any) -> list[tuple[str, Any]]:
+def _router_args(m: Any) -> list[tuple[str, Any]]:
+    """The MoE router flags whose value differs from Megatron-LM's default."""
+    args: list[tuple[str, Any]] = []
+    if m.moe_capacity_factor is not None:
+        args.append(("--moe-expert-capacity-factor", m.moe_capacity_factor))
+    if m.moe_router_groups:
+        args += [
+            ("--moe-router-num-groups", m.moe_router_groups),
+            ("--moe-router-group-topk", m.moe_router_group_topk),
+        ]
+    if m.moe_router_score_function != "softmax":
+        args.append(("--moe-router-score-function", m.moe_router_score_function))
+    if m.moe_router_topk_scaling_factor != 1.0:
+        args.append(("--moe-router-topk-scaling-factor", m.moe_router_topk_scaling_factor))
+    if m.moe_router_bias_update_rate:
+        args.append(("--moe-router-enable-expert-bias", None))
+        args.append(("--moe-router-bias-update-rate", m.moe_router_bias_update_rate))
+    if m.moe_aux_loss_coeff:
+        # aihpc's balance loss is sequence-wise (DeepSeek-V3's): Megatron's seq_aux_loss
+        args.append(("--moe-router-load-balancing-type", "seq_aux_loss"))
+        args.append(("--moe-aux-loss-coeff", m.moe_aux_loss_coeff))
+    return args
+
+
+def _parallel_args(p: Any, moe: bool = False) -> list[tuple[str, Any]]:
     args: list[tuple[str, Any]] = [
         ("--tensor-model-parallel-size", p.tp),
         ("--pipeline-model-parallel-size", p.pp),
@@ -497,6 +731,10 @@ def _parallel_args(p: Any) -> list[tuple[str, Any]]:
         args.append(("--num-virtual-stages-per-pipeline-rank", p.vpp))
     if p.ep > 1:
         args.append(("--expert-model-parallel-size", p.ep))
+    if moe:  # Megatron-LM defaults expert_tensor_parallel_size to tp (arguments.py)
+        args.append(("--expert-tensor-parallel-size", p.etp))
+    if p.moe_a2a_overlap == "1f1b":
+        args.append(("--overlap-moe-expert-parallel-comm", None))
     if p.sequence_parallel:
         args.append(("--sequence-parallel", None))
     if p.zero_stage == 1:
@@ -505,6 +743,11 @@ def _parallel_args(p: Any) -> list[tuple[str, Any]]:
         args.append(("--use-torch-fsdp2", None))
     if p.recompute in ("selective", "full"):
         args.append(("--recompute-granularity", p.recompute))
+    elif p.recompute_modules:  # fine-grained recompute without core attention's
+        args.append(("--recompute-granularity", "selective"))
+    if p.recompute_modules:  # Megatron's default list is ["core_attn"]: selective alone
+        core = ["core_attn"] if p.recompute == "selective" else []
+        args.append(("--recompute-modules", [*core, *p.recompute_modules]))
     if p.recompute == "full":
         args += [("--recompute-method", "uniform"), ("--recompute-num-layers", 1)]
     if p.offload_layers:
@@ -542,6 +785,11 @@ def _training_args(spec: RunSpec) -> list[tuple[str, Any]]:
         args.append(("--overlap-grad-reduce", None))
     if t.cp_exchange == "allgather":
         args.append(("--cp-comm-type", "all_gather"))
+    if spec.model.is_moe and t.moe_dispatcher == "hierarchical":
+        args += [("--moe-token-dispatcher-type", "flex")]
+        args += [("--moe-flex-dispatcher-backend", "deepep")]
+    elif spec.model.is_moe:
+        args.append(("--moe-token-dispatcher-type", "alltoall"))
     args += [
         ("--hidden-dropout", t.dropout),
         ("--attention-dropout", t.dropout),
@@ -563,4 +811,6 @@ def _training_args(spec: RunSpec) -> list[tuple[str, Any]]:
 
 
 def _flag(name: str, value: Any) -> str:
+    if isinstance(value, list):
+        return " ".join([name, *(shlex.quote(str(v)) for v in value)])
     return name if value is None else f"{name} {shlex.quote(str(value))}"
