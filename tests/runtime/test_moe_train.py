@@ -37,7 +37,9 @@ from aihpc.runtime.checks import check_plan
 from aihpc.runtime.distributed import free_port
 from aihpc.spec import SpecError, runspec_from_dict
 
-pytestmark = pytest.mark.slow
+# the module's fixture trains every plan in one torchrun (bounded by its own 600 s): the
+# first test that needs it waits for all of them, so the per-test bound is above that one
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 LOSS_RTOL = 2e-6
 PARAM_ATOL = 5e-5
