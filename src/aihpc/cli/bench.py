@@ -440,7 +440,6 @@ def register(app: typer.Typer) -> None:
         r"""Fit latency / bandwidth per collective and tier (and GEMM efficiency) into a TOML
         that a run spec names with \[cluster] calibration = "FILE"."""
         from aihpc.bench.calibrate import (
-            MAX_BUSBW_OVER_MEASURED,
             fit_to_calibration,
             load_measurements,
         )
@@ -472,84 +471,96 @@ def register(app: typer.Typer) -> None:
         write_atomic(Path(output), calibration_to_toml(cal, header))
         if local_spec is not None:
             _write_local_spec(local_spec, Path(output), device, nproc)
-        for r in reports:
-            if r.max_rel_error > _WARN_REL_ERROR:
-                err_console.print(
-                    f"warning: {r.collective}/{r.tier} fit misses a measured size by "
-                    f"{r.max_rel_error:.0%}; measure more sizes or try --regimes 4",
-                    highlight=False,
-                )
-            for i, fitted in r.capped:
-                err_console.print(
-                    f"warning: {r.collective}/{r.tier} regime {i + 1}: its sizes fit a busbw of "
-                    f"{fitted:.4g} GB/s, over {MAX_BUSBW_OVER_MEASURED:g}x the best measured "
-                    f"({r.best_measured_busbw_GBps:.4g} GB/s), which no link gives; written as "
-                    "the best measured (marked * below). Measure larger sizes in that regime.",
-                    highlight=False,
-                    soft_wrap=True,
-                )
-        summary = {
-            "output": output,
-            "comm": [
-                {
-                    "collective": r.collective,
-                    "tier": r.tier,
-                    "num_ranks": r.num_ranks,
-                    "num_points": r.num_points,
-                    "max_rel_error": r.max_rel_error,
-                    "single_regime_max_rel_error": r.single_regime_max_rel_error,
-                    "best_measured_busbw_GBps": r.best_measured_busbw_GBps,
-                    "regimes": [
-                        {
-                            "max_bytes": g.max_bytes,
-                            "latency_us": g.latency_us,
-                            "busbw_GBps": g.busbw_GBps,
-                            "fitted_busbw_GBps": dict(r.capped).get(i, g.busbw_GBps),
-                        }
-                        for i, g in enumerate(r.fit.regimes)
-                    ],
-                }
-                for r in reports
-            ],
-            "gemm": [
-                {"precision": p, "points": [list(x) for x in g.points]} for p, g in cal.gemm.items()
-            ],
-        }
-        if as_json:
-            print_json(summary)
-            return
-        from rich import box
+        _warn_fits(reports)
+        _report_calibration(output, cal, reports, as_json)
 
-        table = Table(
-            title=f"{output}: latency in us, busbw in GB/s", box=box.SIMPLE_HEAD, pad_edge=False
-        )
-        cols = ("collective", "tier", "n", "sizes", "latency", "busbw", "max err", "1-line")
-        for col in cols:
-            table.add_column(col, justify="right", no_wrap=True)
-        for r in reports:
-            prev = 0.0
-            for i, g in enumerate(r.fit.regimes):
-                span = (
-                    f"<= {_human(g.max_bytes)}"
-                    if g.max_bytes != float("inf")
-                    else (f"> {_human(prev)}")
-                )
-                first = i == 0
-                table.add_row(
-                    r.collective if first else "",
-                    r.tier if first else "",
-                    str(r.num_ranks) if first else "",
-                    span,
-                    f"{g.latency_us:.4g}",
-                    f"{g.busbw_GBps:.4g}" + ("*" if i in dict(r.capped) else ""),
-                    f"{r.max_rel_error:.1%}" if first else "",
-                    f"{r.single_regime_max_rel_error:.1%}" if first else "",
-                )
-                prev = g.max_bytes
-        console.print(table)
-        for p, g in cal.gemm.items():
-            console.print(
-                f"gemm {p}: {len(g.points)} points, "
-                f"{min(t for _, t in g.points):.3g} .. "
-                f"{max(t for _, t in g.points):.3g} TFLOP/s"
+
+def _warn_fits(reports: list) -> None:
+    """Fits that miss a measured size, and regimes capped at the best measured busbw."""
+    from aihpc.bench.calibrate import MAX_BUSBW_OVER_MEASURED
+
+    for r in reports:
+        if r.max_rel_error > _WARN_REL_ERROR:
+            err_console.print(
+                f"warning: {r.collective}/{r.tier} fit misses a measured size by "
+                f"{r.max_rel_error:.0%}; measure more sizes or try --regimes 4",
+                highlight=False,
             )
+        for i, fitted in r.capped:
+            err_console.print(
+                f"warning: {r.collective}/{r.tier} regime {i + 1}: its sizes fit a busbw of "
+                f"{fitted:.4g} GB/s, over {MAX_BUSBW_OVER_MEASURED:g}x the best measured "
+                f"({r.best_measured_busbw_GBps:.4g} GB/s), which no link gives; written as "
+                "the best measured (marked * below). Measure larger sizes in that regime.",
+                highlight=False,
+                soft_wrap=True,
+            )
+
+
+def _report_calibration(output: str, cal: Any, reports: list, as_json: bool) -> None:
+    """What `aihpc calibrate` fitted: one JSON object, or a table of regimes and the GEMM span."""
+    summary = {
+        "output": output,
+        "comm": [
+            {
+                "collective": r.collective,
+                "tier": r.tier,
+                "num_ranks": r.num_ranks,
+                "num_points": r.num_points,
+                "max_rel_error": r.max_rel_error,
+                "single_regime_max_rel_error": r.single_regime_max_rel_error,
+                "best_measured_busbw_GBps": r.best_measured_busbw_GBps,
+                "regimes": [
+                    {
+                        "max_bytes": g.max_bytes,
+                        "latency_us": g.latency_us,
+                        "busbw_GBps": g.busbw_GBps,
+                        "fitted_busbw_GBps": dict(r.capped).get(i, g.busbw_GBps),
+                    }
+                    for i, g in enumerate(r.fit.regimes)
+                ],
+            }
+            for r in reports
+        ],
+        "gemm": [
+            {"precision": p, "points": [list(x) for x in g.points]} for p, g in cal.gemm.items()
+        ],
+    }
+    if as_json:
+        print_json(summary)
+        return
+    from rich import box
+
+    table = Table(
+        title=f"{output}: latency in us, busbw in GB/s", box=box.SIMPLE_HEAD, pad_edge=False
+    )
+    cols = ("collective", "tier", "n", "sizes", "latency", "busbw", "max err", "1-line")
+    for col in cols:
+        table.add_column(col, justify="right", no_wrap=True)
+    for r in reports:
+        prev = 0.0
+        for i, g in enumerate(r.fit.regimes):
+            span = (
+                f"<= {_human(g.max_bytes)}"
+                if g.max_bytes != float("inf")
+                else (f"> {_human(prev)}")
+            )
+            first = i == 0
+            table.add_row(
+                r.collective if first else "",
+                r.tier if first else "",
+                str(r.num_ranks) if first else "",
+                span,
+                f"{g.latency_us:.4g}",
+                f"{g.busbw_GBps:.4g}" + ("*" if i in dict(r.capped) else ""),
+                f"{r.max_rel_error:.1%}" if first else "",
+                f"{r.single_regime_max_rel_error:.1%}" if first else "",
+            )
+            prev = g.max_bytes
+    console.print(table)
+    for p, g in cal.gemm.items():
+        console.print(
+            f"gemm {p}: {len(g.points)} points, "
+            f"{min(t for _, t in g.points):.3g} .. "
+            f"{max(t for _, t in g.points):.3g} TFLOP/s"
+        )
