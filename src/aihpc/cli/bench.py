@@ -204,6 +204,15 @@ def register(app: typer.Typer) -> None:
     )
     app.add_typer(bench_app, name="bench")
 
+    _register_comm(bench_app)
+    _register_gemm(bench_app)
+    from aihpc.cli import bench_moe
+
+    bench_moe.register(bench_app)
+    _register_calibrate(app)
+
+
+def _register_comm(bench_app: typer.Typer) -> None:
     @bench_app.command("comm")
     @guarded
     def comm(
@@ -276,6 +285,8 @@ def register(app: typer.Typer) -> None:
             group_layout(cfg, [r // (ranks_per_node or world) for r in range(world)])
         run_workers(_comm_worker, env, world, (cfg, as_json, timeout, output), "size(s)")
 
+
+def _register_gemm(bench_app: typer.Typer) -> None:
     @bench_app.command("gemm")
     @guarded
     def gemm(
@@ -336,72 +347,71 @@ def register(app: typer.Typer) -> None:
             )
         console.print(table)
 
-    from aihpc.cli import bench_moe
 
-    bench_moe.register(bench_app)
+def _local_spec_target(spec_path: str | None, local: bool, nproc: int) -> tuple | None:
+    """(the spec read, where its local copy goes), checked before anything is measured."""
+    if nproc < 1:
+        raise SpecError("--nproc", nproc, "must be at least 1")
+    if spec_path is None:
+        return None
+    if not local:
+        raise SpecError("--spec", spec_path, "only with --local")
+    from aihpc.spec import load_runspec
 
-    def _local_spec_target(spec_path: str | None, local: bool, nproc: int) -> tuple | None:
-        """(the spec read, where its local copy goes), checked before anything is measured."""
-        if nproc < 1:
-            raise SpecError("--nproc", nproc, "must be at least 1")
-        if spec_path is None:
-            return None
-        if not local:
-            raise SpecError("--spec", spec_path, "only with --local")
-        from aihpc.spec import load_runspec
+    load_runspec(spec_path)  # a bad spec is exit 2 before minutes of measuring
+    target = Path(Path(spec_path).stem + ".local.toml")  # in the current folder
+    check_output_path(target, "--spec")
+    return spec_path, target
 
-        load_runspec(spec_path)  # a bad spec is exit 2 before minutes of measuring
-        target = Path(Path(spec_path).stem + ".local.toml")  # in the current folder
-        check_output_path(target, "--spec")
-        return spec_path, target
 
-    def _measure_local(nproc: int) -> tuple[list, dict, dict]:
-        """This host's measurements as calibration points (GEMMs for fp32 and, as the CPU
-        runtime trains bf16 specs in fp32, for bf16 too) and its gpu_spec table."""
-        import tempfile
+def _measure_local(nproc: int) -> tuple[list, dict, dict]:
+    """This host's measurements as calibration points (GEMMs for fp32 and, as the CPU
+    runtime trains bf16 specs in fp32, for bf16 too) and its gpu_spec table."""
+    import tempfile
 
-        from aihpc.bench.calibrate import load_measurements
-        from aihpc.bench.local import local_gpu_spec, measure_local
+    from aihpc.bench.calibrate import load_measurements
+    from aihpc.bench.local import local_gpu_spec, measure_local
 
-        with err_console.status(f"measuring this host as {nproc} rank(s)"):
-            m = measure_local(nproc)
-        with tempfile.TemporaryDirectory(prefix="aihpc-local-") as tmp:
-            files = [Path(tmp) / "gemm.json"]
-            files[0].write_text(json.dumps(m.gemm))
-            if m.comm:
-                files.append(Path(tmp) / "comm.json")
-                files[-1].write_text(json.dumps(m.comm))
-            comm_pts, gemm_pts = load_measurements(
-                [str(f) for f in files], None, None, "out-of-place"
-            )
-        if "fp32" in gemm_pts:
-            gemm_pts.setdefault("bf16", list(gemm_pts["fp32"]))
-        return comm_pts, gemm_pts, local_gpu_spec(m)
+    with err_console.status(f"measuring this host as {nproc} rank(s)"):
+        m = measure_local(nproc)
+    with tempfile.TemporaryDirectory(prefix="aihpc-local-") as tmp:
+        files = [Path(tmp) / "gemm.json"]
+        files[0].write_text(json.dumps(m.gemm))
+        if m.comm:
+            files.append(Path(tmp) / "comm.json")
+            files[-1].write_text(json.dumps(m.comm))
+        comm_pts, gemm_pts = load_measurements([str(f) for f in files], None, None, "out-of-place")
+    if "fp32" in gemm_pts:
+        gemm_pts.setdefault("bf16", list(gemm_pts["fp32"]))
+    return comm_pts, gemm_pts, local_gpu_spec(m)
 
-    def _write_local_spec(target: tuple, calibration: Path, device: dict, nproc: int) -> None:
-        import os
-        import tomllib
 
-        from aihpc.spec.tomlw import dumps_toml
+def _write_local_spec(target: tuple, calibration: Path, device: dict, nproc: int) -> None:
+    import os
+    import tomllib
 
-        spec_path, out = target
-        data = tomllib.loads(Path(spec_path).read_text())
-        cluster = data.setdefault("cluster", {})
-        for key in ("gpu", "gpu_spec", "num_gpus", "gpus_per_node", "scale_up_domain"):
-            cluster.pop(key, None)
-        cluster.update(
-            num_gpus=nproc,
-            gpus_per_node=nproc,
-            calibration=os.path.relpath(calibration.resolve(), out.resolve().parent),
-            gpu_spec=device,
-        )
-        header = (
-            f"{spec_path} on this host as {nproc} rank(s): [cluster] written by "
-            "`aihpc calibrate --local`"
-        )
-        write_atomic(out, dumps_toml(data, header))
-        err_console.print(f"wrote {out}: {spec_path} priced on this host", highlight=False)
+    from aihpc.spec.tomlw import dumps_toml
 
+    spec_path, out = target
+    data = tomllib.loads(Path(spec_path).read_text())
+    cluster = data.setdefault("cluster", {})
+    for key in ("gpu", "gpu_spec", "num_gpus", "gpus_per_node", "scale_up_domain"):
+        cluster.pop(key, None)
+    cluster.update(
+        num_gpus=nproc,
+        gpus_per_node=nproc,
+        calibration=os.path.relpath(calibration.resolve(), out.resolve().parent),
+        gpu_spec=device,
+    )
+    header = (
+        f"{spec_path} on this host as {nproc} rank(s): [cluster] written by "
+        "`aihpc calibrate --local`"
+    )
+    write_atomic(out, dumps_toml(data, header))
+    err_console.print(f"wrote {out}: {spec_path} priced on this host", highlight=False)
+
+
+def _register_calibrate(app: typer.Typer) -> None:
     @app.command("calibrate")
     @guarded
     def calibrate(
