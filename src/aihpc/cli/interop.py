@@ -33,6 +33,11 @@ def _warn(line: str) -> None:
 
 
 def register(app: typer.Typer) -> None:
+    _register_import(app)
+    _register_export(app)
+
+
+def _register_import(app: typer.Typer) -> None:
     @app.command("import")
     @guarded
     def import_(
@@ -103,6 +108,8 @@ def register(app: typer.Typer) -> None:
             if output is not None:
                 _warn(f"run spec written to {output}")
 
+
+def _register_export(app: typer.Typer) -> None:
     @app.command("export")
     @guarded
     def export(
@@ -187,18 +194,12 @@ def register_launch(app: typer.Typer) -> None:
         """Launch `aihpc train` for the run spec on a cluster: with --slurm, an sbatch script
         (nodes and ranks from the plan, srun + torchrun rendezvous, requeue with a final
         checkpoint on SIGUSR1 / SIGTERM); --submit submits it and follows the job."""
-        from aihpc.interop.slurm import SlurmOptions, follow_job, sbatch_script
+        from aihpc.interop.slurm import SlurmOptions, sbatch_script
         from aihpc.interop.slurm import submit as sbatch
 
         if not slurm:
             raise SpecError("--slurm", False, "required: the only launcher `aihpc launch` writes")
         spec = load_runspec(runspec)
-        pairs = []
-        for item in env or []:
-            name, eq, value = item.partition("=")
-            if not eq or not name.isidentifier():
-                raise SpecError("--env", item, "NAME=VALUE")
-            pairs.append((name, value))
         opts = SlurmOptions(
             run_dir=run_dir,
             job_name=f"aihpc-{runspec.stem}",
@@ -208,7 +209,7 @@ def register_launch(app: typer.Typer) -> None:
             exclude=tuple(exclude or ()),
             signal_lead_s=signal_lead,
             gpus=gpus,
-            env=tuple(pairs),
+            env=_env_pairs(env),
             rdzv_port=rdzv_port,
         )
         script = sbatch_script(spec, runspec, opts)
@@ -222,19 +223,38 @@ def register_launch(app: typer.Typer) -> None:
                 return
             _warn(f"sbatch script written to {path}; submit it with: sbatch {path}")
             return
-        job_id = sbatch(path)
-        _warn(f"submitted job {job_id}; log {run_dir.resolve()}/slurm-{job_id}.log")
-        log = run_dir.resolve() / f"slurm-{job_id}.log"
-        last = follow_job(job_id, log, _warn, timeout_s=follow_timeout)
-        if last is None:
-            raise SpecError("--submit", job_id, "Slurm no longer knows the job")
-        code = last.exit_code or 0
-        result.update(job_id=job_id, state=last.state, final=last.final, exit_code=code)
-        if as_json:
-            print_json(result)
-        if not last.final:
-            _warn(f"job {job_id} still {last.state}; stopped following")
-            return
-        _warn(f"job {job_id} {last.state}, exit code {code}")
-        if last.state != "COMPLETED" or code:
-            raise typer.Exit(code or 1)
+        _submit_and_follow(sbatch(path), run_dir, result, follow_timeout, as_json)
+
+
+def _env_pairs(env: list[str] | None) -> tuple[tuple[str, str], ...]:
+    """``--env NAME=VALUE`` options as pairs; anything else is one line naming it."""
+    pairs = []
+    for item in env or []:
+        name, eq, value = item.partition("=")
+        if not eq or not name.isidentifier():
+            raise SpecError("--env", item, "NAME=VALUE")
+        pairs.append((name, value))
+    return tuple(pairs)
+
+
+def _submit_and_follow(
+    job_id: str, run_dir: Path, result: dict, follow_timeout: float | None, as_json: bool
+) -> None:
+    """Follow a submitted job (state, log, exit); exit with the job's code when it failed."""
+    from aihpc.interop.slurm import follow_job
+
+    _warn(f"submitted job {job_id}; log {run_dir.resolve()}/slurm-{job_id}.log")
+    log = run_dir.resolve() / f"slurm-{job_id}.log"
+    last = follow_job(job_id, log, _warn, timeout_s=follow_timeout)
+    if last is None:
+        raise SpecError("--submit", job_id, "Slurm no longer knows the job")
+    code = last.exit_code or 0
+    result.update(job_id=job_id, state=last.state, final=last.final, exit_code=code)
+    if as_json:
+        print_json(result)
+    if not last.final:
+        _warn(f"job {job_id} still {last.state}; stopped following")
+        return
+    _warn(f"job {job_id} {last.state}, exit code {code}")
+    if last.state != "COMPLETED" or code:
+        raise typer.Exit(code or 1)
