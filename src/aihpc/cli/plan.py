@@ -175,6 +175,12 @@ def render_estimate(spec: RunSpec, est: Estimate, use: CalibrationUse | None = N
 
 
 def register(app: typer.Typer) -> None:
+    _register_estimate(app)
+    _register_search(app)
+    _register_validate(app)
+
+
+def _register_estimate(app: typer.Typer) -> None:
     @app.command()
     @guarded
     def estimate(
@@ -214,6 +220,8 @@ def register(app: typer.Typer) -> None:
         if not est.fits:
             raise typer.Exit(1)
 
+
+def _register_search(app: typer.Typer) -> None:
     @app.command()
     @guarded
     def search(
@@ -375,6 +383,8 @@ def register(app: typer.Typer) -> None:
                 reasons = ", ".join(f"{k} ({v})" for k, v in result.invalid_reasons.most_common())
                 console.print(f"Combinations skipped by divisibility rules: {reasons}")
 
+
+def _register_validate(app: typer.Typer) -> None:
     @app.command()
     @guarded
     def validate(
