@@ -11,6 +11,7 @@ import subprocess
 import sys
 import types
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -28,7 +29,7 @@ from aihpc.interop import (
 from aihpc.interop.megatron import parse_flags
 from aihpc.interop.shell import command_tokens
 from aihpc.perf.estimate import estimate
-from aihpc.spec import load_runspec, runspec_from_dict
+from aihpc.spec import SpecError, load_runspec, runspec_from_dict
 
 DATA = Path(__file__).parent / "data"
 T = TypeVar("T")
@@ -333,7 +334,7 @@ def test_torchtitan_config_manager_reads_export(preset: str, tmp_path: Path) -> 
         assert len(par.module_fqns_per_model_part) == p.pp * p.vpp
 
 
-def test_deepspeed_config_class_reads_export() -> None:
+def test_deepspeed_config_class_reads_export(monkeypatch: pytest.MonkeyPatch) -> None:
     ds_config = _framework(frameworks.deepspeed_config)
     spec = runspec_from_dict(
         {
@@ -345,7 +346,7 @@ def test_deepspeed_config_class_reads_export() -> None:
     )  # fmt: skip
     text, _, _ = export_deepspeed(spec)
     # DeepSpeedConfig takes the world size from the process group (none here) or an mpu
-    ds_config.dist.get_rank = lambda: 0
+    monkeypatch.setattr(ds_config.dist, "get_rank", lambda: 0)
     mpu = types.SimpleNamespace(get_data_parallel_world_size=lambda: 8)
     config = ds_config.DeepSpeedConfig(json.loads(text), mpu=mpu)
     assert (config.train_batch_size, config.train_micro_batch_size_per_gpu) == (64, 2)
@@ -353,3 +354,42 @@ def test_deepspeed_config_class_reads_export() -> None:
     assert config.zero_config.zero_hpz_partition_size == 4 and config.zero_config.overlap_comm
     assert config.optimizer_name == "adamw" and config.scheduler_name == "WarmupCosineLR"
     assert re.search("float32", str(config.communication_data_type))
+
+
+def test_deepspeed_scheduler_runs_the_run_specs_schedule() -> None:
+    """DeepSpeed's own WarmupCosineLR, built from the exported params as its engine builds it,
+    follows the run spec's schedule (aihpc.runtime.train.lr_lambda): linear warmup, cosine decay
+    to min_lr_ratio; a warmup DeepSpeed cannot run is refused naming the field."""
+    _framework(frameworks.deepspeed_config)
+    import torch
+    from deepspeed.runtime.lr_schedules import WarmupCosineLR  # type: ignore[import-not-found]
+
+    from aihpc.runtime.train import lr_lambda
+
+    spec = runspec_from_dict(
+        {
+            "model": {"preset": "llama3-8b"},
+            "cluster": {"gpu": "h100-sxm", "num_gpus": 8},
+            "parallel": {"tp": 1, "pp": 1, "cp": 1, "global_batch_size": 64},
+            "training": {"train_steps": 60, "warmup_steps": 8, "min_lr_ratio": 0.1},
+        }
+    )
+    config = json.loads(export_deepspeed(spec)[0])
+    opt = config["optimizer"]
+    assert opt["type"] == "AdamW"
+    optimizer = torch.optim.AdamW([torch.zeros(1, requires_grad=True)], **opt["params"])
+    scheduler = WarmupCosineLR(optimizer, **config["scheduler"]["params"])
+    t, factor = spec.training, lr_lambda(spec.training)
+    for i in range(t.train_steps + 5):
+        scheduler.step(i)
+        # DeepSpeed's linear warmup counts from 0 (i / warmup at iteration i), aihpc's from 1
+        want = factor(i - 1) if i < t.warmup_steps else factor(i)
+        assert scheduler.get_last_lr()[0] == pytest.approx(t.learning_rate * want, rel=1e-9), i
+    no_warmup = replace(spec, training=replace(spec.training, warmup_steps=0))
+    with pytest.raises(SpecError) as err:
+        export_deepspeed(no_warmup)
+    assert err.value.field == "training.warmup_steps"
+    constant = replace(spec, training=replace(spec.training, warmup_steps=0, min_lr_ratio=1.0))
+    text, _, dropped = export_deepspeed(constant)
+    assert "scheduler" not in json.loads(text)
+    assert any(d.startswith("training.train_steps") for d in dropped)  # 60, not the default
