@@ -334,6 +334,38 @@ def test_torchtitan_config_manager_reads_export(preset: str, tmp_path: Path) -> 
         assert len(par.module_fqns_per_model_part) == p.pp * p.vpp
 
 
+def test_torchtitan_scheduler_runs_the_run_specs_schedule(tmp_path: Path) -> None:
+    """torchtitan's own build_lr_schedulers, from the config its ConfigManager reads out of the
+    export, follows the run spec's schedule (aihpc.runtime.train.lr_lambda)."""
+    manager = _framework(frameworks.torchtitan_config_manager)
+    import torch
+    from torchtitan.components.lr_scheduler import build_lr_schedulers  # type: ignore
+
+    from aihpc.runtime.train import lr_lambda
+
+    spec = runspec_from_dict(
+        {
+            "model": {"preset": "llama3-8b"},
+            "cluster": {"gpu": "h100-sxm", "num_gpus": 8},
+            "parallel": {"tp": 1, "pp": 1, "global_batch_size": 64, "zero_stage": 3},
+            "training": {"train_steps": 60, "warmup_steps": 8, "min_lr_ratio": 0.1},
+        }
+    )
+    path = tmp_path / "job.toml"
+    path.write_text(export_torchtitan(spec)[0])
+    config = manager().parse_args([f"--job.config_file={path}"])
+    optimizer = torch.optim.AdamW([torch.zeros(1, requires_grad=True)], lr=config.optimizer.lr)
+    (scheduler,) = build_lr_schedulers([optimizer], config.lr_scheduler, config.training.steps)
+    t, factor = spec.training, lr_lambda(spec.training)
+    for i in range(t.train_steps + 1):  # past its steps torchtitan's cosine rises again
+        # torchtitan holds the peak for one step after warmup (its stable_steps = 1), so its
+        # decay runs one step behind aihpc's
+        want = factor(i) if i < t.warmup_steps else factor(i - 1)
+        assert scheduler.get_last_lr()[0] == pytest.approx(t.learning_rate * want, rel=1e-9), i
+        optimizer.step()  # no gradient: changes nothing, keeps torch's step order
+        scheduler.step()
+
+
 def test_deepspeed_config_class_reads_export(monkeypatch: pytest.MonkeyPatch) -> None:
     ds_config = _framework(frameworks.deepspeed_config)
     spec = runspec_from_dict(
