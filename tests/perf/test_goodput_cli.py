@@ -133,3 +133,46 @@ def test_human_output_prints_table_names_as_written(tmp_path):
     res = run(spec, "--step-time", "10")
     assert res.exit_code == 0, res.output
     assert "[reliability]" in res.stdout  # one token: the table may wrap the note
+
+
+def test_strategy_compare_json_has_every_strategy_at_each_gpu_count():
+    res = run(EXAMPLE, "--strategy", "compare", "--gpus", "16384,100000", "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["gpu_counts"] == [16384, 100000] and out["measured"] is None
+    for n in ("16384", "100000"):
+        row = out["results"][n]
+        assert list(row) == ["sync", "async", "in_memory", "inprocess"]
+        for d in row.values():
+            assert 0 < d["ettr"] < 1
+            assert sum(d["lost_time_fraction"].values()) == pytest.approx(1 - d["ettr"])
+            assert set(d["lost_time_fraction"]) == {
+                "checkpoint",
+                "lost_work",
+                "detection",
+                "restart",
+                "restore",
+                "planned",
+            }
+    assert out["results"]["100000"]["sync"]["ettr"] < out["results"]["16384"]["sync"]["ettr"]
+
+
+def test_strategy_compare_reads_measured_figures_and_labels_them():
+    measured = ROOT / "benchmarks" / "results" / "recovery_time.json"
+    res = run(EXAMPLE, "--strategy", "compare", "--measured", measured, "--json")
+    assert res.exit_code == 0, res.output
+    path = json.loads(res.stdout)["results"]["16384"]["async"]["paths"]["node"]
+    assert path["restart_source"].startswith("measured: recovery_time.json")
+    human = run(EXAMPLE, "--strategy", "compare")
+    assert human.exit_code == 0 and "in-process restart" in human.stdout
+
+
+def test_strategy_compare_bad_input(tmp_path):
+    _bad(run(EXAMPLE, "--strategy", "compare", "--gpus", "lots"), "--gpus")
+    _bad(run(EXAMPLE, "--strategy", "compare", "--gpus", "0"), "--gpus")
+    _bad(run(EXAMPLE, "--strategy", "compare", "--correlated-loss", "2"), "--correlated-loss")
+    _bad(run(EXAMPLE, "--strategy", "compare", "--measured", tmp_path / "no.json"), "--measured")
+    (tmp_path / "bad.json").write_text('{"paths": {"agent_storage": {"restart_s": -1}}}')
+    _bad(run(EXAMPLE, "--strategy", "compare", "--measured", tmp_path / "bad.json"), "--measured")
+    _bad(run(EXAMPLE, "--step-time", "10", "--gpus", "1024"), "--gpus")
+    _bad(run(EXAMPLE, "--strategy", "compare", "--gpus", "1001"), "num_gpus")
