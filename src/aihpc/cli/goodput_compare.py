@@ -57,7 +57,7 @@ def read_measured(path: Path | None) -> dict[str, Any] | None:
 
 def compare_json(results: dict, measured: Path | None, correlated: float | None) -> dict[str, Any]:
     """The --json object: results by GPU count and strategy, and every figure's source."""
-    from aihpc.perf.strategies import recovery_path_defaults
+    from aihpc.perf.strategies import mixes_sources, recovery_path_defaults
 
     corr = correlated
     if corr is None:
@@ -66,6 +66,7 @@ def compare_json(results: dict, measured: Path | None, correlated: float | None)
         "gpu_counts": list(results),
         "measured": None if measured is None else str(measured),
         "correlated_loss_fraction": corr,
+        "mixed_sources": any(mixes_sources(row) for row in results.values()),
         "results": {str(n): {s: r.to_json() for s, r in row.items()} for n, row in results.items()},
     }
 
@@ -110,3 +111,8 @@ def render_compare(out: dict[str, Any]) -> None:
     )
     for what, source in sorted(sources.items()):
         console.print(f"  {escape(what)}: {escape(source)}", soft_wrap=True)
+    if out["mixed_sources"]:
+        console.print(
+            "note: the restart figures mix measured and published values; a small measured run "
+            "next to an at-scale figure does not rank the strategies."
+        )

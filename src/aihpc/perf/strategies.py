@@ -60,6 +60,7 @@ __all__ = [
     "figures",
     "measured_figures",
     "mixed_ettr",
+    "mixes_sources",
     "recovery_path_defaults",
     "strategy_result",
 ]
@@ -122,9 +123,11 @@ def measured_figures(doc: Mapping[str, Any], label: str) -> dict[str, Fact]:
     not taken: they are computed from the checkpoint bytes of the run being priced."""
     out: dict[str, Fact] = {}
     paths = doc.get("paths")
+    prefix = {path: f"paths.{path}" for path in MEASURED_KEYS}
     if paths is None:  # the first recovery benchmark: agent restarts only
         med = doc.get("median") or {}
         paths = {"agent_storage": med["kill"]} if "kill" in med else {}
+        prefix["agent_storage"] = "median.kill"
         if "hang" in med and "detection_s" in med["hang"]:
             v = _measured_number("median.hang.detection_s", med["hang"]["detection_s"])
             out["detection.hang_agent"] = Fact(v, f"measured: {label} median.hang.detection_s")
@@ -140,8 +143,8 @@ def measured_figures(doc: Mapping[str, Any], label: str) -> dict[str, Fact]:
             if field is None:  # restart: respawn + init, or teardown + rebuild
                 field = "restart_s"
             if field in row:
-                v = _measured_number(f"paths.{path}.{field}", row[field])
-                out[key] = Fact(v, f"measured: {label} paths.{path}.{field}")
+                where = f"{prefix[path]}.{field}"
+                out[key] = Fact(_measured_number(where, row[field]), f"measured: {label} {where}")
     return out
 
 
@@ -317,7 +320,24 @@ def _base_facts(spec: RunSpec, measured: Mapping[str, Fact] | None) -> dict[str,
         for key in ("restart.agent_storage", "restart.agent_peer"):
             facts[key] = Fact(rel.restart_time_s, "[reliability] restart_time_s")
     facts.update(measured or {})
+    # a figure given "as" another follows it when that one was replaced and it was not
+    data = recovery_path_defaults()
+    published = figures()
+    for group in ("detection", "restart"):
+        for name, f in data[group].items():
+            key, target = f"{group}.{name}", f"{group}.{f.get('same_as')}"
+            replaced = facts[target] != published.get(target)
+            if "same_as" in f and facts[key] == published[key] and replaced:
+                t = facts[target]
+                facts[key] = Fact(t.value, f"as {target}: {t.source}")
     return facts
+
+
+def mixes_sources(results: Mapping[str, StrategyResult]) -> bool:
+    """True when the restart figures of one comparison come from both measurements and
+    publications: a 2-rank measurement next to an at-scale figure does not rank strategies."""
+    measured = {"measured:" in c.restart.source for r in results.values() for c in r.paths.values()}
+    return measured == {True, False}
 
 
 def _kind_rates_per_s(spec: RunSpec, pair_loss: float) -> dict[str, float]:
