@@ -325,9 +325,10 @@ def _base_facts(spec: RunSpec, measured: Mapping[str, Fact] | None) -> dict[str,
     published = figures()
     for group in ("detection", "restart"):
         for name, f in data[group].items():
-            key, target = f"{group}.{name}", f"{group}.{f.get('same_as')}"
-            replaced = facts[target] != published.get(target)
-            if "same_as" in f and facts[key] == published[key] and replaced:
+            if "same_as" not in f:
+                continue
+            key, target = f"{group}.{name}", f"{group}.{f['same_as']}"
+            if facts[key] == published[key] and facts[target] != published[target]:
                 t = facts[target]
                 facts[key] = Fact(t.value, f"as {target}: {t.source}")
     return facts
