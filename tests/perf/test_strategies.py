@@ -154,7 +154,13 @@ def test_measured_figures_replace_published_ones_and_say_so():
     legacy = {"median": {"kill": {"detection_s": 0.13, "restart_s": 5.0, "load_s": 0.4}}}
     facts = measured_figures(legacy, "recovery_time.json")
     assert facts["restart.agent_storage"].value == 5.0
-    assert facts["restart.agent_storage"].source.startswith("measured: recovery_time.json")
+    assert (
+        facts["restart.agent_storage"].source
+        == "measured: recovery_time.json median.kill.restart_s"
+    )
+    # a relaunch that restores from peer memory relaunches the same way: it follows the measurement
+    peer = strategy_result(SPEC, "in_memory", measured=facts).paths["node"].restart
+    assert peer.value == 5.0 and "measured" in peer.source
     per_path = {
         "paths": {
             "inprocess_exception": {"detection_s": 0.2, "restart_s": 1.0, "total_s": 1.5},
