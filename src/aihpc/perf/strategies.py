@@ -107,6 +107,14 @@ def figures() -> dict[str, Fact]:
             src = f["source"]
             label = src if src.startswith("assumption") else "published: " + src
             out[f"{group}.{name}"] = Fact(float(f["value"]), label)
+    for group in ("detection", "restart"):  # "as X": X's label, since the figure is X's
+        for name, f in data[group].items():
+            if "same_as" in f:
+                target = out[f"{group}.{f['same_as']}"]
+                kind = target.source.partition(": ")[0]
+                out[f"{group}.{name}"] = Fact(
+                    out[f"{group}.{name}"].value, f"{kind}: as {f['same_as']}; {f['source']}"
+                )
     return out
 
 
