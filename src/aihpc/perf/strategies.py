@@ -42,6 +42,7 @@ from aihpc.perf.goodput import daly_interval_s, maximise_on_log_scale, young_int
 from aihpc.perf.reliability import (
     DAY_S,
     GB,
+    CheckpointCost,
     checkpoint_cost,
     failure_model,
     reliability_defaults,
@@ -366,6 +367,26 @@ def _check_fraction(value: float) -> None:
         raise SpecError("--correlated-loss", value, "must be a fraction in [0, 1]")
 
 
+def _tiers(spec: RunSpec, checkpoint_bytes: float) -> tuple[dict[str, CheckpointCost], dict]:
+    """Save cost of each checkpoint kind, and restore time from each tier: storage (S/read_bw or
+    [reliability] load_time_s), a peer's memory ((S/N)/scale_out_bw), own host memory
+    ((S/N)/host_copy_bw)."""
+
+    def cost(s: str, **rel_fields: Any) -> CheckpointCost:
+        rel = replace(spec.reliability, checkpoint_strategy=s, **rel_fields)
+        return checkpoint_cost(replace(spec, reliability=rel), checkpoint_bytes)
+
+    saves = {s: cost(s) for s in ("sync", "async", "in_memory")}
+    staging = reliability_defaults()["staging"]
+    host_bw = spec.reliability.host_copy_bw_GBps or staging["host_copy_bw_GBps"]
+    restore = {
+        "storage": saves["async"].load_s,
+        "peer": cost("in_memory", load_time_s=None).load_s,  # load_time_s is the storage load
+        "own": checkpoint_bytes / spec.cluster.num_gpus / (host_bw * GB),
+    }
+    return saves, restore
+
+
 def strategy_result(
     spec: RunSpec,
     strategy: str,
@@ -385,20 +406,7 @@ def strategy_result(
         corr = recovery_path_defaults()["peer"]["correlated_loss_fraction"]
     _check_fraction(corr)
     facts = _base_facts(spec, measured)
-
-    def cost(s: str):  # type: ignore[no-untyped-def]
-        rel = replace(spec.reliability, checkpoint_strategy=s)
-        return checkpoint_cost(replace(spec, reliability=rel), checkpoint_bytes)
-
-    storage, peer = cost("async"), cost("in_memory")
-    host_bw = (
-        spec.reliability.host_copy_bw_GBps or reliability_defaults()["staging"]["host_copy_bw_GBps"]
-    )
-    restore = {
-        "storage": storage.load_s,
-        "peer": peer.load_s,
-        "own": checkpoint_bytes / spec.cluster.num_gpus / (host_bw * GB),
-    }
+    saves, restore = _tiers(spec, checkpoint_bytes)
     # independent loss of the peer while the failed node is replaced: 1 − e^{−λ_node·R}
     fm = failure_model(spec.cluster, spec.reliability)
     node_rate = _kind_rates_per_s(spec, 0.0)["node"] / fm.num_nodes
@@ -410,7 +418,7 @@ def strategy_result(
         paths[kind] = PathCost(
             path, rates[kind], facts[det_key], facts[f"restart.{path}"], restore[tier], tier
         )
-    save = cost("sync") if strategy == "sync" else storage if strategy == "async" else peer
+    save, storage = saves["in_memory" if strategy == "inprocess" else strategy], saves["async"]
     planned_cost = save.blocking_s + storage.persist_s * (strategy != "sync")
     planned_cost += facts["restart.agent_storage"].value + restore["storage"]
     res = StrategyResult(
