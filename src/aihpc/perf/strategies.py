@@ -74,7 +74,7 @@ STRATEGIES = {
     "inprocess": "in-process restart",
 }
 DEFAULT_GPU_COUNTS = (16384, 100000)
-# measured recovery_time.json paths -> the figures they replace (see docs/goodput.md §9)
+# measured recovery_time.json paths -> the figures they replace (see docs/goodput.md §8)
 MEASURED_KEYS = {
     "agent_storage": ("detection.exception_agent", "detection.node", "restart.agent_storage"),
     "agent_peer": (None, None, "restart.agent_peer"),
