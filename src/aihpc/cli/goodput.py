@@ -216,8 +216,10 @@ def register(app: typer.Typer) -> None:
             "--correlated-loss": correlated_loss,
         }
         if strategy == "compare":
-            if plot is not None or tokens is not None or days is not None:
-                raise SpecError("--strategy", strategy, "compare takes no --plot, --tokens, --days")
+            if any(v is not None for v in (plot, tokens, days, step_time)):
+                raise SpecError(
+                    "--strategy", strategy, "compare takes no --plot, --tokens, --days, --step-time"
+                )
             _compare(runspec, gpus, measured, correlated_loss, as_json)
             return
         for flag, value in compare_only.items():
