@@ -157,14 +157,27 @@ def test_strategy_compare_json_has_every_strategy_at_each_gpu_count():
     assert out["results"]["100000"]["sync"]["ettr"] < out["results"]["16384"]["sync"]["ettr"]
 
 
-def test_strategy_compare_reads_measured_figures_and_labels_them():
+def test_strategy_compare_reads_measured_figures_and_labels_them(tmp_path):
+    doc = {"paths": {"inprocess_exception": {"detection_s": 0.5, "restart_s": 2.0}}}
+    (tmp_path / "r.json").write_text(json.dumps(doc))
+    res = run(EXAMPLE, "--strategy", "compare", "--measured", tmp_path / "r.json", "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    path = out["results"]["16384"]["inprocess"]["paths"]["exception"]
+    assert path["restart_s"] == 2.0
+    assert path["restart_source"] == "measured: r.json paths.inprocess_exception.restart_s"
+    assert out["mixed_sources"] is True  # the relaunch figures are still the published ones
+    human = run(EXAMPLE, "--strategy", "compare", "--measured", tmp_path / "r.json")
+    assert human.exit_code == 0 and "mix measured and published" in human.stdout
+
+
+def test_strategy_compare_reads_this_repo_s_recovery_benchmark():
     measured = ROOT / "benchmarks" / "results" / "recovery_time.json"
     res = run(EXAMPLE, "--strategy", "compare", "--measured", measured, "--json")
     assert res.exit_code == 0, res.output
-    path = json.loads(res.stdout)["results"]["16384"]["async"]["paths"]["node"]
-    assert path["restart_source"].startswith("measured: recovery_time.json")
-    human = run(EXAMPLE, "--strategy", "compare")
-    assert human.exit_code == 0 and "in-process restart" in human.stdout
+    paths = json.loads(res.stdout)["results"]["16384"]["inprocess"]["paths"].values()
+    sources = [p[k] for p in paths for k in ("detection_source", "restart_source")]
+    assert any(s.startswith("measured: recovery_time.json") for s in sources)
 
 
 def test_strategy_compare_bad_input(tmp_path):
