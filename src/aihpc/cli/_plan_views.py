@@ -51,6 +51,15 @@ def render_calibration(use: CalibrationUse | None) -> None:
     covers = _pairs(use.covers)
     if use.gemm_covers:
         covers += f"; GEMM {', '.join(use.gemm_covers)}"
+    eff = use.efficiency
+    if eff is not None:  # scales fitted to measured runs by `aihpc calibrate --runs`
+        scales = ", ".join(f"{k} x{v:.3g}" for k, v in eff.scales().items() if v != 1.0)
+        covers += f"; efficiency scales {scales or 'all 1'}"
+        if eff.num_runs:
+            covers += f" (fitted to {eff.num_runs} runs"
+            if eff.fitted_mape is not None and eff.loo_mape is not None:
+                covers += f": error {eff.fitted_mape:.1%}, leave-one-out {eff.loo_mape:.1%}"
+            covers += ")"
     console.print(
         f"calibration: {escape(use.path)} covers {covers}", highlight=False, soft_wrap=True
     )
