@@ -418,6 +418,23 @@ def _register_calibrate(app: typer.Typer) -> None:
         inputs: list[str] = typer.Argument(
             None, help="`aihpc bench comm|gemm --json` outputs and/or nccl-tests text logs."
         ),
+        runs: Path | None = typer.Option(
+            None,
+            "--runs",
+            help="Instead of INPUTS: fit the model's efficiency constants to measured training "
+            "runs in this CSV (columns: aihpc validate --runs-template).",
+        ),
+        fit: str | None = typer.Option(
+            None,
+            "--fit",
+            help="With --runs: the constants to fit, a comma list of gemm, attention, scale_up, "
+            "scale_out (default: all that the runs exercise).",
+        ),
+        check: Path | None = typer.Option(
+            None,
+            "--check",
+            help="With --runs: a runs CSV the fit does not see, reported with and without it.",
+        ),
         output: str = typer.Option(
             "calibration.toml", "--output", "-O", help="Calibration TOML to write."
         ),
@@ -448,7 +465,8 @@ def _register_calibrate(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
         r"""Fit latency / bandwidth per collective and tier (and GEMM efficiency) into a TOML
-        that a run spec names with \[cluster] calibration = "FILE"."""
+        that a run spec names with \[cluster] calibration = "FILE"; or, with --runs, the
+        model's efficiency constants to measured training runs."""
         from aihpc.bench.calibrate import (
             fit_to_calibration,
             load_measurements,
@@ -460,9 +478,21 @@ def _register_calibrate(app: typer.Typer) -> None:
         if not 1 <= regimes <= 4:
             raise SpecError("--regimes", regimes, "allowed: 1 to 4")
         check_output_path(Path(output), "--output")
+        if (fit is not None or check is not None) and runs is None:
+            flag = "--fit" if fit is not None else "--check"
+            raise SpecError(flag, fit or str(check), "only with --runs")
+        if runs is not None and (inputs or local or spec_path):
+            raise SpecError("--runs", str(runs), "not with INPUTS, --local or --spec")
+        if runs is not None:
+            from aihpc.cli.calibrate_runs import calibrate_runs
+
+            calibrate_runs(runs, fit, check, output, as_json)
+            return
         if local == bool(inputs):
             raise SpecError(
-                "INPUTS", " ".join(inputs or []) or "none", "give measurement files or --local"
+                "INPUTS",
+                " ".join(inputs or []) or "none",
+                "give measurement files, --local or --runs",
             )
         local_spec = _local_spec_target(spec_path, local, nproc)
         if local:
