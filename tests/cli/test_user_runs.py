@@ -51,6 +51,7 @@ def test_template_has_the_documented_columns_and_validates_alone(template: Path)
     data = json.loads(r.stdout)
     assert data["user_runs"] is True and data["passed"] is None and data["targets"] is None
     assert [m["id"] for m in data["memory"]] == ["llama8b-fsdp"]
+    assert data["memory_max_abs_error"] == {"peak_reserved": abs(data["memory"][0]["error"])}
     # the second row gives a step time: tokens/s/GPU = 192 x 4096 / 0.4519 s / 48 GPUs
     assert data["rows"][1]["measured_tokens_per_s_per_gpu"] == pytest.approx(
         192 * 4096 / 0.4519 / 48
