@@ -11,15 +11,25 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
+import tomllib
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from aihpc.perf.compute import gemm_efficiency
 from aihpc.perf.estimate import estimate_plan
+from aihpc.perf.params import DEFAULT_PARAMS
 from aihpc.perf.runs_fit import SCALE_BOUNDS, fit_runs, load_runs, parse_fit_names, predict
 from aihpc.perf.validate import data_file
-from aihpc.spec.calibration import calibration_to_toml, load_calibration
+from aihpc.spec.calibration import (
+    Calibration,
+    EfficiencyScales,
+    calibration_from_dict,
+    calibration_to_toml,
+    load_calibration,
+)
+from aihpc.spec.cluster import gpu_from_id
 from aihpc.spec.errors import SpecError
 
 # Runs that exercise every constant: long-sequence FlashAttention-2 on one node (I06), FSDP over
@@ -113,3 +123,20 @@ def test_fit_on_one_cluster_checked_on_the_others(tmp_path: Path) -> None:
     cluster = dataclasses.replace(case.spec.cluster, calibration=cal)
     est = estimate_plan(case.spec.model, cluster, case.plan, case.spec.training)
     assert est.tokens_per_s_per_gpu == pytest.approx(fit.fitted[3], rel=1e-12)
+
+
+def test_efficiency_table_reads_back_and_refuses_bad_values() -> None:
+
+    eff = EfficiencyScales(gemm=0.9, scale_out=1.2, num_runs=5, fitted_mape=0.03, loo_mape=0.05)
+    text = calibration_to_toml(Calibration(efficiency=eff, source="x"))
+    assert calibration_from_dict(tomllib.loads(text)).efficiency == eff
+    for table, field in (({"gemm": -1.0}, "gemm"), ({"flops": 1.0}, "flops")):
+        with pytest.raises(SpecError, match=f"calibration.efficiency.{field}"):
+            calibration_from_dict({"efficiency": table})
+    # a multiplier never lifts a GEMM past the peak
+    h100 = gpu_from_id("h100-sxm")
+    fast = Calibration(efficiency=EfficiencyScales(gemm=5.0))
+    assert gemm_efficiency(h100, "bf16", 1e4, DEFAULT_PARAMS, fast) == 1.0
+    base = gemm_efficiency(h100, "bf16", 1e4, DEFAULT_PARAMS, None)
+    half = Calibration(efficiency=EfficiencyScales(gemm=0.5))
+    assert gemm_efficiency(h100, "bf16", 1e4, DEFAULT_PARAMS, half) == pytest.approx(base / 2)
