@@ -110,6 +110,7 @@ def test_calibrate_runs_writes_what_estimate_and_validate_use(
     v = json.loads(
         _run("validate", "--runs", str(template), "--calibration", str(cal), "--json").stdout
     )
+    assert v["calibration"] == str(cal)
     # the first row's plan is complete, so validate prices it as the fit did
     assert v["rows"][0]["error"] == pytest.approx(out["rows"][0]["fitted_error"], rel=1e-9)
 

@@ -459,6 +459,8 @@ def _register_validate(app: typer.Typer) -> None:
             print_json(report.to_json())
             return
         typer.echo(validation_table(report))
+        if report.calibration:
+            typer.echo(f"\nEvery row priced with the calibration {report.calibration}.")
 
 
 def validation_table(report: ValidationReport) -> str:

@@ -84,6 +84,7 @@ class ValidationReport:
     heldout: bool = False  # rows kept out of the model's development (heldout_runs.csv)
     moe: bool = False  # the MoE development set (moe_runs.csv), with its own targets
     user: bool = False  # the user's own runs: no target of the project's applies
+    calibration: str = ""  # the calibration every row was priced with (its path), if any
 
     def mape_by_source(self) -> dict[str, float]:
         groups: dict[str, list[float]] = {}
@@ -151,6 +152,7 @@ class ValidationReport:
             "passed": None if self.user else self.passed,
             "heldout": self.heldout,
             "user_runs": self.user,
+            "calibration": self.calibration or None,
             **({"moe": True} if self.moe else {}),
         }
 
@@ -349,4 +351,5 @@ def validate(
         if r.measured_memory_gib is not None:
             total = r.estimate.memory.total / GiB
             memory.append(MemoryRow(r.id, r.source, "peak_reserved", r.measured_memory_gib, total))
-    return ValidationReport(rows, memory, heldout, moe, user)
+    cal_path = (calibration.path or calibration.source) if calibration is not None else ""
+    return ValidationReport(rows, memory, heldout, moe, user, cal_path)
