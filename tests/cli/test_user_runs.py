@@ -46,6 +46,8 @@ def test_template_has_the_documented_columns_and_validates_alone(template: Path)
     docs = (Path(__file__).parents[2] / "docs" / "performance-model.md").read_text()
     for column in rows[0]:
         assert f"`{column}`" in docs, column
+    doc = json.loads(_run("validate", "--runs-template", "--json").stdout)
+    assert doc["csv"] == template_text() and doc["columns"] == list(rows[0])
     r = _run("validate", "--runs", str(template), "--json")
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)

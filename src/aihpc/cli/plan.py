@@ -423,7 +423,11 @@ def _register_validate(app: typer.Typer) -> None:
         if runs_template:
             from aihpc.perf.runs_csv import template_text
 
-            typer.echo(template_text(), nl=False)
+            text = template_text()
+            if json_out:
+                print_json({"columns": text.splitlines()[0].split(","), "csv": text})
+            else:
+                typer.echo(text, nl=False)
             return
         cal = None
         if calibration is not None:
