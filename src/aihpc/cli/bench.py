@@ -20,6 +20,7 @@ from rich.table import Table
 
 from aihpc._io import check_output_path, to_json, write_atomic
 from aihpc.cli._common import console, err_console, fail, guarded, print_json, require_torch
+from aihpc.cli.calibrate_runs import FIT_OPTION, RUNS_CHECK_OPTION, RUNS_OPTION, calibrate_runs
 from aihpc.spec.errors import SpecError
 
 __all__ = ["register"]
@@ -418,23 +419,9 @@ def _register_calibrate(app: typer.Typer) -> None:
         inputs: list[str] = typer.Argument(
             None, help="`aihpc bench comm|gemm --json` outputs and/or nccl-tests text logs."
         ),
-        runs: Path | None = typer.Option(
-            None,
-            "--runs",
-            help="Instead of INPUTS: fit the model's efficiency constants to measured training "
-            "runs in this CSV (columns: aihpc validate --runs-template).",
-        ),
-        fit: str | None = typer.Option(
-            None,
-            "--fit",
-            help="With --runs: the constants to fit, a comma list of gemm, attention, scale_up, "
-            "scale_out (default: all that the runs exercise).",
-        ),
-        check: Path | None = typer.Option(
-            None,
-            "--check",
-            help="With --runs: a runs CSV the fit does not see, reported with and without it.",
-        ),
+        runs: Path | None = RUNS_OPTION,
+        fit: str | None = FIT_OPTION,
+        check: Path | None = RUNS_CHECK_OPTION,
         output: str = typer.Option(
             "calibration.toml", "--output", "-O", help="Calibration TOML to write."
         ),
@@ -478,15 +465,9 @@ def _register_calibrate(app: typer.Typer) -> None:
         if not 1 <= regimes <= 4:
             raise SpecError("--regimes", regimes, "allowed: 1 to 4")
         check_output_path(Path(output), "--output")
-        if (fit is not None or check is not None) and runs is None:
-            flag = "--fit" if fit is not None else "--check"
-            raise SpecError(flag, fit or str(check), "only with --runs")
-        if runs is not None and (inputs or local or spec_path):
-            raise SpecError("--runs", str(runs), "not with INPUTS, --local or --spec")
-        if runs is not None:
-            from aihpc.cli.calibrate_runs import calibrate_runs
-
-            calibrate_runs(runs, fit, check, output, as_json)
+        if runs is not None or fit is not None or check is not None:
+            others = bool(inputs or local or spec_path)
+            calibrate_runs(runs, fit, check, output, as_json, others)
             return
         if local == bool(inputs):
             raise SpecError(

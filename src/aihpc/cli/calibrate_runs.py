@@ -7,6 +7,7 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
+import typer
 from rich import box
 from rich.table import Table
 
@@ -14,7 +15,25 @@ from aihpc._io import write_atomic
 from aihpc.cli._common import console, err_console, print_json
 from aihpc.spec.errors import SpecError
 
-__all__ = ["calibrate_runs"]
+__all__ = ["FIT_OPTION", "RUNS_CHECK_OPTION", "RUNS_OPTION", "calibrate_runs"]
+
+RUNS_OPTION = typer.Option(
+    None,
+    "--runs",
+    help="Instead of INPUTS: fit the model's efficiency constants to measured training runs in "
+    "this CSV (columns: aihpc validate --runs-template).",
+)
+FIT_OPTION = typer.Option(
+    None,
+    "--fit",
+    help="With --runs: the constants to fit, a comma list of gemm, attention, scale_up, "
+    "scale_out (default: all that the runs exercise).",
+)
+RUNS_CHECK_OPTION = typer.Option(
+    None,
+    "--check",
+    help="With --runs: a runs CSV the fit does not see, reported with and without it.",
+)
 
 HEADER = (
     "Written by `aihpc calibrate --runs`: multipliers on the model's efficiencies, fitted to "
@@ -24,12 +43,23 @@ HEADER = (
 
 
 def calibrate_runs(
-    runs: Path, fit: str | None, check: Path | None, output: str, as_json: bool
+    runs: Path | None,
+    fit: str | None,
+    check: Path | None,
+    output: str,
+    as_json: bool,
+    others: bool = False,
 ) -> None:
-    """Fit, write ``output``, then report the three errors (and the check set's, if given)."""
+    """Fit, write ``output``, then report the three errors (and the check set's, if given).
+    ``others``: the command also got INPUTS, --local or --spec, which --runs does not take."""
     from aihpc.perf.runs_fit import fit_runs, load_runs, parse_fit_names
     from aihpc.spec.calibration import calibration_to_toml
 
+    if runs is None:
+        flag = "--fit" if fit is not None else "--check"
+        raise SpecError(flag, fit or str(check), "only with --runs")
+    if others:
+        raise SpecError("--runs", str(runs), "not with INPUTS, --local or --spec")
     names = parse_fit_names(fit)
     for flag, path in (("--runs", runs), ("--check", check)):
         if path is not None and not path.is_file():

@@ -384,6 +384,28 @@ def _register_search(app: typer.Typer) -> None:
                 console.print(f"Combinations skipped by divisibility rules: {reasons}")
 
 
+VALIDATE_CALIBRATION = typer.Option(
+    None,
+    "--calibration",
+    help="Price every run with this calibration TOML (e.g. from calibrate --runs).",
+)
+RUNS_TEMPLATE = typer.Option(
+    False,
+    "--runs-template",
+    help="Print a runs CSV to fill in (every documented column, two example rows).",
+)
+
+
+def _print_runs_template(json_out: bool) -> None:
+    from aihpc.perf.runs_csv import template_text
+
+    text = template_text()
+    if json_out:
+        print_json({"columns": text.splitlines()[0].split(","), "csv": text})
+    else:
+        typer.echo(text, nl=False)
+
+
 def _register_validate(app: typer.Typer) -> None:
     @app.command()
     @guarded
@@ -405,29 +427,15 @@ def _register_validate(app: typer.Typer) -> None:
         moe: bool = typer.Option(
             False, "--moe", help="The mixture-of-experts runs (issue 17's development set)."
         ),
-        calibration: Path | None = typer.Option(
-            None,
-            "--calibration",
-            help="Price every run with this calibration TOML (e.g. from calibrate --runs).",
-        ),
-        runs_template: bool = typer.Option(
-            False,
-            "--runs-template",
-            help="Print a runs CSV to fill in (every documented column, two example rows).",
-        ),
+        calibration: Path | None = VALIDATE_CALIBRATION,
+        runs_template: bool = RUNS_TEMPLATE,
     ) -> None:
         """Predicted vs measured tokens/s/GPU and memory on published runs or your own
         (--runs); MAPE per source."""
         from aihpc.perf.validate import validate as run_validate
 
         if runs_template:
-            from aihpc.perf.runs_csv import template_text
-
-            text = template_text()
-            if json_out:
-                print_json({"columns": text.splitlines()[0].split(","), "csv": text})
-            else:
-                typer.echo(text, nl=False)
+            _print_runs_template(json_out)
             return
         cal = None
         if calibration is not None:
