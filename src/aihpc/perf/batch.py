@@ -304,6 +304,9 @@ def price_batch(
     """Step time, throughput and memory of every plan in ``b`` (``estimate_plan``'s figures)."""
     if b.offload.any() and cluster.gpu.host_link_GBps is None:
         raise SpecError("cluster.gpu_spec.host_link_GBps", None, "required to offload")
+    if not len(b):
+        empty = np.zeros(0)
+        return BatchTimes(empty, empty, empty, empty, np.zeros(0, dtype=bool), empty)
     shapes = _Shapes(b, model, cluster, training, params)
     st = _StepTerms(model, cluster, training, params, b, shapes)
     step = st.step_time()
