@@ -134,13 +134,15 @@ class BatchTimes:
 
 
 def group(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(index of the first plan of each distinct row of ``cols``, each plan's row number)."""
+    """(the index of one plan of each distinct row of ``cols``, each plan's row number). The
+    columns hold non-negative integers (degrees, counts, booleans)."""
     key = np.zeros(len(cols[0]), dtype=np.int64)
     for col in cols:
-        values, idx = np.unique(col, return_inverse=True)
-        key = key * len(values) + idx
-    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
-    return first, inv
+        key = key * (int(col.max()) + 1 if len(col) else 1) + col
+    uniq, inv = np.unique(key, return_inverse=True)
+    one = np.empty(len(uniq), dtype=np.int64)
+    one[inv] = np.arange(len(key))  # any member will do: the row's figures are the same
+    return one, inv
 
 
 class _Shapes:
@@ -526,6 +528,17 @@ def _dp_setup(st: _StepTerms) -> None:
     )
     shard_group = b.dp_shard or b.dp
     st.shard_n = np.where(b.zero > 0, shard_group * b.cp, st.dp_n)
+    st.struct_one, st.struct = group(st.layers, b.tp, b.pp, b.vpp, b.cp, b.zero, b.ep, b.etp)
+
+
+def subgroup(one: np.ndarray, inv: np.ndarray, i: np.ndarray, mask: np.ndarray) -> tuple:
+    """``group`` restricted to the plans ``i`` (those of ``mask``), for groups that lie wholly
+    inside ``mask``: (positions in ``i`` of one plan per group, each plan's group there)."""
+    inside = mask[one]
+    pos = np.cumsum(inside) - 1
+    local = np.empty(len(mask), dtype=np.int64)
+    local[i] = np.arange(len(i))
+    return local[one[inside]], pos[inv[i]]
 
 
 def _dp_comm(
@@ -574,20 +587,27 @@ def _dp_comm(
         i = np.nonzero(mask)[0]
         if not len(i):
             continue
+        # The collectives' sizes and groups follow from the stage split and the degrees alone:
+        # priced once per distinct split, then gathered to every plan that has it.
+        rep, inv = subgroup(st.struct_one, st.struct, i, mask)
+
+        def c(kind: str, size: np.ndarray, i: np.ndarray = i) -> np.ndarray:
+            return coll(kind, size[rep], i[rep])[inv]  # noqa: B023
+
         gb, ef = grad_bytes[i], edge_frac[i]
         lb, ff = last_bwd[i], first_fwd[i]
         if name == "z0" and not training.grad_reduce_overlap:
-            d, h = coll("all_reduce", gb, i), np.zeros(len(i))
+            d, h = c("all_reduce", gb), np.zeros(len(i))
         elif name == "z0":
-            tail = coll("all_reduce", gb * ef, i)
-            rest = coll("all_reduce", gb * (1 - ef), i)
+            tail = c("all_reduce", gb * ef)
+            rest = c("all_reduce", gb * (1 - ef))
             exposed = np.maximum(0.0, rest - hide * lb)
             d, h = tail + exposed, rest - exposed
         elif name in ("z12", "z3pp"):
-            tail = coll("reduce_scatter", gb * ef, i)
-            head = coll("all_gather", edge_param_bytes[i], i)
-            grads = coll("reduce_scatter", gb * (1 - ef), i)
-            gather = coll("all_gather", body_param_bytes[i], i)
+            tail = c("reduce_scatter", gb * ef)
+            head = c("all_gather", edge_param_bytes[i])
+            grads = c("reduce_scatter", gb * (1 - ef))
+            gather = c("all_gather", body_param_bytes[i])
             if name == "z12":
                 exp_g = np.maximum(0.0, grads - hide * lb)
                 exp_a = np.maximum(0.0, gather - hide * ff)
@@ -597,13 +617,13 @@ def _dp_comm(
                 exp = np.maximum(0.0, gather - hide * ff) + np.maximum(0.0, grads - hide * lb)
                 d, h = head + tail + exp, gather + grads - exp
         elif per_tensor:
-            d, h = _per_tensor_zero3(st, coll, i, lb)
+            d, h = _per_tensor_zero3(st, c, i, lb)
         else:
             body_p = body_param_bytes[i] / layers[i]
             body_g = gb * (1 - ef) / layers[i]
-            ag, rs = coll("all_gather", body_p, i), coll("reduce_scatter", body_g, i)
+            ag, rs = c("all_gather", body_p), c("reduce_scatter", body_g)
             per_mb = layers[i] * (2 * ag + rs)
-            edges = coll("all_gather", edge_param_bytes[i], i) + coll("reduce_scatter", gb * ef, i)
+            edges = c("all_gather", edge_param_bytes[i]) + c("reduce_scatter", gb * ef)
             window = hide * (compute_mb[i] + recompute_mb[i])
             exposed = np.maximum(0.0, per_mb - window)
             d, h = m[i] * (exposed + edges), m[i] * (per_mb - exposed)
@@ -626,15 +646,15 @@ def _per_tensor_zero3(
     view, launch = params.host_op_overhead_s, params.kernel_overhead_s
     bw = gpu.hbm_bw_GBps * 1e9 * params.hbm_efficiency
     ag_part = dp_n * (view + launch)
-    ag = gathered * (coll("all_gather", param_bytes / gathered, i) + ag_part)
+    ag = gathered * (coll("all_gather", param_bytes / gathered) + ag_part)
     ag += 3 * param_bytes / bw + 0 * params.kernel_overhead_s
     rs_part = dp_n * (2 * view + launch)
     rs_copies = tensors * rs_part + (2 * grad_bytes / bw + 0 * params.kernel_overhead_s)
-    rs = tensors * coll("reduce_scatter", grad_bytes / tensors, i)
+    rs = tensors * coll("reduce_scatter", grad_bytes / tensors)
     rs_exposed = np.maximum(0.0, rs - hide * last_bwd)
     small = 2.0 * persistent * 4 * model.hidden_size
     post_part = dp_n * (4 * view + launch)
-    post_step = persistent * post_part + ag_part + coll("all_gather", small, i)
+    post_step = persistent * post_part + ag_part + coll("all_gather", small)
     return m * (gathers * ag + rs_copies + rs_exposed) + post_step, m * (rs - rs_exposed)
 
 
@@ -651,9 +671,12 @@ def _expert_dp_comm(
     expert_params = st.expert_params[i]
     e_grad = DTYPE_BYTES[training.grad_reduce_dtype] * expert_params
     zero, m = b.zero[i], st.m[i]
-    ar = st.collective("all_reduce", e_grad, edp, e_stride)
-    rs = st.collective("reduce_scatter", e_grad, edp, e_stride)
-    rs = rs + st.collective("all_gather", st.layer_weight_bytes * expert_params, edp, e_stride)
+    # as in _dp_comm: once per distinct stage split
+    rep, inv = subgroup(st.struct_one, st.struct, i, st.expert_params != 0)
+    ar = st.collective("all_reduce", e_grad[rep], edp[rep], e_stride[rep])[inv]
+    rs = st.collective("reduce_scatter", e_grad[rep], edp[rep], e_stride[rep])[inv]
+    e_weights = st.layer_weight_bytes * expert_params[rep]
+    rs = rs + st.collective("all_gather", e_weights, edp[rep], e_stride[rep])[inv]
     rs = np.where((zero == 3) & ~(b.pp[i] > 1), rs * m, rs)
     e_time = np.where(edp > 1, np.where(zero == 0, ar, rs), 0.0)
     layers = st.layers[i]
@@ -749,6 +772,9 @@ class _Memory:
             tokens * model.hidden_size * 2 * np.where(p > 1, mb, 1) / np.where(b.sp, b.tp, 1)
         )
         self.lazy = (b.zero == 3) & (training.zero3_gather == "bucketed") & (b.pp_schedule != "zbv")
+        self.lazy_idx = np.nonzero(self.lazy)[0]
+        i = self.lazy_idx
+        self.lazy_groups = group(p[i], v[i], m[i]) if len(i) else (i, i)
 
     def total(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         b, model = self.b, self.model
@@ -810,32 +836,41 @@ class _Memory:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """FSDP2's gradients appear at their chunk's first backward: the schedule's peak."""
         b = self.b
-        p, v, m = b.pp, b.vpp, self.m
         acts, buffers, g = acts.astype(float), buffers.astype(float), g.astype(float)
+        idx = self.lazy_idx
+        p, v, m = b.pp[idx], b.vpp[idx], self.m[idx]
+        one, inv = self.lazy_groups
+        rank = (p - 1) if name == "last" else np.zeros(len(idx), dtype=np.int64)
+        groups = [lazy_grad_points(int(p[i]), int(v[i]), int(m[i]), int(rank[i])) for i in one]
+        # (groups x points x 3), padded with points that never win
+        width = max(len(pts) for pts in groups)
+        table = np.zeros((len(groups), width, 3), dtype=np.int64)
+        valid = np.zeros((len(groups), width), dtype=bool)
+        trivial = np.zeros(len(groups), dtype=bool)
+        for j, pts in enumerate(groups):
+            table[j, : len(pts)], valid[j, : len(pts)] = pts, True
+            # one point with every gradient and the logits live is the plain sum: nothing to do
+            trivial[j] = len(pts) == 1 and pts[0][1:] == (int(v[one[j]]), 1)
+        keep = ~trivial[inv]
+        sel, inv = idx[keep], inv[keep]
+        vj = b.vpp[sel]
+        gs = g[sel]
         gbytes = DTYPE_BYTES[self.training.grad_reduce_dtype]
-        idx = np.nonzero(self.lazy)[0]
-        first, inv = group(p[idx], v[idx], m[idx])
-        order = np.argsort(inv, kind="stable")
-        bounds = np.searchsorted(inv[order], np.arange(len(first) + 1))
-        for j, f in enumerate(first):
-            sel = idx[order[bounds[j] : bounds[j + 1]]]
-            pj, vj, mj = int(p[idx[f]]), int(v[idx[f]]), int(m[idx[f]])
-            points = lazy_grad_points(pj, vj, mj, pj - 1 if name == "last" else 0)
-            if not points or (len(points) == 1 and points[0][1:] == (vj, 1)):
-                continue
-            gs = g[sel]
-            lazy = gs if pj > 1 else gs - gbytes * self.layer_local[sel]
-            count = layer_count[sel] if name == "last" else self.resident[sel]
-            chunk_acts = self.act_layer[sel] * count / vj
-            chunk_grads = lazy / vj
-            transient = buffers[sel] if output else np.zeros(len(sel))
-            scores = np.array(
-                [pt[0] * chunk_acts + pt[1] * chunk_grads + pt[2] * transient for pt in points]
-            )
-            best = np.array(points)[np.argmax(scores, axis=0)]
-            held, made, tail = best[:, 0], best[:, 1], best[:, 2]
-            acts[sel] = held * chunk_acts + self.working[sel]
-            buffers[sel] = buffers[sel] - transient * (1 - tail)
-            later = lazy - made * chunk_grads
-            g[sel] = gs - later
+        lazy = np.where(b.pp[sel] > 1, gs, gs - gbytes * self.layer_local[sel])
+        count = layer_count[sel] if name == "last" else self.resident[sel]
+        chunk_acts = self.act_layer[sel] * count / vj
+        chunk_grads = lazy / vj
+        transient = buffers[sel] if output else np.zeros(len(sel))
+        pts = table[inv]  # plans x points x 3
+        scores = (
+            pts[:, :, 0] * chunk_acts[:, None]
+            + pts[:, :, 1] * chunk_grads[:, None]
+            + pts[:, :, 2] * transient[:, None]
+        )
+        scores = np.where(valid[inv], scores, -np.inf)
+        best = pts[np.arange(len(sel)), np.argmax(scores, axis=1)]
+        held, made, tail = best[:, 0], best[:, 1], best[:, 2]
+        acts[sel] = held * chunk_acts + self.working[sel]
+        buffers[sel] = buffers[sel] - transient * (1 - tail)
+        g[sel] = gs - (lazy - made * chunk_grads)
         return acts, buffers, g
