@@ -199,6 +199,34 @@ def search_plans(
     batch = batch.with_offload(offload)
     if progress is not None:
         progress(evaluated)
+    fitting, rejected = _rank(
+        model, cluster, training, params, batch, fits, score, top, key, explain
+    )
+    return SearchResult(
+        plans=fitting,
+        evaluated=evaluated,
+        feasible=int(fits.sum()),
+        elapsed_s=time.perf_counter() - start,
+        rejected_best=rejected,
+        invalid_reasons=invalid,
+        invalid_examples=examples,
+    )
+
+
+def _rank(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    params: ModelParams,
+    batch: PlanBatch,
+    fits: np.ndarray,
+    score: np.ndarray,
+    top: int | None,
+    key: Callable[[Estimate], float] | None,
+    explain: int,
+) -> tuple[list[Estimate], list[Rejected]]:
+    """The best ``top`` plans that fit, and the ``explain`` best that do not but look faster,
+    each estimated one by one (``estimate_plan``: the figures a caller prints)."""
     memo: dict[tuple, Any] = {}
 
     def estimate(i: int) -> Estimate:
@@ -212,23 +240,10 @@ def search_plans(
         best = score[order[0]] if len(order) else 0.0
         worse = bad_idx[score[bad_idx] > best] if explain else bad_idx[:0]
         worse = worse[np.argsort(-score[worse], kind="stable")][:explain]
-        rejected = [Rejected(e, e.bottleneck) for e in map(estimate, worse)]
-    else:  # any other ranking needs every estimate
-        fitting = sorted(map(estimate, fit_idx), key=key, reverse=True)[:top] if top else []
-        if not top:
-            fitting = sorted(map(estimate, fit_idx), key=key, reverse=True)
-        best_key = key(fitting[0]) if fitting else 0.0
-        others = [estimate(i) for i in bad_idx] if explain else []
-        rejected = [
-            Rejected(e, e.bottleneck)
-            for e in sorted((e for e in others if key(e) > best_key), key=key, reverse=True)
-        ][:explain]
-    return SearchResult(
-        plans=fitting,
-        evaluated=evaluated,
-        feasible=len(fit_idx),
-        elapsed_s=time.perf_counter() - start,
-        rejected_best=rejected,
-        invalid_reasons=invalid,
-        invalid_examples=examples,
-    )
+        return fitting, [Rejected(e, e.bottleneck) for e in map(estimate, worse)]
+    # any other ranking (goodput) needs every estimate
+    fitting = sorted(map(estimate, fit_idx), key=key, reverse=True)
+    best_key = key(fitting[0]) if fitting else 0.0
+    others = [e for e in map(estimate, bad_idx) if key(e) > best_key] if explain else []
+    rejected = [Rejected(e, e.bottleneck) for e in sorted(others, key=key, reverse=True)]
+    return fitting[:top] if top else fitting, rejected[:explain]
