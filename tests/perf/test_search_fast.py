@@ -78,6 +78,37 @@ SPECS = {
         {"global_batch_size": 64, "recompute_modules": ["layernorm"]},
         {"cp_exchange": "allgather", "precision": "fp8"},
     ),
+    "gpt3-eager-bf16-states": lambda: preset(
+        "gpt3-175b",
+        "h100-sxm",
+        128,
+        {"tp": 8, "global_batch_size": 128},
+        {
+            "attention": "unfused",
+            "dropout": 0.1,
+            "fused_kernels": False,
+            "cross_entropy": "eager",
+            "grad_reduce_dtype": "bf16",
+            "optimizer_dtype": "bf16",
+            "kv_repeat": True,
+        },
+    ),
+    "dualpipe-mla-modules": lambda: preset(
+        "deepseek-v3",
+        "h800",
+        512,
+        {
+            "tp": 1,
+            "pp": 16,
+            "moe_a2a_overlap": "dualpipe",
+            "recompute_modules": ["mla_up_proj", "moe_act"],
+            "global_batch_size": 1024,
+        },
+        {"moe_dispatcher": "hierarchical", "moe_dispatch_dtype": "fp8", "precision": "fp8"},
+    ),
+    "fixed-offload": lambda: preset(
+        "llama3-8b", "h100-sxm", 64, {"pp": 1, "offload_layers": 4, "global_batch_size": 64}
+    ),
 }
 
 
