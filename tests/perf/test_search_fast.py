@@ -162,3 +162,16 @@ def test_candidate_plans_are_the_searched_ones_in_order() -> None:
     spec = SPECS["mixtral-8x7b"]()
     args = (spec.model, spec.cluster, spec.parallel)
     assert list(candidate_plans(*args)) == list(scalar_candidates(*args))
+
+
+def test_group_numbers_distinct_rows_even_when_the_key_would_overflow() -> None:
+    from aihpc.perf.plan_batch import group
+
+    rng = np.random.default_rng(0)
+    cols = [rng.integers(0, 3, 200) * (1 << 40) + rng.integers(0, 2, 200) for _ in range(4)]
+    one, inv = group(*cols)
+    rows = list(zip(*(c.tolist() for c in cols), strict=True))
+    assert len(one) == len(set(rows))
+    for i, row in enumerate(rows):  # same group number exactly when the rows are equal
+        assert rows[one[inv[i]]] == row
+    assert len({rows[i] for i in one}) == len(one)

@@ -99,8 +99,13 @@ def group(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(the index of one plan of each distinct row of ``cols``, each plan's row number). The
     columns hold non-negative integers (degrees, counts, booleans)."""
     key = np.zeros(len(cols[0]), dtype=np.int64)
+    span = 1  # key < span
     for col in cols:
-        key = key * (int(col.max()) + 1 if len(col) else 1) + col
+        radix = int(col.max()) + 1 if len(col) else 1
+        if span * radix >= 1 << 62:  # renumber the rows so far before the key could overflow
+            key = np.unique(key, return_inverse=True)[1].astype(np.int64)
+            span = int(key.max()) + 1
+        key, span = key * radix + col, span * radix
     uniq, inv = np.unique(key, return_inverse=True)
     one = np.empty(len(uniq), dtype=np.int64)
     one[inv] = np.arange(len(key))  # any member will do: the row's figures are the same
