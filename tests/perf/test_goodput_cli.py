@@ -133,3 +133,59 @@ def test_human_output_prints_table_names_as_written(tmp_path):
     res = run(spec, "--step-time", "10")
     assert res.exit_code == 0, res.output
     assert "[reliability]" in res.stdout  # one token: the table may wrap the note
+
+
+def test_strategy_compare_json_has_every_strategy_at_each_gpu_count():
+    res = run(EXAMPLE, "--strategy", "compare", "--gpus", "16384,100000", "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["gpu_counts"] == [16384, 100000] and out["measured"] is None
+    for n in ("16384", "100000"):
+        row = out["results"][n]
+        assert list(row) == ["sync", "async", "in_memory", "inprocess"]
+        for d in row.values():
+            assert 0 < d["ettr"] < 1
+            assert sum(d["lost_time_fraction"].values()) == pytest.approx(1 - d["ettr"])
+            assert set(d["lost_time_fraction"]) == {
+                "checkpoint",
+                "lost_work",
+                "detection",
+                "restart",
+                "restore",
+                "planned",
+            }
+    assert out["results"]["100000"]["sync"]["ettr"] < out["results"]["16384"]["sync"]["ettr"]
+
+
+def test_strategy_compare_reads_measured_figures_and_labels_them(tmp_path):
+    doc = {"paths": {"inprocess_exception": {"detection_s": 0.5, "restart_s": 2.0}}}
+    (tmp_path / "r.json").write_text(json.dumps(doc))
+    res = run(EXAMPLE, "--strategy", "compare", "--measured", tmp_path / "r.json", "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    path = out["results"]["16384"]["inprocess"]["paths"]["exception"]
+    assert path["restart_s"] == 2.0
+    assert path["restart_source"] == "measured: r.json paths.inprocess_exception.restart_s"
+    assert out["mixed_sources"] is True  # the relaunch figures are still the published ones
+    human = run(EXAMPLE, "--strategy", "compare", "--measured", tmp_path / "r.json")
+    assert human.exit_code == 0 and "mix measured and published" in human.stdout
+
+
+def test_strategy_compare_reads_this_repo_s_recovery_benchmark():
+    measured = ROOT / "benchmarks" / "results" / "recovery_time.json"
+    res = run(EXAMPLE, "--strategy", "compare", "--measured", measured, "--json")
+    assert res.exit_code == 0, res.output
+    paths = json.loads(res.stdout)["results"]["16384"]["inprocess"]["paths"].values()
+    sources = [p[k] for p in paths for k in ("detection_source", "restart_source")]
+    assert any(s.startswith("measured: recovery_time.json") for s in sources)
+
+
+def test_strategy_compare_bad_input(tmp_path):
+    _bad(run(EXAMPLE, "--strategy", "compare", "--gpus", "lots"), "--gpus")
+    _bad(run(EXAMPLE, "--strategy", "compare", "--gpus", "0"), "--gpus")
+    _bad(run(EXAMPLE, "--strategy", "compare", "--correlated-loss", "2"), "--correlated-loss")
+    _bad(run(EXAMPLE, "--strategy", "compare", "--measured", tmp_path / "no.json"), "--measured")
+    (tmp_path / "bad.json").write_text('{"paths": {"agent_storage": {"restart_s": -1}}}')
+    _bad(run(EXAMPLE, "--strategy", "compare", "--measured", tmp_path / "bad.json"), "--measured")
+    _bad(run(EXAMPLE, "--step-time", "10", "--gpus", "1024"), "--gpus")
+    _bad(run(EXAMPLE, "--strategy", "compare", "--gpus", "1001"), "num_gpus")

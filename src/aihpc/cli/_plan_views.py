@@ -48,20 +48,40 @@ def render_calibration(use: CalibrationUse | None) -> None:
     """Two lines under the plan: the file and what it covers, then what this plan took from it."""
     if use is None:
         return
-    covers = _pairs(use.covers)
-    if use.gemm_covers:
-        covers += f"; GEMM {', '.join(use.gemm_covers)}"
+    measured = bool(use.covers or use.gemm_covers)  # [[comm]] / [[gemm]] tables
+    parts = []
+    if measured or use.efficiency is None:
+        covers = _pairs(use.covers)
+        if use.gemm_covers:
+            covers += f"; GEMM {', '.join(use.gemm_covers)}"
+        parts.append(f"covers {covers}")
+    if use.efficiency is not None:  # scales fitted to measured runs by `aihpc calibrate --runs`
+        parts.append(_efficiency_text(use.efficiency))
     console.print(
-        f"calibration: {escape(use.path)} covers {covers}", highlight=False, soft_wrap=True
+        f"calibration: {escape(use.path)} {'; '.join(parts)}", highlight=False, soft_wrap=True
     )
-    used = _pairs(use.used) + (f"; GEMM {', '.join(use.gemm_used)}" if use.gemm_used else "")
     terms = ", ".join(TERM_NAMES.get(t, t) for t in use.terms) or "none"
+    if not measured and use.efficiency is not None:
+        console.print(f"  step-time terms it changed: {terms}", highlight=False, soft_wrap=True)
+        return
+    used = _pairs(use.used) + (f"; GEMM {', '.join(use.gemm_used)}" if use.gemm_used else "")
     console.print(
         f"  used by this plan: {used} (step-time terms it changed: {terms}); "
         f"from the GPU catalog instead: {_pairs(use.missing)}",
         highlight=False,
         soft_wrap=True,
     )
+
+
+def _efficiency_text(eff: Any) -> str:
+    scales = ", ".join(f"{k} x{v:.3g}" for k, v in eff.scales().items() if v != 1.0)
+    text = f"efficiency multipliers {scales or 'all 1'}"
+    if eff.num_runs:
+        text += f" (fitted to {eff.num_runs} runs"
+        if eff.fitted_mape is not None and eff.loo_mape is not None:
+            text += f": MAPE {eff.fitted_mape:.1%}, leave-one-out {eff.loo_mape:.1%}"
+        text += ")"
+    return text
 
 
 def warn_calibration(use: CalibrationUse | None) -> None:

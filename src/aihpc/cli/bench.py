@@ -20,6 +20,7 @@ from rich.table import Table
 
 from aihpc._io import check_output_path, to_json, write_atomic
 from aihpc.cli._common import console, err_console, fail, guarded, print_json, require_torch
+from aihpc.cli.calibrate_runs import FIT_OPTION, RUNS_CHECK_OPTION, RUNS_OPTION, calibrate_runs
 from aihpc.spec.errors import SpecError
 
 __all__ = ["register"]
@@ -418,6 +419,9 @@ def _register_calibrate(app: typer.Typer) -> None:
         inputs: list[str] = typer.Argument(
             None, help="`aihpc bench comm|gemm --json` outputs and/or nccl-tests text logs."
         ),
+        runs: Path | None = RUNS_OPTION,
+        fit: str | None = FIT_OPTION,
+        check: Path | None = RUNS_CHECK_OPTION,
         output: str = typer.Option(
             "calibration.toml", "--output", "-O", help="Calibration TOML to write."
         ),
@@ -448,7 +452,8 @@ def _register_calibrate(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
         r"""Fit latency / bandwidth per collective and tier (and GEMM efficiency) into a TOML
-        that a run spec names with \[cluster] calibration = "FILE"."""
+        that a run spec names with \[cluster] calibration = "FILE"; or, with --runs, the
+        model's efficiency constants to measured training runs."""
         from aihpc.bench.calibrate import (
             fit_to_calibration,
             load_measurements,
@@ -460,9 +465,15 @@ def _register_calibrate(app: typer.Typer) -> None:
         if not 1 <= regimes <= 4:
             raise SpecError("--regimes", regimes, "allowed: 1 to 4")
         check_output_path(Path(output), "--output")
+        if runs is not None or fit is not None or check is not None:
+            others = bool(inputs or local or spec_path)
+            calibrate_runs(runs, fit, check, output, as_json, others)
+            return
         if local == bool(inputs):
             raise SpecError(
-                "INPUTS", " ".join(inputs or []) or "none", "give measurement files or --local"
+                "INPUTS",
+                " ".join(inputs or []) or "none",
+                "give measurement files, --local or --runs",
             )
         local_spec = _local_spec_target(spec_path, local, nproc)
         if local:

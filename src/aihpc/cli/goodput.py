@@ -130,6 +130,30 @@ def _render(rep) -> None:  # type: ignore[no-untyped-def]
     console.print(escape(rep.summary()))
 
 
+def _compare(
+    runspec: Path, gpus: str | None, measured: Path | None, corr: float | None, as_json: bool
+) -> None:
+    """--strategy compare: every recovery strategy at every GPU count."""
+    from aihpc.cli.goodput_compare import (
+        compare_json,
+        parse_gpu_counts,
+        read_measured,
+        render_compare,
+    )
+    from aihpc.perf.strategies import DEFAULT_GPU_COUNTS, compare_strategies
+
+    counts = parse_gpu_counts(gpus) or DEFAULT_GPU_COUNTS
+    if corr is not None and not (0.0 <= corr <= 1.0):
+        raise SpecError("--correlated-loss", corr, "must be a fraction in [0, 1]")
+    facts = read_measured(measured)
+    spec = load_runspec(runspec)
+    out = compare_json(compare_strategies(spec, counts, facts, corr), measured, corr)
+    if as_json:
+        print_json(out)
+    else:
+        render_compare(out)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("goodput")
     @guarded
@@ -150,7 +174,23 @@ def register(app: typer.Typer) -> None:
             None,
             "--strategy",
             help="Checkpoint strategy: sync | async | in_memory "
-            r"(overrides \[reliability] checkpoint_strategy).",
+            r"(overrides \[reliability] checkpoint_strategy), or compare: storage-only, async, "
+            "in-memory peer and in-process restart side by side at --gpus.",
+        ),
+        gpus: str | None = typer.Option(
+            None, "--gpus", help="With --strategy compare: GPU counts (default 16384,100000)."
+        ),
+        measured: Path | None = typer.Option(
+            None,
+            "--measured",
+            help="With --strategy compare: a recovery_time.json whose measured detection and "
+            "restart times replace the published ones.",
+        ),
+        correlated_loss: float | None = typer.Option(
+            None,
+            "--correlated-loss",
+            help="With --strategy compare: fraction of node losses that also lose the peer "
+            "holding the replica (default 0; independent losses are added).",
         ),
         plot: Path | None = typer.Option(
             None,
@@ -170,6 +210,21 @@ def register(app: typer.Typer) -> None:
         n_tokens = parse_count("--tokens", tokens)
         if plot is not None:
             _check_plot_path(plot)  # fail before the (slower) estimate
+        compare_only = {
+            "--gpus": gpus,
+            "--measured": measured,
+            "--correlated-loss": correlated_loss,
+        }
+        if strategy == "compare":
+            if any(v is not None for v in (plot, tokens, days, step_time)):
+                raise SpecError(
+                    "--strategy", strategy, "compare takes no --plot, --tokens, --days, --step-time"
+                )
+            _compare(runspec, gpus, measured, correlated_loss, as_json)
+            return
+        for flag, value in compare_only.items():
+            if value is not None:
+                raise SpecError(flag, value, "only with --strategy compare")
         spec = load_runspec(runspec)
         if strategy is not None:
             from aihpc.spec.reliability import CHECKPOINT_STRATEGIES

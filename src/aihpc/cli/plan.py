@@ -384,15 +384,41 @@ def _register_search(app: typer.Typer) -> None:
                 console.print(f"Combinations skipped by divisibility rules: {reasons}")
 
 
+VALIDATE_CALIBRATION = typer.Option(
+    None,
+    "--calibration",
+    help="Price every run with this calibration TOML (e.g. from calibrate --runs).",
+)
+RUNS_TEMPLATE = typer.Option(
+    False,
+    "--runs-template",
+    help="Print a runs CSV to fill in (every documented column, two example rows).",
+)
+
+
+def _print_runs_template(json_out: bool) -> None:
+    from aihpc.perf.runs_csv import template_text
+
+    text = template_text()
+    if json_out:
+        print_json({"columns": text.splitlines()[0].split(","), "csv": text})
+    else:
+        typer.echo(text, nl=False)
+
+
 def _register_validate(app: typer.Typer) -> None:
     @app.command()
     @guarded
     def validate(
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
         runs: Path | None = typer.Option(
-            None, help="Published runs CSV (default: the project's copy)."
+            None,
+            help="Runs CSV: your own measured runs (columns: --runs-template), or a published "
+            "set (default: the project's copy).",
         ),
-        memory: Path | None = typer.Option(None, help="Published memory CSV."),
+        memory: Path | None = typer.Option(
+            None, help="Memory CSV (Korthikanti components; default: with the project's runs)."
+        ),
         heldout: bool = typer.Option(
             False,
             "--heldout",
@@ -401,9 +427,21 @@ def _register_validate(app: typer.Typer) -> None:
         moe: bool = typer.Option(
             False, "--moe", help="The mixture-of-experts runs (issue 17's development set)."
         ),
+        calibration: Path | None = VALIDATE_CALIBRATION,
+        runs_template: bool = RUNS_TEMPLATE,
     ) -> None:
-        """Predicted vs measured tokens/s/GPU and memory on published runs; MAPE per source."""
+        """Predicted vs measured tokens/s/GPU and memory on published runs or your own
+        (--runs); MAPE per source."""
         from aihpc.perf.validate import validate as run_validate
+
+        if runs_template:
+            _print_runs_template(json_out)
+            return
+        cal = None
+        if calibration is not None:
+            from aihpc.spec.calibration import load_calibration
+
+            cal = load_calibration(calibration)
 
         for name, path in (("--runs", runs), ("--memory", memory)):
             if path is not None and not path.is_file():
@@ -427,11 +465,14 @@ def _register_validate(app: typer.Typer) -> None:
                 progress=lambda rid: bar.update(task, advance=1, row=rid),
                 heldout=heldout,
                 moe=moe,
+                calibration=cal,
             )
         if json_out:
             print_json(report.to_json())
             return
         typer.echo(validation_table(report))
+        if report.calibration:
+            typer.echo(f"\nEvery row priced with the calibration {report.calibration}.")
 
 
 def validation_table(report: ValidationReport) -> str:
@@ -482,7 +523,8 @@ def validation_table(report: ValidationReport) -> str:
         ]
     for m in report.memory:
         lines.append(
-            f"| {m.id} | {m.component} ({memory_kind(m)}) | {m.measured_gib:.1f} | "
+            f"| {m.id} | {m.component}{'' if report.user else f' ({memory_kind(m)})'} | "
+            f"{m.measured_gib:.1f} | "
             f"{m.predicted_gib:.1f} | {m.error:+.1%} |"
         )
     if report.moe:
@@ -498,6 +540,13 @@ def validation_table(report: ValidationReport) -> str:
             f"worst row {report.max_error:.1%} ≤ {TARGET_MOE_MAX_ERROR:.0%}"
             + (f" ({len(over)} over: {', '.join(over)})" if over else "")
             + f" {'met' if met['max_abs_error'] else 'NOT met'}.",
+        ]
+        return "\n".join(lines)
+    if report.user:
+        lines += [
+            "",
+            f"Your runs: MAPE {report.mape:.1%}, worst row {report.max_error:.1%} (the "
+            "project's targets apply to its published sets only).",
         ]
         return "\n".join(lines)
     if report.heldout:

@@ -1,15 +1,17 @@
 """DeepSpeed config JSON (+ the model, which DeepSpeed's config does not describe) ⇄ run spec.
 
 Keys and defaults are DeepSpeed v0.19.8's (``deepspeed/runtime/config.py``, ``zero/config.py``,
-``engine.py``; the "DeepSpeed Configuration JSON" docs): train_batch_size =
+``engine.py``, ``lr_schedules.py``; the "DeepSpeed Configuration JSON" docs): train_batch_size =
 train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size, any two given
 (gradient_accumulation_steps defaults to 1); zero_optimization.stage 0; overlap_comm false
 (true at stage 3); gradient_clipping 0 (off); steps_per_print 10; fp16 / bf16 off (fp32
 training); gradients reduced in the training dtype unless communication_data_type says
-otherwise (``engine.communication_data_type``). Plain DeepSpeed is data parallel only
-(tp = pp = cp = ep = 1). The model comes from ``--model``: a preset name or a Hugging Face
-``config.json`` (LlamaConfig-style keys; MixtralConfig / Qwen3MoeConfig / DeepseekV3Config keys
-for a mixture of experts, multi-latent attention and multi-token prediction).
+otherwise (``engine.communication_data_type``); WarmupCosineLR warms up for warmup_num_steps
+1000, logarithmically (warmup_type log) from warmup_min_ratio 0, and decays to cos_min_ratio
+0.0001. Plain DeepSpeed is data parallel only (tp = pp = cp = ep = 1). The model comes from
+``--model``: a preset name or a Hugging Face ``config.json`` (LlamaConfig-style keys;
+MixtralConfig / Qwen3MoeConfig / DeepseekV3Config keys for a mixture of experts, multi-latent
+attention and multi-token prediction).
 """
 
 from __future__ import annotations
@@ -300,7 +302,7 @@ def import_deepspeed(
         "log_interval": as_int(j.get("steps_per_print", 10), "steps_per_print"),
         **FIXED,
     }
-    training.update(_scheduler(j, lr))
+    training.update(_scheduler(j, notes))
     for key in ("eps", "adam_w_mode"):
         j.get(f"optimizer.params.{key}")
     for key in (
@@ -323,7 +325,7 @@ def import_deepspeed(
     return Imported(FRAMEWORK, tables, j.unread(), notes)
 
 
-def _scheduler(j: _Json, lr: float) -> dict[str, Any]:
+def _scheduler(j: _Json, notes: list[str]) -> dict[str, Any]:
     kind = j.get("scheduler.type")
     if kind is None:
         return {"warmup_steps": 0, "min_lr_ratio": 1.0}  # constant learning rate
@@ -331,13 +333,47 @@ def _scheduler(j: _Json, lr: float) -> dict[str, Any]:
         return {}  # other schedules are listed as not priced
     total = j.get("scheduler.params.total_num_steps")
     out = {
-        "warmup_steps": as_int(j.get("scheduler.params.warmup_num_steps", 0), "warmup_num_steps"),
+        "warmup_steps": as_int(
+            j.get("scheduler.params.warmup_num_steps", 1000), "warmup_num_steps"
+        ),
         "min_lr_ratio": float(j.get("scheduler.params.cos_min_ratio", 0.0001)),
     }
     if total is not None:
         out["train_steps"] = as_int(total, "scheduler.params.total_num_steps")
-    j.get("scheduler.params.warmup_min_ratio")
+    # WarmupCosineLR's warmup is logarithmic unless warmup_type says linear, and starts from
+    # warmup_min_ratio (0); aihpc's is linear from 0 (lr_schedules.py)
+    warmup_type = j.get("scheduler.params.warmup_type")
+    if warmup_type != "linear":
+        said = "DeepSpeed's default" if warmup_type is None else "the source's"
+        notes.append(
+            f"scheduler warmup_type {warmup_type or 'log'} ({said}): the run spec warms up linearly"
+        )
+    start = j.get("scheduler.params.warmup_min_ratio", 0.0)
+    if start:
+        notes.append(f"scheduler warmup_min_ratio {start}: the run spec warms up from 0")
     return out
+
+
+def _scheduler_json(t: TrainingSpec) -> dict[str, Any] | None:
+    """WarmupCosineLR for the run spec's linear warmup and cosine decay; None (no scheduler) for
+    a constant learning rate. DeepSpeed 0.19.8 refuses warmup_num_steps 0 and warms up for at
+    least 2 steps (WarmupCosineLR.__init__), so 0 or 1 warmup steps with a decay has no form."""
+    if t.warmup_steps == 0 and t.min_lr_ratio == 1.0:
+        return None
+    if t.warmup_steps < 2:
+        raise SpecError(
+            "training.warmup_steps",
+            t.warmup_steps,
+            "DeepSpeed's WarmupCosineLR warms up for at least 2 steps: >= 2"
+            " (or 0 with min_lr_ratio = 1, a constant learning rate)",
+        )
+    params = {
+        "total_num_steps": t.train_steps,
+        "warmup_num_steps": t.warmup_steps,
+        "warmup_type": "linear",
+        "cos_min_ratio": t.min_lr_ratio,
+    }
+    return {"type": "WarmupCosineLR", "params": params}
 
 
 def hf_config(spec: RunSpec) -> dict[str, Any]:
@@ -475,17 +511,12 @@ def export_deepspeed(spec: RunSpec) -> tuple[str, str, list[str]]:
                 **({"adam_w_mode": False} if t.optimizer == "adam" else {}),
             },
         },
-        "scheduler": {
-            "type": "WarmupCosineLR",
-            "params": {
-                "total_num_steps": t.train_steps,
-                "warmup_num_steps": t.warmup_steps,
-                "cos_min_ratio": t.min_lr_ratio,
-            },
-        },
     }
     if t.optimizer == "sgd":
         del data["optimizer"]["params"]["betas"]
+    scheduler = _scheduler_json(t)
+    if scheduler is not None:
+        data["scheduler"] = scheduler
     if p.recompute == "full":
         data["activation_checkpointing"] = {"partition_activations": False}
     dropped = not_carried(spec, FIXED, FRAMEWORK)
@@ -495,6 +526,8 @@ def export_deepspeed(spec: RunSpec) -> tuple[str, str, list[str]]:
         for k in MODEL_CODE
         if getattr(t, k) != getattr(defaults, k)
     ]
+    if scheduler is None and t.train_steps != defaults.train_steps:
+        dropped.append("training.train_steps (DeepSpeed: no scheduler, the training script stops)")
     if spec.checkpoint.interval_steps != CheckpointSpec().interval_steps:
         dropped.append("checkpoint.interval_steps (DeepSpeed: the training script saves)")
     return json.dumps(data, indent=2) + "\n", json.dumps(hf_config(spec), indent=2) + "\n", dropped

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aihpc.perf.estimate import estimate
-from aihpc.spec.calibration import Calibration, CommFit
+from aihpc.spec.calibration import Calibration, CommFit, EfficiencyScales
 from aihpc.spec.runspec import RunSpec
 
 __all__ = ["MAX_BUSBW_LINK_RATIO", "CalibrationUse", "calibration_use", "implausible_regimes"]
@@ -61,6 +61,7 @@ class CalibrationUse:
     gemm_used: tuple[str, ...]  # precisions looked up and in the file
     terms: tuple[str, ...]  # step-time terms (Estimate.time_s keys) the file changed
     implausible: tuple[str, ...]  # regimes whose busbw no link can carry, as sentences
+    efficiency: EfficiencyScales | None = None  # scales fitted to measured runs
 
     @property
     def missing(self) -> tuple[tuple[str, str], ...]:
@@ -94,8 +95,20 @@ class CalibrationUse:
             "not_covered": [{"collective": c, "tier": t} for c, t in self.missing],
             "gemm_used": list(self.gemm_used),
             "terms": list(self.terms),
+            "efficiency": _efficiency_json(self.efficiency),
             "warnings": self.warnings,
         }
+
+
+def _efficiency_json(eff: EfficiencyScales | None) -> dict[str, Any] | None:
+    if eff is None:
+        return None
+    return {
+        "scales": eff.scales(),
+        "num_runs": eff.num_runs,
+        "fitted_mape": eff.fitted_mape,
+        "loo_mape": eff.loo_mape,
+    }
 
 
 def _pairs(pairs: tuple[tuple[str, str], ...]) -> str:
@@ -135,6 +148,7 @@ def calibration_use(spec: RunSpec) -> CalibrationUse | None:
         gemm=_AskedDict(cal.gemm, asked_gemm),
         source=cal.source,
         path=cal.path,
+        efficiency=cal.efficiency,
     )
     with_cal = estimate(replace(spec, cluster=replace(spec.cluster, calibration=rec)))
     without = estimate(replace(spec, cluster=replace(spec.cluster, calibration=None)))
@@ -155,4 +169,5 @@ def calibration_use(spec: RunSpec) -> CalibrationUse | None:
         gemm_used=tuple(sorted(p for p in asked_gemm if p in cal.gemm)),
         terms=terms,
         implausible=tuple(implausible_regimes(cal, link)),
+        efficiency=cal.efficiency,
     )

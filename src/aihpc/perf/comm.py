@@ -75,6 +75,8 @@ def _tier_time_s(
     else:
         bw = cluster.scale_out_bw_GBps * params.scale_out_efficiency
         latency = params.scale_out_latency_s
+    if calibration is not None:  # a scale fitted to measured runs (aihpc calibrate --runs)
+        bw *= calibration.scale(tier)
     bw = min(bw, cap)
     # Latency: NCCL runs all-gather and reduce-scatter as rings, n - 1 dependent hops; an
     # all-reduce at scale uses the double binary tree, 2 log2(n) hops (Sanders et al. 2009;
@@ -229,6 +231,8 @@ def moe_all_to_all_time_s(
     out_bw = cluster.scale_out_bw_GBps * params.scale_out_efficiency * 1e9
     up_lat, out_lat = params.scale_up_latency_s, params.scale_out_latency_s
     cal = cluster.calibration
+    if cal is not None:  # scales fitted to measured runs (aihpc calibrate --runs)
+        up_bw, out_bw = up_bw * cal.scale("scale_up"), out_bw * cal.scale("scale_out")
     # A calibration's all-to-all fit (aihpc bench moe / nccl-tests alltoall_perf, through
     # aihpc calibrate) replaces the bus bandwidth and latency of its tier.
     for tier in ("scale_up", "scale_out"):

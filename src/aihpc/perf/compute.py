@@ -30,9 +30,14 @@ def gemm_efficiency(
     """Achieved fraction of the dense peak for one GEMM of ``gflop`` GFLOP."""
     peak = gpu.sustained_peak_tflops(precision)
     if calibration is not None and precision in calibration.gemm:
-        return calibration.gemm[precision].achieved_tflops(gflop) / peak
-    large = gpu.large_gemm_efficiency(precision) or params.gemm_efficiency
-    return large * gflop / (gflop + params.gemm_half_efficiency_gflop)
+        eff = calibration.gemm[precision].achieved_tflops(gflop) / peak
+    else:
+        large = gpu.large_gemm_efficiency(precision) or params.gemm_efficiency
+        eff = large * gflop / (gflop + params.gemm_half_efficiency_gflop)
+    if calibration is not None and calibration.efficiency is not None:
+        # a scale fitted to measured runs (aihpc calibrate --runs); never past the peak
+        eff = min(1.0, eff * calibration.scale("gemm"))
+    return eff
 
 
 def gemm_time_s(
@@ -160,14 +165,10 @@ def layer_times(
         if model.is_mla:  # scores over the qk width, AV over the v width
             dqk, dv = mla_head_dims(model)
             flops = 2 * tokens * s * heads * (dqk + dv) * 0.5
-        eff_f, eff_b = gpu.attention_efficiency(training.attention)
+        eff_f, eff_b = _attention_efficiency(gpu, training, params, calibration)
         peak = gpu.sustained_peak_tflops("bf16") * 1e12
-        fwd_attn = (
-            flops / (peak * (eff_f or params.attention_efficiency)) + params.kernel_overhead_s
-        )
-        bwd_attn = (
-            2.5 * flops / (peak * (eff_b or params.attention_efficiency)) + params.kernel_overhead_s
-        )
+        fwd_attn = flops / (peak * eff_f) + params.kernel_overhead_s
+        bwd_attn = 2.5 * flops / (peak * eff_b) + params.kernel_overhead_s
         if training.dropout > 0:  # the kernel draws and applies the mask from its RNG state
             fwd_attn *= 1 + params.fused_attention_dropout_cost
             bwd_attn *= 1 + params.fused_attention_dropout_cost
@@ -213,6 +214,19 @@ def layer_times(
         unsaved_op,
         fwd_modules,
     )
+
+
+def _attention_efficiency(
+    gpu: GPUSpec, training: TrainingSpec, params: ModelParams, calibration: Calibration | None
+) -> tuple[float, float]:
+    """(forward, backward) fraction of the 16-bit peak the fused attention kernel reaches: the
+    catalog's figure for the part, else the constant; times a scale fitted to measured runs."""
+    eff_f, eff_b = gpu.attention_efficiency(training.attention)
+    eff_f, eff_b = eff_f or params.attention_efficiency, eff_b or params.attention_efficiency
+    if calibration is not None and calibration.efficiency is not None:
+        k = calibration.scale("attention")
+        eff_f, eff_b = min(1.0, eff_f * k), min(1.0, eff_b * k)
+    return eff_f, eff_b
 
 
 def routed_tokens(model: ModelSpec, plan: ParallelPlan, training: TrainingSpec) -> float:

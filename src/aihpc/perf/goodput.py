@@ -55,6 +55,7 @@ __all__ = [
     "goodput_model",
     "goodput_report",
     "lost_time_fractions",
+    "maximise_on_log_scale",
     "optimal_interval_s",
     "whole_step_interval_s",
     "young_interval_s",
@@ -147,24 +148,29 @@ def optimal_interval_s(p: GoodputParams) -> float:
     if not math.isfinite(p.mtbf_s):
         return math.inf
     lo = max(p.min_interval_s, 1e-6 * p.mtbf_s, 1e-3)
-    hi = max(20.0 * p.mtbf_s, 10.0 * lo)
+    return maximise_on_log_scale(lambda t: ettr(p, t), lo, max(20.0 * p.mtbf_s, 10.0 * lo))
+
+
+def maximise_on_log_scale(f: Callable[[float], float], lo: float, hi: float) -> float:
+    """The x in [lo, hi] that maximises a unimodal ``f``: a 200-point log grid, then
+    golden-section search on log x between the grid neighbours of the best point."""
     n = 200
     grid = [lo * (hi / lo) ** (i / (n - 1)) for i in range(n)]
-    vals = [ettr(p, t) for t in grid]
+    vals = [f(t) for t in grid]
     i = max(range(n), key=vals.__getitem__)
     a, b = math.log(grid[max(i - 1, 0)]), math.log(grid[min(i + 1, n - 1)])
     g = (math.sqrt(5) - 1) / 2
     c, d = b - g * (b - a), a + g * (b - a)
-    fc, fd = ettr(p, math.exp(c)), ettr(p, math.exp(d))
+    fc, fd = f(math.exp(c)), f(math.exp(d))
     for _ in range(60):
         if fc >= fd:
             b, d, fd = d, c, fc
             c = b - g * (b - a)
-            fc = ettr(p, math.exp(c))
+            fc = f(math.exp(c))
         else:
             a, c, fc = c, d, fd
             d = a + g * (b - a)
-            fd = ettr(p, math.exp(d))
+            fd = f(math.exp(d))
     return math.exp((a + b) / 2)
 
 

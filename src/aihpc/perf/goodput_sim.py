@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aihpc.perf.goodput import GoodputParams
@@ -71,12 +72,16 @@ def simulate(
     horizon_s: float | None = None,
     seed: int = 0,
     weibull_shape: float = 1.0,
+    recovery_mix: Sequence[tuple[float, float]] | None = None,
 ) -> SimResult:
     """Simulate until ``horizon_s`` of wall time (default: ``num_failures`` x MTBF).
 
     ``weibull_shape``: time between failures is Weibull with this shape and mean MTBF; 1 is
     exponential (what the analytic model assumes); field studies of HPC systems fit shapes of
     0.7-0.8 (Schroeder & Gibson, DSN 2006), i.e. failures that cluster.
+
+    ``recovery_mix``: [(weight, R)]: each failure draws its recovery time R with probability
+    ∝ weight (failures of several kinds, recovered along different paths); None: R = recovery_s.
     """
     if interval_s < p.persist_s:
         raise ValueError("interval_s must be ≥ persist_s (a save waits for the previous one)")
@@ -93,6 +98,14 @@ def simulate(
         if not math.isfinite(p.mtbf_s):
             return math.inf
         return now + rng.weibullvariate(scale, weibull_shape)
+
+    weights = [w for w, _ in recovery_mix] if recovery_mix else None
+    times = [r for _, r in recovery_mix] if recovery_mix else None
+
+    def recovery_time() -> float:
+        if times is None:
+            return p.recovery_s
+        return rng.choices(times, weights)[0]
 
     def next_planned(now: float) -> float:
         return now + rng.expovariate(lam_p) if lam_p > 0 else math.inf
@@ -124,7 +137,7 @@ def simulate(
         failures += 1
         fail_at = next_failure(t)
         # --- recovery: R of exposed time; a failure restarts it, a planned stop pauses it
-        done_at = t + p.recovery_s
+        done_at = t + recovery_time()
         while t < horizon:
             if not p.failures_during_recovery and fail_at < done_at:
                 fail_at = next_failure(done_at)  # the failure process restarts after recovery
@@ -137,7 +150,7 @@ def simulate(
                 t = fail_at
                 failures += 1
                 fail_at = next_failure(t)
-                done_at = t + p.recovery_s
+                done_at = t + recovery_time()
             else:
                 rec += plan_at - t
                 left = done_at - plan_at

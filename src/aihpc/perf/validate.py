@@ -7,11 +7,9 @@ Memory rows: Korthikanti et al. 2022 profiled components and torchtitan peak res
 
 from __future__ import annotations
 
-import csv
-import math
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -19,25 +17,20 @@ from typing import Any
 from aihpc.perf.estimate import Estimate, estimate_plan
 from aihpc.perf.memory import GiB
 from aihpc.perf.params import DEFAULT_PARAMS, ModelParams
+from aihpc.perf.runs_csv import (
+    RUNS_COLUMNS,
+    cell,
+    measured,
+    measured_throughput,
+    read_table,
+    row_runspec,
+)
 from aihpc.perf.search import search_plans
+from aihpc.spec.calibration import Calibration
 from aihpc.spec.errors import SpecError
 from aihpc.spec.parallel import ParallelPlan, PartialPlan
-from aihpc.spec.runspec import RunSpec, runspec_from_dict
-from aihpc.spec.training import COMM_CTA_CAPS
 
 __all__ = ["MemoryRow", "ThroughputRow", "ValidationReport", "validate"]
-
-PLAN_INT = ("tp", "pp", "vpp", "cp", "dp", "zero_stage", "micro_batch_size", "global_batch_size")
-MOE_PLAN_INT = ("ep", "etp")  # columns of moe_runs.csv only
-MODEL_INT = (
-    "num_layers",
-    "hidden_size",
-    "num_attention_heads",
-    "num_kv_heads",
-    "ffn_hidden_size",
-    "vocab_size",
-    "seq_length",
-)
 
 # Targets of issue #2; a test enforces them.
 TARGET_MAPE = 0.10
@@ -90,6 +83,8 @@ class ValidationReport:
     memory: list[MemoryRow]
     heldout: bool = False  # rows kept out of the model's development (heldout_runs.csv)
     moe: bool = False  # the MoE development set (moe_runs.csv), with its own targets
+    user: bool = False  # the user's own runs: no target of the project's applies
+    calibration: str = ""  # the calibration every row was priced with (its path), if any
 
     def mape_by_source(self) -> dict[str, float]:
         groups: dict[str, list[float]] = {}
@@ -139,9 +134,13 @@ class ValidationReport:
                 for m in self.memory
             ],
             "memory_max_abs_error": {
-                k: self.memory_max_error(k) for k in ("korthikanti", "torchtitan")
-            },
-            "targets": {"mape": TARGET_MOE_MAPE, "max_abs_error": TARGET_MOE_MAX_ERROR}
+                "peak_reserved": max((abs(m.error) for m in self.memory), default=0.0)
+            }
+            if self.user
+            else {k: self.memory_max_error(k) for k in ("korthikanti", "torchtitan")},
+            "targets": None
+            if self.user
+            else {"mape": TARGET_MOE_MAPE, "max_abs_error": TARGET_MOE_MAX_ERROR}
             if self.moe
             else {
                 "mape": TARGET_MAPE,
@@ -149,9 +148,11 @@ class ValidationReport:
                 "korthikanti_memory": TARGET_KORTHIKANTI,
                 "torchtitan_memory": TARGET_TORCHTITAN,
             },
-            "targets_met": self.targets_met,
-            "passed": self.passed,
+            "targets_met": None if self.user else self.targets_met,
+            "passed": None if self.user else self.passed,
             "heldout": self.heldout,
+            "user_runs": self.user,
+            "calibration": self.calibration or None,
             **({"moe": True} if self.moe else {}),
         }
 
@@ -180,71 +181,11 @@ def source_key(source: str) -> str:
     for key in ("Narayanan", "Korthikanti", "Megatron-LM README", "NeMo", "torchtitan"):
         if key in source:
             return {"Megatron-LM README": "Megatron-Core"}.get(key, key)
-    return source.split(" ")[0]
+    return source.split(" ")[0] or "(no source)"
 
 
 def memory_kind(row: MemoryRow) -> str:
     return "torchtitan" if "torchtitan" in row.source else "korthikanti"
-
-
-def _cell(row: dict[str, str], key: str) -> str:
-    return (row.get(key) or "").strip()
-
-
-def row_runspec(row: dict[str, str]) -> RunSpec:
-    model: dict[str, Any] = {k: int(_cell(row, k)) for k in MODEL_INT if _cell(row, k)}
-    if _cell(row, "preset"):  # MoE rows: the published architecture from the preset
-        model["preset"] = _cell(row, "preset")
-        if _cell(row, "ffn_activation"):
-            model["ffn_activation"] = _cell(row, "ffn_activation")
-        if _cell(row, "moe_capacity_factor"):
-            model["moe_capacity_factor"] = float(_cell(row, "moe_capacity_factor"))
-    else:
-        model["ffn_activation"] = _cell(row, "ffn_activation")
-        model["tied_embeddings"] = _cell(row, "tied_embeddings").lower() == "true"
-    if _cell(row, "position_embedding"):
-        model["position_embedding"] = _cell(row, "position_embedding")
-    model["name"] = _cell(row, "model")
-    parallel: dict[str, Any] = {
-        k: int(_cell(row, k)) for k in (*PLAN_INT, *MOE_PLAN_INT) if _cell(row, k)
-    }
-    if _cell(row, "moe_a2a_overlap"):
-        parallel["moe_a2a_overlap"] = _cell(row, "moe_a2a_overlap")
-    if _cell(row, "recompute_modules"):  # Megatron's --recompute-modules, joined by "+"
-        parallel["recompute_modules"] = _cell(row, "recompute_modules").split("+")
-    if _cell(row, "sequence_parallel"):
-        parallel["sequence_parallel"] = _cell(row, "sequence_parallel").lower() == "true"
-    if _cell(row, "recompute"):
-        parallel["recompute"] = _cell(row, "recompute")
-    # Offloading is opt-in in every framework and the sources name it where a run used it, so an
-    # empty cell is 0, not a free choice for the search.
-    parallel["offload_layers"] = int(_cell(row, "offload_layers") or 0)
-    training: dict[str, Any] = {"precision": _cell(row, "precision")}
-    if _cell(row, "attention"):
-        training["attention"] = _cell(row, "attention")
-    for flag in ("fused_kernels", "grad_reduce_overlap", "kv_repeat", "fp8_param_gather"):
-        if _cell(row, flag):
-            training[flag] = _cell(row, flag).lower() == "true"
-    text_facts = ("cross_entropy", "grad_reduce_dtype", "optimizer_dtype", "zero3_gather")
-    text_facts += ("moe_dispatcher", "moe_dispatch_dtype")
-    if _cell(row, "moe_imbalance"):
-        training["moe_imbalance"] = float(_cell(row, "moe_imbalance"))
-    for text in (*text_facts, "cp_exchange", "pipeline_split", "fp8_saved_inputs"):
-        if _cell(row, text):
-            training[text] = _cell(row, text)
-    if _cell(row, "dropout"):
-        training["dropout"] = float(_cell(row, "dropout"))
-    for cap in COMM_CTA_CAPS:
-        if _cell(row, cap):
-            training[cap] = int(_cell(row, cap))
-    cluster = {
-        "gpu": _cell(row, "gpu"),
-        "num_gpus": int(_cell(row, "num_gpus")),
-        "gpus_per_node": int(_cell(row, "gpus_per_node")),
-    }
-    return runspec_from_dict(
-        {"model": model, "cluster": cluster, "parallel": parallel, "training": training}
-    )
 
 
 def _complete(partial: PartialPlan) -> bool:
@@ -265,8 +206,14 @@ def _complete(partial: PartialPlan) -> bool:
     )
 
 
-def predict_row(row: dict[str, str], params: ModelParams = DEFAULT_PARAMS) -> ThroughputRow:
+def predict_row(
+    row: dict[str, str],
+    params: ModelParams = DEFAULT_PARAMS,
+    calibration: Calibration | None = None,
+) -> ThroughputRow:
     spec = row_runspec(row)
+    if calibration is not None:
+        spec = replace(spec, cluster=replace(spec.cluster, calibration=calibration))
     if _complete(spec.parallel):
         est = estimate_plan(spec.model, spec.cluster, spec.plan(), spec.training, params)
         searched = False
@@ -283,13 +230,13 @@ def predict_row(row: dict[str, str], params: ModelParams = DEFAULT_PARAMS) -> Th
                 f"validation row {row['id']}", "plan", "no valid completion of the published plan"
             )
         searched = True
-    mem = _cell(row, "measured_memory_gib")
+    mem = cell(row, "measured_memory_gib")
     return ThroughputRow(
         row["id"],
-        row["source"],
-        row["model"],
-        int(row["num_gpus"]),
-        measured(row, "measured_tokens_per_s_per_gpu"),
+        cell(row, "source"),
+        spec.model.name,
+        spec.cluster.num_gpus,
+        measured_throughput(row, spec, est.plan.global_batch_size),
         est.tokens_per_s_per_gpu,
         searched,
         est.plan,
@@ -298,24 +245,10 @@ def predict_row(row: dict[str, str], params: ModelParams = DEFAULT_PARAMS) -> Th
     )
 
 
-def measured(row: dict[str, str], column: str) -> float:
-    """A measured figure: a finite number > 0 (a 0 would divide the error by zero, and nan or
-    inf would turn the MAPE into nan), else a SpecError naming the column."""
-    try:
-        value = float(row[column])
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise SpecError(column, row[column], "a measured figure must be a finite number > 0")
-    return value
-
-
 def korthikanti_memory(
     runs: dict[str, dict[str, str]], mem_row: dict[str, str], params: ModelParams
 ) -> list[MemoryRow]:
     """The three profiled components of Korthikanti Fig. 1 for one configuration."""
-    from dataclasses import replace
-
     from aihpc.perf.memory import memory_breakdown
 
     spec = row_runspec(runs[mem_row["config_row"]])
@@ -351,19 +284,6 @@ def korthikanti_memory(
     return out
 
 
-RUNS_COLUMNS = (
-    "id",
-    "source",
-    "model",
-    *MODEL_INT,
-    "ffn_activation",
-    "gpu",
-    "num_gpus",
-    "gpus_per_node",
-    "global_batch_size",
-    "precision",
-    "measured_tokens_per_s_per_gpu",
-)
 MEMORY_COLUMNS = (
     "id",
     "config_row",
@@ -372,26 +292,6 @@ MEMORY_COLUMNS = (
     "activations_no_recompute_no_sp_gib",
     "activations_sp_selective_gib",
 )
-
-
-def read_table(path: Path, required: tuple[str, ...], what: str) -> list[dict[str, str]]:
-    """Rows of a validation CSV; a missing column or an empty table is a one-line error."""
-    try:
-        with open(path, newline="", encoding="utf-8-sig") as fh:
-            reader = csv.DictReader(fh)
-            missing = [c for c in required if c not in (reader.fieldnames or [])]
-            if missing:
-                raise SpecError(
-                    f"{what} {path}", ", ".join(missing), "required columns are missing"
-                )
-            rows = list(reader)
-    except UnicodeDecodeError as err:
-        raise SpecError(f"{what} {path}", "bytes", f"not UTF-8 text ({err.reason})") from None
-    except csv.Error as err:
-        raise SpecError(f"{what} {path}", "content", f"not a CSV table ({err})") from None
-    if not rows:
-        raise SpecError(f"{what} {path}", "no rows", "needs at least one measured row")
-    return rows
 
 
 def _checked(path: Path, row: dict[str, str], func: Callable[[], Any]) -> Any:
@@ -413,10 +313,15 @@ def validate(
     progress: Callable[[str], None] | None = None,
     heldout: bool = False,
     moe: bool = False,
+    calibration: Calibration | None = None,
 ) -> ValidationReport:
     """Model vs published runs. ``heldout``: the project's held-out runs (published runs that
     are not in the shared set the model was developed on), without the Korthikanti memory
-    rows; held-out runs that publish a peak memory still get theirs."""
+    rows; held-out runs that publish a peak memory still get theirs. A ``runs_csv`` of the
+    user's own gets memory rows only from ``memory_csv`` when one is given, and every row is
+    priced with ``calibration`` when one is given."""
+    user = runs_csv is not None and not (heldout or moe)
+    with_memory_csv = memory_csv is not None or runs_csv is None
     if heldout:
         runs_csv = data_file("heldout_runs.csv")
     if moe:  # issue #17's MoE development set (shared/validation/moe_runs.md), no memory rows
@@ -428,10 +333,11 @@ def validate(
     for row in runs:
         if progress is not None:
             progress(row["id"])
-        rows.append(_checked(runs_csv, row, lambda row=row: predict_row(row, params)))
+        rows.append(_checked(runs_csv, row, lambda row=row: predict_row(row, params, calibration)))
     memory: list[MemoryRow] = []
     by_id = {r["id"]: r for r in runs}
-    for mem_row in [] if heldout or moe else read_table(memory_csv, MEMORY_COLUMNS, "memory CSV"):
+    mem_rows = read_table(memory_csv, MEMORY_COLUMNS, "memory CSV") if with_memory_csv else []
+    for mem_row in [] if heldout or moe else mem_rows:
         if mem_row["config_row"] not in by_id:
             raise SpecError(
                 f"{memory_csv} row {mem_row['id']}: config_row",
@@ -445,4 +351,5 @@ def validate(
         if r.measured_memory_gib is not None:
             total = r.estimate.memory.total / GiB
             memory.append(MemoryRow(r.id, r.source, "peak_reserved", r.measured_memory_gib, total))
-    return ValidationReport(rows, memory, heldout, moe)
+    cal_path = (calibration.path or calibration.source) if calibration is not None else ""
+    return ValidationReport(rows, memory, heldout, moe, user, cal_path)

@@ -20,6 +20,14 @@ File layout (TOML)::
     [[gemm]]
     precision = "bf16"
     points = [[0.5, 310.0], [8.0, 640.0], [137.4, 720.0]]   # [GFLOP per GEMM, achieved TFLOP/s]
+    [efficiency]                   # fitted to measured training runs (aihpc calibrate --runs)
+    gemm = 0.95                    # multiplies the GEMM efficiency the model would use
+    attention = 1.1                # multiplies the fused attention kernel's efficiency
+    scale_up = 1.0                 # multiplies the NVLink bus bandwidth (where no [[comm]] fit)
+    scale_out = 0.9                # multiplies the network bus bandwidth (where no [[comm]] fit)
+    num_runs = 12                  # optional: runs behind the fit, and its mean absolute errors
+    fitted_mape = 0.04             # on them and leave-one-out cross-validated
+    loo_mape = 0.06
 
 Time of a collective of whole-buffer size S (nccl-tests convention) on n ranks is
 ``latency + S * busbw_factor(n) / busbw`` in the regime S falls in.
@@ -38,10 +46,12 @@ from aihpc.spec.errors import SpecError
 
 __all__ = [
     "COLLECTIVES",
+    "EFFICIENCY_SCALES",
     "TIERS",
     "Calibration",
     "CommFit",
     "CommRegime",
+    "EfficiencyScales",
     "GemmFit",
     "busbw_factor",
     "calibration_from_dict",
@@ -115,15 +125,42 @@ class GemmFit:
         return ys[i - 1] + w * (ys[i] - ys[i - 1])
 
 
+# The efficiencies a calibration fitted to measured runs may scale: GEMMs, fused attention, and
+# the bus bandwidth of the scale-up (NVLink) and scale-out (network) tiers.
+EFFICIENCY_SCALES = ("gemm", "attention", "scale_up", "scale_out")
+
+
+@dataclass(frozen=True)
+class EfficiencyScales:
+    """Multipliers on the model's efficiencies, fitted to a user's measured training runs
+    (``aihpc calibrate --runs``); 1.0 leaves an efficiency as the catalog and constants say."""
+
+    gemm: float = 1.0
+    attention: float = 1.0
+    scale_up: float = 1.0
+    scale_out: float = 1.0
+    num_runs: int = 0
+    fitted_mape: float | None = None
+    loo_mape: float | None = None
+
+    def scales(self) -> dict[str, float]:
+        return {name: getattr(self, name) for name in EFFICIENCY_SCALES}
+
+
 @dataclass(frozen=True)
 class Calibration:
     comm: dict[tuple[str, str], CommFit] = field(default_factory=dict)
     gemm: dict[str, GemmFit] = field(default_factory=dict)
     source: str = ""
     path: str = ""
+    efficiency: EfficiencyScales | None = None
 
     def comm_fit(self, collective: str, tier: str) -> CommFit | None:
         return self.comm.get((collective, tier))
+
+    def scale(self, name: str) -> float:
+        """The fitted multiplier on efficiency ``name`` (one of EFFICIENCY_SCALES), else 1."""
+        return getattr(self.efficiency, name) if self.efficiency is not None else 1.0
 
 
 def _num(where: str, value: Any, allow_inf: bool = False) -> float:
@@ -140,7 +177,7 @@ def _num(where: str, value: Any, allow_inf: bool = False) -> float:
     return float(value)
 
 
-_TOP_KEYS = ("source", "comm", "gemm")
+_TOP_KEYS = ("source", "comm", "gemm", "efficiency")
 _COMM_KEYS = (
     "collective",
     "tier",
@@ -153,6 +190,7 @@ _COMM_KEYS = (
 )
 _REGIME_KEYS = ("max_bytes", "latency_us", "busbw_GBps")
 _GEMM_KEYS = ("precision", "points")
+_EFFICIENCY_KEYS = (*EFFICIENCY_SCALES, "num_runs", "fitted_mape", "loo_mape")
 
 
 def _known(where: str, table: Any, allowed: tuple[str, ...]) -> None:
@@ -233,7 +271,29 @@ def calibration_from_dict(data: dict[str, Any], path: str = "") -> Calibration:
         gemm[str(entry.get("precision", "bf16"))] = GemmFit(
             str(entry.get("precision", "bf16")), tuple(pts)
         )
-    return Calibration(comm=comm, gemm=gemm, source=str(data.get("source", "")), path=path)
+    return Calibration(
+        comm=comm,
+        gemm=gemm,
+        source=str(data.get("source", "")),
+        path=path,
+        efficiency=_efficiency(data["efficiency"]) if "efficiency" in data else None,
+    )
+
+
+def _efficiency(table: Any) -> EfficiencyScales:
+    _known("calibration.efficiency", table, _EFFICIENCY_KEYS)
+    values: dict[str, Any] = {}
+    for name in EFFICIENCY_SCALES:
+        value = _num(f"calibration.efficiency.{name}", table.get(name, 1.0))
+        if value <= 0:
+            raise SpecError(f"calibration.efficiency.{name}", value, "a multiplier must be > 0")
+        values[name] = value
+    if "num_runs" in table:
+        values["num_runs"] = int(_num("calibration.efficiency.num_runs", table["num_runs"]))
+    for name in ("fitted_mape", "loo_mape"):
+        if name in table:
+            values[name] = _num(f"calibration.efficiency.{name}", table[name])
+    return EfficiencyScales(**values)
 
 
 def load_calibration(path: str | Path) -> Calibration:
@@ -285,6 +345,15 @@ def calibration_to_toml(cal: Calibration, header: str = "") -> str:
     for prec, g in sorted(cal.gemm.items()):
         pts = ", ".join(f"[{_fmt(a)}, {_fmt(b)}]" for a, b in g.points)
         lines += ["", "[[gemm]]", f"precision = {_quote(prec)}", f"points = [{pts}]"]
+    if cal.efficiency is not None:
+        eff = cal.efficiency
+        lines += ["", "[efficiency]"]
+        lines += [f"{name} = {_fmt(value)}" for name, value in eff.scales().items()]
+        if eff.num_runs:
+            lines.append(f"num_runs = {eff.num_runs}")
+        for name in ("fitted_mape", "loo_mape"):
+            if getattr(eff, name) is not None:
+                lines.append(f"{name} = {_fmt(getattr(eff, name))}")
     return "\n".join(lines) + "\n"
 
 
