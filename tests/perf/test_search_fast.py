@@ -40,6 +40,16 @@ def calibrated():
     return replace(spec, parallel=PartialPlan(global_batch_size=64))
 
 
+def run_fitted():
+    """Efficiency scales fitted to measured runs (aihpc calibrate --runs), no measured fits."""
+    from aihpc.spec.calibration import Calibration, EfficiencyScales
+
+    spec = preset("llama3-70b", "h100-sxm", 128, {"global_batch_size": 128})
+    scales = EfficiencyScales(gemm=0.9, attention=1.1, scale_up=0.8, scale_out=0.7)
+    cluster = replace(spec.cluster, calibration=Calibration(efficiency=scales))
+    return replace(spec, cluster=cluster)
+
+
 SPECS = {
     # the README's search examples
     "readme-llama3-70b": lambda: load_runspec(EXAMPLES / "llama3-70b-search.toml"),
@@ -53,6 +63,7 @@ SPECS = {
         "deepseek-v3", "h800", 512, {"tp": 1, "pp": 16, "global_batch_size": 1024}
     ),
     "calibrated": calibrated,
+    "run-fitted-scales": run_fitted,
     # the training options that change the arithmetic
     "balanced-zbv": lambda: preset(
         "llama3-70b",

@@ -282,6 +282,8 @@ def _tier_times_s(
         else:
             bw = cluster.scale_out_bw_GBps * params.scale_out_efficiency
             latency = params.scale_out_latency_s
+        if calibration is not None:  # a scale fitted to measured runs (aihpc calibrate --runs)
+            bw *= calibration.scale(tier)
         if collective in ("all_gather", "reduce_scatter"):
             steps = n - 1
         elif collective == "all_reduce":
