@@ -6,13 +6,15 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from aihpc.cli._common import guarded, print_json
-from aihpc.observe.metrics import MetricsConfig
 from aihpc.spec.errors import SpecError
+
+if TYPE_CHECKING:  # prometheus_client is imported only by the commands that serve metrics
+    from aihpc.observe.metrics import MetricsConfig
 
 __all__ = ["metrics_args", "metrics_config", "register"]
 
@@ -44,6 +46,8 @@ def metrics_config(
             ) from None
         if not os.access(textfile, os.W_OK | os.X_OK):
             raise SpecError("--metrics-textfile", str(textfile), "is not writable")
+    from aihpc.observe.metrics import MetricsConfig
+
     return MetricsConfig(port=port, textfile_dir=textfile)
 
 

@@ -17,6 +17,9 @@ domains - 1 network hops.
 from __future__ import annotations
 
 import math
+from typing import Any
+
+import numpy as np
 
 from aihpc.perf.params import DEFAULT_PARAMS, ModelParams
 from aihpc.spec.calibration import Calibration, busbw_factor
@@ -26,6 +29,7 @@ from aihpc.spec.errors import SpecError
 __all__ = [
     "busbw_factor",
     "collective_time_s",
+    "collective_times_s",
     "group_tiers",
     "moe_all_to_all_time_s",
     "p2p_time_s",
@@ -248,3 +252,117 @@ def moe_all_to_all_time_s(
         intra = copies_bytes * (k - 1) / n
         inter = copies_bytes * (n - k) / n
     return up_lat + out_lat + max(intra / up_bw, inter / out_bw)
+
+
+def _tier_times_s(
+    cluster: ClusterSpec,
+    collective: str,
+    size_bytes: np.ndarray,
+    n: np.ndarray,
+    tier: str,
+    params: ModelParams,
+    calibration: Calibration | None,
+) -> np.ndarray:
+    """``_tier_time_s`` over arrays of sizes and group sizes (no CTA cap: collectives only)."""
+    n_f = n.astype(float)
+    if collective == "all_reduce":
+        factor = 2.0 * (n_f - 1) / n_f
+    elif collective in ("all_gather", "reduce_scatter", "all_to_all"):
+        factor = (n_f - 1) / n_f
+    else:
+        factor = busbw_factor(collective, 2) + 0 * n_f
+    fit = calibration.comm_fit(collective, tier) if calibration is not None else None
+    if fit is not None:
+        latency_us, busbw = _regimes(fit, size_bytes)
+        out = latency_us * 1e-6 + size_bytes * factor / (busbw * 1e9)
+    else:
+        if tier == "scale_up":
+            bw = cluster.scale_up_bw_GBps * params.scale_up_efficiency
+            latency = params.scale_up_latency_s
+        else:
+            bw = cluster.scale_out_bw_GBps * params.scale_out_efficiency
+            latency = params.scale_out_latency_s
+        if calibration is not None:  # a scale fitted to measured runs (aihpc calibrate --runs)
+            bw *= calibration.scale(tier)
+        if collective in ("all_gather", "reduce_scatter"):
+            steps = n - 1
+        elif collective == "all_reduce":
+            steps = 2 * np.ceil(np.log2(np.maximum(n_f, 1.0)))
+        else:
+            steps = np.ones(len(n))
+        out = steps * latency + size_bytes * factor / (bw * 1e9)
+    return np.where((n <= 1) | (size_bytes <= 0), 0.0, out)
+
+
+def _regimes(fit: Any, size_bytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(latency_us, busbw_GBps) of the regime each size falls in (``CommFit.regime``)."""
+    latency = np.full(len(size_bytes), fit.regimes[-1].latency_us)
+    busbw = np.full(len(size_bytes), fit.regimes[-1].busbw_GBps)
+    for r in reversed(fit.regimes):
+        inside = size_bytes <= r.max_bytes
+        latency = np.where(inside, r.latency_us, latency)
+        busbw = np.where(inside, r.busbw_GBps, busbw)
+    return latency, busbw
+
+
+def collective_times_s(
+    cluster: ClusterSpec,
+    collective: str,
+    size_bytes: Any,
+    n: Any,
+    stride: Any,
+    params: ModelParams | None = None,
+) -> np.ndarray:
+    """``collective_time_s`` over numpy arrays of sizes, group sizes and strides (the search
+    prices every plan's data-parallel collectives at once); the cluster's own calibration."""
+    params = params or DEFAULT_PARAMS
+    calibration = cluster.calibration
+    size_bytes, n, stride = np.broadcast_arrays(
+        np.asarray(size_bytes, dtype=float), np.asarray(n), np.asarray(stride)
+    )
+    domain = cluster.nvlink_domain
+    k = np.where(stride < domain, np.minimum(n, domain // stride), 1)
+    k = np.maximum(1, k)
+    domains = -(-n // k)
+    up_only = _tier_times_s(cluster, collective, size_bytes, n, "scale_up", params, calibration)
+    out = up_only
+    multi = domains > 1
+    if multi.any():
+        out = np.where(
+            multi, _multi_domain(cluster, collective, size_bytes, n, k, domains, params), out
+        )
+    return np.where(n <= 1, 0.0, out)
+
+
+def _multi_domain(
+    cluster: ClusterSpec,
+    collective: str,
+    size_bytes: np.ndarray,
+    n: np.ndarray,
+    k: np.ndarray,
+    domains: np.ndarray,
+    params: ModelParams,
+) -> np.ndarray:
+    """The collective of ``collective_time_s`` that spans several scale-up domains."""
+    calibration = cluster.calibration
+    fit = calibration.comm_fit(collective, "scale_out") if calibration is not None else None
+    if fit is not None and fit.ranks_per_domain != 1:
+        k_measured = fit.ranks_per_domain or k
+        latency_us, busbw = _regimes(fit, size_bytes)
+        n_f = n.astype(float)
+        factor = 2.0 * (n_f - 1) / n_f if collective == "all_reduce" else (n_f - 1) / n_f
+        bw_time = size_bytes * factor / (busbw * 1e9)
+        return latency_us * 1e-6 + bw_time * k_measured / k
+    flat = _tier_times_s(cluster, collective, size_bytes, n, "scale_out", params, calibration)
+    inner = "reduce_scatter" if collective != "all_gather" else "all_gather"
+    up = _tier_times_s(cluster, inner, size_bytes, k, "scale_up", params, calibration)
+    out = _tier_times_s(
+        cluster, collective, size_bytes / k, domains, "scale_out", params, calibration
+    )
+    if collective == "all_reduce":
+        up = up * 2
+    elif collective in ("all_gather", "reduce_scatter") and (
+        calibration is None or calibration.comm_fit(collective, "scale_up") is None
+    ):
+        up = up + (n - domains - (k - 1)) * params.scale_up_latency_s
+    return np.where(k == 1, flat, up + out)

@@ -1,32 +1,48 @@
 """Search every valid plan: enumerate the free [parallel] fields under the divisibility rules real
 frameworks enforce, estimate each, prune what does not fit (keeping the reason), rank by
 tokens/s/GPU (or by goodput-adjusted throughput).
+
+The plans are priced as numpy arrays (``candidates.candidate_batch``, ``batch.price_batch``):
+tens of thousands in a few tens of milliseconds. The plans a caller sees (the ranked ones, the
+rejected ones of ``explain``) are then estimated one by one with ``estimate_plan``, so every
+figure printed is the single-plan estimate's.
 """
 
 from __future__ import annotations
 
-import itertools
-import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from aihpc.perf.batch import FULL, BatchTimes, PlanBatch, price_batch
+from aihpc.perf.candidates import (
+    GBS_RULE,
+    MAX_VPP,
+    MICRO_BATCH_SIZES,
+    candidate_batch,
+    count_refusals,
+    first_problem,
+    plan_problems,
+)
 from aihpc.perf.estimate import Estimate, estimate_plan
-from aihpc.perf.memory import GiB, activation_bytes_per_layer
+from aihpc.perf.memory import GiB
 from aihpc.perf.params import DEFAULT_PARAMS, ModelParams
 from aihpc.spec.cluster import ClusterSpec
 from aihpc.spec.errors import SpecError
 from aihpc.spec.model import ModelSpec
-from aihpc.spec.parallel import RECOMPUTE, ParallelPlan, PartialPlan, plan_problem
+from aihpc.spec.parallel import ParallelPlan, PartialPlan
 from aihpc.spec.runspec import RunSpec
 from aihpc.spec.training import TrainingSpec
 
 __all__ = ["Rejected", "SearchResult", "candidate_plans", "search"]
 
-MICRO_BATCH_SIZES = (1, 2, 4, 8, 16)
-MAX_VPP = 8
+__all__ += ["MAX_VPP", "MICRO_BATCH_SIZES", "search_plans"]
+PER_TENSOR_RULE = "training.zero3_gather (per-tensor ZeRO-3 has no pipelining)"
+EVEN_RULE = "training.pipeline_split (even chunks: pp x vpp must divide the layers)"
 
 
 @dataclass(frozen=True)
@@ -66,18 +82,6 @@ class SearchResult:
         }
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _pow2_upto(n: int) -> list[int]:
-    out, x = [], 1
-    while x <= n:
-        out.append(x)
-        x *= 2
-    return out
-
-
 def candidate_plans(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -86,143 +90,68 @@ def candidate_plans(
     examples: dict[str, SpecError] | None = None,
 ) -> Iterator[ParallelPlan]:
     """Every complete plan consistent with the given fields that passes ``plan_problem``."""
-    g = partial.given()
-    if "global_batch_size" not in g:
-        raise SpecError(
-            "parallel.global_batch_size", None, "required for search: sequences per optimizer step"
+    batch, _ = _valid_batch(model, cluster, partial, None, invalid, examples)
+    for i in range(len(batch)):
+        yield batch.plan(i)
+
+
+def _valid_batch(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    partial: PartialPlan,
+    training: TrainingSpec | None,
+    invalid: Counter[str] | None,
+    examples: dict[str, SpecError] | None,
+) -> tuple[PlanBatch, int]:
+    """The candidates that pass every rule (and, given ``training``, the search's own two), with
+    each refusal counted; and how many combinations were refused."""
+    full = candidate_batch(model, cluster, partial)
+    rules = [(GBS_RULE, full.global_batch_size % (full.dp * full.mbs) != 0)]
+    rules += plan_problems(full, model, cluster)
+    with_example = {name for name, _ in rules[1:]}
+    if training is not None:
+        per_tensor = training.zero3_gather == "per_tensor"
+        rules.append((PER_TENSOR_RULE, (full.zero == 3) & (full.pp > 1) & per_tensor))
+        if training.pipeline_split == "even":
+            rules.append((EVEN_RULE, model.num_layers % (full.pp * full.vpp) != 0))
+    reasons, names = first_problem(rules, len(full))
+    if invalid is not None:
+        count_refusals(
+            full,
+            reasons,
+            names,
+            model,
+            cluster,
+            invalid,
+            {} if examples is None else examples,
+            with_example,
         )
-    n = cluster.num_gpus
-    gbs = g["global_batch_size"]
-    tps = (
-        [g["tp"]]
-        if "tp" in g
-        else [
-            x
-            for x in _pow2_upto(min(cluster.nvlink_domain, n))
-            if model.num_attention_heads % x == 0
-        ]
-    )
-    # Stages may be uneven (the busiest one sets the pace), so powers of two are offered too.
-    pps = (
-        [g["pp"]]
-        if "pp" in g
-        else sorted(
-            {x for x in _divisors(model.num_layers) + _pow2_upto(model.num_layers) if x <= n}
-        )
-    )
-    cps = (
-        [g["cp"]]
-        if "cp" in g
-        else [x for x in _pow2_upto(n) if x == 1 or model.seq_length % (2 * x) == 0]
-    )
-    zeros = [g["zero_stage"]] if "zero_stage" in g else [0, 1, 2, 3]
-    recs = [g["recompute"]] if "recompute" in g else list(RECOMPUTE)
-    mbss = [g["micro_batch_size"]] if "micro_batch_size" in g else list(MICRO_BATCH_SIZES)
-    # Mixture of experts: expert parallel degrees that split the experts evenly (powers of two,
-    # as the published recipes use), expert TP 1 or tp (Megatron-Core's default). With ep > 1
-    # the 1F1B all-to-all overlap is offered, not "none": hiding part of the all-to-all never
-    # costs more than the penalty of the part it hides (as sequence parallel, a dominated choice
-    # is not enumerated; fix moe_a2a_overlap = "none" to price a framework without it).
-    # DualPipe only when the run spec names it.
-    for tp, pp, cp in itertools.product(tps, pps, cps):
-        mp = tp * pp * cp
-        if n % mp:
-            continue
-        dp = n // mp
-        if "dp" in g and g["dp"] != dp:
-            continue
-        if "vpp" in g:
-            vpps = [g["vpp"]]
-        elif pp > 1:
-            # Model chunks may be uneven, as torchtitan and Llama 3's stack run them (126 layers
-            # on 8 x 2 or 16 x V chunks); the busiest chunk is priced. A V whose chunks would
-            # leave the busiest stage more layers than plain 1F1B's is not offered: a larger V
-            # without that excess has both less compute and a smaller bubble. With
-            # training.pipeline_split = "even" (Megatron) search() keeps only equal chunks.
-            busiest = -(-model.num_layers // pp)
-            vpps = [
-                v
-                for v in range(1, MAX_VPP + 1)
-                if pp * v <= model.num_layers and -(-model.num_layers // (pp * v)) * v == busiest
-            ]
-        else:
-            vpps = [1]
-        # Sequence parallel moves the same bytes as plain TP (all-gather + reduce-scatter = one
-        # all-reduce) and strictly lowers activation memory and norm/dropout work, so a plan
-        # without it is never better: only SP plans are enumerated unless the field is fixed.
-        sps = [g["sequence_parallel"]] if "sequence_parallel" in g else [tp > 1]
-        if "ep" in g:
-            eps = [g["ep"]]
-        elif model.is_moe:
-            eps = [x for x in _pow2_upto(min(model.num_experts, tp * cp * dp))]
-        else:
-            eps = [1]
-        etps = [g["etp"]] if "etp" in g else sorted({1, tp}) if model.is_moe else [1]
-        moe = [
-            (ep, etp, a2a)
-            for ep, etp in itertools.product(eps, etps)
-            for a2a in (
-                [g["moe_a2a_overlap"]] if "moe_a2a_overlap" in g else ["1f1b" if ep > 1 else "none"]
-            )
-        ]
-        for vpp, sp, zero, rec, mbs, (ep, etp, a2a) in itertools.product(
-            vpps, sps, zeros, recs, mbss, moe
-        ):
-            if gbs % (dp * mbs):
-                if invalid is not None:
-                    invalid["global batch not divisible by dp x micro_batch_size"] += 1
-                continue
-            plan = ParallelPlan(
-                tp=tp,
-                pp=pp,
-                vpp=vpp,
-                cp=cp,
-                dp=dp,
-                ep=ep,
-                etp=etp,
-                moe_a2a_overlap=a2a,
-                sequence_parallel=sp,
-                zero_stage=zero,
-                recompute=rec,
-                micro_batch_size=mbs,
-                global_batch_size=gbs,
-                offload_layers=g.get("offload_layers", 0),
-                recompute_modules=tuple(g.get("recompute_modules", ())),
-            )
-            problem = plan_problem(plan, model, cluster)
-            if problem is not None:
-                if invalid is not None:
-                    invalid[problem.field] += 1
-                if examples is not None:
-                    examples.setdefault(problem.field, problem)
-                continue
-            yield plan
+    ok = np.nonzero(reasons < 0)[0]
+    return full.take(ok), len(full) - len(ok)
 
 
 def _offload_to_fit(
     model: ModelSpec,
     cluster: ClusterSpec,
-    est: Estimate,
+    b: PlanBatch,
+    times: BatchTimes,
     training: TrainingSpec,
     params: ModelParams,
-    memo: dict[tuple, Any],
-) -> Estimate | None:
-    """The plan with the fewest offloaded layers that fits GPU memory, or None where offloading
-    cannot apply (pipeline parallelism, full recompute) or cannot make it fit."""
-    plan = est.plan
-    if plan.pp > 1 or plan.recompute == "full":
-        return None
-    excess = est.memory.total - est.hbm_gib * GiB
+) -> tuple[np.ndarray, BatchTimes | None, PlanBatch | None]:
+    """For the plans that do not fit: the fewest offloaded layers that make each fit GPU memory
+    (0 where offloading cannot apply: pipeline parallelism, full recompute, or the double buffer
+    would leave under two layers on the GPU), and the priced offloaded plans."""
+    excess = times.memory_total - cluster.gpu.hbm_gib * GiB
     # Every resident layer also carries the allocator's fragmentation share (memory.py).
-    per_layer = activation_bytes_per_layer(model, plan, training)
-    per_layer *= 1 + params.allocator_fragmentation
-    k = math.ceil(excess / per_layer)
-    if k < 1 or model.num_layers - k < 2:
-        return None  # the double buffer keeps two layers on the GPU whatever is offloaded
-    best = estimate_plan(
-        model, cluster, replace(plan, offload_layers=k), training, params, check=False, memo=memo
-    )
-    return best if best.fits else None
+    per_layer = times.act_layer * (1 + params.allocator_fragmentation)
+    can = ~times.fits & (b.pp == 1) & (b.rec != FULL)
+    k = np.where(can, np.ceil(excess / np.where(can, per_layer, 1.0)), 0).astype(np.int64)
+    k = np.where((k >= 1) & (model.num_layers - k >= 2), k, 0)
+    tried = np.nonzero(k)[0]
+    if not len(tried):
+        return tried, None, None
+    sub = b.take(tried).with_offload(k[tried])
+    return tried, price_batch(model, cluster, sub, training, params), sub
 
 
 def search(
@@ -250,52 +179,71 @@ def search_plans(
     progress: Callable[[int], None] | None = None,
     explain: int = 0,
 ) -> SearchResult:
-    key = key or (lambda e: e.tokens_per_s_per_gpu)
     start = time.perf_counter()
     invalid: Counter[str] = Counter()
     examples: dict[str, SpecError] = {}
-    fitting: list[Estimate] = []
-    rejected: list[Rejected] = []
-    evaluated = 0
-    per_tensor = training.zero3_gather == "per_tensor"
-    even = training.pipeline_split == "even"
-    memo: dict[tuple, Any] = {}
+    batch, _ = _valid_batch(model, cluster, partial, training, invalid, examples)
+    times = price_batch(model, cluster, batch, training, params)
+    evaluated = len(batch)
+    fits, score = times.fits.copy(), times.tokens_per_s_per_gpu.copy()
+    offload = batch.offload.copy()
     # A plan that does not fit may offload activations instead (the fewest layers that make it
     # fit), unless the run spec fixes offload_layers or the GPU has no host-link figure.
-    auto_offload = partial.offload_layers is None and cluster.gpu.host_link_GBps is not None
-    for plan in candidate_plans(model, cluster, partial, invalid, examples):
-        if per_tensor and plan.zero_stage == 3 and plan.pp > 1:
-            invalid["training.zero3_gather (per-tensor ZeRO-3 has no pipelining)"] += 1
-            continue
-        if even and model.num_layers % (plan.pp * plan.vpp):
-            invalid["training.pipeline_split (even chunks: pp x vpp must divide the layers)"] += 1
-            continue
-        est = estimate_plan(model, cluster, plan, training, params, check=False, memo=memo)
-        evaluated += 1
-        if progress is not None and evaluated % 256 == 0:
-            progress(evaluated)
-        if not est.fits and auto_offload:
-            offloaded = _offload_to_fit(model, cluster, est, training, params, memo)
-            if offloaded is not None:
-                evaluated += 1
-                est = offloaded
-        if est.fits:
-            fitting.append(est)
-        elif explain:
-            rejected.append(Rejected(est, est.bottleneck))
-    fitting.sort(key=key, reverse=True)
-    best_key = key(fitting[0]) if fitting else 0.0
-    rejected = sorted(
-        (r for r in rejected if key(r.estimate) > best_key),
-        key=lambda r: key(r.estimate),
-        reverse=True,
-    )[:explain]
+    if partial.offload_layers is None and cluster.gpu.host_link_GBps is not None:
+        tried, moved, sub = _offload_to_fit(model, cluster, batch, times, training, params)
+        if moved is not None and sub is not None:
+            evaluated += int(moved.fits.sum())  # an offloaded plan that still fails is dropped
+            ok = tried[moved.fits]
+            fits[ok], score[ok] = True, moved.tokens_per_s_per_gpu[moved.fits]
+            offload[ok] = sub.offload[moved.fits]
+    batch = batch.with_offload(offload)
+    if progress is not None:
+        progress(evaluated)
+    fitting, rejected = _rank(
+        model, cluster, training, params, batch, fits, score, top, key, explain
+    )
     return SearchResult(
-        plans=fitting[:top] if top else fitting,
+        plans=fitting,
         evaluated=evaluated,
-        feasible=len(fitting),
+        feasible=int(fits.sum()),
         elapsed_s=time.perf_counter() - start,
         rejected_best=rejected,
         invalid_reasons=invalid,
         invalid_examples=examples,
     )
+
+
+def _rank(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    params: ModelParams,
+    batch: PlanBatch,
+    fits: np.ndarray,
+    score: np.ndarray,
+    top: int | None,
+    key: Callable[[Estimate], float] | None,
+    explain: int,
+) -> tuple[list[Estimate], list[Rejected]]:
+    """The best ``top`` plans that fit, and the ``explain`` best that do not but look faster,
+    each estimated one by one (``estimate_plan``: the figures a caller prints)."""
+    memo: dict[tuple, Any] = {}
+
+    def estimate(i: int) -> Estimate:
+        plan = batch.plan(int(i))
+        return estimate_plan(model, cluster, plan, training, params, check=False, memo=memo)
+
+    fit_idx, bad_idx = np.nonzero(fits)[0], np.nonzero(~fits)[0]
+    if key is None:  # tokens/s/GPU: ranked over the arrays, stable as a list sort
+        order = fit_idx[np.argsort(-score[fit_idx], kind="stable")]
+        fitting = [estimate(i) for i in (order[:top] if top else order)]
+        best = score[order[0]] if len(order) else 0.0
+        worse = bad_idx[score[bad_idx] > best] if explain else bad_idx[:0]
+        worse = worse[np.argsort(-score[worse], kind="stable")][:explain]
+        return fitting, [Rejected(e, e.bottleneck) for e in map(estimate, worse)]
+    # any other ranking (goodput) needs every estimate
+    fitting = sorted(map(estimate, fit_idx), key=key, reverse=True)
+    best_key = key(fitting[0]) if fitting else 0.0
+    others = [e for e in map(estimate, bad_idx) if key(e) > best_key] if explain else []
+    rejected = [Rejected(e, e.bottleneck) for e in sorted(others, key=key, reverse=True)]
+    return fitting[:top] if top else fitting, rejected[:explain]
