@@ -4,6 +4,7 @@ scenarios that decide which one wins, each checked by the event simulator.
 
     python benchmarks/strategy_table.py                         # ./benchmark-results/
     python benchmarks/strategy_table.py --results DIR           # DIR/strategy_table.{md,json}
+    ... --measured benchmarks/results/recovery_time.json         # adds the measured-relaunch row
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from aihpc.spec import load_runspec
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "llama3-405b-16k.toml"
-MEASURED = ROOT / "benchmarks" / "results" / "recovery_time.json"
 SOFTWARE = {"software", "nccl_watchdog"}
 
 
@@ -39,7 +39,7 @@ def _rel(spec, **fields):  # type: ignore[no-untyped-def]
     return replace(spec, reliability=replace(spec.reliability, **fields))
 
 
-def scenarios(spec):  # type: ignore[no-untyped-def]
+def scenarios(spec, measured: Path | None):  # type: ignore[no-untyped-def]
     """(name, spec, keyword arguments of compare_strategies)."""
     soft3 = {name: 3 * c.rate_per_unit_hour for name, c in components().items() if name in SOFTWARE}
     yield "published defaults (2 TB/s storage, 10 min relaunch)", spec, {}
@@ -52,8 +52,8 @@ def scenarios(spec):  # type: ignore[no-untyped-def]
     )
     yield "software failures x3", _rel(spec, failure_rates=soft3), {}
     yield "hot spares: relaunch 60 s", _rel(spec, restart_time_s=60.0), {}
-    if MEASURED.exists():
-        facts = measured_figures(json.loads(MEASURED.read_text()), MEASURED.name)
+    if measured is not None:
+        facts = measured_figures(json.loads(measured.read_text()), measured.name)
         yield "measured relaunch (2 ranks, CPU; mixes sources)", spec, {"measured": facts}
 
 
@@ -71,12 +71,20 @@ def sim_ettr(res) -> float:  # type: ignore[no-untyped-def]
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_results_arg(ap)
+    ap.add_argument(
+        "--measured",
+        type=Path,
+        metavar="FILE",
+        help="recovery_time.json of benchmarks/recovery_time.py: adds a row with measured figures",
+    )
     args = ap.parse_args()
+    if args.measured is not None and not args.measured.is_file():
+        ap.error(f"--measured {args.measured}: no such file")
     spec = load_runspec(EXAMPLE)
     head = "| scenario | GPUs | " + " | ".join(STRATEGIES.values()) + " | best |"
     lines = [head, "|" + "---|" * (3 + len(STRATEGIES))]
     data, worst = [], 0.0
-    for name, s, kw in scenarios(spec):
+    for name, s, kw in scenarios(spec, args.measured):
         for n, row in compare_strategies(s, (16384, 100000), **kw).items():
             cells = []
             for res in row.values():
