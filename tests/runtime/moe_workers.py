@@ -124,14 +124,20 @@ def block_run(
 
 
 def ep_suite(
-    runs: list[tuple[int, int | None, str]], steps: int, llama_steps: int = 0
+    runs: list[tuple[int, int | None, str]],
+    steps: int,
+    llama_steps: int = 0,
+    pp_microbatches: int = 0,
 ) -> dict[str, Any]:
-    """Every block run, then (``llama_steps`` > 0) the Llama run, in one process group."""
+    """Every block run, then (``llama_steps`` > 0) the Llama run, then (``pp_microbatches`` > 0,
+    2 ranks) the pipeline's router loads, in one process group."""
     with init_distributed(60.0) as ctx:
         singles = [dist.new_group([r]) for r in range(ctx.world_size)]
         alone = singles[ctx.rank]
         blocks = [block_run(ep, rpn, steps, fault, alone) for ep, rpn, fault in runs]
-        return {"blocks": blocks, "llama": llama_run(llama_steps) if llama_steps else None}
+        llama = llama_run(llama_steps) if llama_steps else None
+        pp = pp_router_loads(pp_microbatches) if pp_microbatches else None
+        return {"blocks": blocks, "llama": llama, "pp_loads": pp}
 
 
 TINY = LlamaConfig(
@@ -185,3 +191,54 @@ def llama_run(steps: int) -> dict[str, Any]:
         "param_err": _max_diff(model, ref, "param"),
         "expert_local_shape": tuple(_local(model.layers["1"].feed_forward.experts.w1).shape),
     }
+
+
+PP_TINY = LlamaConfig(
+    dim=16,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=1,
+    ffn_dim=32,
+    vocab_size=64,
+    max_seq_len=8,
+    moe=MoEConfig(dim=16, num_experts=4, top_k=2, expert_ffn_dim=8, bias_update_rate=0.01),
+)
+
+
+def pp_router_loads(microbatches: int) -> dict[str, Any]:
+    """Two pipeline stages (one MoE layer each, 1F1B through the trainer's ``build_schedule``),
+    one step: the tokens each stage's router counted, and what one process counts running the
+    same micro-batches through the whole model. Every rank's result, gathered."""
+    from aihpc.runtime.mesh import ParallelDims
+    from aihpc.runtime.pp import StageModule, build_schedule
+    from aihpc.runtime.step import token_loss
+
+    rank = dist.get_rank()
+    g = torch.Generator().manual_seed(11)
+    tokens = torch.randint(
+        0, PP_TINY.vocab_size, (microbatches, PP_TINY.max_seq_len + 1), generator=g
+    )
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    ref = Llama(PP_TINY)
+    ref.init_weights(seed=5)
+    for xm in x.split(1):
+        ref(xm)
+    model = Llama(PP_TINY)
+    del model.layers[str(1 - rank)]
+    if rank:
+        model.tok_embeddings = None
+    else:
+        model.norm = model.output = None
+    model.init_weights(seed=5)
+    stage = StageModule(model, [rank], rank == 0, rank == 1)
+    dims = ParallelDims(pp=2)
+    schedule = build_schedule(
+        [stage], [rank], dims, dist.group.WORLD, torch.device("cpu"), microbatches, token_loss
+    )
+    schedule.step(*((x,) if rank == 0 else ()), target=y if rank else None, losses=[])
+    got = model.layers[str(rank)].feed_forward.router.load
+    want = ref.layers[str(rank)].feed_forward.router.load
+    mine = {"stage": rank, "got": got.tolist(), "want": want.tolist()}
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, mine)
+    return out

@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from moe_workers import ep_suite  # noqa: E402
+from moe_workers import PP_TINY, ep_suite  # noqa: E402
 
 from aihpc.bench.dist import launch_local  # noqa: E402
 
@@ -43,9 +43,12 @@ RUNS = {
 
 
 def _spawn(n):
-    # the 2-rank spawn also runs the Llama comparison (one spawn less)
-    res = launch_local(n, ep_suite, list(RUNS[n].values()), STEPS, 3 if n == 2 else 0)
-    return {**dict(zip(RUNS[n], res["blocks"], strict=True)), "llama": res["llama"]}
+    # the 2-rank spawn also runs the Llama comparison and the pipeline's router loads (one
+    # spawn less)
+    two = n == 2
+    res = launch_local(n, ep_suite, list(RUNS[n].values()), STEPS, 3 if two else 0, 4 if two else 0)
+    blocks = dict(zip(RUNS[n], res["blocks"], strict=True))
+    return {**blocks, "llama": res["llama"], "pp_loads": res["pp_loads"]}
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +68,7 @@ def runs(request):
 
 def test_ep_matches_single_process_every_step(runs):
     for name, errs in runs.items():
-        if "_no_" in name or name == "llama":
+        if "_no_" in name or name in ("llama", "pp_loads"):
             continue
         for key, tol in TOL.items():
             assert max(errs[key]) <= tol, (name, key, errs[key])
@@ -74,7 +77,7 @@ def test_ep_matches_single_process_every_step(runs):
 
 def test_deliberate_faults_are_caught(runs):
     for name, errs in runs.items():
-        if "_no_" not in name or name == "llama":
+        if "_no_" not in name or name in ("llama", "pp_loads"):
             continue
         worst = max(max(errs[k]) for k in ("loss", "out", "grad", "param"))
         assert worst > FAULT_MIN, (name, errs)
@@ -89,3 +92,15 @@ def test_llama_with_moe_layers_under_ep_matches_one_process(runs2):
     for got, want in zip(res["losses"], res["ref_losses"], strict=True):
         assert abs(got - want) < 1e-5, (res["losses"], res["ref_losses"])
     assert res["param_err"] < 1e-5
+
+
+def test_pipeline_metadata_inference_counts_no_router_tokens(runs2):
+    """torch 2.13's pipeline stages run one forward of their own at the first step to infer
+    shapes (micro-batch 0 again on the first stage, uninitialised memory on the others). The
+    routers must count only the step's micro-batches, or the routing bias moves by what was in
+    memory: the loads equal those of the same micro-batches through one process's model."""
+    stages = runs2["pp_loads"]
+    assert [s["stage"] for s in stages] == [0, 1]
+    for s in stages:
+        assert sum(s["want"]) == 4 * PP_TINY.max_seq_len * PP_TINY.moe.top_k
+        assert s["got"] == s["want"], s

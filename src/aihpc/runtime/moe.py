@@ -32,6 +32,8 @@ and expert parallelism, and the sums are in a fixed order (bitwise reproducible 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +53,7 @@ __all__ = [
     "MoE",
     "MoEConfig",
     "Router",
+    "loads_not_counted",
     "moe_config_from_spec",
     "update_expert_bias",
 ]
@@ -154,6 +157,8 @@ class Router(nn.Module):
         # tokens per expert since the last bias update; a plain attribute, so DDP's buffer
         # broadcast cannot overwrite one rank's count with another's
         self.load: torch.Tensor | None = None
+        # off inside ``loads_not_counted``: forwards that train nothing count nothing
+        self.count_loads = True
 
     def _scores(self, h: torch.Tensor) -> torch.Tensor:
         # at least float32 whatever autocast says: the choice must not flip with rounding
@@ -196,7 +201,7 @@ class Router(nn.Module):
         if self.cfg.route_norm:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
         weights = weights * self.cfg.route_scale
-        if self.training and not _in_backward():
+        if self.training and self.count_loads and not _in_backward():
             counts = torch.bincount(idx.flatten(), minlength=self.cfg.num_experts).float()
             self.load = counts if self.load is None else self.load + counts
         aux = None
@@ -326,6 +331,22 @@ class MoE(nn.Module):
             self.last_aux_loss = aux.detach()
             out = _AttachAux.apply(out, aux * self.aux_loss_scale)
         return out.view(b, s, d)
+
+
+@contextmanager
+def loads_not_counted(module: nn.Module) -> Iterator[None]:
+    """The routers of ``module`` count no tokens inside: for forwards that are not part of the
+    global batch (torch's pipeline metadata inference runs one on its own inputs, on every
+    stage but the first from uninitialised memory), which must not move the routing bias."""
+    routers = [m for m in module.modules() if isinstance(m, Router)]
+    before = [r.count_loads for r in routers]
+    for r in routers:
+        r.count_loads = False
+    try:
+        yield
+    finally:
+        for r, flag in zip(routers, before, strict=True):
+            r.count_loads = flag
 
 
 @torch.no_grad()

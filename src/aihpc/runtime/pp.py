@@ -21,12 +21,14 @@ the last the final norm and the output.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 import torch
 from torch import nn
 
 from aihpc.runtime.mesh import ParallelDims
+from aihpc.runtime.moe import loads_not_counted
 
 __all__ = ["StageModule", "build_schedule", "stage_ids", "stage_layers"]
 
@@ -69,6 +71,35 @@ class StageModule(nn.Module):
         return self._model[0].run_layers(h, self.layers.values(), last=self.output is not None)
 
 
+@cache
+def _stage_class() -> type:
+    """torch's ``PipelineStage`` whose metadata inference leaves the MoE routers' token counts
+    alone.
+
+    Given no shapes, torch 2.13 infers each stage's input / output metadata at the first step by
+    running a real forward and backward of the stage once before the first micro-batch: on the
+    first stage on a detached copy of micro-batch 0, on the others on ``torch.empty_strided``
+    inputs (whatever the allocator hands back). It restores the RNG and drops the gradients
+    (``_post_metadata_inference_cleanup``), not module state: a router would count micro-batch 0
+    twice on the first stage and tokens of garbage on the others, and the routing-bias update
+    after step 1 would depend on leftover memory, hence on timing and on what ran before.
+    """
+    from torch.distributed.pipelining import PipelineStage
+
+    if not hasattr(PipelineStage, "_forward_metadata_inference"):
+        raise RuntimeError(
+            "torch.distributed.pipelining.PipelineStage has no _forward_metadata_inference: "
+            "check that its metadata inference still leaves router loads uncounted"
+        )
+
+    class Stage(PipelineStage):
+        def _forward_metadata_inference(self, *args: Any, **kwargs: Any) -> Any:
+            with loads_not_counted(self.submod):
+                return super()._forward_metadata_inference(*args, **kwargs)
+
+    return Stage
+
+
 def build_schedule(
     stages: list[StageModule],
     ids: list[int],
@@ -80,7 +111,6 @@ def build_schedule(
 ) -> Any:
     """The schedule object that runs one step: ``schedule.step(x, target=y, losses=[])``."""
     from torch.distributed.pipelining import (
-        PipelineStage,
         Schedule1F1B,
         ScheduleInterleaved1F1B,
         ScheduleZBVZeroBubble,
@@ -88,7 +118,7 @@ def build_schedule(
 
     n = dims.pp * (2 if dims.pp_schedule == "zbv" else dims.vpp)
     pipeline = [
-        PipelineStage(module, sid, n, device, group=pp_group)
+        _stage_class()(module, sid, n, device, group=pp_group)
         for module, sid in zip(stages, ids, strict=True)
     ]
     if dims.pp_schedule == "1f1b":
