@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import INTERVAL, TRAIN_STEPS, Run, spec_text
 
 from aihpc.observe.metric_names import METRICS
 from aihpc.spec import runspec_from_dict
+from conftest import INTERVAL, TRAIN_STEPS, Run, spec_text
 
 pytestmark = pytest.mark.slow
 GBS, SEQ = 16, 64  # examples/tiny-train.toml: global_batch_size, tiny-llama's seq_length
