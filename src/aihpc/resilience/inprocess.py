@@ -15,9 +15,11 @@ that enters a restart therefore shuts down its connected TCP sockets except the 
 (``shutdown_collective_sockets``): its peers' pending collectives fail at once with
 "Connection closed by peer", they restart too and do the same, so the fault spreads along the
 groups in one hop each. The file descriptors stay with gloo (shut down, not closed), so no
-descriptor is reused under it. With NCCL, ``abort`` is the tool (not done here: CPU only). A hang is found by the
-heartbeat watchdog: it interrupts this rank's main thread (``Interrupter``: a signal, whose
-handler raises ``RestartRequested`` while training runs), which turns the hang into the
+descriptor is reused under it. With NCCL, ``abort`` is the tool (not done here: CPU only).
+
+A hang is found by the heartbeat watchdog: it interrupts this rank's main thread
+(``Interrupter``: a signal, whose handler raises ``RestartRequested`` while training
+runs), which turns the hang into the
 exception case. A rank that cannot run Python any more (SIGSTOP, a kernel hang) or a second
 stall before the next step escalates to the watchdog's exit, and the elastic agent restarts.
 """

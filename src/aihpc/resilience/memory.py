@@ -13,7 +13,8 @@ an in-process restart reads the same files. Each rank writes::
 
 ``key`` is derived from the run directory and a nonce kept in it, so a new run in the same
 folder never reads an old run's memory. A file is a JSON header (step, SHA-256 and size of
-the payload, a digest of what must match: run identity, world size, plan, rank) followed by
+the payload, the rank it belongs to, a digest of what must match: run identity, world size,
+plan) followed by
 the payload, ``torch.save`` of the rank's local shards (model, optimizer, LR schedule, data
 cursor, RNG: exactly what the storage checkpoint holds).
 
@@ -169,6 +170,7 @@ class MemoryCheckpoint:
         self.held_bytes = 0
         self.last_snapshot_s = 0.0
         self.skipped: str | None = None
+        self.inventory: list[Any] = []
 
     # ---- files ---------------------------------------------------------------------------
     def _own(self) -> Path:
@@ -262,6 +264,7 @@ class MemoryCheckpoint:
         can restore, not older than ``storage_step``; (None, []) if there is none. Collective."""
         inv: list[Any] = [None] * self.world
         dist.all_gather_object(inv, self._inventory(), group=self._pg)
+        self.inventory = inv  # what every rank held, for the run's events
         steps = sorted({i["own"] for i in inv if i["own"] is not None}, reverse=True)
         for s in steps:
             if storage_step is not None and s < storage_step:
@@ -287,10 +290,8 @@ class MemoryCheckpoint:
             return None
         blob = self._transfer(sources)
         got = _decode(blob, self._digest)
-        if got is None or got[0]["step"] != step:  # changed underneath: refuse, all together
-            bad = torch.tensor([1])
-        else:
-            bad = torch.tensor([0])
+        # a file changed underneath: refuse, all together
+        bad = torch.tensor([int(got is None or got[0]["step"] != step)])
         dist.all_reduce(bad, group=self._pg)
         if bad.item():
             return None

@@ -305,6 +305,9 @@ def _train(
     injector.fire(0, "load")
     t_load = time.perf_counter()
     start, source = _restore(manager, memory, state)
+    held = memory is not None and any(i["own"] is not None or i["held"] for i in memory.inventory)
+    if held and source.get("source") != "memory":  # copies were there but not usable: say why
+        events("memory_not_used", inventory=memory.inventory)
     if start:
         observe.loaded(start, time.perf_counter() - t_load)
     for problem in manager.problems:
@@ -442,7 +445,7 @@ def _memory_tier(spec: RunSpec, opts: TrainOptions, ctx: DistContext, par: Paral
         return None
     from aihpc.resilience.memory import MemoryCheckpoint
 
-    identity = {**run_identity(spec, opts.data), "plan": _plan_summary(par), "rank": ctx.rank}
+    identity = {**run_identity(spec, opts.data), "plan": _plan_summary(par)}
     return MemoryCheckpoint(opts.run_dir, identity, max_bytes=c.memory_max_GiB * 2**30)
 
 
