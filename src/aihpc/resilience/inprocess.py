@@ -50,18 +50,22 @@ class Interrupter:
 
     def __init__(self) -> None:
         self._armed = False
+        self._generation = 0  # the generation now running
+        self._target = -1  # the generation the last interrupt was meant for
         self._main = threading.main_thread().ident
         self.reason = ""
         signal.signal(self.SIGNAL, self._handle)
 
     def _handle(self, signum: int, frame: object) -> None:
-        if self._armed:
+        # A signal is handled when the main thread next runs Python, which may be after its
+        # generation already failed on its own (a collective error): then it is stale.
+        if self._armed and self._target == self._generation:
             self._armed = False
             raise RestartRequested(self.reason or "watchdog: no progress")
 
     @contextmanager
-    def armed(self) -> Iterator[None]:
-        self._armed = True
+    def armed(self, generation: int) -> Iterator[None]:
+        self._generation, self._armed = generation, True
         try:
             yield
         finally:
@@ -72,7 +76,7 @@ class Interrupter:
         EINTR and the handler raises). False when training is not running."""
         if not self._armed or self._main is None:
             return False
-        self.reason = reason
+        self.reason, self._target = reason, self._generation
         signal.pthread_kill(self._main, self.SIGNAL)
         return True
 

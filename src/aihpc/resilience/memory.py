@@ -358,6 +358,10 @@ class MemoryCheckpoint:
         with contextlib.suppress(OSError):
             self.dir.rmdir()
 
+    def drop_own(self) -> None:
+        """Forget this rank's own copy (a drill: the node's memory lost with the rank)."""
+        self._own().unlink(missing_ok=True)
+
     def close(self) -> None:
         if self._pg is not None and dist.is_initialized():
             dist.destroy_process_group(self._pg)

@@ -300,6 +300,8 @@ def _train(
     )
     events("pg_ready")
     memory = _memory_tier(spec, opts, ctx, par)
+    if memory is not None:
+        injector.lose_node_memory = memory.drop_own
     bounds = _Bounds.of(spec, opts, ctx.world_size)
     watchdog.phase("load", bounds.load(manager.root))
     injector.fire(0, "load")
@@ -637,12 +639,15 @@ def _generations(
     generation = 0
     while True:
         try:
-            with interrupter.armed():
+            with interrupter.armed(generation):
                 summary = _generation(spec, opts, watchdog, timeout_s, store, generation)
             return summary
         except Exception as err:
             if generation >= limit or not _restartable(err):
                 raise
+            # the restart's own clock: a rank that learnt of the fault from a collective error
+            # must not then be found stalled for the time it spent blocked before
+            watchdog.phase("restart", opts.startup_timeout_s)
             cause = f"{type(err).__name__}: {err}"[:300]
             events("inprocess_restart", generation=generation + 1, cause=cause)
             log.warning("in-process restart %d after %s", generation + 1, cause)
