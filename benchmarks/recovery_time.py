@@ -171,6 +171,24 @@ def _targets(med: dict[str, dict[str, float]]) -> dict[str, object]:
     return out
 
 
+def _goodput_inputs(med: dict, results: dict) -> dict[str, float]:
+    """The measured figures a goodput model prices the strategies with (issue 23, item 5),
+    seconds on this machine: restart (rebuild) and load per path, and what the memory tier
+    costs per snapshot."""
+    snaps = [r["snapshot_s"] for rs in results.values() for r in rs if "snapshot_s" in r]
+    sizes = [r["memory_bytes_per_rank"] for rs in results.values() for r in rs if "snapshot_s" in r]
+    return {
+        "agent_restart_s": med["kill"]["rebuild_s"],
+        "storage_load_s": med["kill"]["restore_s"],
+        "peer_memory_load_s": med["kill-peer-memory"]["restore_s"],
+        "inprocess_restart_s": med["exception-inprocess"]["rebuild_s"],
+        "inprocess_memory_load_s": med["exception-inprocess"]["restore_s"],
+        "kill_detection_s": med["kill"]["detection_s"],
+        "memory_snapshot_blocking_s": statistics.median(snaps) if snaps else 0.0,
+        "memory_bytes_per_rank": max(sizes) if sizes else 0,
+    }
+
+
 def _markdown(args: argparse.Namespace, med: dict, targets: dict) -> str:
     cols = ("detection_s", "rebuild_s", "restore_s", "first_step_s", "total_s")
     rows = "\n".join(
@@ -222,6 +240,7 @@ def main() -> None:
         k: {p: statistics.median(r[p] for r in rs) for p in numeric} for k, rs in results.items()
     }
     targets = _targets(med) if set(PATHS) <= set(results) else {}
+    inputs = _goodput_inputs(med, results) if set(PATHS) <= set(results) else {}
     save(
         "recovery_time",
         {
@@ -232,6 +251,7 @@ def main() -> None:
             "runs": results,
             "median": med,
             "targets": targets,
+            "goodput_inputs": inputs,
         },
         _markdown(args, med, targets) if targets else "",
         results=args.results,

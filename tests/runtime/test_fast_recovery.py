@@ -87,17 +87,10 @@ def check_in_process(summary, run, ref):
     assert summary["restored_from"] == "memory"
     restored = {e["step"] for e in events(run, "loaded") if e.get("generation") == 1}
     assert restored == {4}  # the newest snapshot (every 2 steps) before the fault at step 5
+    # the same processes: every process_start of the run is of the first attempt
+    assert {e["attempt"] for e in events(run, "process_start")} == {0}
     assert summary["state_sha256"] == ref[0]["state_sha256"]
     assert losses(run) == ref[1]
-
-
-def test_exception_recovers_in_process_from_memory(tmp_path, ref2):
-    run = tmp_path / "run"
-    proc = train(write(tmp_path / "run.toml", 2), run, 2, "--inject", "exception:step=5:rank=1")
-    check_in_process(ok(proc), run, ref2)
-    # same processes: no new process_start after the restart began, one per rank in all
-    assert len(events(run, "process_start")) == 2 * 2  # one per rank per generation
-    assert {e["attempt"] for e in events(run, "process_start")} == {0}
 
 
 def test_hang_recovers_in_process_from_memory(tmp_path, ref2):
@@ -118,35 +111,37 @@ def test_hang_recovers_in_process_from_memory(tmp_path, ref2):
     assert bound <= found - stalled + 0.5 and found - stalled <= bound + 2.0
 
 
-def lose_own_copy(run, rank):
-    own = shm_root() / f"aihpc-{memory_key(run)}" / f"own-{rank}.bin"
-    assert own.exists()
-    own.unlink()
-
-
 @pytest.mark.parametrize(("world", "ref"), [(2, "ref2"), (4, "ref4")])
-def test_restart_restores_a_lost_rank_from_its_peer(tmp_path, request, world, ref):
-    """The job dies at step 5 (a kill, no restarts left); the last rank's own memory copy is
-    then lost (as with its node). The rerun restores every rank at step 4 from memory, the
-    last rank from the replica its holder kept, and ends as the uninterrupted run."""
+def test_exception_in_process_then_node_loss_from_peer(tmp_path, request, world, ref):
+    """One launch, two faults. An exception at step 3 is recovered in the same processes from
+    the step-2 snapshot; at step 5 the last rank is killed and its node's memory copy lost with
+    it (kill:mode=node): the agent restarts the group and every rank restores step 4 from
+    memory, the last one from the replica its holder kept. The run ends as the uninterrupted one
+    (2 ranks FSDP; 4 ranks tp2 x dp2)."""
     ref = request.getfixturevalue(ref)
     spec, run = write(tmp_path / "run.toml", world, tp=2 if world == 4 else 1), tmp_path / "run"
-    killed = train(spec, run, world, "--inject", f"kill:step=5:rank={world - 1}")
-    assert killed.returncode == 1
-    lose_own_copy(run, world - 1)
-    summary = ok(train(spec, run, world))
-    assert summary["restored_from"] == "memory" and summary["resumed_from_step"] == 4
-    peer = {tuple(e["from_peer"]) for e in events(run, "loaded") if e.get("source")}
-    assert peer == {(world - 1,)}
+    last = world - 1
+    proc = train(
+        spec,
+        run,
+        world,
+        "--max-restarts",
+        "1",
+        "--inject",
+        f"exception:step=3:rank={last // 2}",
+        "--inject",
+        f"kill:step=5:rank={last}:mode=node",
+    )
+    summary = ok(proc)
+    loaded = [e for e in events(run, "loaded") if e.get("source")]
+    in_process = [e for e in loaded if e.get("generation") == 1 and e["attempt"] == 0]
+    assert {e["step"] for e in in_process} == {2} and len(in_process) == world
+    assert all(e["from_peer"] == [] for e in in_process)
+    after_kill = [e for e in loaded if e["attempt"] == 1]
+    assert {e["step"] for e in after_kill} == {4} and len(after_kill) == world
+    assert {tuple(e["from_peer"]) for e in after_kill} == {(last,)}
+    assert summary["restarts"] == 1 and summary["restored_from"] == "memory"
     assert summary["memory_checkpoint"]["holder_rank"] is not None
     assert summary["state_sha256"] == ref[0]["state_sha256"]
     assert losses(run) == ref[1]
     assert not (shm_root() / f"aihpc-{memory_key(run)}").exists()  # freed at the end
-
-
-def test_n_d_plan_exception_recovers_in_process(tmp_path, ref4):
-    run = tmp_path / "run"
-    proc = train(
-        write(tmp_path / "run.toml", 4, tp=2), run, 4, "--inject", "exception:step=5:rank=2"
-    )
-    check_in_process(ok(proc), run, ref4)
