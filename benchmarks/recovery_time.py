@@ -171,6 +171,32 @@ def _targets(med: dict[str, dict[str, float]]) -> dict[str, object]:
     return out
 
 
+# this script's paths under the names `aihpc goodput --strategy compare --measured` reads
+# (aihpc.perf.strategies.MEASURED_KEYS); restart_s is the rebuild: respawn + init for the agent,
+# teardown + re-formed groups + model rebuild in-process
+STRATEGY_PATHS = {
+    "agent_storage": "kill",
+    "agent_hang": "hang",
+    "agent_peer": "kill-peer-memory",
+    "inprocess_exception": "exception-inprocess",
+    "inprocess_hang": "hang-inprocess",
+}
+
+
+def _strategy_paths(med: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    return {
+        name: {
+            "detection_s": med[p]["detection_s"],
+            "restart_s": med[p]["rebuild_s"],
+            "restore_s": med[p]["restore_s"],
+            "first_step_s": med[p]["first_step_s"],
+            "total_s": med[p]["total_s"],
+        }
+        for name, p in STRATEGY_PATHS.items()
+        if p in med
+    }
+
+
 def _goodput_inputs(med: dict, results: dict) -> dict[str, float]:
     """The measured figures a goodput model prices the strategies with (issue 23, item 5),
     seconds on this machine: restart (rebuild) and load per path, and what the memory tier
@@ -241,6 +267,7 @@ def main() -> None:
     }
     targets = _targets(med) if set(PATHS) <= set(results) else {}
     inputs = _goodput_inputs(med, results) if set(PATHS) <= set(results) else {}
+    paths = _strategy_paths(med)
     save(
         "recovery_time",
         {
@@ -252,6 +279,7 @@ def main() -> None:
             "median": med,
             "targets": targets,
             "goodput_inputs": inputs,
+            "paths": paths,
         },
         _markdown(args, med, targets) if targets else "",
         results=args.results,
