@@ -171,6 +171,7 @@ class MemoryCheckpoint:
         self.last_snapshot_s = 0.0
         self.skipped: str | None = None
         self.inventory: list[Any] = []
+        self._own_blob: bytes | None = None
 
     # ---- files ---------------------------------------------------------------------------
     def _own(self) -> Path:
@@ -251,6 +252,7 @@ class MemoryCheckpoint:
     # ---- restore -------------------------------------------------------------------------
     def _inventory(self) -> dict[str, Any]:
         own = self._read(self._own())
+        self._own_blob = own[2] if own else None  # verified: _transfer need not read it again
         held = {}
         for src in self.held_for:
             got = self._read(self._held(src))
@@ -289,7 +291,7 @@ class MemoryCheckpoint:
         if step is None:
             return None
         blob = self._transfer(sources)
-        got = _decode(blob, self._digest)
+        got = _decode(blob, self._digest)  # checksum again: a replica crossed the network
         # a file changed underneath: refuse, all together
         bad = torch.tensor([int(got is None or got[0]["step"] != step)])
         dist.all_reduce(bad, group=self._pg)
@@ -307,7 +309,8 @@ class MemoryCheckpoint:
         """This rank's blob: its own file, or received from its holder (who sends it)."""
         mine = b""
         if sources[self.rank] == "own":
-            mine = self._own().read_bytes()
+            mine = self._own_blob or self._own().read_bytes()
+        self._own_blob = None
         ops, recv = [], None
         for r, s in enumerate(sources):
             if s == "own":

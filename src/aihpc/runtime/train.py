@@ -298,10 +298,11 @@ def _train(
         before_commit=lambda step: injector.fire(step, at="save"),
         identity=run_identity(spec, opts.data),
     )
-    events("pg_ready")
+    # the memory tier's group and placement are set up with the others, before the load
     memory = _memory_tier(spec, opts, ctx, par)
     if memory is not None:
         injector.lose_node_memory = memory.drop_own
+    events("pg_ready")
     bounds = _Bounds.of(spec, opts, ctx.world_size)
     watchdog.phase("load", bounds.load(manager.root))
     injector.fire(0, "load")
