@@ -48,7 +48,13 @@ def _render(summary: dict, finished_before: bool = False) -> None:
         console.print(
             f"[bold]trained[/] {summary['final_step']} steps on {summary['world_size']} rank(s): "
             f"final loss {loss_text}, restarts {summary['restarts']}, "
-            f"resumed from step {summary['resumed_from_step']}",
+            + (
+                f"in-process restarts {summary['in_process_restarts']}, "
+                if summary.get("in_process_restarts")
+                else ""
+            )
+            + f"resumed from step {summary['resumed_from_step']}"
+            + (" (from memory)" if summary.get("restored_from") == "memory" else ""),
             highlight=False,
             soft_wrap=True,
         )

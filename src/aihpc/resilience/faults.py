@@ -1,6 +1,8 @@
 """Built-in fault injection for tests and drills: ``kind[:step=N][:rank=R][:at=WHERE][:...]``.
 
-Kinds: ``kill`` (SIGKILL itself), ``hang`` (``mode=stop``, the default: SIGSTOP itself, a rank
+Kinds: ``kill`` (SIGKILL itself; ``mode=node``: first drop this rank's in-memory checkpoint
+copy, as if its node were lost with it, so a restart must take the replica its peer holds),
+``hang`` (``mode=stop``, the default: SIGSTOP itself, a rank
 that stops answering; ``mode=stall``: the calling thread blocks forever while the process lives
 on, as in a storage call that never returns), ``exception`` (raise), ``corrupt-checkpoint``
 (flip a byte in, or ``mode=truncate``, a shard of the checkpoint committed at that step).
@@ -27,6 +29,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,8 +50,10 @@ KINDS = ("kill", "hang", "exception", "corrupt-checkpoint")
 PLACES = ("step", "save", "start", "load", "final", "fs")
 _STEPLESS = ("start", "load", "final")
 _ALLOWED = (
-    "kind:step=N[:rank=R][:at=step|save|start|load|final|fs][:op=K][:mode=flip|truncate|stop|"
-    "stall] with kind one of " + ", ".join(KINDS) + " (step not needed for at=start|load|final)"
+    "kind:step=N[:rank=R][:at=step|save|start|load|final|fs][:op=K]"
+    "[:mode=flip|truncate|stop|stall|node] with kind one of "
+    + ", ".join(KINDS)
+    + " (step not needed for at=start|load|final)"
 )
 
 
@@ -96,7 +101,11 @@ def parse_fault(text: str) -> Fault:
         op = int(fields.get("op", "0"))
     except ValueError:
         raise SpecError("--inject", text, _ALLOWED) from None
-    modes = {"hang": ("stop", "stall"), "corrupt-checkpoint": ("flip", "truncate")}
+    modes = {
+        "hang": ("stop", "stall"),
+        "corrupt-checkpoint": ("flip", "truncate"),
+        "kill": ("flip", "node"),
+    }
     if (
         at not in PLACES
         or rank < 0
@@ -136,6 +145,7 @@ class FaultInjector:
         self.faults = [f for f in faults if f.rank == rank]
         self.rank = rank
         self.marker_dir = Path(run_dir) / "faults"
+        self.lose_node_memory: Callable[[], None] | None = None  # kill:mode=node
 
     def due(self, step: int, at: str, kinds: tuple[str, ...] = KINDS) -> list[Fault]:
         return [
@@ -164,6 +174,8 @@ class FaultInjector:
             where = f"after step {step}" if at == "step" else f"at {at}"
             if at == "save":
                 where += f" of step {step}"
+            if fault.kind == "kill" and fault.mode == "node" and self.lose_node_memory:
+                self.lose_node_memory()
             _act(fault, f"{where} on rank {self.rank}")
 
     def arm_fs(self, step: int, checkpoint_root: Path) -> None:

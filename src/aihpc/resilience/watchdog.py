@@ -14,6 +14,11 @@ every ``poll_s`` and checks the age of the phase clock. When it exceeds the phas
 A rank stopped with SIGSTOP is caught by its peers: they block in the next collective, their
 own beats go stale, and their watchdogs fire. Detection latency is at most bound + poll_s.
 
+``on_stall(event) -> bool`` (in-process restart): asked first when the bound is exceeded; if it
+returns True (it interrupted the main thread, ``aihpc.resilience.inprocess``) the watchdog
+restarts its clock in phase ``restart`` and keeps watching; a second finding before the next
+beat tears the job down as above.
+
 ``watch_parent=PID``: the process also ends (``ORPHAN_EXIT_CODE``) when its parent is no
 longer PID, i.e. the launcher died and the process was re-parented. That is the portable half
 of "killing the launcher stops the job"; ``die_with_parent()`` is the instant Linux half.
@@ -76,6 +81,7 @@ class Watchdog:
         on_hang: Callable[[dict], None] | None = None,
         exit_on_hang: bool = True,
         watch_parent: int | None = None,
+        on_stall: Callable[[dict], bool] | None = None,
     ) -> None:
         self.dir = Path(run_dir) / "heartbeat"
         self.rank = rank
@@ -85,6 +91,8 @@ class Watchdog:
         self.on_hang = on_hang
         self.exit_on_hang = exit_on_hang
         self.watch_parent = watch_parent
+        self.on_stall = on_stall
+        self._interrupted = False  # on_stall acted since the last beat
         self.host = socket.gethostname()
         self._since = time.time()  # when the current phase started or the last beat came
         self._step = -1
@@ -109,6 +117,7 @@ class Watchdog:
         self._since = time.time()
         self._step = step
         self._phase = ("step", self.timeout_s)
+        self._interrupted = False
 
     def phase(self, name: str, bound_s: float) -> None:
         """Enter phase ``name``; the clock restarts and the rank may stay ``bound_s`` in it."""
@@ -151,8 +160,25 @@ class Watchdog:
             name, bound = self._phase
             age = time.time() - self._since
             if age > bound:
+                if self._stall(name, age, bound):
+                    continue
                 self._fire(name, age, bound)
                 return
+
+    def _stall(self, phase: str, age: float, bound: float) -> bool:
+        """Offer the finding to ``on_stall`` once per beat; True if it acted."""
+        if self.on_stall is None or self._interrupted:
+            return False
+        event = {"rank": self.rank, "step": self._step, "phase": phase, "stalled_s": round(age, 3)}
+        try:
+            acted = self.on_stall(event)
+        except Exception:
+            log.exception("watchdog on_stall callback failed")
+            return False
+        if acted:
+            self._interrupted = True
+            self.phase("restart", self.timeout_s)
+        return acted
 
     def _fire(self, phase: str, age: float, bound: float) -> None:
         event = {

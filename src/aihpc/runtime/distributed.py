@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistContext", "free_port", "init_distributed", "launcher_env"]
+__all__ = ["DistContext", "free_port", "init_distributed", "launcher_env", "rendezvous_store"]
 
 
 @dataclass(frozen=True)
@@ -72,13 +72,8 @@ def launcher_env(env: dict[str, str] | None = None) -> dict[str, str] | None:
     return None
 
 
-@contextmanager
-def init_distributed(timeout_s: float = 600.0) -> Iterator[DistContext]:
-    """Init the process group (nccl on GPU, gloo on CPU) and a gloo group for checkpoints.
-
-    ``timeout_s`` bounds every collective: without it gloo waits 30 minutes on a dead peer.
-    The group is destroyed on the way out, also after an exception.
-    """
+def _rank_env() -> dict[str, str]:
+    """The launcher's rank variables (a private world of one without a launcher), exported."""
     found = launcher_env()
     if found is None:
         found = {
@@ -89,6 +84,33 @@ def init_distributed(timeout_s: float = 600.0) -> Iterator[DistContext]:
             "MASTER_PORT": str(free_port()),
         }
     os.environ.update(found)
+    return found
+
+
+def rendezvous_store(timeout_s: float = 600.0) -> Any:
+    """The job's key-value store, as ``init_process_group`` would find it (torchrun's, or one
+    rank 0 hosts). An in-process restart keeps it and forms each new generation of process
+    groups under a prefix of its own."""
+    found = _rank_env()
+    rank, world = int(found["RANK"]), int(found["WORLD_SIZE"])
+    store, _, _ = next(
+        dist.rendezvous("env://", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+    )
+    return store
+
+
+@contextmanager
+def init_distributed(
+    timeout_s: float = 600.0, store: Any = None, generation: int = 0
+) -> Iterator[DistContext]:
+    """Init the process group (nccl on GPU, gloo on CPU) and a gloo group for checkpoints.
+
+    ``timeout_s`` bounds every collective: without it gloo waits 30 minutes on a dead peer.
+    ``store`` (from ``rendezvous_store``): form the groups over it under the prefix of
+    ``generation`` (an in-process restart's new groups never meet the old ones' keys).
+    The group is destroyed on the way out, also after an exception.
+    """
+    found = _rank_env()
     rank, world = int(found["RANK"]), int(found["WORLD_SIZE"])
     local_rank = int(found.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
@@ -102,8 +124,13 @@ def init_distributed(timeout_s: float = 600.0) -> Iterator[DistContext]:
     else:
         device = torch.device("cpu")
         backend = "gloo"
+    prefixed = None if store is None else dist.PrefixStore(f"aihpc/gen{generation}/", store)
     dist.init_process_group(
-        backend=backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
+        backend=backend,
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=timeout_s),
+        store=prefixed,
     )
     try:
         checkpoint_group = dist.new_group(backend="gloo")
@@ -116,4 +143,5 @@ def init_distributed(timeout_s: float = 600.0) -> Iterator[DistContext]:
             checkpoint_group=checkpoint_group,
         )
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -164,8 +164,9 @@ class Events:
     """``events.jsonl``: append-only JSON lines shared by all ranks (one ``write`` with O_APPEND
     keeps a short line whole between processes)."""
 
-    def __init__(self, path: Path, rank: int, attempt: int):
+    def __init__(self, path: Path, rank: int, attempt: int, generation: int = 0):
         self.path, self.rank, self.attempt = path, rank, attempt
+        self.generation = generation  # in-process restarts before this one (0: not written)
 
     def __call__(self, event: str, **fields: Any) -> None:
         record = {
@@ -175,6 +176,8 @@ class Events:
             "time_unix": time.time(),
             **fields,
         }
+        if self.generation and "generation" not in record:
+            record["generation"] = self.generation
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, (to_json(record) + "\n").encode())

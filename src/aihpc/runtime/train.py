@@ -230,14 +230,15 @@ class _TwoStepFilter(logging.Filter):
 
 
 def train(
-    spec: RunSpec, opts: TrainOptions, ctx: DistContext, watchdog: Watchdog
+    spec: RunSpec, opts: TrainOptions, ctx: DistContext, watchdog: Watchdog, generation: int = 0
 ) -> dict[str, Any]:
     """Train ``spec`` in ``ctx``'s process group, resuming from ``opts.run_dir`` if possible.
-    ``watchdog`` is started (in its start-up phase); ``train`` moves it through the phases."""
+    ``watchdog`` is started (in its start-up phase); ``train`` moves it through the phases.
+    ``generation``: in-process restarts before this one (recorded with every event)."""
     run_dir = opts.run_dir
     repaired = _prepare_records(run_dir) if ctx.is_main else []
     dist.barrier()  # nobody appends before rank 0 has repaired the logs
-    events = Events(run_dir / "events.jsonl", ctx.rank, watchdog.attempt)
+    events = Events(run_dir / "events.jsonl", ctx.rank, watchdog.attempt, generation)
     events("process_start", process_start_unix=process_start_unix(), world_size=ctx.world_size)
     for note in repaired:
         log.warning("%s", note)
@@ -258,9 +259,11 @@ def train(
     done = False
     try:
         result = _train(spec, opts, ctx, watchdog, events, injector, observe)
+        result["in_process_restarts"] = generation
         done = True
         return result
     finally:
+        watchdog.on_hang = on_hang  # a next generation wraps the launcher's handler afresh
         observe.close(final=done)  # final: wait (briefly) for a last scrape
 
 
@@ -295,17 +298,24 @@ def _train(
         before_commit=lambda step: injector.fire(step, at="save"),
         identity=run_identity(spec, opts.data),
     )
+    # the memory tier's group and placement are set up with the others, before the load
+    memory = _memory_tier(spec, opts, ctx, par)
+    if memory is not None:
+        injector.lose_node_memory = memory.drop_own
     events("pg_ready")
     bounds = _Bounds.of(spec, opts, ctx.world_size)
     watchdog.phase("load", bounds.load(manager.root))
     injector.fire(0, "load")
     t_load = time.perf_counter()
-    start = manager.load_latest(state) or 0
+    start, source = _restore(manager, memory, state)
+    held = memory is not None and any(i["own"] is not None or i["held"] for i in memory.inventory)
+    if held and source.get("source") != "memory":  # copies were there but not usable: say why
+        events("memory_not_used", inventory=memory.inventory)
     if start:
         observe.loaded(start, time.perf_counter() - t_load)
     for problem in manager.problems:
         events("checkpoint_problem", detail=problem)
-    events("loaded", step=start)
+    events("loaded", step=start, source=source.get("source"), from_peer=source.get("from_peer"))
     metrics = run_dir / "metrics.jsonl"
     if ctx.is_main:
         trim_metrics(metrics, start)
@@ -313,13 +323,18 @@ def _train(
     num_params = _num_params(parts, par)
     job = _Job(
         stepper, state, manager, injector, watchdog, events, ctx, spec, metrics, bounds,
-        16 * num_params / ctx.world_size, observe,
+        16 * num_params / ctx.world_size, observe, memory,
     )  # fmt: skip
     result = _loop(job, start, opts.progress)
     watchdog.phase("final", bounds.final(manager.last_state_bytes or job.state_bytes_guess))
     injector.fire(0, "final")
     manager.close()
     result["state_sha256"] = state_sha256(state)
+    if memory is not None:
+        result["memory_checkpoint"] = memory.report()
+        memory.discard()  # the run is over: its memory is freed
+        memory.close()
+    result["restored_from"] = source.get("source")
     plan = spec.plan()
     result.update(
         restarts=watchdog.attempt,
@@ -407,6 +422,7 @@ class _Job:
     bounds: _Bounds
     state_bytes_guess: float  # per rank, before the first save measures it: fp32 + AdamW
     observe: Any  # aihpc.observe.metrics.NullMetrics | TrainMetrics
+    memory: Any = None  # aihpc.resilience.memory.MemoryCheckpoint, when the tier is on
     step_times: list[float] = field(default_factory=list)  # this launch's, s
 
 
@@ -423,6 +439,46 @@ def _checkpoint(job: _Job, step: int) -> None:
         manager.wait()
         bad = injector.corrupt(step, manager.root / f"step_{step:08d}")
         events("fault_corrupt", step=step, file=str(bad))
+
+
+def _memory_tier(spec: RunSpec, opts: TrainOptions, ctx: DistContext, par: Parallel) -> Any:
+    """The in-memory peer tier when ``[checkpoint] memory_interval_steps`` is set (collective)."""
+    c = spec.checkpoint
+    if not c.memory_interval_steps:
+        return None
+    from aihpc.resilience.memory import MemoryCheckpoint
+
+    identity = {**run_identity(spec, opts.data), "plan": _plan_summary(par)}
+    return MemoryCheckpoint(opts.run_dir, identity, max_bytes=c.memory_max_GiB * 2**30)
+
+
+def _restore(manager: CheckpointManager, memory: Any, state: dict[str, Any]) -> tuple[int, dict]:
+    """Load the newest state: from memory (own or peer) when it is consistent on every rank and
+    not older than storage, else from storage. (step, {"source": ..., "from_peer": ...})."""
+    if memory is not None:
+        committed, _ = committed_checkpoints(manager.root)
+        latest = [committed[-1].step if committed else None]
+        dist.broadcast_object_list(latest, src=0)  # rank 0's view, so every rank plans alike
+        got = memory.restore(state, latest[0])
+        if got is not None:
+            return got["step"], {"source": "memory", "from_peer": got["from_peer"]}
+    start = manager.load_latest(state) or 0
+    return start, {"source": "storage"} if start else {}
+
+
+def _snapshot(job: _Job, step: int) -> None:
+    job.watchdog.phase("save", job.bounds.save(job.memory.own_bytes or job.state_bytes_guess))
+    kept = job.memory.snapshot(step, job.state)
+    job.events(
+        "memory_snapshot",
+        step=step,
+        kept=kept,
+        seconds=job.memory.last_snapshot_s,
+        own_bytes=job.memory.own_bytes,
+        held_bytes=job.memory.held_bytes,
+        skipped=job.memory.skipped,
+    )
+    job.watchdog.beat(step)
 
 
 def _loop(job: _Job, start: int, progress: bool) -> dict[str, Any]:
@@ -472,6 +528,8 @@ def _loop(job: _Job, start: int, progress: bool) -> dict[str, Any]:
             saved = step % spec.checkpoint.interval_steps == 0 or step == t.train_steps
             if saved:
                 _checkpoint(job, step)
+            if job.memory is not None and step % spec.checkpoint.memory_interval_steps == 0:
+                _snapshot(job, step)
             signum = preempt.agreed(device=ctx.device)  # SIGTERM / SIGUSR1: save, exit 128+sig
             if signum:
                 if not saved:
@@ -512,14 +570,23 @@ def _own_run_dir(opts: TrainOptions, ctx: DistContext) -> Iterator[None]:
 def run(spec: RunSpec, opts: TrainOptions, timeout_s: float = 600.0) -> dict[str, Any]:
     """Init distributed, train, and (rank 0) write ``run_dir/summary.json`` atomically.
 
+    With ``[checkpoint] in_process_restarts``, an exception or a hang (found by the watchdog)
+    in any rank starts a new generation in the same processes: new process groups over the same
+    store, the model rebuilt, the state restored (from memory when the tier is on), up to that
+    many times per launch (docs/resilience.md, "In-process restart").
+
     A run that had no step left to train (it finished before) keeps its summary: it is
     returned, not rewritten.
     """
+    from aihpc.resilience.inprocess import Interrupter
+
     opts.run_dir.mkdir(parents=True, exist_ok=True)
     found = launcher_env()
     rank = int(found["RANK"]) if found else 0
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     hang_events = Events(opts.run_dir / "events.jsonl", rank, attempt)
+    limit = spec.checkpoint.in_process_restarts
+    interrupter = Interrupter() if limit else None
     watchdog = Watchdog(
         opts.run_dir,
         rank,
@@ -528,16 +595,84 @@ def run(spec: RunSpec, opts: TrainOptions, timeout_s: float = 600.0) -> dict[str
         attempt=attempt,
         on_hang=lambda ev: hang_events(**ev),
         watch_parent=opts.watch_parent,
+        on_stall=_on_stall(interrupter, hang_events) if interrupter else None,
     ).start()
     try:
-        with init_distributed(timeout_s=timeout_s) as ctx, _own_run_dir(opts, ctx):
-            summary = train(spec, opts, ctx, watchdog)
-            previous = read_summary(opts.run_dir)
-            if summary["final_step"] == summary["resumed_from_step"] and previous:
-                summary = previous  # nothing was trained: the record stays as it was
-            elif ctx.is_main:
-                write_summary(opts.run_dir, summary)
-            dist.barrier()
+        if interrupter is None:
+            return _generation(spec, opts, watchdog, timeout_s)
+        return _generations(spec, opts, watchdog, timeout_s, interrupter, hang_events)
     finally:
         watchdog.stop()
+
+
+def _on_stall(interrupter: Any, events: Events) -> Callable[[dict], bool]:
+    def on_stall(ev: dict[str, Any]) -> bool:
+        acted = interrupter.interrupt(f"no progress for {ev['stalled_s']} s in {ev['phase']}")
+        if acted:
+            events("hang_interrupted", **ev)
+        return acted
+
+    return on_stall
+
+
+def _restartable(err: BaseException) -> bool:
+    """In-process restart is for faults of the moment, not for errors a rerun repeats."""
+    from aihpc.resilience.manifest import CheckpointCorruptError
+
+    return isinstance(err, Exception) and not isinstance(err, SpecError | CheckpointCorruptError)
+
+
+def _generations(
+    spec: RunSpec,
+    opts: TrainOptions,
+    watchdog: Watchdog,
+    timeout_s: float,
+    interrupter: Any,
+    events: Events,
+) -> dict[str, Any]:
+    """Run generations until one finishes; after a restartable fault, release the failed one
+    (its process groups close, so blocked peers fail too) and start the next."""
+    from aihpc.resilience.inprocess import release, shutdown_collective_sockets
+    from aihpc.runtime.distributed import rendezvous_store
+
+    store = rendezvous_store(timeout_s)
+    limit = spec.checkpoint.in_process_restarts
+    generation = 0
+    while True:
+        try:
+            with interrupter.armed(generation):
+                summary = _generation(spec, opts, watchdog, timeout_s, store, generation)
+            return summary
+        except Exception as err:
+            if generation >= limit or not _restartable(err):
+                raise
+            # the restart's own clock: a rank that learnt of the fault from a collective error
+            # must not then be found stalled for the time it spent blocked before
+            watchdog.phase("restart", opts.startup_timeout_s)
+            cause = f"{type(err).__name__}: {err}"[:300]
+            events("inprocess_restart", generation=generation + 1, cause=cause)
+            log.warning("in-process restart %d after %s", generation + 1, cause)
+            closed = shutdown_collective_sockets({int(os.environ.get("MASTER_PORT", "0"))})
+            release(err)
+            del err
+            events("inprocess_released", generation=generation + 1, sockets_closed=closed)
+            generation += 1
+
+
+def _generation(
+    spec: RunSpec,
+    opts: TrainOptions,
+    watchdog: Watchdog,
+    timeout_s: float,
+    store: Any = None,
+    generation: int = 0,
+) -> dict[str, Any]:
+    with init_distributed(timeout_s, store, generation) as ctx, _own_run_dir(opts, ctx):
+        summary = train(spec, opts, ctx, watchdog, generation)
+        previous = read_summary(opts.run_dir)
+        if summary["final_step"] == summary["resumed_from_step"] and previous:
+            summary = previous  # nothing was trained: the record stays as it was
+        elif ctx.is_main:
+            write_summary(opts.run_dir, summary)
+        dist.barrier()
     return summary

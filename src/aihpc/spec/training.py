@@ -181,7 +181,16 @@ class CheckpointSpec:
     interval_steps: int = 50
     keep_last: int = 3
     async_save: bool = True
+    # the in-memory tier (aihpc.resilience.memory): 0 = off
+    memory_interval_steps: int = 0
+    memory_max_GiB: float = 8.0  # per rank: its own copy plus the peer replica it holds
+    in_process_restarts: int = 0  # exceptions / hangs recovered without respawning, per launch
 
     def __post_init__(self) -> None:
         check_positive("checkpoint.interval_steps", self.interval_steps)
         check_positive("checkpoint.keep_last", self.keep_last)
+        check_positive(
+            "checkpoint.memory_interval_steps", self.memory_interval_steps, allow_zero=True
+        )
+        check_positive("checkpoint.memory_max_GiB", self.memory_max_GiB)
+        check_positive("checkpoint.in_process_restarts", self.in_process_restarts, allow_zero=True)
