@@ -1,6 +1,7 @@
-"""Suite-wide: time spent per test file, printed at the end of the run (slowest first), so a
-suite that grows slow shows which file to look at. Setup and teardown count (module fixtures
-that start processes or daemons are where the time goes)."""
+"""Suite-wide: time spent per test file (setup, call and teardown; summed over workers under
+pytest-xdist), printed at the end of the run, slowest first, so a suite that grows slow names the
+file to look at (module fixtures that start processes or daemons are where the time goes).
+Under pytest-xdist, whose progress dots name no file, a line is printed as each file finishes."""
 
 from __future__ import annotations
 
@@ -11,17 +12,40 @@ import pytest
 
 _FILE_SECONDS: dict[str, float] = defaultdict(float)
 _SUITE_START = [time.monotonic()]
+_FILE_LEFT: dict[str, int] = {}
+_CONFIG: list[pytest.Config] = []
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     _SUITE_START[0] = time.monotonic()
+    _CONFIG.append(session.config)
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
-    start = time.monotonic()
-    yield
-    _FILE_SECONDS[item.location[0]] += time.monotonic() - start
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
+    if _FILE_LEFT:  # every worker collects the same items
+        return
+    for nodeid in ids:
+        path = nodeid.split("::", 1)[0]
+        _FILE_LEFT[path] = _FILE_LEFT.get(path, 0) + 1
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # setup, call and teardown each report their duration; under pytest-xdist the reports
+    # reach the controller, so the table covers every worker
+    _FILE_SECONDS[report.location[0]] += report.duration
+    path = report.nodeid.split("::", 1)[0]
+    if report.when != "teardown" or path not in _FILE_LEFT:
+        return
+    _FILE_LEFT[path] -= 1
+    if _FILE_LEFT[path] == 0:
+        elapsed = time.monotonic() - _SUITE_START[0]
+        reporter = _CONFIG[0].pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.ensure_newline()
+            reporter.write_line(
+                f"[{elapsed / 60:5.1f} min] done {path} ({_FILE_SECONDS[path]:.1f} s)"
+            )
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
