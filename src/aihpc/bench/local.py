@@ -48,6 +48,7 @@ class LocalMeasurement:
     mem_bw_GBps: float
     host_mem_gib: float
     attention_tflops: tuple[float, float]  # causal SDPA forward, backward
+    call_latency_us: float = 0.0  # a collective between computations (bench/local_sync.py)
 
 
 def _threads(nproc: int) -> int:
@@ -131,7 +132,14 @@ def measure_local(nproc: int, iters: int = 10) -> LocalMeasurement:
         cfg = GemmConfig(
             shapes=tuple((s, s, s) for s in _GEMM_SIZES), precision=precision, iters=iters
         )
-        gemm = gemm_json(run_gemm_bench(cfg, device), device)
+        # Best of three timings per shape: on a shared host the run least slowed by other work
+        # (the benchmark compares with a step's fastest time too). Measured on the loaded
+        # 2-core host: one timing per shape gave 10-16 GFLOP/s for 512^3..1024^3 where the same
+        # GEMMs reach about 88 GFLOP/s undisturbed, and predicted a 1-rank step 2.6x too slow.
+        runs = [run_gemm_bench(cfg, device) for _ in range(3)]
+        gemm = gemm_json(
+            [max(rs, key=lambda r: r.tflops) for rs in zip(*runs, strict=True)], device
+        )
         name = device_name(device)
         mem_bw = _memory_bandwidth_GBps(device)
         attention = _attention_tflops(device, iters)
@@ -151,7 +159,12 @@ def measure_local(nproc: int, iters: int = 10) -> LocalMeasurement:
                 tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
                 raise RuntimeError(f"aihpc bench comm failed: {tail[0]}")
             comm = json.loads(out.read_text())
-    return LocalMeasurement(nproc, threads, name, gemm, comm, mem_bw, _host_mem_gib(), attention)
+    from aihpc.bench.local_sync import interleaved_call_latency_us
+
+    call = interleaved_call_latency_us(nproc) if device.type == "cpu" else 0.0
+    return LocalMeasurement(
+        nproc, threads, name, gemm, comm, mem_bw, _host_mem_gib(), attention, call
+    )
 
 
 def local_gpu_spec(m: LocalMeasurement) -> dict[str, Any]:

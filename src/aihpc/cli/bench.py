@@ -365,7 +365,7 @@ def _local_spec_target(spec_path: str | None, local: bool, nproc: int) -> tuple 
     return spec_path, target
 
 
-def _measure_local(nproc: int) -> tuple[list, dict, dict]:
+def _measure_local(nproc: int) -> tuple[list, dict, dict, float]:
     """This host's measurements as calibration points (GEMMs for fp32 and, as the CPU
     runtime trains bf16 specs in fp32, for bf16 too) and its gpu_spec table."""
     import tempfile
@@ -384,7 +384,7 @@ def _measure_local(nproc: int) -> tuple[list, dict, dict]:
         comm_pts, gemm_pts = load_measurements([str(f) for f in files], None, None, "out-of-place")
     if "fp32" in gemm_pts:
         gemm_pts.setdefault("bf16", list(gemm_pts["fp32"]))
-    return comm_pts, gemm_pts, local_gpu_spec(m)
+    return comm_pts, gemm_pts, local_gpu_spec(m), m.call_latency_us
 
 
 def _write_local_spec(target: tuple, calibration: Path, device: dict, nproc: int) -> None:
@@ -478,12 +478,17 @@ def _register_calibrate(app: typer.Typer) -> None:
         local_spec = _local_spec_target(spec_path, local, nproc)
         if local:
             require_torch("calibrate --local")
-            comm_pts, gemm_pts, device = _measure_local(nproc)
+            comm_pts, gemm_pts, device, call_us = _measure_local(nproc)
             source = f"aihpc calibrate --local --nproc {nproc}"
         else:
             comm_pts, gemm_pts = load_measurements(inputs, tier, collective, column)
+            call_us = 0.0
             source = "aihpc calibrate " + " ".join(Path(p).name for p in inputs)
         cal, reports = fit_to_calibration(comm_pts, gemm_pts, source, regimes)
+        if local:  # a call inside a training step pays at least what it costs between GEMMs
+            from aihpc.bench.local_sync import with_call_latency
+
+            cal = with_call_latency(cal, call_us)
         header = (
             "Written by `aihpc calibrate`. Time of a collective of whole-buffer size S on "
             "n ranks:\nlatency_us + S * busbw_factor(n) / busbw_GBps / 1e3 (us), in the "
