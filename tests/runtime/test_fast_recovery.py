@@ -6,9 +6,8 @@ the memory tier off, so this also shows that taking snapshots does not perturb t
 
 from __future__ import annotations
 
-import json
-
 import pytest
+from train_cli import events, losses, ok
 from train_cli import train as run_train
 
 from aihpc.resilience.memory import memory_key, shm_root
@@ -49,21 +48,6 @@ def train(spec, run, world, *extra):
     args = ["--nproc-per-node", str(world), *extra]
     proc = run_train(spec, run, *args, timeout=240, env={"OMP_NUM_THREADS": "1"})
     return proc
-
-
-def ok(proc):
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
-
-
-def losses(run):
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    return [(r["step"], r["loss_hex"]) for r in rows]
-
-
-def events(run, name):
-    rows = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
-    return [r for r in rows if r["event"] == name]
 
 
 def reference(tmp_path_factory, world, tp):

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from train_cli import events
 from train_cli import train as run_train
 from typer.testing import CliRunner
 
@@ -53,11 +54,6 @@ def write_spec(path: Path, steps=4, seed=3, async_save=False, lr="3e-3") -> Path
 
 def train(spec, run, *extra, timeout=240):
     return run_train(spec, run, *extra, timeout=timeout, env=ENV)
-
-
-def events(run, name):
-    lines = (run / "events.jsonl").read_text().splitlines()
-    return [e for e in map(json.loads, lines) if e["event"] == name]
 
 
 def alive(pid: int) -> bool:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from train_cli import events, losses, ok
 from train_cli import train as run_train
 from typer.testing import CliRunner
 
@@ -49,21 +50,6 @@ def write_spec(path, zero_stage=3, async_save=True):
 def train(spec, run_dir, *extra, timeout=240):
     # one BLAS thread per rank: two ranks share this 2-core machine
     return run_train(spec, run_dir, *extra, timeout=timeout, env={"OMP_NUM_THREADS": "1"})
-
-
-def ok(proc):
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
-
-
-def losses(run_dir):
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [(r["step"], r["loss_hex"]) for r in rows]
-
-
-def events(run_dir, name):
-    rows = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
-    return [r for r in rows if r["event"] == name]
 
 
 @pytest.fixture(scope="module")

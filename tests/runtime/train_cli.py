@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -29,3 +30,21 @@ def train(
         env={**os.environ, **(env or {})},
         timeout=timeout,
     )
+
+
+def ok(proc: subprocess.CompletedProcess) -> dict:
+    """The run's --json summary, after checking it exited 0 (its stderr tail as the message)."""
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def losses(run_dir: Path) -> list[tuple[int, str]]:
+    """(step, loss as float.hex) per logged step, from metrics.jsonl."""
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss_hex"]) for r in rows]
+
+
+def events(run_dir: Path, name: str) -> list[dict]:
+    """The run's events.jsonl records named ``name``, in order."""
+    rows = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["event"] == name]

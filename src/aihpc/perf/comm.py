@@ -45,6 +45,22 @@ def group_tiers(cluster: ClusterSpec, n: int, stride: int) -> tuple[int, int]:
     return k, math.ceil(n / k)
 
 
+def _tier_figures(
+    cluster: ClusterSpec, tier: str, params: ModelParams, calibration: Calibration | None
+) -> tuple[float, float]:
+    """(bus bandwidth in GB/s, latency per hop in s) of a tier from the cluster's figures, with
+    the scale fitted to measured runs where the calibration has one (aihpc calibrate --runs)."""
+    if tier == "scale_up":
+        bw = cluster.scale_up_bw_GBps * params.scale_up_efficiency
+        latency = params.scale_up_latency_s
+    else:
+        bw = cluster.scale_out_bw_GBps * params.scale_out_efficiency
+        latency = params.scale_out_latency_s
+    if calibration is not None:
+        bw *= calibration.scale(tier)
+    return bw, latency
+
+
 def _tier_time_s(
     cluster: ClusterSpec,
     collective: str,
@@ -69,14 +85,7 @@ def _tier_time_s(
     if fit is not None:
         r = fit.regime(size_bytes)
         return r.latency_us * 1e-6 + size_bytes * factor / (min(r.busbw_GBps, cap) * 1e9)
-    if tier == "scale_up":
-        bw = cluster.scale_up_bw_GBps * params.scale_up_efficiency
-        latency = params.scale_up_latency_s
-    else:
-        bw = cluster.scale_out_bw_GBps * params.scale_out_efficiency
-        latency = params.scale_out_latency_s
-    if calibration is not None:  # a scale fitted to measured runs (aihpc calibrate --runs)
-        bw *= calibration.scale(tier)
+    bw, latency = _tier_figures(cluster, tier, params, calibration)
     bw = min(bw, cap)
     # Latency: NCCL runs all-gather and reduce-scatter as rings, n - 1 dependent hops; an
     # all-reduce at scale uses the double binary tree, 2 log2(n) hops (Sanders et al. 2009;
@@ -276,14 +285,7 @@ def _tier_times_s(
         latency_us, busbw = _regimes(fit, size_bytes)
         out = latency_us * 1e-6 + size_bytes * factor / (busbw * 1e9)
     else:
-        if tier == "scale_up":
-            bw = cluster.scale_up_bw_GBps * params.scale_up_efficiency
-            latency = params.scale_up_latency_s
-        else:
-            bw = cluster.scale_out_bw_GBps * params.scale_out_efficiency
-            latency = params.scale_out_latency_s
-        if calibration is not None:  # a scale fitted to measured runs (aihpc calibrate --runs)
-            bw *= calibration.scale(tier)
+        bw, latency = _tier_figures(cluster, tier, params, calibration)
         if collective in ("all_gather", "reduce_scatter"):
             steps = n - 1
         elif collective == "all_reduce":
