@@ -200,8 +200,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
         """Goodput at scale: MTBF, optimal checkpoint interval, ETTR and time-to-train."""
-        from aihpc.perf.goodput import goodput_report
-        from aihpc.perf.goodput_plot import _check_plot_path, plot_goodput
+        from aihpc.perf.goodput_plot import _check_plot_path
 
         if days is not None and not (math.isfinite(days) and days > 0):
             raise SpecError("--days", days, "must be a number of days > 0")
@@ -210,11 +209,6 @@ def register(app: typer.Typer) -> None:
         n_tokens = parse_count("--tokens", tokens)
         if plot is not None:
             _check_plot_path(plot)  # fail before the (slower) estimate
-        compare_only = {
-            "--gpus": gpus,
-            "--measured": measured,
-            "--correlated-loss": correlated_loss,
-        }
         if strategy == "compare":
             if any(v is not None for v in (plot, tokens, days, step_time)):
                 raise SpecError(
@@ -222,29 +216,46 @@ def register(app: typer.Typer) -> None:
                 )
             _compare(runspec, gpus, measured, correlated_loss, as_json)
             return
-        for flag, value in compare_only.items():
+        only_compare = {
+            "--gpus": gpus,
+            "--measured": measured,
+            "--correlated-loss": correlated_loss,
+        }
+        for flag, value in only_compare.items():
             if value is not None:
                 raise SpecError(flag, value, "only with --strategy compare")
-        spec = load_runspec(runspec)
-        if strategy is not None:
-            from aihpc.spec.reliability import CHECKPOINT_STRATEGIES
+        _one_strategy(runspec, strategy, step_time, days, n_tokens, plot, as_json)
 
-            if strategy not in CHECKPOINT_STRATEGIES:
-                raise SpecError(
-                    "--strategy", strategy, "allowed: " + " | ".join(CHECKPOINT_STRATEGIES)
-                )
-            spec = replace(
-                spec, reliability=replace(spec.reliability, checkpoint_strategy=strategy)
-            )
-        rep = goodput_report(spec, _step_time_s(spec, step_time), days=days, tokens=n_tokens)
+
+def _one_strategy(
+    runspec: Path,
+    strategy: str | None,
+    step_time: float | None,
+    days: float | None,
+    n_tokens: float | None,
+    plot: Path | None,
+    as_json: bool,
+) -> None:
+    """The goodput report of the spec's checkpoint strategy (or --strategy's), and its plot."""
+    from aihpc.perf.goodput import goodput_report
+    from aihpc.perf.goodput_plot import plot_goodput
+
+    spec = load_runspec(runspec)
+    if strategy is not None:
+        from aihpc.spec.reliability import CHECKPOINT_STRATEGIES
+
+        if strategy not in CHECKPOINT_STRATEGIES:
+            raise SpecError("--strategy", strategy, "allowed: " + " | ".join(CHECKPOINT_STRATEGIES))
+        spec = replace(spec, reliability=replace(spec.reliability, checkpoint_strategy=strategy))
+    rep = goodput_report(spec, _step_time_s(spec, step_time), days=days, tokens=n_tokens)
+    if plot is not None:
+        plot_goodput(spec, plot)
+    if as_json:
+        out = rep.to_json()
         if plot is not None:
-            plot_goodput(spec, plot)
-        if as_json:
-            out = rep.to_json()
-            if plot is not None:
-                out["plot"] = str(plot)
-            print_json(out)
-        else:
-            _render(rep)
-            if plot is not None:
-                console.print(f"plot written to {plot}")
+            out["plot"] = str(plot)
+        print_json(out)
+    else:
+        _render(rep)
+        if plot is not None:
+            console.print(f"plot written to {plot}")
