@@ -454,11 +454,7 @@ def _register_calibrate(app: typer.Typer) -> None:
         r"""Fit latency / bandwidth per collective and tier (and GEMM efficiency) into a TOML
         that a run spec names with \[cluster] calibration = "FILE"; or, with --runs, the
         model's efficiency constants to measured training runs."""
-        from aihpc.bench.calibrate import (
-            fit_to_calibration,
-            load_measurements,
-        )
-        from aihpc.spec.calibration import COLLECTIVES, calibration_to_toml
+        from aihpc.spec.calibration import COLLECTIVES
 
         if collective is not None and collective not in COLLECTIVES:
             raise SpecError("--collective", collective, "allowed: " + " | ".join(COLLECTIVES))
@@ -475,30 +471,52 @@ def _register_calibrate(app: typer.Typer) -> None:
                 " ".join(inputs or []) or "none",
                 "give measurement files, --local or --runs",
             )
-        local_spec = _local_spec_target(spec_path, local, nproc)
-        if local:
-            require_torch("calibrate --local")
-            comm_pts, gemm_pts, device, call_us = _measure_local(nproc)
-            source = f"aihpc calibrate --local --nproc {nproc}"
-        else:
-            comm_pts, gemm_pts = load_measurements(inputs, tier, collective, column)
-            call_us = 0.0
-            source = "aihpc calibrate " + " ".join(Path(p).name for p in inputs)
-        cal, reports = fit_to_calibration(comm_pts, gemm_pts, source, regimes)
-        if local:  # a call inside a training step pays at least what it costs between GEMMs
-            from aihpc.bench.local_sync import with_call_latency
-
-            cal = with_call_latency(cal, call_us)
-        header = (
-            "Written by `aihpc calibrate`. Time of a collective of whole-buffer size S on "
-            "n ranks:\nlatency_us + S * busbw_factor(n) / busbw_GBps / 1e3 (us), in the "
-            "regime S falls in."
+        _calibrate_measurements(
+            inputs, tier, collective, column, regimes, output, local, nproc, spec_path, as_json
         )
-        write_atomic(Path(output), calibration_to_toml(cal, header))
-        if local_spec is not None:
-            _write_local_spec(local_spec, Path(output), device, nproc)
-        _warn_fits(reports)
-        _report_calibration(output, cal, reports, as_json)
+
+
+def _calibrate_measurements(
+    inputs: list[str] | None,
+    tier: str | None,
+    collective: str | None,
+    column: str,
+    regimes: int,
+    output: str,
+    local: bool,
+    nproc: int,
+    spec_path: str | None,
+    as_json: bool,
+) -> None:
+    """Fit collective and GEMM measurements (files, or this host's with --local) into a
+    calibration TOML at OUTPUT, and the spec's copy for this host where --spec asks."""
+    from aihpc.bench.calibrate import fit_to_calibration, load_measurements
+    from aihpc.spec.calibration import calibration_to_toml
+
+    local_spec = _local_spec_target(spec_path, local, nproc)
+    if local:
+        require_torch("calibrate --local")
+        comm_pts, gemm_pts, device, call_us = _measure_local(nproc)
+        source = f"aihpc calibrate --local --nproc {nproc}"
+    else:
+        comm_pts, gemm_pts = load_measurements(inputs or [], tier, collective, column)
+        device, call_us = None, 0.0
+        source = "aihpc calibrate " + " ".join(Path(p).name for p in inputs or [])
+    cal, reports = fit_to_calibration(comm_pts, gemm_pts, source, regimes)
+    if local:  # a call inside a training step pays at least what it costs between GEMMs
+        from aihpc.bench.local_sync import with_call_latency
+
+        cal = with_call_latency(cal, call_us)
+    header = (
+        "Written by `aihpc calibrate`. Time of a collective of whole-buffer size S on "
+        "n ranks:\nlatency_us + S * busbw_factor(n) / busbw_GBps / 1e3 (us), in the "
+        "regime S falls in."
+    )
+    write_atomic(Path(output), calibration_to_toml(cal, header))
+    if local_spec is not None:
+        _write_local_spec(local_spec, Path(output), device, nproc)
+    _warn_fits(reports)
+    _report_calibration(output, cal, reports, as_json)
 
 
 def _warn_fits(reports: list) -> None:
