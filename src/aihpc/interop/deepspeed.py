@@ -440,6 +440,14 @@ def _hf_moe_config(m: Any) -> dict[str, Any]:
 def export_deepspeed(spec: RunSpec) -> tuple[str, str, list[str]]:
     """(the DeepSpeed config JSON, the model as a HF config.json, fields not carried); a plan
     plain DeepSpeed cannot run raises SpecError naming the field."""
+    _refuse_inexpressible(spec)
+    data = _config_json(spec)
+    dropped = _export_not_carried(spec, "scheduler" in data)
+    return json.dumps(data, indent=2) + "\n", json.dumps(hf_config(spec), indent=2) + "\n", dropped
+
+
+def _refuse_inexpressible(spec: RunSpec) -> None:
+    """SpecError naming the first field plain DeepSpeed (or a config.json) cannot express."""
     m, p, t = spec.model, spec.plan(), spec.training
     for name in ("tp", "pp", "cp", "ep"):
         if getattr(p, name) > 1:
@@ -489,6 +497,11 @@ def export_deepspeed(spec: RunSpec) -> tuple[str, str, list[str]]:
         raise SpecError("training.precision", "fp8", "DeepSpeed's config trains bf16 | fp16")
     if p.dp_shard is not None and p.dp_shard != p.dp and p.zero_stage != 3:
         raise SpecError("parallel.dp_shard", p.dp_shard, "DeepSpeed's hpZ groups need zero_stage 3")
+
+
+def _config_json(spec: RunSpec) -> dict[str, Any]:
+    """The DeepSpeed config of the plan: batch, precision, ZeRO, optimizer, scheduler."""
+    p, t = spec.plan(), spec.training
     zero: dict[str, Any] = {"stage": p.zero_stage, "overlap_comm": t.grad_reduce_overlap}
     if p.zero_stage == 3 and p.dp_shard is not None and p.dp_shard != p.dp:
         zero["zero_hpz_partition_size"] = p.dp_shard
@@ -519,6 +532,12 @@ def export_deepspeed(spec: RunSpec) -> tuple[str, str, list[str]]:
         data["scheduler"] = scheduler
     if p.recompute == "full":
         data["activation_checkpointing"] = {"partition_activations": False}
+    return data
+
+
+def _export_not_carried(spec: RunSpec, has_scheduler: bool) -> list[str]:
+    """Fields set away from their defaults that the DeepSpeed config does not carry."""
+    t = spec.training
     dropped = not_carried(spec, FIXED, FRAMEWORK)
     defaults = TrainingSpec()
     dropped += [
@@ -526,8 +545,8 @@ def export_deepspeed(spec: RunSpec) -> tuple[str, str, list[str]]:
         for k in MODEL_CODE
         if getattr(t, k) != getattr(defaults, k)
     ]
-    if scheduler is None and t.train_steps != defaults.train_steps:
+    if not has_scheduler and t.train_steps != defaults.train_steps:
         dropped.append("training.train_steps (DeepSpeed: no scheduler, the training script stops)")
     if spec.checkpoint.interval_steps != CheckpointSpec().interval_steps:
         dropped.append("checkpoint.interval_steps (DeepSpeed: the training script saves)")
-    return json.dumps(data, indent=2) + "\n", json.dumps(hf_config(spec), indent=2) + "\n", dropped
+    return dropped
