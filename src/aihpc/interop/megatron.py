@@ -595,7 +595,33 @@ def _vocab_divisor(vocab: int, tp: int) -> int:
 def export_megatron(spec: RunSpec, source: str = "") -> tuple[str, list[str]]:
     """(a bash script launching pretrain_gpt.py under torchrun, run-spec fields it cannot
     carry); a plan Megatron-LM cannot run raises SpecError naming the field."""
-    m, c, p, t = spec.model, spec.cluster, spec.plan(), spec.training
+    m, c, p = spec.model, spec.cluster, spec.plan()
+    _refuse_megatron(spec)
+    args = _model_args(m, p.tp)
+    args += _parallel_args(p, m.is_moe)
+    args += _training_args(spec)
+    body = " \\\n    ".join(_flag(k, v) for k, v in args)
+    nodes, per_node = c.num_nodes, min(c.gpus_per_node, c.num_gpus)
+    header = (
+        "#!/bin/bash\n"
+        f"# Megatron-LM launch for {m.name} on {c.num_gpus} x {c.gpu.id}, written by "
+        f"`aihpc export{' ' + source if source else ''} --to megatron`.\n"
+        "# Flags as in Megatron-LM's megatron/training/arguments.py (main, Aug 2026). Synthetic\n"
+        "# data (--mock-data): point --data-path and the tokenizer at yours.\n"
+        "# Run it once per node (srun --ntasks-per-node=1); MASTER_ADDR names the first node.\n"
+    )
+    launch = (
+        f"torchrun --nproc-per-node {per_node} --nnodes {nodes} "
+        '--rdzv-backend c10d --rdzv-endpoint "${MASTER_ADDR:-localhost}:${MASTER_PORT:-29500}" \\\n'
+        "    pretrain_gpt.py \\\n    "
+    )
+    fixed = {k: v for k, v in FIXED.items() if k != "pipeline_split"}  # even = uneven here
+    return header + launch + body + " \\\n    --mock-data\n", not_carried(spec, fixed, FRAMEWORK)
+
+
+def _refuse_megatron(spec: RunSpec) -> None:
+    """SpecError naming the first field of the plan Megatron-LM cannot run."""
+    m, p, t = spec.model, spec.plan(), spec.training
     chunks = p.pp * p.vpp
     if m.num_layers % chunks:
         raise SpecError(
@@ -631,6 +657,10 @@ def export_megatron(spec: RunSpec, source: str = "") -> tuple[str, list[str]]:
         raise SpecError("training.optimizer", "adam", "Megatron-LM runs adamw (its adam) | sgd")
     if t.optimizer_dtype != "fp32" and t.optimizer_dtype != "bf16":
         raise SpecError("training.optimizer_dtype", t.optimizer_dtype, "Megatron-LM: fp32 | bf16")
+
+
+def _model_args(m: Any, tp: int) -> list[tuple[str, Any]]:
+    """The model's pretrain_gpt.py flags: shape, attention, MoE, MLA, MTP, tokenizer."""
     args: list[tuple[str, Any]] = [
         ("--num-layers", m.num_layers),
         ("--hidden-size", m.hidden_size),
@@ -652,7 +682,7 @@ def export_megatron(spec: RunSpec, source: str = "") -> tuple[str, list[str]]:
     args += [
         ("--tokenizer-type", "NullTokenizer"),
         ("--vocab-size", m.vocab_size),
-        ("--make-vocab-size-divisible-by", _vocab_divisor(m.vocab_size, p.tp)),
+        ("--make-vocab-size-divisible-by", _vocab_divisor(m.vocab_size, tp)),
     ]
     if m.is_moe:
         args += [("--num-experts", m.num_experts), ("--moe-router-topk", m.moe_top_k)]
@@ -676,25 +706,7 @@ def export_megatron(spec: RunSpec, source: str = "") -> tuple[str, list[str]]:
         ]
     if m.mtp_layers:
         args.append(("--mtp-num-layers", m.mtp_layers))
-    args += _parallel_args(p, m.is_moe)
-    args += _training_args(spec)
-    body = " \\\n    ".join(_flag(k, v) for k, v in args)
-    nodes, per_node = c.num_nodes, min(c.gpus_per_node, c.num_gpus)
-    header = (
-        "#!/bin/bash\n"
-        f"# Megatron-LM launch for {m.name} on {c.num_gpus} x {c.gpu.id}, written by "
-        f"`aihpc export{' ' + source if source else ''} --to megatron`.\n"
-        "# Flags as in Megatron-LM's megatron/training/arguments.py (main, Aug 2026). Synthetic\n"
-        "# data (--mock-data): point --data-path and the tokenizer at yours.\n"
-        "# Run it once per node (srun --ntasks-per-node=1); MASTER_ADDR names the first node.\n"
-    )
-    launch = (
-        f"torchrun --nproc-per-node {per_node} --nnodes {nodes} "
-        '--rdzv-backend c10d --rdzv-endpoint "${MASTER_ADDR:-localhost}:${MASTER_PORT:-29500}" \\\n'
-        "    pretrain_gpt.py \\\n    "
-    )
-    fixed = {k: v for k, v in FIXED.items() if k != "pipeline_split"}  # even = uneven here
-    return header + launch + body + " \\\n    --mock-data\n", not_carried(spec, fixed, FRAMEWORK)
+    return args
 
 
 def _router_args(m: Any) -> list[tuple[str, Any]]:
