@@ -306,46 +306,8 @@ def export_torchtitan(spec: RunSpec, source: str = "") -> tuple[str, list[str]]:
     cannot run raises SpecError naming the field."""
     m, p, t, ck = spec.model, spec.plan(), spec.training, spec.checkpoint
     flavor = _flavor(spec)
-    if p.sequence_parallel != (p.tp > 1):
-        raise SpecError(
-            "parallel.sequence_parallel",
-            p.sequence_parallel,
-            "torchtitan shards the sequence whenever tp > 1",
-        )
-    if p.zero_stage == 1:
-        raise SpecError("parallel.zero_stage", 1, "torchtitan runs 0 (DDP) | 2 | 3 (FSDP2)")
-    if p.recompute == "selective":
-        raise SpecError("parallel.recompute", "selective", "torchtitan runs none | op | full")
-    if p.offload_layers:
-        raise SpecError(
-            "parallel.offload_layers", p.offload_layers, "torchtitan offloads no activations"
-        )
-    if p.ep > 1:
-        raise SpecError("parallel.ep", p.ep, "llama3 is dense")
-    if t.precision == "fp16":
-        raise SpecError("training.precision", "fp16", "torchtitan trains bf16 | fp8")
-    if t.optimizer == "sgd":
-        raise SpecError("training.optimizer", "sgd", "torchtitan runs adamw | adam")
-    shard = 1 if p.zero_stage == 0 else p.shard_group
-    par: dict[str, Any] = {
-        "data_parallel_replicate_degree": p.dp // shard,
-        "data_parallel_shard_degree": shard,
-        "tensor_parallel_degree": p.tp,
-        "pipeline_parallel_degree": p.pp,
-        "context_parallel_degree": p.cp,
-        "context_parallel_rotate_method": "allgather"
-        if t.cp_exchange == "allgather"
-        else "alltoall",
-    }
-    if p.zero_stage == 2:
-        par["fsdp_reshard_after_forward"] = "never"
-    local = p.micro_batch_size
-    if p.pp > 1:
-        local = p.global_batch_size // p.dp
-        name = {v: k for k, v in SCHEDULES.items()}[p.schedule]
-        par["pipeline_parallel_schedule"] = name
-        par["pipeline_parallel_microbatch_size"] = p.micro_batch_size
-        par.update(_layers_per_stage(m.num_layers, p.pp, p.vpp, p.schedule))
+    _refuse_torchtitan(spec)
+    par, local = _parallelism(spec)
     ac = (
         {"mode": p.recompute}
         if p.recompute != "op"
@@ -401,6 +363,57 @@ def export_torchtitan(spec: RunSpec, source: str = "") -> tuple[str, list[str]]:
             f"training.cross_entropy = {t.cross_entropy!r} (torchtitan: compile decides)"
         )
     return dumps_toml(data, header), dropped
+
+
+def _refuse_torchtitan(spec: RunSpec) -> None:
+    """SpecError naming the first field of the plan torchtitan cannot run."""
+    p, t = spec.plan(), spec.training
+    if p.sequence_parallel != (p.tp > 1):
+        raise SpecError(
+            "parallel.sequence_parallel",
+            p.sequence_parallel,
+            "torchtitan shards the sequence whenever tp > 1",
+        )
+    if p.zero_stage == 1:
+        raise SpecError("parallel.zero_stage", 1, "torchtitan runs 0 (DDP) | 2 | 3 (FSDP2)")
+    if p.recompute == "selective":
+        raise SpecError("parallel.recompute", "selective", "torchtitan runs none | op | full")
+    if p.offload_layers:
+        raise SpecError(
+            "parallel.offload_layers", p.offload_layers, "torchtitan offloads no activations"
+        )
+    if p.ep > 1:
+        raise SpecError("parallel.ep", p.ep, "llama3 is dense")
+    if t.precision == "fp16":
+        raise SpecError("training.precision", "fp16", "torchtitan trains bf16 | fp8")
+    if t.optimizer == "sgd":
+        raise SpecError("training.optimizer", "sgd", "torchtitan runs adamw | adam")
+
+
+def _parallelism(spec: RunSpec) -> tuple[dict[str, Any], int]:
+    """([parallelism] of the job TOML, training.local_batch_size)."""
+    m, p, t = spec.model, spec.plan(), spec.training
+    shard = 1 if p.zero_stage == 0 else p.shard_group
+    par: dict[str, Any] = {
+        "data_parallel_replicate_degree": p.dp // shard,
+        "data_parallel_shard_degree": shard,
+        "tensor_parallel_degree": p.tp,
+        "pipeline_parallel_degree": p.pp,
+        "context_parallel_degree": p.cp,
+        "context_parallel_rotate_method": "allgather"
+        if t.cp_exchange == "allgather"
+        else "alltoall",
+    }
+    if p.zero_stage == 2:
+        par["fsdp_reshard_after_forward"] = "never"
+    local = p.micro_batch_size
+    if p.pp > 1:
+        local = p.global_batch_size // p.dp
+        name = {v: k for k, v in SCHEDULES.items()}[p.schedule]
+        par["pipeline_parallel_schedule"] = name
+        par["pipeline_parallel_microbatch_size"] = p.micro_batch_size
+        par.update(_layers_per_stage(m.num_layers, p.pp, p.vpp, p.schedule))
+    return par, local
 
 
 def _layers_per_stage(num_layers: int, pp: int, vpp: int, schedule: str) -> dict[str, Any]:
