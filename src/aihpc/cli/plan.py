@@ -477,37 +477,42 @@ def _register_validate(app: typer.Typer) -> None:
 
 def validation_table(report: ValidationReport) -> str:
     """The validation table as plain Markdown (what docs/performance-model.md quotes)."""
+    lines = _row_lines(report) + _source_lines(report) + _memory_lines(report)
+    return "\n".join([*lines, "", _verdict_line(report)])
+
+
+def _plan_text(r: Any) -> str:
+    p = r.plan
+    return (
+        f"tp{p.tp} pp{p.pp} v{p.vpp} cp{p.cp} dp{p.dp}"
+        + (f" ep{p.ep}" if p.ep > 1 else "")
+        + (f" etp{p.etp}" if p.etp > 1 else "")
+        + (f" a2a:{p.moe_a2a_overlap}" if p.moe_a2a_overlap != "none" else "")
+        + f" z{p.zero_stage} {p.recompute}"
+        + "".join("+" + m for m in p.recompute_modules)
+        + f"{f' off{p.offload_layers}' if p.offload_layers else ''} "
+        f"mbs{p.micro_batch_size}{' *' if r.searched else ''}"
+    )
+
+
+def _row_lines(report: ValidationReport) -> list[str]:
     lines = [
         "| id | model | GPUs | plan (searched = *) | measured tok/s/GPU | predicted | error |",
         "|---|---|---:|---|---:|---:|---:|",
     ]
     for r in report.rows:
-        p = r.plan
-        plan = (
-            f"tp{p.tp} pp{p.pp} v{p.vpp} cp{p.cp} dp{p.dp}"
-            + (f" ep{p.ep}" if p.ep > 1 else "")
-            + (f" etp{p.etp}" if p.etp > 1 else "")
-            + (f" a2a:{p.moe_a2a_overlap}" if p.moe_a2a_overlap != "none" else "")
-            + f" z{p.zero_stage} {p.recompute}"
-            + "".join("+" + m for m in p.recompute_modules)
-            + f"{f' off{p.offload_layers}' if p.offload_layers else ''} "
-            f"mbs{p.micro_batch_size}{' *' if r.searched else ''}"
-        )
         lines.append(
-            f"| {r.id} | {r.model} | {r.num_gpus} | {plan} | {r.measured:,.1f} | "
+            f"| {r.id} | {r.model} | {r.num_gpus} | {_plan_text(r)} | {r.measured:,.1f} | "
             f"{r.predicted:,.1f} | {r.error:+.1%} |"
         )
-    lines += ["", "| source | rows | MAPE |", "|---|---:|---:|"]
-    counts: dict[str, int] = {}
-    from aihpc.perf.validate import (
-        TARGET_KORTHIKANTI,
-        TARGET_MAPE,
-        TARGET_MAX_ERROR,
-        TARGET_TORCHTITAN,
-        memory_kind,
-        source_key,
-    )
+    return lines
 
+
+def _source_lines(report: ValidationReport) -> list[str]:
+    from aihpc.perf.validate import source_key
+
+    lines = ["", "| source | rows | MAPE |", "|---|---:|---:|"]
+    counts: dict[str, int] = {}
     for r in report.rows:
         counts[source_key(r.source)] = counts.get(source_key(r.source), 0) + 1
     for src, mape in report.mape_by_source().items():
@@ -515,51 +520,63 @@ def validation_table(report: ValidationReport) -> str:
     lines.append(
         f"| **overall** | {len(report.rows)} | **{report.mape:.1%}** (max {report.max_error:.1%}) |"
     )
-    if report.memory:
-        lines += [
-            "",
-            "| id | component | measured GiB | predicted GiB | error |",
-            "|---|---|---:|---:|---:|",
-        ]
+    return lines
+
+
+def _memory_lines(report: ValidationReport) -> list[str]:
+    from aihpc.perf.validate import memory_kind
+
+    if not report.memory:
+        return []
+    lines = [
+        "",
+        "| id | component | measured GiB | predicted GiB | error |",
+        "|---|---|---:|---:|---:|",
+    ]
     for m in report.memory:
         lines.append(
             f"| {m.id} | {m.component}{'' if report.user else f' ({memory_kind(m)})'} | "
             f"{m.measured_gib:.1f} | "
             f"{m.predicted_gib:.1f} | {m.error:+.1%} |"
         )
-    if report.moe:
-        from aihpc.perf.validate import TARGET_MOE_MAPE, TARGET_MOE_MAX_ERROR
+    return lines
 
+
+def _verdict_line(report: ValidationReport) -> str:
+    """Which targets hold (the MoE set's, the shared set's), or the error of other rows."""
+    from aihpc.perf.validate import (
+        TARGET_KORTHIKANTI,
+        TARGET_MAPE,
+        TARGET_MAX_ERROR,
+        TARGET_MOE_MAPE,
+        TARGET_MOE_MAX_ERROR,
+        TARGET_TORCHTITAN,
+    )
+
+    met = report.targets_met
+    if report.moe:
         over = [r.id for r in report.rows if abs(r.error) > TARGET_MOE_MAX_ERROR]
-        met = report.targets_met
-        lines += [
-            "",
+        return (
             f"MoE targets (issue 17) {'all met' if report.passed else 'NOT all met'}: "
             f"MAPE {report.mape:.1%} ≤ {TARGET_MOE_MAPE:.0%} "
             f"{'met' if met['mape'] else 'NOT met'}; "
             f"worst row {report.max_error:.1%} ≤ {TARGET_MOE_MAX_ERROR:.0%}"
             + (f" ({len(over)} over: {', '.join(over)})" if over else "")
-            + f" {'met' if met['max_abs_error'] else 'NOT met'}.",
-        ]
-        return "\n".join(lines)
+            + f" {'met' if met['max_abs_error'] else 'NOT met'}."
+        )
     if report.user:
-        lines += [
-            "",
+        return (
             f"Your runs: MAPE {report.mape:.1%}, worst row {report.max_error:.1%} (the "
-            "project's targets apply to its published sets only).",
-        ]
-        return "\n".join(lines)
+            "project's targets apply to its published sets only)."
+        )
     if report.heldout:
-        lines += [
-            "",
+        return (
             f"Held-out rows, outside the shared set the model was developed on (the targets of "
             f"issue #2 apply to the shared set): MAPE {report.mape:.1%}, worst row "
-            f"{report.max_error:.1%}.",
-        ]
-        return "\n".join(lines)
+            f"{report.max_error:.1%}."
+        )
     over = [r.id for r in report.rows if abs(r.error) > TARGET_MAX_ERROR]
     ko, tt = report.memory_max_error("korthikanti"), report.memory_max_error("torchtitan")
-    met = report.targets_met
     checks = [
         (f"MAPE {report.mape:.1%} ≤ {TARGET_MAPE:.0%}", met["mape"]),
         (
@@ -572,5 +589,4 @@ def validation_table(report: ValidationReport) -> str:
     ]
     verdict = "all met" if report.passed else "NOT all met"
     detail = "; ".join(f"{text} {'met' if ok else 'NOT met'}" for text, ok in checks)
-    lines += ["", f"Targets {verdict}: {detail}."]
-    return "\n".join(lines)
+    return f"Targets {verdict}: {detail}."
