@@ -90,6 +90,9 @@ _PEER_LOST = (
     "pair closure",  # gloo: "Application timeout caused pair closure"
     "Socket closed",
     "ECONNRESET",
+    # torch 2.13's gloo ends a collective error caused by a vanished peer with this (the line
+    # may be cut before the transport's own "Connection closed" text)
+    "Check the logs of the remote worker",
 )
 
 
