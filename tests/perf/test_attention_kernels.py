@@ -3,7 +3,9 @@ ratios between implementations, one arithmetic for floats and arrays, and what a
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -108,7 +110,10 @@ def test_a_layer_pays_its_kernel_class() -> None:
     # FlashAttention-2's backward at the published 2x of xformers': the attention core only
     ratio = (t["flash1"].bwd_attn - 4e-6) / (t["flash2"].bwd_attn - 4e-6)
     assert ratio == pytest.approx(
-        2 * length_factor(8192.0, 1081.0) / length_factor(8192.0, 629.0), rel=1e-9
+        2
+        * length_factor(8192.0, KERNELS["flash2"].half_bwd_tokens)
+        / length_factor(8192.0, KERNELS["flash1"].half_bwd_tokens),
+        rel=1e-9,
     )
     for k in ATTENTION:  # the GEMMs do not depend on the attention kernel
         assert t[k].fwd_gemm == t["flash"].fwd_gemm
@@ -144,3 +149,26 @@ def test_an_unknown_kernel_is_refused_with_the_allowed_ones() -> None:
 
 def _parts(s):
     return s.model, s.cluster, s.plan(), s.training
+
+
+@pytest.mark.parametrize(
+    ("backend", "kernel"), [("flash", "flash2"), ("cudnn", "flash"), ("efficient", "flash1")]
+)
+def test_half_lengths_are_the_fit_of_the_h200_sweep(backend: str, kernel: str) -> None:
+    """The curve's constants come from the measured sweep: least squares of 1 / TFLOP/s against
+    1 / s over the causal rows of benchmarks/results/kernel_efficiency_h200.json."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks/results/kernel_efficiency_h200.json"
+    rows = [
+        r
+        for r in json.loads(path.read_text())["attention"]
+        if r["backend"] == backend and r["causal"]
+    ]
+    assert len(rows) >= 5
+    x = np.array([1 / r["skv"] for r in rows])
+    for key, half in (
+        ("fwd_tflops", KERNELS[kernel].half_fwd_tokens),
+        ("bwd_tflops", KERNELS[kernel].half_bwd_tokens),
+    ):
+        y = np.array([1 / r[key] for r in rows])
+        slope, intercept = np.polyfit(x, y, 1)
+        assert slope / intercept == pytest.approx(half, abs=0.5)

@@ -64,8 +64,8 @@ _FA2_HALF = (454.0, 1081.0)
 # 540, 930. FlashAttention-3 was not measured; it is priced on cuDNN's curve.
 _CUDNN_HALF = (221.0, 930.0)
 # SDPA memory-efficient backend (xformers' CUTLASS kernels): forward 183, s_half 383; backward
-# 138, 629.
-_XFORMERS_HALF = (383.0, 629.0)
+# 138, 628.
+_XFORMERS_HALF = (383.0, 628.0)
 
 KERNELS: dict[str, KernelClass] = {
     # The best fused kernel of the part (FlashAttention-3, cuDNN, Transformer Engine's fused
