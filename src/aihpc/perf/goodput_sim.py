@@ -87,77 +87,105 @@ def simulate(
         raise ValueError("interval_s must be ≥ persist_s (a save waits for the previous one)")
     if not weibull_shape > 0:
         raise ValueError("weibull_shape must be > 0")
-    rng = random.Random(seed)
-    lam_p = p.planned_rate_per_s
     horizon = horizon_s if horizon_s is not None else num_failures * p.mtbf_s
     if not math.isfinite(horizon):
         raise ValueError("give horizon_s when there are no failures")
-    scale = p.mtbf_s / math.gamma(1.0 + 1.0 / weibull_shape)
-
-    def next_failure(now: float) -> float:
-        if not math.isfinite(p.mtbf_s):
-            return math.inf
-        return now + rng.weibullvariate(scale, weibull_shape)
-
-    weights = [w for w, _ in recovery_mix] if recovery_mix else None
-    times = [r for _, r in recovery_mix] if recovery_mix else None
-
-    def recovery_time() -> float:
-        if times is None:
-            return p.recovery_s
-        return rng.choices(times, weights)[0]
-
-    def next_planned(now: float) -> float:
-        return now + rng.expovariate(lam_p) if lam_p > 0 else math.inf
-
-    t = useful = lost = ckpt = rec = planned_t = 0.0
-    failures = planned = 0
-    tau, block, persist, pause = interval_s, p.blocking_s, p.persist_s, p.planned_cost_s
-    fail_at, plan_at = next_failure(0.0), next_planned(0.0)
-    while t < horizon:
-        # --- a run from a fresh durable save, until the next interruption or the horizon
-        end = min(fail_at, plan_at, horizon)
-        durable, compute, blocking = _run_segment(end - t, tau, block, persist)
-        ckpt += blocking
-        t = end
-        if horizon < min(fail_at, plan_at):  # horizon reached
-            useful += durable
-            lost += compute - durable  # unfinished work at the end counts as not done
+    sim = _Timeline(p, interval_s, horizon, random.Random(seed), weibull_shape, recovery_mix)
+    while sim.t < horizon:
+        stop = sim.run()
+        if stop == "horizon":
             break
-        if plan_at < fail_at:  # planned: drain (all computed work becomes durable), pause P
-            useful += compute
-            planned += 1
-            planned_t += pause
-            t += pause
-            fail_at += pause  # no failures while the job is down
-            plan_at = next_planned(t)
-            continue
-        useful += durable
-        lost += compute - durable
-        failures += 1
-        fail_at = next_failure(t)
-        # --- recovery: R of exposed time; a failure restarts it, a planned stop pauses it
-        done_at = t + recovery_time()
-        while t < horizon:
-            if not p.failures_during_recovery and fail_at < done_at:
-                fail_at = next_failure(done_at)  # the failure process restarts after recovery
-            if done_at <= min(fail_at, plan_at):
-                rec += done_at - t
-                t = done_at
-                break
-            if fail_at < plan_at:
-                rec += fail_at - t
-                t = fail_at
-                failures += 1
-                fail_at = next_failure(t)
-                done_at = t + recovery_time()
+        if stop == "failure":
+            sim.recover()
+    return SimResult(
+        sim.t, sim.useful, sim.lost, sim.ckpt, sim.rec, sim.planned_t, sim.failures, sim.planned
+    )
+
+
+class _Timeline:
+    """The simulated job's clock, its next failure and planned stop, and the time per state."""
+
+    def __init__(
+        self,
+        p: GoodputParams,
+        interval_s: float,
+        horizon: float,
+        rng: random.Random,
+        weibull_shape: float,
+        recovery_mix: Sequence[tuple[float, float]] | None,
+    ) -> None:
+        self.p, self.tau, self.horizon, self.rng = p, interval_s, horizon, rng
+        self.shape = weibull_shape
+        self.scale = p.mtbf_s / math.gamma(1.0 + 1.0 / weibull_shape)
+        self.weights = [w for w, _ in recovery_mix] if recovery_mix else None
+        self.times = [r for _, r in recovery_mix] if recovery_mix else None
+        self.t = self.useful = self.lost = self.ckpt = self.rec = self.planned_t = 0.0
+        self.failures = self.planned = 0
+        self.fail_at, self.plan_at = self.next_failure(0.0), self.next_planned(0.0)
+
+    def next_failure(self, now: float) -> float:
+        if not math.isfinite(self.p.mtbf_s):
+            return math.inf
+        return now + self.rng.weibullvariate(self.scale, self.shape)
+
+    def next_planned(self, now: float) -> float:
+        lam = self.p.planned_rate_per_s
+        return now + self.rng.expovariate(lam) if lam > 0 else math.inf
+
+    def recovery_time(self) -> float:
+        if self.times is None:
+            return self.p.recovery_s
+        return self.rng.choices(self.times, self.weights)[0]
+
+    def pause(self) -> None:
+        """A planned stop at ``plan_at``: P of downtime, during which no failure arrives."""
+        self.planned += 1
+        self.planned_t += self.p.planned_cost_s
+        self.fail_at += self.p.planned_cost_s
+
+    def run(self) -> str:
+        """A run from a fresh durable save, until what stopped it: horizon | planned | failure."""
+        p = self.p
+        end = min(self.fail_at, self.plan_at, self.horizon)
+        durable, compute, blocking = _run_segment(end - self.t, self.tau, p.blocking_s, p.persist_s)
+        self.ckpt += blocking
+        self.t = end
+        if self.horizon < min(self.fail_at, self.plan_at):
+            self.useful += durable
+            self.lost += compute - durable  # unfinished work at the end counts as not done
+            return "horizon"
+        if self.plan_at < self.fail_at:  # drain: all computed work becomes durable, pause P
+            self.useful += compute
+            self.pause()
+            self.t += p.planned_cost_s
+            self.plan_at = self.next_planned(self.t)
+            return "planned"
+        self.useful += durable
+        self.lost += compute - durable
+        self.failures += 1
+        self.fail_at = self.next_failure(self.t)
+        return "failure"
+
+    def recover(self) -> None:
+        """R of exposed time after a failure; a failure restarts it, a planned stop pauses it."""
+        done_at = self.t + self.recovery_time()
+        while self.t < self.horizon:
+            if not self.p.failures_during_recovery and self.fail_at < done_at:
+                self.fail_at = self.next_failure(done_at)  # failures restart after recovery
+            if done_at <= min(self.fail_at, self.plan_at):
+                self.rec += done_at - self.t
+                self.t = done_at
+                return
+            if self.fail_at < self.plan_at:
+                self.rec += self.fail_at - self.t
+                self.t = self.fail_at
+                self.failures += 1
+                self.fail_at = self.next_failure(self.t)
+                done_at = self.t + self.recovery_time()
             else:
-                rec += plan_at - t
-                left = done_at - plan_at
-                t = plan_at + pause
-                planned += 1
-                planned_t += pause
-                fail_at += pause
-                done_at = t + left
-                plan_at = next_planned(t)
-    return SimResult(t, useful, lost, ckpt, rec, planned_t, failures, planned)
+                self.rec += self.plan_at - self.t
+                left = done_at - self.plan_at
+                self.t = self.plan_at + self.p.planned_cost_s
+                self.pause()
+                done_at = self.t + left
+                self.plan_at = self.next_planned(self.t)
