@@ -246,6 +246,29 @@ def import_deepspeed(
         raise SpecError("SOURCE", "DeepSpeed JSON", "expected a JSON object")
     j = _Json(data)
     notes: list[str] = []
+    parallel, world = _parallel_table(j, num_gpus, notes)
+    training = _training_table(j, notes)
+    for key in (
+        "train_batch_size",
+        "train_micro_batch_size_per_gpu",
+        "gradient_accumulation_steps",
+        "fp16.enabled",
+        "bf16.enabled",
+        "zero_optimization.zero_hpz_partition_size",
+    ):
+        j.get(key)
+    tables: dict[str, dict[str, Any]] = {
+        "model": _model(model, model_text, seq_length),
+        "cluster": cluster_table(gpu, world, gpus_per_node),
+        "parallel": parallel,
+        "training": training,
+    }
+    return Imported(FRAMEWORK, tables, j.unread(), notes)
+
+
+def _parallel_table(j: _Json, num_gpus: int | None, notes: list[str]) -> tuple[dict, int]:
+    """[parallel] from the batch sizes, the ZeRO stage (and ZeRO++ hpZ) and activation
+    checkpointing; the world size beside it."""
     gbs, mbs, world = _batch(j, num_gpus)
     stage = as_int(j.get("zero_optimization.stage", 0), "zero_optimization.stage")
     hpz = j.get("zero_optimization.zero_hpz_partition_size", 1)
@@ -275,6 +298,13 @@ def import_deepspeed(
             j.get(f"activation_checkpointing.{key}")
     if stage == 3 and hpz and hpz > 1:
         notes.append(f"ZeRO++ hpZ {hpz}: parameters gathered within groups of {hpz} (dp_shard)")
+        parallel["dp_shard"] = int(hpz)
+    return parallel, world
+
+
+def _training_table(j: _Json, notes: list[str]) -> dict[str, Any]:
+    """[training] from the precision, communication dtype, optimizer and scheduler."""
+    stage = as_int(j.get("zero_optimization.stage", 0), "zero_optimization.stage")
     precision = _precision(j)
     # engine.communication_data_type: the config's, else the training dtype
     comm = j.get("communication_data_type") or precision
@@ -305,24 +335,7 @@ def import_deepspeed(
     training.update(_scheduler(j, notes))
     for key in ("eps", "adam_w_mode"):
         j.get(f"optimizer.params.{key}")
-    for key in (
-        "train_batch_size",
-        "train_micro_batch_size_per_gpu",
-        "gradient_accumulation_steps",
-        "fp16.enabled",
-        "bf16.enabled",
-        "zero_optimization.zero_hpz_partition_size",
-    ):
-        j.get(key)
-    tables: dict[str, dict[str, Any]] = {
-        "model": _model(model, model_text, seq_length),
-        "cluster": cluster_table(gpu, world, gpus_per_node),
-        "parallel": parallel,
-        "training": training,
-    }
-    if stage == 3 and hpz and hpz > 1:
-        parallel["dp_shard"] = int(hpz)
-    return Imported(FRAMEWORK, tables, j.unread(), notes)
+    return training
 
 
 def _scheduler(j: _Json, notes: list[str]) -> dict[str, Any]:
