@@ -1,12 +1,21 @@
 """Suite-wide: time spent per test file (setup, call and teardown; summed over workers under
 pytest-xdist), printed at the end of the run, slowest first, so a suite that grows slow names the
 file to look at (module fixtures that start processes or daemons are where the time goes).
-Under pytest-xdist, whose progress dots name no file, a line is printed as each file finishes."""
+Under pytest-xdist, whose progress dots name no file, a line is printed as each file finishes.
+
+Order: files run longest first (file_seconds.json, seconds per file of an earlier full run, from
+``AIHPC_TEST_SECONDS_OUT=tests/file_seconds.json``), so that pytest-xdist's workers, which take
+files one at a time (``--dist loadfile``), do not end with one long file running alone while the
+other worker idles. A file missing from the table runs after those in it, in collection order;
+the table orders the run and decides nothing else."""
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +23,23 @@ _FILE_SECONDS: dict[str, float] = defaultdict(float)
 _SUITE_START = [time.monotonic()]
 _FILE_LEFT: dict[str, int] = {}
 _CONFIG: list[pytest.Config] = []
+
+
+_ORDER_FILE = Path(__file__).with_name("file_seconds.json")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist would queue files by their number of tests; keep the order set below
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    try:
+        seconds = json.loads(_ORDER_FILE.read_text())
+    except (OSError, ValueError):
+        return
+    items.sort(key=lambda item: -float(seconds.get(item.nodeid.split("::", 1)[0], 0.0)))
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -57,3 +83,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     for path, seconds in ranked[:20]:
         terminalreporter.write_line(f"{seconds:8.1f} s  {100 * seconds / total:5.1f}%  {path}")
     terminalreporter.write_line(f"{total:8.1f} s  whole session, collection included")
+    out = os.environ.get("AIHPC_TEST_SECONDS_OUT")
+    if out:
+        Path(out).write_text(json.dumps({k: round(v, 1) for k, v in ranked}, indent=1) + "\n")
