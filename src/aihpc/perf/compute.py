@@ -5,8 +5,10 @@ work at HBM bandwidth. All times are for one GPU, in seconds.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from aihpc.perf.flops import layer_gemms, mla_gemms, mla_head_dims, op_sac_saved
+from aihpc.perf.numeric import where
 from aihpc.perf.params import ModelParams
 from aihpc.spec.calibration import Calibration
 from aihpc.spec.cluster import GPUSpec
@@ -62,8 +64,8 @@ def gemm_time_s(
     return max(compute, memory) + params.kernel_overhead_s
 
 
-def stream_time_s(num_bytes: float, gpu: GPUSpec, params: ModelParams, kernels: int = 1) -> float:
-    """Memory-bound element-wise work moving ``num_bytes`` through HBM."""
+def stream_time_s(num_bytes: Any, gpu: GPUSpec, params: ModelParams, kernels: int = 1) -> Any:
+    """Memory-bound element-wise work moving ``num_bytes`` through HBM (a float or an array)."""
     return (
         num_bytes / (gpu.hbm_bw_GBps * 1e9 * params.hbm_efficiency)
         + kernels * params.kernel_overhead_s
@@ -347,16 +349,16 @@ def logits_time_s(
 
 
 def optimizer_time_s(
-    params_local: float,
-    zero_stage: int,
-    shard: int,
+    params_local: Any,
+    zero_stage: Any,
+    shard: Any,
     gpu: GPUSpec,
     params: ModelParams,
     training: TrainingSpec,
-) -> float:
+) -> Any:
     """Fused Adam: read master weight, gradient, m and v and write weight, m, v and the 16-bit
-    copy (fp32 states: 16 + 12 + 2 bytes per parameter)."""
-    updated = params_local / (shard if zero_stage >= 1 else 1)
+    copy (fp32 states: 16 + 12 + 2 bytes per parameter). One plan or arrays of plans."""
+    updated = params_local / where(zero_stage >= 1, shard, 1)
     o = DTYPE_BYTES[training.optimizer_dtype]
     g = DTYPE_BYTES[training.grad_reduce_dtype]
     per_param = (3 * o + g) + 3 * o + 2

@@ -16,14 +16,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
+from aihpc.perf import plan_batch
 from aihpc.perf.flops import (
     embedding_params,
-    expert_params_per_layer,
     layer_gemms,
     op_sac_saved,
-    params_per_layer,
 )
+from aihpc.perf.numeric import minimum, where
 from aihpc.perf.params import DEFAULT_PARAMS, ModelParams
 from aihpc.spec.cluster import ClusterSpec
 from aihpc.spec.model import ModelSpec
@@ -201,22 +202,9 @@ def _layer_params_local(model: ModelSpec, plan: ParallelPlan, layers: int) -> fl
 
 
 def layer_params_split(model: ModelSpec, plan: ParallelPlan, layers: int) -> tuple[float, float]:
-    """(parameters split over TP, routed-expert parameters) of ``layers`` layers on one GPU.
-
-    Attention, norms, dense FFNs, shared experts and the router are split over tp only (they are
-    replicated across the expert-parallel ranks); routed experts over etp x ep (Megatron-Core's
-    parallel folding; its theoretical memory since PR 4687)."""
-    dense_layers = layers
-    moe_layers = 0
-    if model.is_moe:
-        moe_layers = round(layers * model.num_moe_layers / model.num_layers)
-        dense_layers = layers - moe_layers
-    dense = dense_layers * params_per_layer(model) / plan.tp
-    if not moe_layers:
-        return dense, 0.0
-    routed = expert_params_per_layer(model)
-    dense += moe_layers * (params_per_layer(model, moe=True) - routed) / plan.tp
-    return dense, moe_layers * routed / (plan.etp * plan.ep)
+    """(parameters split over TP, routed-expert parameters) of ``layers`` layers on one GPU
+    (plan_batch.layer_params_split, which the step-time terms call over arrays)."""
+    return plan_batch.layer_params_split(model, layers, plan.tp, plan.etp, plan.ep)
 
 
 def largest_param_tensor(model: ModelSpec) -> int:
@@ -282,13 +270,13 @@ def _state_bytes(
     return weights, grads, optimizer
 
 
-def warmup_chunks(p: int, v: int, m: int, rank: int = 0) -> int:
+def warmup_chunks(p: Any, v: Any, m: Any, rank: Any = 0) -> Any:
     """Forwards pipeline rank ``rank`` runs before its first backward (Megatron-LM's
     ``num_warmup_microbatches``; PyTorch's ``Schedule1F1B`` / ``ScheduleInterleaved1F1B`` run the
     same order): p - 1 - rank under 1F1B, 2(p - 1 - rank) + (v - 1)p interleaved, at most the
     step's m v model chunks."""
-    ahead = p - 1 - rank if v == 1 else 2 * (p - 1 - rank) + (v - 1) * p
-    return min(ahead, m * v)
+    ahead = where(v == 1, p - 1 - rank, 2 * (p - 1 - rank) + (v - 1) * p)
+    return minimum(ahead, m * v)
 
 
 @lru_cache(maxsize=4096)
