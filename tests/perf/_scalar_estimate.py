@@ -2,7 +2,8 @@
 search (aihpc 21, item 1): one scalar function with a hand-made memo. Kept as the frozen reference
 test_estimate_terms.py compares the new ``estimate_plan`` with (its ``to_json()``, 1e-12 relative),
 and test_search_fast.py the array search's prices. It calls the same kernel-time, collective,
-memory and FLOP functions the model does, so only the way the step's terms are put together is
+memory and FLOP functions the model does, so only the way the step's terms are put together (and
+``compute.layer_times``, frozen below as it was before it was split into kernel-class terms) is
 frozen here: a change of a term's arithmetic on purpose is made here too, with the reason.
 """
 
@@ -17,6 +18,8 @@ from aihpc.perf.flops import (
     expert_params_per_layer,
     layer_flops,
     layer_gemms,
+    mla_gemms,
+    mla_head_dims,
     model_flops_per_token,
     op_sac_saved,
     param_tensors_per_layer,
@@ -30,13 +33,14 @@ from aihpc.perf.memory import (
     zero3_keeps_unsharded,
 )
 from aihpc.perf.params import DEFAULT_PARAMS, ModelParams
+from aihpc.spec.calibration import Calibration
 from aihpc.spec.cluster import ClusterSpec, GPUSpec
 from aihpc.spec.errors import SpecError
 from aihpc.spec.model import ModelSpec
 from aihpc.spec.parallel import ParallelPlan, validate_plan
 from aihpc.spec.training import DTYPE_BYTES, TrainingSpec
 
-__all__ = ["estimate_plan"]
+__all__ = ["estimate_plan", "layer_times"]
 
 
 def _group_stride(plan: ParallelPlan, axis: str) -> int:
@@ -109,10 +113,8 @@ def estimate_plan(
     kernels = memo.get(shape) if memo is not None else None
     if kernels is None:
         kernels = (
-            compute.layer_times(model, gpu, plan, training, params, cal),
-            compute.layer_times(model, gpu, plan, training, params, cal, moe=True)
-            if moe_frac
-            else None,
+            layer_times(model, gpu, plan, training, params, cal),
+            layer_times(model, gpu, plan, training, params, cal, moe=True) if moe_frac else None,
             compute.logits_time_s(model, gpu, plan, training, params, cal),
         )
         if memo is not None:
@@ -598,3 +600,136 @@ def optimizer_time_s(
     g = DTYPE_BYTES[training.grad_reduce_dtype]
     per_param = (3 * o + g) + 3 * o + 2
     return compute.stream_time_s(updated * per_param, gpu, params, kernels=4)
+
+
+# compute.layer_times as it was before item 1 split it into kernel-class terms; frozen here.
+
+
+def layer_times(
+    model: ModelSpec,
+    gpu: GPUSpec,
+    plan: ParallelPlan,
+    training: TrainingSpec,
+    params: ModelParams,
+    calibration: Calibration | None = None,
+    moe: bool = False,
+) -> compute.LayerTimes:
+    t, cp = plan.tp, plan.cp
+    s = model.seq_length
+    tokens = plan.micro_batch_size * s / cp  # rows of every GEMM on this GPU
+    h, d = model.hidden_size, model.kv_channels
+    hq, hkv = model.num_attention_heads * d, model.kv_heads * d
+    ffn = model.expert_ffn_hidden_size if moe else model.ffn_hidden_size
+    f_in = 2 * ffn if model.ffn_activation == "swiglu" else ffn
+    prec = training.precision
+
+    def gemm(m: float, n: float, k: float) -> float:
+        return compute.gemm_time_s(m, n, k, gpu, prec, params, calibration)
+
+    if model.is_mla:
+        fwd_gemm = 0.0
+        for _, n_in, n_out, split in mla_gemms(model):
+            if split == "row":
+                fwd_gemm += gemm(tokens, n_out, n_in / t)
+            else:  # "rep": the down projections run whole on every TP rank
+                fwd_gemm += gemm(tokens, n_out / (t if split == "col" else 1), n_in)
+    else:
+        # Q, K and V run as one fused GEMM (Megatron, TE); the FFN input as one (gate and up).
+        fwd_gemm = gemm(tokens, (hq + 2 * hkv) / t, h) + gemm(tokens, h, hq / t)
+    stream_moe = 0.0
+    modules = plan.recompute_modules
+    fwd_modules = 0.0
+    if "mla_up_proj" in modules and model.is_mla:
+        for name, n_in, n_out, _ in mla_gemms(model):
+            if name in ("q_up", "kv_up"):
+                fwd_modules += gemm(tokens, n_out / t, n_in)
+    if "mlp" in modules and not moe:
+        fwd_modules += gemm(tokens, f_in / t, h) + gemm(tokens, h, ffn / t)
+    if moe:
+        # Shared experts: one dense FFN of num_shared x the expert width, split over TP.
+        shared = model.num_shared_experts
+        if shared:
+            fwd_gemm += gemm(tokens, shared * f_in / t, h) + gemm(tokens, h, shared * ffn / t)
+        routed, stream_moe = compute._routed_expert_fwd(
+            model, gpu, plan, training, params, calibration
+        )
+        fwd_gemm += routed
+        # What op-level checkpointing recomputes: every other matmul, half of the GEMM time.
+        unsaved_op = fwd_gemm / 2
+    else:
+        # The FFN input as one GEMM (gate and up).
+        fwd_gemm += gemm(tokens, f_in / t, h) + gemm(tokens, h, ffn / t)
+    if model.is_mla and not moe:
+        unsaved_op = fwd_gemm / 2
+    elif not moe:
+        # What op-level selective checkpointing recomputes: every other matmul, one by one.
+        unsaved_op = 0.0
+        for i, (_, n_in, n_out, row) in enumerate(layer_gemms(model, moe)):
+            if not op_sac_saved(i):
+                unsaved_op += (
+                    gemm(tokens, n_out, n_in / t) if row else gemm(tokens, n_out / t, n_in)
+                )
+    # Backward: gradient w.r.t. inputs and w.r.t. weights, each the size of the forward GEMM.
+    bwd_gemm = 2 * fwd_gemm
+
+    heads = model.num_attention_heads / t
+    if training.attention in ("flash", "flash2"):
+        # Causal FlashAttention skips the masked half; the backward recomputes the scores (5
+        # matmuls vs 2: 2.5x the forward FLOPs). Under load-balanced CP each rank does 1/cp.
+        flops = 4 * tokens * s * heads * d * 0.5
+        if model.is_mla:  # scores over the qk width, AV over the v width
+            dqk, dv = mla_head_dims(model)
+            flops = 2 * tokens * s * heads * (dqk + dv) * 0.5
+        eff_f, eff_b = compute._attention_efficiency(gpu, training, params, calibration)
+        peak = gpu.sustained_peak_tflops("bf16") * 1e12
+        fwd_attn = flops / (peak * eff_f) + params.kernel_overhead_s
+        bwd_attn = 2.5 * flops / (peak * eff_b) + params.kernel_overhead_s
+        if training.dropout > 0:  # the kernel draws and applies the mask from its RNG state
+            fwd_attn *= 1 + params.fused_attention_dropout_cost
+            bwd_attn *= 1 + params.fused_attention_dropout_cost
+        attn_stream_fwd = 0.0
+    else:
+        # Unfused: two batched GEMMs over the full s x s square per head, plus the softmax
+        # (and dropout) reading and writing the scores.
+        batch = tokens / s * heads  # Megatron: one baddbmm for QK^T, one bmm for PV
+        bmm = compute.gemm_time_s(
+            s, s, d, gpu, "bf16", params, calibration, batch
+        ) + compute.gemm_time_s(s, d, s, gpu, "bf16", params, calibration, batch)
+        fwd_attn = bmm
+        bwd_attn = 2 * bmm
+        drop = training.dropout > 0
+        attn_stream_fwd = tokens * heads * s * (2 + 2 + (5 if drop else 0))
+
+    if moe:  # the shared experts' activation; the routed ones are in stream_moe
+        ffn = model.num_shared_experts * ffn
+        f_in = 2 * ffn if model.ffn_activation == "swiglu" else ffn
+    per_token = compute.elementwise_bytes_per_token(model, plan, training, ffn, f_in)
+    # The attention core (score GEMMs plus, when unfused, the softmax/dropout traffic) is what
+    # selective recompute re-runs, so it is kept in fwd_attn.
+    softmax = (
+        compute.stream_time_s(attn_stream_fwd, gpu, params, kernels=2) if attn_stream_fwd else 0.0
+    )
+    if "layernorm" in modules:  # each norm reads and writes h per token
+        sp = t if plan.sequence_parallel else 1
+        fwd_modules += compute.stream_time_s(tokens * 8 * h / sp, gpu, params, kernels=2)
+    if "moe_act" in modules and moe:  # the experts' activation: read f_in, write ffn per copy
+        fe = model.expert_ffn_hidden_size
+        act = 2 * ((2 * fe if model.ffn_activation == "swiglu" else fe) + fe) / plan.etp
+        fwd_modules += compute.stream_time_s(
+            compute.routed_tokens(model, plan, training) * act, gpu, params
+        )
+    fwd_stream = compute.stream_time_s(tokens * per_token, gpu, params, kernels=6)
+    bwd_stream = compute.stream_time_s(2 * tokens * per_token, gpu, params, kernels=10)
+    if moe:  # router, permute, expert activation, unpermute: forward 5 kernels, backward twice
+        fwd_stream += compute.stream_time_s(stream_moe, gpu, params, kernels=5)
+        bwd_stream += compute.stream_time_s(2 * stream_moe, gpu, params, kernels=10)
+    return compute.LayerTimes(
+        fwd_gemm,
+        fwd_attn + softmax,
+        fwd_stream,
+        bwd_gemm,
+        bwd_attn + 2 * softmax,
+        bwd_stream,
+        unsaved_op,
+        fwd_modules,
+    )

@@ -2,8 +2,9 @@
 scalar function it replaced (aihpc 21, item 1): ``to_json()`` equal, floats to 1e-12 relative,
 on the README examples, the presets and every training option the search's equality test
 covers, and on a grid of the plan fields that switch a term on or off (ZeRO 0-3, recompute
-kinds, pipeline schedules, MoE overlap, CP, EP, offload). The reference is the function as it
-was (_scalar_estimate.py), run here at test time."""
+kinds, pipeline schedules, MoE overlap, CP, EP, offload); and compute.layer_times, split into
+kernel-class terms, gives the LayerTimes it gave. The references are the functions as they were
+(_scalar_estimate.py), run here at test time."""
 
 from __future__ import annotations
 
@@ -16,13 +17,16 @@ from typing import Any
 import numpy as np
 import pytest
 from _scalar_estimate import estimate_plan as scalar_estimate_plan
+from _scalar_estimate import layer_times as scalar_layer_times
 from test_search_fast import SPECS
 
+from aihpc.perf import compute
 from aihpc.perf.estimate import estimate_plan
+from aihpc.perf.params import DEFAULT_PARAMS
 from aihpc.perf.search import _valid_batch
-from aihpc.spec import load_runspec
+from aihpc.spec import load_runspec, runspec_from_dict
 from aihpc.spec.errors import SpecError
-from aihpc.spec.parallel import MOE_A2A_OVERLAPS, RECOMPUTE, validate_plan
+from aihpc.spec.parallel import MOE_A2A_OVERLAPS, RECOMPUTE, ParallelPlan, validate_plan
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -130,3 +134,39 @@ def test_plan_grid_priced_as_before(base: str, extra: dict) -> None:
             validate_plan(p, spec.model, spec.cluster)
         except SpecError:
             check_plan(spec, p, check=False)  # what a check=False caller gets
+
+
+LAYER_MODELS = ("gpt3-175b", "llama3-8b", "mixtral-8x7b", "deepseek-v3", "gpt-oss-120b")
+TRAINING = (
+    {},
+    {"attention": "flash2", "dropout": 0.1, "precision": "fp8"},
+    {"attention": "unfused", "dropout": 0.1, "fused_kernels": False},
+)
+
+
+@pytest.mark.parametrize("model_name", LAYER_MODELS)
+def test_layer_times_split_into_kernel_classes_as_before(model_name: str) -> None:
+    """compute.layer_times, now a sum of kernel-class terms, against the function it was: every
+    field of LayerTimes equal, dense and MoE layers, MLA, each attention kind, fused or eager,
+    FP8, recompute modules, over TP / CP / micro-batch / SP / EP / ETP shapes."""
+    for training, (tp, cp, mbs, sp, ep, etp) in itertools.product(
+        TRAINING, ((1, 1, 1, False, 1, 1), (8, 2, 2, True, 8, 1), (4, 1, 4, False, 2, 2))
+    ):
+        spec = runspec_from_dict(
+            {
+                "model": {"preset": model_name},
+                "cluster": {"gpu": "h100-sxm", "num_gpus": 64, "gpus_per_node": 8},
+                "parallel": {"global_batch_size": 64},
+                "training": training,
+            }
+        )
+        modules = ("mla_up_proj", "moe_act", "layernorm", "mlp")
+        plan = ParallelPlan(
+            tp=tp, cp=cp, micro_batch_size=mbs, sequence_parallel=sp, ep=ep, etp=etp
+        )
+        for plan_modules, moe in itertools.product(((), modules), (False, True)):
+            if moe and not spec.model.is_moe:
+                continue
+            p = replace(plan, recompute_modules=plan_modules)
+            args = (spec.model, spec.cluster.gpu, p, spec.training, DEFAULT_PARAMS, None, moe)
+            assert compute.layer_times(*args) == scalar_layer_times(*args), (p, training, moe)
