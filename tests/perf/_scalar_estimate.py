@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from aihpc.perf import comm, compute
+from aihpc.perf.attention_kernels import FUSED_KERNELS, kernel_tokens
 from aihpc.perf.estimate import Estimate
 from aihpc.perf.flops import (
     embedding_params,
@@ -679,14 +680,16 @@ def layer_times(
     bwd_gemm = 2 * fwd_gemm
 
     heads = model.num_attention_heads / t
-    if training.attention in ("flash", "flash2"):
+    if training.attention in FUSED_KERNELS:
         # Causal FlashAttention skips the masked half; the backward recomputes the scores (5
         # matmuls vs 2: 2.5x the forward FLOPs). Under load-balanced CP each rank does 1/cp.
         flops = 4 * tokens * s * heads * d * 0.5
         if model.is_mla:  # scores over the qk width, AV over the v width
             dqk, dv = mla_head_dims(model)
             flops = 2 * tokens * s * heads * (dqk + dv) * 0.5
-        eff_f, eff_b = compute._attention_efficiency(gpu, training, params, calibration)
+        eff_f, eff_b = compute._attention_efficiency(
+            gpu, training, params, calibration, kernel_tokens(s, cp)
+        )
         peak = gpu.sustained_peak_tflops("bf16") * 1e12
         fwd_attn = flops / (peak * eff_f) + params.kernel_overhead_s
         bwd_attn = 2.5 * flops / (peak * eff_b) + params.kernel_overhead_s

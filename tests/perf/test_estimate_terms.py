@@ -140,6 +140,9 @@ LAYER_MODELS = ("gpt3-175b", "llama3-8b", "mixtral-8x7b", "deepseek-v3", "gpt-os
 TRAINING = (
     {},
     {"attention": "flash2", "dropout": 0.1, "precision": "fp8"},
+    {"attention": "flex"},
+    {"attention": "triton"},
+    {"attention": "flash1"},
     {"attention": "unfused", "dropout": 0.1, "fused_kernels": False},
 )
 

@@ -118,6 +118,15 @@ SPECS = {
         },
         {"moe_dispatcher": "hierarchical", "moe_dispatch_dtype": "fp8", "precision": "fp8"},
     ),
+    # a pre-FlashAttention-2 kernel on long sequences: its efficiency follows each plan's CP
+    "triton-long-cp": lambda: runspec_from_dict(
+        {
+            "model": {"preset": "llama3-8b", "seq_length": 65536},
+            "cluster": {"gpu": "h100-sxm", "num_gpus": 32, "gpus_per_node": 8},
+            "parallel": {"global_batch_size": 32},
+            "training": {"attention": "triton"},
+        }
+    ),
     "fixed-offload": lambda: preset(
         "llama3-8b", "h100-sxm", 64, {"pp": 1, "offload_layers": 4, "global_batch_size": 64}
     ),

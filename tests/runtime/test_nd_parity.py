@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from train_cli import events
 from train_cli import train as run_train
 
 from aihpc.runtime.distributed import free_port
@@ -160,19 +161,35 @@ def test_kill_and_resume_under_a_4d_plan_is_bitwise(tmp_path, plan_runs):
     assert losses(tmp_path / "run") == losses(out / "tp2sp-pp2")
 
 
-@pytest.mark.parametrize(("first", "then"), [("tp2sp-pp2", "dp4-fsdp"), ("dp4-fsdp", "tp2sp-pp2")])
-def test_checkpoint_of_one_plan_resumes_under_another(tmp_path, reference, first, then):
-    """Saved under one plan at step 4, finished under another: the losses of steps 5-8 and the
-    final parameters are the single-process run's, within the tolerance above."""
-    run = tmp_path / "run"
-    stopped = _train4(_spec(tmp_path / "a.toml", PLANS[first]), run, "--inject", "kill:step=4")
-    assert stopped.returncode == 1  # the job stops after committing step 4
-    resumed = _train4(_spec(tmp_path / "b.toml", PLANS[then]), run)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert json.loads(resumed.stdout)["resumed_from_step"] == 4
+def test_checkpoint_of_one_plan_resumes_under_another(tmp_path, reference):
+    """One run, three plans: saved under tp2 x pp2 at step 2, resumed under dp4 FSDP and saved at
+    step 6, finished under tp2 x pp2 again (each direction once, in three launches). The losses
+    of all 8 steps and the final parameters are the single-process run's, within the tolerance
+    above."""
+    run, every2 = (
+        tmp_path / "run",
+        {**BASE, "checkpoint": {**BASE["checkpoint"], "interval_steps": 2}},
+    )
+
+    def spec(name: str, plan: str) -> Path:
+        path = tmp_path / f"{name}.toml"
+        path.write_text(_toml({**every2, "parallel": {**COMMON, **PLANS[plan]}}))
+        return path
+
+    first = _train4(spec("a", "tp2sp-pp2"), run, "--inject", "kill:step=2")
+    assert first.returncode == 1, first.stderr[-3000:]  # the job stops after committing step 2
+    second = _train4(spec("b", "dp4-fsdp"), run, "--inject", "kill:step=6")
+    assert second.returncode == 1, second.stderr[-3000:]
+    third = _train4(spec("c", "tp2sp-pp2"), run)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert json.loads(third.stdout)["resumed_from_step"] == 6
+    # rank 0 of each launch loaded: nothing, then step 2 (saved under tp2 x pp2), then step 6
+    assert [e["step"] for e in events(run, "loaded") if e["rank"] == 0] == [0, 2, 6]
     ref_losses, ref_params = reference
-    for a, b in zip(losses(run), ref_losses, strict=True):
-        assert abs(a - b) <= LOSS_RTOL * abs(b)
+    got = losses(run)
+    assert len(got) == STEPS
+    for step, (a, b) in enumerate(zip(got, ref_losses, strict=True), 1):
+        assert abs(a - b) <= LOSS_RTOL * abs(b), f"step {step}: {a} vs {b}"
     params = model_params(run)
     for fqn, ref in ref_params.items():
         assert (params[fqn] - ref).abs().max().item() <= PARAM_ATOL, fqn

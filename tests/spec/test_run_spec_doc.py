@@ -37,7 +37,7 @@ def test_sections_are_the_run_specs_tables() -> None:
 @pytest.mark.parametrize(
     ("section", "name", "allowed"),
     [
-        ("training", "attention", "flash | flash2 | unfused"),
+        ("training", "attention", "flash | flash2 | flex | triton | flash1 | unfused"),
         ("parallel", "zero_stage", "0 | 1 | 2 | 3"),
         ("training", "dropout", "a number in [0, 1)"),
         ("model", "num_layers", "must be a finite number > 0"),

@@ -638,6 +638,10 @@ def _refuse_megatron(spec: RunSpec) -> None:
         )
     if p.recompute == "op":
         raise SpecError("parallel.recompute", "op", "Megatron-LM runs none | selective | full")
+    if t.attention not in ("flash", "flash2", "unfused"):
+        raise SpecError(
+            "training.attention", t.attention, "Megatron-LM runs flash | flash2 | unfused"
+        )
     if p.moe_a2a_overlap == "dualpipe":
         raise SpecError(
             "parallel.moe_a2a_overlap",

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from aihpc.perf.attention_kernels import FUSED_KERNELS, kernel_efficiency, kernel_tokens
 from aihpc.perf.flops import layer_gemms, mla_gemms, mla_head_dims, op_sac_saved
 from aihpc.perf.numeric import where
 from aihpc.perf.params import ModelParams
@@ -203,18 +204,20 @@ def gemm_times(k: _Kernels) -> tuple[float, float, float]:
 
 def attention_times(k: _Kernels) -> tuple[float, float, float]:
     """(forward, backward, forward softmax/dropout HBM bytes when unfused) of one layer's
-    attention core (``training.attention``)."""
+    attention core (``training.attention``: a fused kernel class, perf/attention_kernels.py,
+    or unfused)."""
     model, gpu, params, training = k.model, k.gpu, k.params, k.training
     s, tokens, d = model.seq_length, k.tokens, model.kv_channels
     heads = model.num_attention_heads / k.plan.tp
-    if training.attention in ("flash", "flash2"):
+    if training.attention in FUSED_KERNELS:
         # Causal FlashAttention skips the masked half; the backward recomputes the scores (5
         # matmuls vs 2: 2.5x the forward FLOPs). Under load-balanced CP each rank does 1/cp.
         flops = 4 * tokens * s * heads * d * 0.5
         if model.is_mla:  # scores over the qk width, AV over the v width
             dqk, dv = mla_head_dims(model)
             flops = 2 * tokens * s * heads * (dqk + dv) * 0.5
-        eff_f, eff_b = _attention_efficiency(gpu, training, params, k.calibration)
+        kv_tokens = kernel_tokens(s, k.plan.cp)
+        eff_f, eff_b = _attention_efficiency(gpu, training, params, k.calibration, kv_tokens)
         peak = gpu.sustained_peak_tflops("bf16") * 1e12
         fwd_attn = flops / (peak * eff_f) + params.kernel_overhead_s
         bwd_attn = 2.5 * flops / (peak * eff_b) + params.kernel_overhead_s
@@ -277,12 +280,21 @@ def module_times(k: _Kernels) -> float:
 
 
 def _attention_efficiency(
-    gpu: GPUSpec, training: TrainingSpec, params: ModelParams, calibration: Calibration | None
+    gpu: GPUSpec,
+    training: TrainingSpec,
+    params: ModelParams,
+    calibration: Calibration | None,
+    kv_tokens: float,
 ) -> tuple[float, float]:
-    """(forward, backward) fraction of the 16-bit peak the fused attention kernel reaches: the
-    catalog's figure for the part, else the constant; times a scale fitted to measured runs."""
-    eff_f, eff_b = gpu.attention_efficiency(training.attention)
-    eff_f, eff_b = eff_f or params.attention_efficiency, eff_b or params.attention_efficiency
+    """(forward, backward) fraction of the 16-bit peak the fused attention kernel reaches on
+    calls over ``kv_tokens`` keys: the catalog's figures for the part (else the constant), for
+    the run's kernel class and call length (perf/attention_kernels.py); times a scale fitted
+    to measured runs."""
+    best = gpu.attention_efficiency("flash")
+    fa2 = gpu.attention_efficiency("flash2")
+    best = (best[0] or params.attention_efficiency, best[1] or params.attention_efficiency)
+    fa2 = (fa2[0] or best[0], fa2[1] or best[1])
+    eff_f, eff_b = kernel_efficiency(training.attention, best, fa2, kv_tokens)
     if calibration is not None and calibration.efficiency is not None:
         k = calibration.scale("attention")
         eff_f, eff_b = min(1.0, eff_f * k), min(1.0, eff_b * k)

@@ -176,7 +176,7 @@ def _activation_bytes(
         a = model.num_attention_heads
         s_kv = model.seq_length  # scores over the whole sequence
         split += a * s_kv * (5 if drop else 2)  # softmax out (+ dropout mask and output)
-    elif training.attention in ("flash", "flash2"):
+    elif training.attention != "unfused":  # every fused kernel class
         split += 4 * model.num_attention_heads  # fp32 log-sum-exp per head
     return tokens * (replicated + split / t)
 

@@ -1,17 +1,36 @@
 """The PyTorch runtime: a Llama-style decoder, any plan of the planner (DDP / FSDP2 / HSDP, tensor
 + sequence parallel, pipeline schedules, context parallel), resumable data, the trainer.
 
-Imports torch; never imported by aihpc.spec or aihpc.perf.
+Imports torch; never imported by aihpc.spec or aihpc.perf. Names load on first use (PEP 562): the
+launcher checks a spec and starts its agent without the model, DTensor and pipeline code its
+workers import.
 """
 
-from aihpc.runtime.checks import check_plan, check_trainable
-from aihpc.runtime.data import ByteTokenizer, TokenLoader, load_tokens
-from aihpc.runtime.distributed import DistContext, init_distributed, launcher_env
-from aihpc.runtime.launch import launch_elastic
-from aihpc.runtime.mesh import Parallel, ParallelDims
-from aihpc.runtime.model import Llama, LlamaConfig
-from aihpc.runtime.parallelize import ModelParts, build_parallel_model
-from aihpc.runtime.train import TrainOptions, run, train
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    "ByteTokenizer": "data",
+    "DistContext": "distributed",
+    "Llama": "model",
+    "LlamaConfig": "config",
+    "ModelParts": "parallelize",
+    "Parallel": "mesh",
+    "ParallelDims": "mesh",
+    "TokenLoader": "data",
+    "TrainOptions": "train",
+    "build_parallel_model": "parallelize",
+    "check_plan": "checks",
+    "check_trainable": "checks",
+    "init_distributed": "distributed",
+    "launch_elastic": "launch",
+    "launcher_env": "distributed",
+    "load_tokens": "data",
+    "run": "train",
+    "train": "train",
+}
 
 __all__ = [
     "ByteTokenizer",
@@ -33,3 +52,13 @@ __all__ = [
     "run",
     "train",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'aihpc.runtime' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"aihpc.runtime.{_WHERE[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from aihpc.runtime.config import LlamaConfig
 from aihpc.runtime.data import ByteTokenizer, token_count, token_vocab_needed
 from aihpc.runtime.mesh import ParallelDims
-from aihpc.runtime.model import LlamaConfig
 from aihpc.spec import RunSpec, SpecError
 
 __all__ = ["check_plan", "check_trainable"]

@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import math
 import zlib
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,8 +33,8 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-from aihpc.runtime.moe import MoE, MoEConfig, moe_config_from_spec
-from aihpc.spec import ModelSpec, SpecError
+from aihpc.runtime.config import LlamaConfig
+from aihpc.runtime.moe import MoE
 from aihpc.spec._table import check_choice
 from aihpc.spec.parallel import RECOMPUTE
 
@@ -75,58 +74,6 @@ def _op_level_contexts() -> Any:
         return CheckpointPolicy.PREFER_RECOMPUTE
 
     return create_selective_checkpoint_contexts(policy)
-
-
-@dataclass(frozen=True)
-class LlamaConfig:
-    dim: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    ffn_dim: int
-    vocab_size: int
-    max_seq_len: int
-    tied_embeddings: bool = False
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    moe: MoEConfig | None = None  # mixture of experts: which layers, router, experts (moe.py)
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.num_heads
-
-    @classmethod
-    def from_spec(cls, spec: ModelSpec) -> LlamaConfig:
-        """The runtime trains SwiGLU decoders, dense or MoE; other ModelSpec shapes are refused."""
-        if spec.ffn_activation != "swiglu":
-            raise SpecError(
-                "model.ffn_activation",
-                spec.ffn_activation,
-                "the runtime's Llama decoder needs swiglu",
-            )
-        if spec.head_dim not in (None, spec.hidden_size // spec.num_attention_heads):
-            raise SpecError(
-                "model.head_dim",
-                spec.head_dim,
-                "the runtime needs head_dim = hidden_size / num_attention_heads",
-            )
-        if (spec.hidden_size // spec.num_attention_heads) % 2:
-            raise SpecError(
-                "model.hidden_size",
-                spec.hidden_size,
-                "hidden_size / num_attention_heads must be even (RoPE pairs)",
-            )
-        return cls(
-            dim=spec.hidden_size,
-            num_layers=spec.num_layers,
-            num_heads=spec.num_attention_heads,
-            num_kv_heads=spec.kv_heads,
-            ffn_dim=spec.ffn_hidden_size,
-            vocab_size=spec.vocab_size,
-            max_seq_len=spec.seq_length,
-            tied_embeddings=spec.tied_embeddings,
-            moe=moe_config_from_spec(spec),
-        )
 
 
 class RMSNorm(nn.Module):

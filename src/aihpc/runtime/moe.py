@@ -34,7 +34,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -43,8 +42,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from aihpc.comm import MoEDispatcher
-from aihpc.spec import ModelSpec, SpecError
-from aihpc.spec._table import check_choice
+from aihpc.runtime.config import EXPERT_COMPUTE, ROUTER_SCORES, MoEConfig, moe_config_from_spec
 
 __all__ = [
     "EXPERT_COMPUTE",
@@ -57,89 +55,6 @@ __all__ = [
     "moe_config_from_spec",
     "update_expert_bias",
 ]
-
-ROUTER_SCORES = ("softmax", "sigmoid")
-EXPERT_COMPUTE = ("auto", "loop", "grouped_mm")
-
-
-@dataclass(frozen=True)
-class MoEConfig:
-    dim: int
-    num_experts: int
-    top_k: int
-    expert_ffn_dim: int
-    num_shared_experts: int = 0
-    score_func: str = "softmax"
-    route_norm: bool = True
-    route_scale: float = 1.0
-    bias_update_rate: float = 0.0  # 0: no aux-loss-free balancing (DeepSeek-V3 used 0.001)
-    aux_loss_coeff: float = 0.0  # 0: no sequence-wise balance loss (DeepSeek-V3 used 0.0001)
-    num_groups: int = 1  # group-limited routing: groups of experts (1: off)
-    topk_groups: int = 1  # groups a token may use
-    first_dense_layers: int = 0
-    layer_freq: int = 1  # layer i >= first_dense_layers is MoE when i % layer_freq == 0
-    expert_compute: str = "auto"
-
-    def __post_init__(self) -> None:
-        check_choice("model.moe_router_score_function", self.score_func, ROUTER_SCORES)
-        check_choice("expert_compute", self.expert_compute, EXPERT_COMPUTE)
-        if not 1 <= self.top_k <= self.num_experts:
-            raise SpecError(
-                "model.moe_top_k", self.top_k, f"must be between 1 and {self.num_experts}"
-            )
-        if self.num_groups < 1 or self.num_experts % self.num_groups:
-            raise SpecError(
-                "model.moe_router_groups",
-                self.num_groups,
-                f"must divide num_experts {self.num_experts}",
-            )
-        if not 1 <= self.topk_groups <= self.num_groups:
-            raise SpecError(
-                "model.moe_router_group_topk", self.topk_groups, f"1 to {self.num_groups}"
-            )
-        if self.topk_groups * self.num_experts // self.num_groups < self.top_k:
-            raise SpecError(
-                "model.moe_router_group_topk",
-                self.topk_groups,
-                f"its groups hold fewer than moe_top_k {self.top_k} experts",
-            )
-        if self.layer_freq < 1:
-            raise SpecError("model.moe_layer_freq", self.layer_freq, "must be >= 1")
-
-    def is_moe_layer(self, layer_id: int) -> bool:
-        """HF DeepSeek's rule: first_k_dense_replace dense layers, then every moe_layer_freq-th."""
-        return layer_id >= self.first_dense_layers and layer_id % self.layer_freq == 0
-
-
-def moe_config_from_spec(spec: ModelSpec) -> MoEConfig | None:
-    """The block's configuration from the run spec's [model] table (None for a dense model).
-
-    Router fields the spec may not define yet are read with their defaults (softmax, no
-    balancing, no group limit, every layer after the first dense ones).
-    """
-    if not spec.is_moe:
-        return None
-
-    def opt(name: str, default: Any) -> Any:
-        value = getattr(spec, name, None)
-        return default if value is None else value
-
-    return MoEConfig(
-        dim=spec.hidden_size,
-        num_experts=spec.num_experts,
-        top_k=spec.moe_top_k,
-        expert_ffn_dim=spec.expert_ffn_hidden_size,
-        num_shared_experts=spec.num_shared_experts,
-        score_func=opt("moe_router_score_function", "softmax"),
-        route_scale=float(opt("moe_router_topk_scaling_factor", 1.0)),
-        bias_update_rate=float(opt("moe_router_bias_update_rate", 0.0)),
-        aux_loss_coeff=float(opt("moe_aux_loss_coeff", 0.0)),
-        # the spec's 0 groups (no group limit) is the block's one group holding every expert
-        num_groups=int(opt("moe_router_groups", 0)) or 1,
-        topk_groups=int(opt("moe_router_group_topk", 0)) or 1,
-        first_dense_layers=spec.first_dense_layers,
-        layer_freq=int(opt("moe_layer_freq", 1)),
-    )
 
 
 def _in_backward() -> bool:

@@ -27,7 +27,7 @@ __all__ = [
 ]
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
-ATTENTION = ("flash", "flash2", "unfused")
+ATTENTION = ("flash", "flash2", "flex", "triton", "flash1", "unfused")
 STATE_DTYPES = ("fp32", "bf16", "fp16")
 DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
 ZERO3_GATHERS = ("bucketed", "per_tensor")
@@ -49,8 +49,12 @@ class TrainingSpec:
     optimizer: str = "adamw"
     # flash: the best fused attention kernel for the GPU (FlashAttention-3 / cuDNN / Transformer
     # Engine on Hopper and newer, FlashAttention-2 on Ampere); flash2: FlashAttention-2 kernels
-    # (PyTorch SDPA's flash backend) on any part; unfused: scores, softmax and dropout
-    # materialised (Megatron-LM before 2023). None of the fused ones stores the s x s scores.
+    # (PyTorch SDPA's flash backend) on any part; flex: FlexAttention (torch.compile-generated
+    # Triton, PyTorch 2.5+); triton: FlashAttention in Triton (flash-attn's flash_attn_triton,
+    # llm-foundry's attn_impl "triton", 2022-2023); flash1: FlashAttention 1 or xformers'
+    # memory-efficient CUTLASS kernels (2022-2023, e.g. LLaMA 1); unfused: scores, softmax and
+    # dropout materialised (Megatron-LM before 2023). None of the fused ones stores the s x s
+    # scores. perf/attention_kernels.py prices each.
     attention: str = "flash"
     # true: element-wise ops fused (Megatron/TE kernels, torch.compile); false: eager PyTorch,
     # one kernel per op (RMSNorm in fp32, RoPE via complex multiply), which moves more bytes.
