@@ -1,7 +1,10 @@
 """Estimate one plan: memory, step time split into compute / communication / bubble, MFU.
 
 The estimate is a pure function of (ModelSpec, ClusterSpec, ParallelPlan, TrainingSpec) and the
-model constants (``ModelParams``); the calibration in ClusterSpec overrides measured figures.
+model constants (``ModelParams``); the calibration in ClusterSpec overrides measured figures. The
+step is a sum of named terms (batch_step.py, dp_comm.py; per shape batch_shapes.py) and the
+memory a breakdown of named parts (batch_memory.py), the functions the search runs over arrays
+of plans, here on one plan's numbers.
 """
 
 from __future__ import annotations
@@ -109,6 +112,7 @@ def step_terms(
 def tokens_per_s_per_gpu(
     model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, step_time_s: float
 ) -> float:
+    """Tokens per second per GPU of a plan whose step takes ``step_time_s``."""
     return plan.global_batch_size * model.seq_length / step_time_s / cluster.num_gpus
 
 
