@@ -1,8 +1,9 @@
 """The array search gives the per-plan search's answers: the same counts, the same ranking and
-the same refusals, and every plan priced as estimate_plan prices it (1e-12 relative).
+the same refusals, and every plan priced as the scalar estimate_plan priced it (1e-12 relative).
 
-The reference is the search as it was before plans were priced as arrays (_scalar_search.py:
-one ParallelPlan and one estimate_plan per plan), run here at test time."""
+The references are the search as it was before plans were priced as arrays (_scalar_search.py:
+one ParallelPlan and one estimate_plan per plan) and estimate_plan as it was before its terms
+were shared with the array search (_scalar_estimate.py), run here at test time."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _scalar_estimate import estimate_plan as scalar_estimate_plan
 from _scalar_search import search as scalar_search
 
 from aihpc.perf.batch import price_batch
-from aihpc.perf.estimate import estimate_plan
 from aihpc.perf.params import DEFAULT_PARAMS
 from aihpc.perf.search import _valid_batch, candidate_plans, search
 from aihpc.spec import load_runspec, runspec_from_dict
@@ -153,7 +154,8 @@ def test_array_search_matches_the_per_plan_search(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_every_plan_priced_as_estimate_plan_prices_it(name: str) -> None:
-    """Not only the ranked plans: every candidate's step time, memory and fit."""
+    """Not only the ranked plans: every candidate's step time, memory and fit, against the
+    frozen scalar estimate (estimate_plan itself now runs these terms on one plan)."""
     spec = SPECS[name]()
     batch, _ = _valid_batch(spec.model, spec.cluster, spec.parallel, spec.training, None, None)
     if name == "balanced-zbv":  # the search drops a given schedule; price it here
@@ -169,7 +171,8 @@ def test_every_plan_priced_as_estimate_plan_prices_it(name: str) -> None:
     rng = np.random.default_rng(0)
     sample = rng.choice(len(batch), size=min(len(batch), 400), replace=False)
     for i in sample:
-        est = estimate_plan(spec.model, spec.cluster, batch.plan(i), spec.training, check=False)
+        plan = batch.plan(i)
+        est = scalar_estimate_plan(spec.model, spec.cluster, plan, spec.training, check=False)
         assert times.step_time_s[i] == pytest.approx(est.step_time_s, rel=1e-12, abs=0)
         assert times.memory_total[i] == pytest.approx(est.memory.total, rel=1e-12, abs=0)
         assert times.offloaded[i] == pytest.approx(est.memory.offloaded, rel=1e-12, abs=0)

@@ -1,7 +1,8 @@
 """The figures of a plan that depend only on its (tp, cp, micro-batch, SP, ep, etp) shape --
 kernel times, the tensor-parallel collective, the MoE dispatch, the context-parallel exchange,
-the saved activations -- computed once per distinct shape by the scalar functions
-``estimate_plan`` calls, and gathered into arrays over the plans.
+the saved activations -- computed once per distinct shape by the scalar kernel-time (compute.py)
+and collective (comm.py) functions, and gathered into arrays over the plans; for one plan
+(``PlanBatch.of``) they are that plan's numbers, kept in the caller's memo when it passes one.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from typing import Any
 import numpy as np
 
 from aihpc.perf import comm, compute
-from aihpc.perf.estimate import _moe_comm_fwd
 from aihpc.perf.memory import activation_bytes_per_layer
 from aihpc.perf.params import ModelParams
 from aihpc.perf.plan_batch import PlanBatch, group
@@ -20,7 +20,7 @@ from aihpc.spec.model import ModelSpec
 from aihpc.spec.parallel import RECOMPUTE, ParallelPlan
 from aihpc.spec.training import TrainingSpec
 
-__all__ = ["Shapes"]
+__all__ = ["Shapes", "moe_comm_fwd_s"]
 
 
 class Shapes:
@@ -34,7 +34,13 @@ class Shapes:
         cluster: ClusterSpec,
         training: TrainingSpec,
         params: ModelParams,
+        memo: dict[tuple, Any] | None = None,
     ) -> None:
+        self.model, self.cluster, self.training, self.params = model, cluster, training, params
+        self.batch = b
+        if b.one:
+            self._one(b, memo)
+            return
         first, inv = group(b.tp, b.cp, b.mbs, b.sp, b.ep, b.etp)
         self.first, self.inv = first, inv
         rows = [self._row(b.plan(int(i)), model, cluster, training, params) for i in first]
@@ -42,14 +48,26 @@ class Shapes:
         self.rec = np.array([r["rec"] for r in rows])  # shapes x RECOMPUTE
         self.act = np.array([r["act"] for r in rows])  # shapes x RECOMPUTE
         self.act_none = self.act[:, RECOMPUTE.index("none")]
-        self.model, self.cluster, self.training, self.params = model, cluster, training, params
-        self.batch = b
 
-    def __getitem__(self, key: str) -> np.ndarray:
-        return self.cols[key][self.inv]
+    def _one(self, b: PlanBatch, memo: dict[tuple, Any] | None) -> None:
+        """One plan's figures; its saved activations only when it offloads them."""
+        offload = bool(b.offload)
+        key = ("shape", b.tp, b.cp, b.mbs, b.sp, b.ep, b.etp, b.recompute_modules, offload)
+        row = memo.get(key) if memo is not None else None
+        if row is None:
+            m, c, t, p = self.model, self.cluster, self.training, self.params
+            row = self._row(b.plan(), m, c, t, p, with_act=offload)
+            if memo is not None:
+                memo[key] = row
+        self.first = self.inv = None
+        self.cols, self.rec, self.act = row, row["rec"], row["act"]
 
-    def by_rec(self, table: np.ndarray, rec: np.ndarray) -> np.ndarray:
-        return table[self.inv, rec]
+    def __getitem__(self, key: str) -> Any:
+        return self.cols[key] if self.inv is None else self.cols[key][self.inv]
+
+    def by_rec(self, table: Any, rec: Any) -> Any:
+        """Each plan's entry of a shapes x RECOMPUTE table (``rec``: its recompute policy)."""
+        return table[rec] if self.inv is None else table[self.inv, rec]
 
     @staticmethod
     def _row(
@@ -58,6 +76,7 @@ class Shapes:
         cluster: ClusterSpec,
         training: TrainingSpec,
         params: ModelParams,
+        with_act: bool = True,
     ) -> dict[str, Any]:
         gpu, cal = cluster.gpu, cluster.calibration
         moe_frac = model.num_moe_layers / model.num_layers if model.is_moe else 0.0
@@ -92,13 +111,20 @@ class Shapes:
             "rec": recs,
             "act": [
                 activation_bytes_per_layer(model, plan, training, recompute=r) for r in RECOMPUTE
-            ],
+            ]
+            if with_act
+            else None,
         }
         row.update(_shape_comm(plan, model, cluster, training, params, lt, moe_frac))
         return row
 
-    def pp_hop(self, cross: np.ndarray) -> np.ndarray:
+    def pp_hop(self, cross: Any) -> Any:
         """One pipeline send of each plan's activations, over NVLink or the network."""
+        if self.inv is None:
+            b = self.batch
+            msg = self.cols["act_bytes"] / (b.tp if b.sp else 1)
+            ctas = self.training.pp_comm_ctas
+            return comm.p2p_time_s(self.cluster, msg, cross, self.params, channels=ctas)
         keys = self.inv * 2 + cross.astype(np.int64)
         uniq, inv = np.unique(keys, return_inverse=True)
         b, table = self.batch, np.empty(len(uniq))
@@ -131,7 +157,6 @@ def _shape_comm(
     moe_frac: float,
 ) -> dict[str, float]:
     """One micro-batch's TP collective, MoE dispatch + combine and CP exchange of a shape."""
-    t = plan.tp
     tokens_mb = plan.micro_batch_size * model.seq_length / plan.cp
     act_bytes = tokens_mb * model.hidden_size * 2.0
 
@@ -139,36 +164,98 @@ def _shape_comm(
         return comm.collective_time_s(cluster, kind, size, n, stride, params)
 
     out = {"act_bytes": act_bytes, "tp_one": 0.0, "ep_fwd": 0.0}
-    if t > 1:
-        if plan.sequence_parallel:
-            one = collective("all_gather", act_bytes, t, 1) + collective(
-                "reduce_scatter", act_bytes, t, 1
-            )
-        else:
-            one = collective("all_reduce", act_bytes, t, 1)
-        out["tp_one"] = one
+    if plan.tp > 1:
+        out["tp_one"] = tp_collective_s(plan, act_bytes, collective)
     if moe_frac and (plan.ep > 1 or plan.etp > 1):
-        out["ep_fwd"] = _moe_comm_fwd(model, cluster, plan, training, params, collective)
+        out["ep_fwd"] = moe_comm_fwd_s(model, cluster, plan, training, params, collective)
     out.update(fwd_c=0.0, fwd_x=0.0, bwd_c=0.0, bwd_x=0.0)
     if plan.cp > 1:
-        heads = model.num_attention_heads if training.kv_repeat else model.kv_heads
-        kv_local = 2 * tokens_mb * max(1.0, heads / t) * model.kv_channels * 2.0
-        cross = plan.tp * plan.cp > cluster.nvlink_domain
-        hide = params.overlap_efficiency
-        ctas = training.cp_comm_ctas
-        if training.cp_exchange == "allgather":
-            ag = collective("all_gather", plan.cp * kv_local, plan.cp, plan.tp)
-            dkv = comm.p2p_time_s(cluster, 2 * kv_local, cross, params, channels=ctas)
-            blk_f, blk_b = lt.fwd_attn / plan.cp, lt.bwd_attn / plan.cp
-            fwd_x = max(0.0, ag - hide * blk_f)
-            bwd_x = max(0.0, ag - hide * blk_b) + (plan.cp - 1) * max(0.0, dkv - hide * blk_b)
-            bwd_x += dkv
-            fwd_c, bwd_c = ag, ag + plan.cp * dkv
-        else:
-            step = comm.p2p_time_s(cluster, kv_local, cross, params, channels=ctas)
-            fwd_c = (plan.cp - 1) * step
-            fwd_x = max(0.0, fwd_c - hide * lt.fwd_attn)
-            bwd_c = 2 * fwd_c
-            bwd_x = max(0.0, bwd_c - hide * lt.bwd_attn)
+        fwd_c, fwd_x, bwd_c, bwd_x = cp_exchange_s(model, cluster, plan, training, params, lt)
         out.update(fwd_c=fwd_c, fwd_x=fwd_x, bwd_c=bwd_c, bwd_x=bwd_x)
+    return out
+
+
+def tp_collective_s(plan: ParallelPlan, act_bytes: float, collective: Any) -> float:
+    """One of a layer's tensor-parallel exchanges of a micro-batch's activations: an all-reduce,
+    or with sequence parallelism an all-gather and a reduce-scatter."""
+    t = plan.tp
+    if plan.sequence_parallel:
+        ag = collective("all_gather", act_bytes, t, 1)
+        return ag + collective("reduce_scatter", act_bytes, t, 1)
+    return collective("all_reduce", act_bytes, t, 1)
+
+
+def cp_exchange_s(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: ParallelPlan,
+    training: TrainingSpec,
+    params: ModelParams,
+    lt: Any,
+) -> tuple[float, float, float, float]:
+    """One layer's context-parallel K/V exchange of a micro-batch: (forward time, forward
+    exposed, backward time, backward exposed), hidden behind the attention blocks.
+
+    K/V of this rank's tokens: kv heads (all query heads when the trainer repeats them before
+    the kernel), split over TP ranks, at least one per rank. Ring (Megatron-Core / TE p2p):
+    (cp - 1) K/V transfers forward, twice that backward (K/V on, dK/dV back). PyTorch's
+    context_parallel (allgather): one all-gather of every rank's K/V per attention call
+    (forward and backward), hidden only behind the first of the cp blocks; backward passes the
+    fp32 dK/dV on after every block, the last transfer waited for at the end. A CTA cap slows
+    the point-to-point transfers, not the all-gather (a ring collective)."""
+    cp, t = plan.cp, plan.tp
+    tokens_mb = plan.micro_batch_size * model.seq_length / cp
+    heads = model.num_attention_heads if training.kv_repeat else model.kv_heads
+    kv_local = 2 * tokens_mb * max(1.0, heads / t) * model.kv_channels * 2.0
+    cross = plan.tp * cp > cluster.nvlink_domain
+    hide, ctas = params.overlap_efficiency, training.cp_comm_ctas
+    if training.cp_exchange == "allgather":
+        ag = comm.collective_time_s(cluster, "all_gather", cp * kv_local, cp, t, params)
+        dkv = comm.p2p_time_s(cluster, 2 * kv_local, cross, params, channels=ctas)
+        blk_f, blk_b = lt.fwd_attn / cp, lt.bwd_attn / cp
+        fwd_x = max(0.0, ag - hide * blk_f)
+        bwd_x = max(0.0, ag - hide * blk_b) + (cp - 1) * max(0.0, dkv - hide * blk_b)
+        bwd_x += dkv
+        return ag, fwd_x, ag + cp * dkv, bwd_x
+    step = comm.p2p_time_s(cluster, kv_local, cross, params, channels=ctas)
+    fwd_c = (cp - 1) * step
+    bwd_c = 2 * fwd_c
+    return fwd_c, max(0.0, fwd_c - hide * lt.fwd_attn), bwd_c, max(0.0, bwd_c - hide * lt.bwd_attn)
+
+
+def moe_comm_fwd_s(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: ParallelPlan,
+    training: TrainingSpec,
+    params: ModelParams,
+    collective: Any,
+) -> float:
+    """Forward dispatch + combine of one MoE layer for one micro-batch on one GPU, seconds.
+
+    The layer's input is split over tp x cp (sequence parallel): each rank routes its own
+    tokens. Dispatch moves each token's top-k copies in ``moe_dispatch_dtype``, combine brings
+    them back in 16 bits, over the EP group: ep ranks etp apart (Megatron-Core's expert rank
+    order puts etp innermost). With etp > 1 the received copies are all-gathered over the etp
+    ranks before the experts and reduce-scattered after them."""
+    tokens = plan.micro_batch_size * model.seq_length / (plan.cp * plan.tp)
+    h, k = model.hidden_size, model.moe_top_k
+    load = training.moe_imbalance  # the busiest rank receives this much more
+    if model.moe_capacity_factor is not None:
+        load = min(load, model.moe_capacity_factor)
+    _, domains = comm.group_tiers(cluster, plan.ep, plan.etp)
+    remote = comm.remote_domains_per_token(
+        domains, k, model.moe_router_groups, model.moe_router_group_topk
+    )
+    hier = training.moe_dispatcher == "hierarchical"
+    out = 0.0
+    for nbytes in (1.0 if training.moe_dispatch_dtype == "fp8" else 2.0, 2.0):
+        one = tokens * h * nbytes
+        out += load * comm.moe_all_to_all_time_s(
+            cluster, one * k, one, plan.ep, plan.etp, hier, remote, params
+        )
+    if plan.etp > 1:
+        recv = tokens * k * h * 2.0 * load
+        out += collective("all_gather", recv * plan.etp, plan.etp, 1)
+        out += collective("reduce_scatter", recv * plan.etp, plan.etp, 1)
     return out

@@ -5,9 +5,11 @@ work at HBM bandwidth. All times are for one GPU, in seconds.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from aihpc.perf.attention_kernels import FUSED_KERNELS, kernel_efficiency, kernel_tokens
 from aihpc.perf.flops import layer_gemms, mla_gemms, mla_head_dims, op_sac_saved
+from aihpc.perf.numeric import where
 from aihpc.perf.params import ModelParams
 from aihpc.spec.calibration import Calibration
 from aihpc.spec.cluster import GPUSpec
@@ -17,10 +19,14 @@ from aihpc.spec.training import DTYPE_BYTES, TrainingSpec
 
 __all__ = [
     "LayerTimes",
+    "attention_times",
     "elementwise_bytes_per_token",
+    "elementwise_times",
     "gemm_time_s",
+    "gemm_times",
     "layer_times",
     "logits_time_s",
+    "module_times",
     "optimizer_time_s",
 ]
 
@@ -63,8 +69,8 @@ def gemm_time_s(
     return max(compute, memory) + params.kernel_overhead_s
 
 
-def stream_time_s(num_bytes: float, gpu: GPUSpec, params: ModelParams, kernels: int = 1) -> float:
-    """Memory-bound element-wise work moving ``num_bytes`` through HBM."""
+def stream_time_s(num_bytes: Any, gpu: GPUSpec, params: ModelParams, kernels: int = 1) -> Any:
+    """Memory-bound element-wise work moving ``num_bytes`` through HBM (a float or an array)."""
     return (
         num_bytes / (gpu.hbm_bw_GBps * 1e9 * params.hbm_efficiency)
         + kernels * params.kernel_overhead_s
@@ -102,63 +108,107 @@ def layer_times(
     calibration: Calibration | None = None,
     moe: bool = False,
 ) -> LayerTimes:
-    t, cp = plan.tp, plan.cp
-    s = model.seq_length
-    tokens = plan.micro_batch_size * s / cp  # rows of every GEMM on this GPU
+    """One layer's kernel times for one micro-batch, by kernel class: the GEMMs
+    (``gemm_times``), the attention core (``attention_times``), the element-wise work
+    (``elementwise_times``), and what the plan's recompute modules run again (``module_times``).
+    ``moe``: an MoE layer (shared and routed experts instead of the dense FFN)."""
+    k = _Kernels(model, gpu, plan, training, params, calibration, moe)
+    fwd_gemm, unsaved_op, stream_moe = gemm_times(k)
+    fwd_attn, bwd_attn, attn_stream_fwd = attention_times(k)
+    # The attention core (score GEMMs plus, when unfused, the softmax/dropout traffic) is what
+    # selective recompute re-runs, so it is kept in fwd_attn.
+    softmax = stream_time_s(attn_stream_fwd, gpu, params, kernels=2) if attn_stream_fwd else 0.0
+    fwd_stream, bwd_stream = elementwise_times(k, stream_moe)
+    return LayerTimes(
+        fwd_gemm,
+        fwd_attn + softmax,
+        fwd_stream,
+        2 * fwd_gemm,  # backward: gradients w.r.t. inputs and weights, each the forward's size
+        bwd_attn + 2 * softmax,
+        bwd_stream,
+        unsaved_op,
+        module_times(k),
+    )
+
+
+@dataclass(frozen=True)
+class _Kernels:
+    """What every kernel-class term of a layer reads: the specs and the GEMMs' row count."""
+
+    model: ModelSpec
+    gpu: GPUSpec
+    plan: ParallelPlan
+    training: TrainingSpec
+    params: ModelParams
+    calibration: Calibration | None
+    moe: bool
+
+    @property
+    def tokens(self) -> float:
+        """Rows of every GEMM on this GPU: the micro-batch's tokens of this CP rank."""
+        return self.plan.micro_batch_size * self.model.seq_length / self.plan.cp
+
+    @property
+    def ffn(self) -> tuple[int, int]:
+        """(FFN width, FFN input GEMM width: gate and up fused for SwiGLU) of the layer."""
+        m = self.model
+        ffn = m.expert_ffn_hidden_size if self.moe else m.ffn_hidden_size
+        return ffn, 2 * ffn if m.ffn_activation == "swiglu" else ffn
+
+    def gemm(self, m: float, n: float, k: float) -> float:
+        p = self.training.precision
+        return gemm_time_s(m, n, k, self.gpu, p, self.params, self.calibration)
+
+
+def gemm_times(k: _Kernels) -> tuple[float, float, float]:
+    """(forward GEMM seconds, the part op-level checkpointing recomputes, the routed experts'
+    element-wise HBM bytes) of one layer: attention projections (QKV fused, as Megatron and TE
+    run them; MLA's projections by their split), then the dense FFN (input GEMM with gate and
+    up fused) or the MoE layer's shared and routed experts."""
+    model, plan, t, tokens = k.model, k.plan, k.plan.tp, k.tokens
     h, d = model.hidden_size, model.kv_channels
     hq, hkv = model.num_attention_heads * d, model.kv_heads * d
-    ffn = model.expert_ffn_hidden_size if moe else model.ffn_hidden_size
-    f_in = 2 * ffn if model.ffn_activation == "swiglu" else ffn
-    prec = training.precision
-
-    def gemm(m: float, n: float, k: float) -> float:
-        return gemm_time_s(m, n, k, gpu, prec, params, calibration)
-
+    ffn, f_in = k.ffn
     if model.is_mla:
         fwd_gemm = 0.0
         for _, n_in, n_out, split in mla_gemms(model):
             if split == "row":
-                fwd_gemm += gemm(tokens, n_out, n_in / t)
+                fwd_gemm += k.gemm(tokens, n_out, n_in / t)
             else:  # "rep": the down projections run whole on every TP rank
-                fwd_gemm += gemm(tokens, n_out / (t if split == "col" else 1), n_in)
+                fwd_gemm += k.gemm(tokens, n_out / (t if split == "col" else 1), n_in)
     else:
-        # Q, K and V run as one fused GEMM (Megatron, TE); the FFN input as one (gate and up).
-        fwd_gemm = gemm(tokens, (hq + 2 * hkv) / t, h) + gemm(tokens, h, hq / t)
+        fwd_gemm = k.gemm(tokens, (hq + 2 * hkv) / t, h) + k.gemm(tokens, h, hq / t)
     stream_moe = 0.0
-    modules = plan.recompute_modules
-    fwd_modules = 0.0
-    if "mla_up_proj" in modules and model.is_mla:
-        for name, n_in, n_out, _ in mla_gemms(model):
-            if name in ("q_up", "kv_up"):
-                fwd_modules += gemm(tokens, n_out / t, n_in)
-    if "mlp" in modules and not moe:
-        fwd_modules += gemm(tokens, f_in / t, h) + gemm(tokens, h, ffn / t)
-    if moe:
+    if k.moe:
         # Shared experts: one dense FFN of num_shared x the expert width, split over TP.
         shared = model.num_shared_experts
         if shared:
-            fwd_gemm += gemm(tokens, shared * f_in / t, h) + gemm(tokens, h, shared * ffn / t)
-        routed, stream_moe = _routed_expert_fwd(model, gpu, plan, training, params, calibration)
+            fwd_gemm += k.gemm(tokens, shared * f_in / t, h) + k.gemm(tokens, h, shared * ffn / t)
+        args = (model, k.gpu, plan, k.training, k.params, k.calibration)
+        routed, stream_moe = _routed_expert_fwd(*args)
         fwd_gemm += routed
         # What op-level checkpointing recomputes: every other matmul, half of the GEMM time.
-        unsaved_op = fwd_gemm / 2
-    else:
-        # The FFN input as one GEMM (gate and up).
-        fwd_gemm += gemm(tokens, f_in / t, h) + gemm(tokens, h, ffn / t)
-    if model.is_mla and not moe:
-        unsaved_op = fwd_gemm / 2
-    elif not moe:
-        # What op-level selective checkpointing recomputes: every other matmul, one by one.
-        unsaved_op = 0.0
-        for i, (_, n_in, n_out, row) in enumerate(layer_gemms(model, moe)):
-            if not op_sac_saved(i):
-                unsaved_op += (
-                    gemm(tokens, n_out, n_in / t) if row else gemm(tokens, n_out / t, n_in)
-                )
-    # Backward: gradient w.r.t. inputs and w.r.t. weights, each the size of the forward GEMM.
-    bwd_gemm = 2 * fwd_gemm
+        return fwd_gemm, fwd_gemm / 2, stream_moe
+    fwd_gemm += k.gemm(tokens, f_in / t, h) + k.gemm(tokens, h, ffn / t)
+    if model.is_mla:
+        return fwd_gemm, fwd_gemm / 2, stream_moe
+    # What op-level selective checkpointing recomputes: every other matmul, one by one.
+    unsaved_op = 0.0
+    for i, (_, n_in, n_out, row) in enumerate(layer_gemms(model, k.moe)):
+        if not op_sac_saved(i):
+            unsaved_op += (
+                k.gemm(tokens, n_out, n_in / t) if row else k.gemm(tokens, n_out / t, n_in)
+            )
+    return fwd_gemm, unsaved_op, stream_moe
 
-    heads = model.num_attention_heads / t
+
+def attention_times(k: _Kernels) -> tuple[float, float, float]:
+    """(forward, backward, forward softmax/dropout HBM bytes when unfused) of one layer's
+    attention core (``training.attention``: a fused kernel class, perf/attention_kernels.py,
+    or unfused)."""
+    model, gpu, params, training = k.model, k.gpu, k.params, k.training
+    s, tokens, d = model.seq_length, k.tokens, model.kv_channels
+    heads = model.num_attention_heads / k.plan.tp
     if training.attention in FUSED_KERNELS:
         # Causal FlashAttention skips the masked half; the backward recomputes the scores (5
         # matmuls vs 2: 2.5x the forward FLOPs). Under load-balanced CP each rank does 1/cp.
@@ -166,57 +216,67 @@ def layer_times(
         if model.is_mla:  # scores over the qk width, AV over the v width
             dqk, dv = mla_head_dims(model)
             flops = 2 * tokens * s * heads * (dqk + dv) * 0.5
-        eff_f, eff_b = _attention_efficiency(
-            gpu, training, params, calibration, kernel_tokens(s, cp)
-        )
+        kv_tokens = kernel_tokens(s, k.plan.cp)
+        eff_f, eff_b = _attention_efficiency(gpu, training, params, k.calibration, kv_tokens)
         peak = gpu.sustained_peak_tflops("bf16") * 1e12
         fwd_attn = flops / (peak * eff_f) + params.kernel_overhead_s
         bwd_attn = 2.5 * flops / (peak * eff_b) + params.kernel_overhead_s
         if training.dropout > 0:  # the kernel draws and applies the mask from its RNG state
             fwd_attn *= 1 + params.fused_attention_dropout_cost
             bwd_attn *= 1 + params.fused_attention_dropout_cost
-        attn_stream_fwd = 0.0
-    else:
-        # Unfused: two batched GEMMs over the full s x s square per head, plus the softmax
-        # (and dropout) reading and writing the scores.
-        batch = tokens / s * heads  # Megatron: one baddbmm for QK^T, one bmm for PV
-        bmm = gemm_time_s(s, s, d, gpu, "bf16", params, calibration, batch) + gemm_time_s(
-            s, d, s, gpu, "bf16", params, calibration, batch
-        )
-        fwd_attn = bmm
-        bwd_attn = 2 * bmm
-        drop = training.dropout > 0
-        attn_stream_fwd = tokens * heads * s * (2 + 2 + (5 if drop else 0))
+        return fwd_attn, bwd_attn, 0.0
+    # Unfused: two batched GEMMs over the full s x s square per head, plus the softmax
+    # (and dropout) reading and writing the scores.
+    batch = tokens / s * heads  # Megatron: one baddbmm for QK^T, one bmm for PV
+    cal = k.calibration
+    bmm = gemm_time_s(s, s, d, gpu, "bf16", params, cal, batch) + gemm_time_s(
+        s, d, s, gpu, "bf16", params, cal, batch
+    )
+    drop = training.dropout > 0
+    return bmm, 2 * bmm, tokens * heads * s * (2 + 2 + (5 if drop else 0))
 
-    if moe:  # the shared experts' activation; the routed ones are in stream_moe
+
+def elementwise_times(k: _Kernels, stream_moe: float) -> tuple[float, float]:
+    """(forward, backward) of one layer's element-wise work at HBM bandwidth (norms, residual
+    adds, activation, RoPE, casts, masks: ``elementwise_bytes_per_token``); an MoE layer adds
+    its router, permute, expert activation and unpermute (``stream_moe`` bytes): forward 5
+    kernels, backward twice. The backward moves twice the forward's bytes."""
+    model, gpu, params = k.model, k.gpu, k.params
+    ffn, f_in = k.ffn
+    if k.moe:  # the shared experts' activation; the routed ones are in stream_moe
         ffn = model.num_shared_experts * ffn
         f_in = 2 * ffn if model.ffn_activation == "swiglu" else ffn
-    per_token = elementwise_bytes_per_token(model, plan, training, ffn, f_in)
-    # The attention core (score GEMMs plus, when unfused, the softmax/dropout traffic) is what
-    # selective recompute re-runs, so it is kept in fwd_attn.
-    softmax = stream_time_s(attn_stream_fwd, gpu, params, kernels=2) if attn_stream_fwd else 0.0
-    if "layernorm" in modules:  # each norm reads and writes h per token
-        sp = t if plan.sequence_parallel else 1
-        fwd_modules += stream_time_s(tokens * 8 * h / sp, gpu, params, kernels=2)
-    if "moe_act" in modules and moe:  # the experts' activation: read f_in, write ffn per copy
-        fe = model.expert_ffn_hidden_size
-        act = 2 * ((2 * fe if model.ffn_activation == "swiglu" else fe) + fe) / plan.etp
-        fwd_modules += stream_time_s(routed_tokens(model, plan, training) * act, gpu, params)
-    fwd_stream = stream_time_s(tokens * per_token, gpu, params, kernels=6)
-    bwd_stream = stream_time_s(2 * tokens * per_token, gpu, params, kernels=10)
-    if moe:  # router, permute, expert activation, unpermute: forward 5 kernels, backward twice
+    per_token = elementwise_bytes_per_token(model, k.plan, k.training, ffn, f_in)
+    fwd_stream = stream_time_s(k.tokens * per_token, gpu, params, kernels=6)
+    bwd_stream = stream_time_s(2 * k.tokens * per_token, gpu, params, kernels=10)
+    if k.moe:
         fwd_stream += stream_time_s(stream_moe, gpu, params, kernels=5)
         bwd_stream += stream_time_s(2 * stream_moe, gpu, params, kernels=10)
-    return LayerTimes(
-        fwd_gemm,
-        fwd_attn + softmax,
-        fwd_stream,
-        bwd_gemm,
-        bwd_attn + 2 * softmax,
-        bwd_stream,
-        unsaved_op,
-        fwd_modules,
-    )
+    return fwd_stream, bwd_stream
+
+
+def module_times(k: _Kernels) -> float:
+    """Forward of the plan's ``recompute_modules``, run again in the backward: MLA's query and
+    key-value up projections, the dense FFN, the norms (each reads and writes h per token), the
+    routed experts' activation (reads f_in, writes ffn per copy)."""
+    model, plan, t, tokens, h = k.model, k.plan, k.plan.tp, k.tokens, k.model.hidden_size
+    modules, fwd_modules = plan.recompute_modules, 0.0
+    if "mla_up_proj" in modules and model.is_mla:
+        for name, n_in, n_out, _ in mla_gemms(model):
+            if name in ("q_up", "kv_up"):
+                fwd_modules += k.gemm(tokens, n_out / t, n_in)
+    if "mlp" in modules and not k.moe:
+        ffn, f_in = k.ffn
+        fwd_modules += k.gemm(tokens, f_in / t, h) + k.gemm(tokens, h, ffn / t)
+    if "layernorm" in modules:
+        sp = t if plan.sequence_parallel else 1
+        fwd_modules += stream_time_s(tokens * 8 * h / sp, k.gpu, k.params, kernels=2)
+    if "moe_act" in modules and k.moe:
+        fe = model.expert_ffn_hidden_size
+        act = 2 * ((2 * fe if model.ffn_activation == "swiglu" else fe) + fe) / plan.etp
+        moved = routed_tokens(model, plan, k.training) * act
+        fwd_modules += stream_time_s(moved, k.gpu, k.params)
+    return fwd_modules
 
 
 def _attention_efficiency(
@@ -359,16 +419,16 @@ def logits_time_s(
 
 
 def optimizer_time_s(
-    params_local: float,
-    zero_stage: int,
-    shard: int,
+    params_local: Any,
+    zero_stage: Any,
+    shard: Any,
     gpu: GPUSpec,
     params: ModelParams,
     training: TrainingSpec,
-) -> float:
+) -> Any:
     """Fused Adam: read master weight, gradient, m and v and write weight, m, v and the 16-bit
-    copy (fp32 states: 16 + 12 + 2 bytes per parameter)."""
-    updated = params_local / (shard if zero_stage >= 1 else 1)
+    copy (fp32 states: 16 + 12 + 2 bytes per parameter). One plan or arrays of plans."""
+    updated = params_local / where(zero_stage >= 1, shard, 1)
     o = DTYPE_BYTES[training.optimizer_dtype]
     g = DTYPE_BYTES[training.grad_reduce_dtype]
     per_param = (3 * o + g) + 3 * o + 2

@@ -1,7 +1,10 @@
 """Estimate one plan: memory, step time split into compute / communication / bubble, MFU.
 
 The estimate is a pure function of (ModelSpec, ClusterSpec, ParallelPlan, TrainingSpec) and the
-model constants (``ModelParams``); the calibration in ClusterSpec overrides measured figures.
+model constants (``ModelParams``); the calibration in ClusterSpec overrides measured figures. The
+step is a sum of named terms (batch_step.py, dp_comm.py; per shape batch_shapes.py) and the
+memory a breakdown of named parts (batch_memory.py), the functions the search runs over arrays
+of plans, here on one plan's numbers.
 """
 
 from __future__ import annotations
@@ -9,53 +12,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from aihpc.perf import comm, compute
-from aihpc.perf.flops import (
-    embedding_params,
-    layer_flops,
-    layer_gemms,
-    model_flops_per_token,
-    op_sac_saved,
-    param_tensors_per_layer,
-    persistent_tensors_per_layer,
-)
-from aihpc.perf.memory import (
-    GiB,
-    MemoryBreakdown,
-    activation_bytes_per_layer,
-    layer_params_split,
-    memory_breakdown,
-    warmup_chunks,
-    zero3_keeps_unsharded,
-)
+from aihpc.perf.batch_shapes import Shapes
+from aihpc.perf.batch_step import StepTerms
+from aihpc.perf.flops import layer_flops, layer_gemms, model_flops_per_token, op_sac_saved
+from aihpc.perf.memory import GiB, MemoryBreakdown, memory_breakdown
 from aihpc.perf.params import DEFAULT_PARAMS, ModelParams
-from aihpc.perf.pipeline import (
-    bubble_slots,
-    dualpipe_bubble_slots,
-    p2p_transfers,
-    zero_bubble_fraction,
-)
+from aihpc.perf.plan_batch import PlanBatch
 from aihpc.spec.cluster import ClusterSpec
 from aihpc.spec.errors import SpecError
 from aihpc.spec.model import ModelSpec
 from aihpc.spec.parallel import ParallelPlan, validate_plan
 from aihpc.spec.runspec import RunSpec
-from aihpc.spec.training import DTYPE_BYTES, TrainingSpec
+from aihpc.spec.training import TrainingSpec
 
-__all__ = ["Estimate", "estimate", "estimate_plan"]
-
-TIME_KEYS = (
-    "compute",
-    "recompute",
-    "tp_comm",
-    "cp_comm",
-    "ep_comm",
-    "pp_comm",
-    "dp_comm",
-    "pipeline_bubble",
-    "optimizer",
-    "offload",
-)
+__all__ = ["Estimate", "estimate", "estimate_plan", "step_terms", "tokens_per_s_per_gpu"]
 
 
 @dataclass(frozen=True)
@@ -99,13 +69,6 @@ class Estimate:
         return out
 
 
-def _group_stride(plan: ParallelPlan, axis: str) -> int:
-    """Distance between members of a parallel group in Megatron's tp-cp-dp-pp rank order."""
-    return {"tp": 1, "cp": plan.tp, "dp": plan.tp * plan.cp, "pp": plan.tp * plan.cp * plan.dp}[
-        axis
-    ]
-
-
 def estimate_plan(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -118,376 +81,74 @@ def estimate_plan(
     """Estimate a complete plan. ``check=False`` skips the divisibility checks (search did them).
 
     ``memo``: a dict shared across calls with the same model, cluster, training and params (the
-    search passes one); the kernel times of a (tp, cp, micro-batch, SP) shape are kept in it.
+    search passes one); the figures of a (tp, cp, micro-batch, SP, ep, etp) shape and the
+    collectives' times are kept in it.
+
+    The step time is the sum of the named terms of ``batch_step.StepTerms``, the same functions
+    the search prices arrays of plans with, here on this one plan's numbers.
     """
     if check:
-        validate_plan(plan, model, cluster)
-        chunks = plan.pp * plan.vpp
-        if training.pipeline_split == "even" and plan.pp > 1 and model.num_layers % chunks:
-            raise SpecError(
-                "parallel.vpp" if plan.vpp > 1 else "parallel.pp",
-                plan.vpp if plan.vpp > 1 else plan.pp,
-                f"training.pipeline_split = even needs pp x vpp = {chunks} to divide "
-                f"num_layers {model.num_layers}",
-            )
-        if training.zero3_gather == "per_tensor" and plan.zero_stage == 3 and plan.pp > 1:
-            raise SpecError(
-                "training.zero3_gather",
-                "per_tensor",
-                "DeepSpeed's per-tensor ZeRO-3 has no pipeline parallelism: pp = 1, or bucketed",
-            )
-    gpu, cal = cluster.gpu, cluster.calibration
-    p, v, m, t = plan.pp, plan.vpp, plan.num_microbatches, plan.tp
+        _check(model, cluster, plan, training)
+    time_s, step = step_terms(model, cluster, plan, training, params, memo)
+    return _estimate(model, cluster, plan, training, params, time_s, step, memo)
 
-    def collective(kind: str, size: float, n: int, stride: int) -> float:
-        key = ("collective", kind, size, n, stride)
-        hit = memo.get(key) if memo is not None else None
-        if hit is None:
-            hit = comm.collective_time_s(cluster, kind, size, n, stride, params)
-            if memo is not None:
-                memo[key] = hit
-        return hit
 
-    s = model.seq_length
-    tokens_mb = plan.micro_batch_size * s / plan.cp
-    # Multi-token-prediction modules run as one more layer each (Megatron-Bridge's DeepSeek-V3
-    # pipeline layouts give the MTP module a layer's slot on the last stage).
-    layers = plan.layers_per_stage(model.num_layers + model.mtp_layers)
-    moe_frac = model.num_moe_layers / model.num_layers if model.is_moe else 0.0
+def step_terms(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: ParallelPlan,
+    training: TrainingSpec,
+    params: ModelParams = DEFAULT_PARAMS,
+    memo: dict[tuple, Any] | None = None,
+) -> tuple[dict[str, float], float]:
+    """(the step's terms, as ``Estimate.time_s``; the step time) of one plan, unchecked: the
+    step time alone, for callers that need no memory (fits to measured runs)."""
+    b = PlanBatch.of(plan)
+    shapes = Shapes(b, model, cluster, training, params, memo)
+    time_s, step = StepTerms(model, cluster, training, params, b, shapes, memo).terms()
+    return {k: float(v) for k, v in time_s.items()}, float(step)
 
-    # --- compute per micro-batch on the slowest stage (the last: it also runs the output layer)
-    shape = (
-        "kernels",
-        plan.tp,
-        plan.cp,
-        plan.micro_batch_size,
-        plan.sequence_parallel,
-        plan.ep,
-        plan.etp,
-        plan.recompute_modules,
-    )
-    kernels = memo.get(shape) if memo is not None else None
-    if kernels is None:
-        kernels = (
-            compute.layer_times(model, gpu, plan, training, params, cal),
-            compute.layer_times(model, gpu, plan, training, params, cal, moe=True)
-            if moe_frac
-            else None,
-            compute.logits_time_s(model, gpu, plan, training, params, cal),
+
+def tokens_per_s_per_gpu(
+    model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, step_time_s: float
+) -> float:
+    """Tokens per second per GPU of a plan whose step takes ``step_time_s``."""
+    return plan.global_batch_size * model.seq_length / step_time_s / cluster.num_gpus
+
+
+def _check(
+    model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, training: TrainingSpec
+) -> None:
+    """The divisibility checks, and what the training options refuse."""
+    validate_plan(plan, model, cluster)
+    chunks = plan.pp * plan.vpp
+    if training.pipeline_split == "even" and plan.pp > 1 and model.num_layers % chunks:
+        raise SpecError(
+            "parallel.vpp" if plan.vpp > 1 else "parallel.pp",
+            plan.vpp if plan.vpp > 1 else plan.pp,
+            f"training.pipeline_split = even needs pp x vpp = {chunks} to divide "
+            f"num_layers {model.num_layers}",
         )
-        if memo is not None:
-            memo[shape] = kernels
-    lt, lt_moe, (lfwd, lbwd) = kernels
-    if model.mtp_layers:  # each MTP module has its own output head and loss
-        lfwd, lbwd = (1 + model.mtp_layers) * lfwd, (1 + model.mtp_layers) * lbwd
-    if moe_frac:
-        assert lt_moe is not None
-        fwd_layer = (1 - moe_frac) * lt.fwd + moe_frac * lt_moe.fwd
-        bwd_layer = (1 - moe_frac) * lt.bwd + moe_frac * lt_moe.bwd
-    else:
-        fwd_layer, bwd_layer = lt.fwd, lt.bwd
-    if plan.recompute == "full":
-        recompute_layer = fwd_layer
-    elif plan.recompute == "selective":
-        recompute_layer = lt.fwd_attn
-    elif plan.recompute == "op":  # the unsaved matmuls and every element-wise op
-        recompute_layer = lt.fwd_gemm_unsaved_op + lt.fwd_elementwise
-    else:
-        recompute_layer = 0.0
-    if plan.recompute_modules:  # fine-grained recompute beside none / selective
-        if moe_frac:
-            assert lt_moe is not None
-            recompute_layer += (1 - moe_frac) * lt.fwd_modules + moe_frac * lt_moe.fwd_modules
-        else:
-            recompute_layer += lt.fwd_modules
-    if training.pipeline_split == "balanced" and p > 1:
-        # The embedding and the loss each take one layer's slot of the split (Megatron-Core's
-        # --account-for-embedding/loss-in-pipeline-split, and the custom layouts of
-        # Megatron-Bridge's DeepSeek-V3 and Kimi-K2 recipes, "Et|(tt|)*30mL"): the last stage
-        # holds one layer fewer beside the output head(s). The busier of a middle stage and the
-        # last one is priced.
-        per = -(-(model.num_layers + model.mtp_layers + 2) // (p * v)) * v
-        one = fwd_layer + bwd_layer + recompute_layer
-        if per * one >= (per - 1) * one + lfwd + lbwd:
-            layers, lfwd, lbwd = per, 0.0, 0.0
-        else:
-            layers = per - 1
-    compute_mb = layers * (fwd_layer + bwd_layer) + lfwd + lbwd
-    recompute_mb = layers * recompute_layer
+    if training.zero3_gather == "per_tensor" and plan.zero_stage == 3 and plan.pp > 1:
+        raise SpecError(
+            "training.zero3_gather",
+            "per_tensor",
+            "DeepSpeed's per-tensor ZeRO-3 has no pipeline parallelism: pp = 1, or bucketed",
+        )
 
-    # --- tensor parallel: 2 all-reduces forward, 2 backward per layer (AG + RS pairs with SP);
-    # full recompute repeats the forward ones.
-    act_bytes = tokens_mb * model.hidden_size * 2.0
-    tp_mb = 0.0
-    hidden_mb = 0.0  # collective time hidden behind this micro-batch's compute (TP, CP)
-    if t > 1:
-        if plan.sequence_parallel:
-            one = collective("all_gather", act_bytes, t, 1) + collective(
-                "reduce_scatter", act_bytes, t, 1
-            )
-        else:
-            one = collective("all_reduce", act_bytes, t, 1)
-        per_layer = (4 + (2 if plan.recompute == "full" else 0)) * one
-        tp_mb = layers * per_layer * (1 - params.tp_overlap_fraction)
-        hidden_mb += layers * per_layer * params.tp_overlap_fraction
 
-    # --- expert parallel: dispatch and combine all-to-all per MoE layer, forward and backward
-    ep_mb = 0.0
-    if moe_frac and (plan.ep > 1 or plan.etp > 1):
-        assert lt_moe is not None
-        ep_fwd = _moe_comm_fwd(model, cluster, plan, training, params, collective)
-        reps = 2 if plan.recompute == "full" else 1  # the recompute dispatches again
-        # The backward moves the same bytes: the combine's gradient goes out as a dispatch, the
-        # dispatch's gradient comes back as a combine.
-        ep_all = layers * moe_frac * (reps + 1) * ep_fwd
-        if plan.moe_a2a_overlap == "none":
-            ep_mb = ep_all
-        else:
-            # Overlapped with the other micro-batch's compute (Megatron-Core's 1F1B A2A overlap
-            # pairs one micro-batch's forward with another's backward; DualPipe does the same in
-            # every pair of its chunks). Under 1F1B the warm-up forwards and the cool-down
-            # backwards have no partner: that share of the all-to-all stays exposed.
-            paired = 1.0
-            if plan.moe_a2a_overlap == "1f1b":
-                warm = warmup_chunks(p, v, m) if p > 1 else 1
-                paired = max(0.0, 1 - warm / (m * v))
-            window = params.overlap_efficiency * layers * moe_frac * (lt_moe.fwd + lt_moe.bwd)
-            hidden_ep = min(paired * ep_all, window)
-            ep_mb = ep_all - hidden_ep
-            hidden_mb += hidden_ep
-
-    # --- context parallel. K/V of this rank's tokens: kv heads (all query heads when the
-    # trainer repeats them before the kernel), split over TP ranks, at least one per rank.
-    cp_mb = 0.0
-    if plan.cp > 1:
-        heads = model.num_attention_heads if training.kv_repeat else model.kv_heads
-        kv_local = 2 * tokens_mb * max(1.0, heads / t) * model.kv_channels * 2.0
-        cross = plan.tp * plan.cp > cluster.nvlink_domain
-        hide = params.overlap_efficiency
-        fwd_reps = 2 if plan.recompute == "full" else 1  # the recompute runs the ring again
-        ctas = training.cp_comm_ctas
-        if training.cp_exchange == "allgather":
-            # PyTorch's context_parallel: one all-gather of every rank's K/V per attention call
-            # (forward and backward), hidden only behind the first of the cp blocks; backward
-            # passes the fp32 dK/dV on after every block, the last transfer waited for at the end.
-            # A CTA cap slows the dK/dV transfers, not the all-gather (a ring collective).
-            ag = collective("all_gather", plan.cp * kv_local, plan.cp, _group_stride(plan, "cp"))
-            dkv = comm.p2p_time_s(cluster, 2 * kv_local, cross, params, channels=ctas)
-            blk_f, blk_b = lt.fwd_attn / plan.cp, lt.bwd_attn / plan.cp
-            fwd_x = max(0.0, ag - hide * blk_f)
-            bwd_x = max(0.0, ag - hide * blk_b) + (plan.cp - 1) * max(0.0, dkv - hide * blk_b)
-            bwd_x += dkv
-            fwd_c, bwd_c = ag, ag + plan.cp * dkv
-        else:
-            # Ring: (cp - 1) K/V transfers forward, twice that backward (K/V on, dK/dV back),
-            # hidden behind the attention blocks.
-            step = comm.p2p_time_s(cluster, kv_local, cross, params, channels=ctas)
-            fwd_c = (plan.cp - 1) * step
-            fwd_x = max(0.0, fwd_c - hide * lt.fwd_attn)
-            bwd_c = 2 * fwd_c
-            bwd_x = max(0.0, bwd_c - hide * lt.bwd_attn)
-        cp_mb = layers * (fwd_reps * fwd_x + bwd_x)
-        hidden_mb += layers * (fwd_reps * (fwd_c - fwd_x) + bwd_c - bwd_x)
-
-    # --- activation offloading: the first k layers' saved tensors go to host memory as each
-    # layer's forward ends and come back one layer ahead of its backward, on a copy stream;
-    # a copy longer than the layer it runs beside stalls the next layer by the difference.
-    offload_mb = 0.0
-    if plan.offload_layers:
-        link = gpu.host_link_GBps
-        if link is None:  # plan_problem refuses this; check=False callers get the same answer
-            raise SpecError("cluster.gpu_spec.host_link_GBps", None, "required to offload")
-        copy = activation_bytes_per_layer(model, plan, training) / (link * 1e9)
-        fwd_w = max(0.0, copy - fwd_layer)
-        bwd_w = max(0.0, copy - (bwd_layer + recompute_layer))
-        offload_mb = plan.offload_layers * (fwd_w + bwd_w)
-
-    t_mb = compute_mb + recompute_mb + tp_mb + cp_mb + ep_mb
-
-    # --- pipeline: bubble and point-to-point activations between stages
-    zb = 0.0
-    if plan.schedule == "zbv":
-        # The weight-gradient pass is half the layers' backward GEMMs (each dX has a dW of the
-        # same FLOPs); attention's backward, the recompute and the loss's backward belong to the
-        # input-gradient pass (the output layer's own dW is left in B: one layer of many).
-        w_mb = layers * lt.bwd_gemm / 2
-        b_mb = layers * (bwd_layer + recompute_layer) + lbwd - w_mb
-        zb = zero_bubble_fraction(layers * fwd_layer + lfwd, b_mb, w_mb)
-    if plan.moe_a2a_overlap == "dualpipe":
-        w_mb = layers * lt.bwd_gemm / 2
-        f_mb = layers * fwd_layer + lfwd
-        bubble = dualpipe_bubble_slots(p, f_mb, t_mb - f_mb, w_mb) * t_mb
-    else:
-        bubble = bubble_slots(p, v, plan.schedule, zb) * t_mb
-    pp_time = 0.0
-    if p > 1:
-        msg = act_bytes / (t if plan.sequence_parallel else 1)
-        cross = _group_stride(plan, "pp") >= cluster.nvlink_domain
-        hop = comm.p2p_time_s(cluster, msg, cross, params, channels=training.pp_comm_ctas)
-        pp_time = p2p_transfers(p, v, m) * hop
-
-    # --- data parallel: gradient reduction and ZeRO parameter gathers
-    dp_n = plan.dp * plan.cp  # gradients are reduced over dp x cp replicas
-    stride = _group_stride(plan, "cp") if plan.cp > 1 else _group_stride(plan, "dp")
-    # The first stage's layers and embedding; without PP also the untied output layer.
-    embeddings = 1 if model.tied_embeddings or p > 1 else 2
-    layer_params, expert_params = layer_params_split(model, plan, layers)
-    params_stage = layer_params + embeddings * embedding_params(model) / t
-    # Gradient reduction in grad_reduce_dtype (fp32: Megatron's bf16 default and FSDP2's in
-    # torchtitan; bf16: NeMo's grad_sync_dtype).
-    grad_bytes = DTYPE_BYTES[training.grad_reduce_dtype] * params_stage
-    # Parameter gathers move 16-bit weights, the layers' ones in FP8 with fp8_param_gather.
-    layer_weight_bytes = 1.0 if training.fp8_param_gather else 2.0
-    param_bytes = layer_weight_bytes * layer_params + 2.0 * (params_stage - layer_params)
-    hide = params.overlap_efficiency
-    dp_time = 0.0
-    hidden = 0.0
-    # HSDP: ZeRO shards over shard_n ranks only; each reduce-scattered gradient shard is then
-    # all-reduced across the dp_n / shard_n replicas (PyTorch FSDP2's HSDP, Zhao et al. VLDB'23
-    # §3.2.1; Megatron's num_distributed_optimizer_instances).
-    shard_n = plan.shard_group * plan.cp if plan.zero_stage else dp_n
-    if dp_n > 1:
-
-        def coll(kind: str, size: float) -> float:
-            n = dp_n if kind == "all_reduce" else shard_n
-            one = collective(kind, size, n, stride) if n > 1 else 0.0
-            if kind == "reduce_scatter" and shard_n < dp_n:
-                one += collective("all_reduce", size / shard_n, dp_n // shard_n, stride * shard_n)
-            return one
-
-        # What a gradient reduction can hide behind: the last micro-batch's backward, or
-        # nothing when the framework reduces only after the whole backward.
-        last_bwd = layers * (bwd_layer + recompute_layer) if training.grad_reduce_overlap else 0.0
-        first_fwd = layers * fwd_layer
-        # The edge bucket: the parameters used first in the forward and whose gradients are
-        # ready last in the backward, so its gather and its reduction have nothing to hide
-        # behind. Megatron-Core's distributed optimizer puts the (shared) embedding in a bucket
-        # of its own (param_and_grad_buffer.py, _does_param_require_new_bucket) and launches
-        # that bucket's all-gather just before the forward (distrib_optimizer.py, zero_grad);
-        # DDP's last bucket holds the embedding too (buckets fill in reverse parameter order).
-        # FSDP2 (torchtitan) shards the root module, embedding plus untied output layer, as
-        # one unit gathered at the start of the forward and reduced after the backward.
-        edge = (embeddings if plan.zero_stage == 3 else 1) * embedding_params(model) / t
-        edge_frac = min(1.0, edge / params_stage)
-        edge_param_bytes = 2.0 * min(edge, params_stage - layer_params)  # 16-bit embeddings
-        body_param_bytes = param_bytes - edge_param_bytes
-        if plan.zero_stage == 0 and not training.grad_reduce_overlap:
-            dp_time = coll("all_reduce", grad_bytes)  # one all-reduce after the backward
-        elif plan.zero_stage == 0:
-            tail = coll("all_reduce", grad_bytes * edge_frac)
-            rest = coll("all_reduce", grad_bytes * (1 - edge_frac))
-            exposed = max(0.0, rest - hide * last_bwd)
-            dp_time = tail + exposed
-            hidden = rest - exposed
-        elif plan.zero_stage in (1, 2):
-            tail = coll("reduce_scatter", grad_bytes * edge_frac)
-            head = coll("all_gather", edge_param_bytes)
-            grads = coll("reduce_scatter", grad_bytes * (1 - edge_frac))
-            gather = coll("all_gather", body_param_bytes)
-            exp_g = max(0.0, grads - hide * last_bwd)
-            exp_a = max(0.0, gather - hide * first_fwd)
-            dp_time = tail + head + exp_g + exp_a
-            hidden = grads + gather - exp_g - exp_a
-        elif zero3_keeps_unsharded(plan):
-            # FSDP2 under PP: one gather of the stage before its first forward, one
-            # reduce-scatter after its last backward, hidden like ZeRO-1/2's.
-            head = coll("all_gather", edge_param_bytes)
-            tail = coll("reduce_scatter", grad_bytes * edge_frac)
-            gather = coll("all_gather", body_param_bytes)
-            grads = coll("reduce_scatter", grad_bytes * (1 - edge_frac))
-            exp = max(0.0, gather - hide * first_fwd) + max(0.0, grads - hide * last_bwd)
-            dp_time = head + tail + exp
-            hidden = gather + grads - exp
-        elif training.zero3_gather == "per_tensor":
-            # DeepSpeed 0.3 ZeRO-3 (partition_parameters.py _allgather_param, stage3.py
-            # fetch_sub_module): each tensor gathered alone after torch.cuda.synchronize(), so
-            # gathers never overlap compute; forward, backward and (full recompute) the recompute
-            # each gather again. List-based collectives copy every one of the n partitions with
-            # its own kernel (out of the flat buffer for all-gather, into it for reduce-scatter).
-            # The reduce-scatter itself runs on a side stream behind the backward.
-            # Each gather also zero-fills its fresh buffer and the copies move its bytes once
-            # more (3 x S through HBM); the reduce-scatter's input copies move 2 x S.
-            # Tensors under stage3_param_persistence_threshold (biases, norms) stay gathered
-            # (stage3.py release_sub_module skips ds_persist): only the large ones, the layers'
-            # matrices and the embeddings, are gathered per pass; after the optimizer step the
-            # small ones are gathered once (_post_step), each copied out of every rank's slice
-            # by a Python loop (partition_parameters.py _allgather_params).
-            # The per-partition lists are built in Python on the training thread, so their
-            # host cost is on the critical path: per rank, the all-gather takes one view
-            # (`flat_tensor.narrow`) and one copy kernel; the reduce-scatter two views
-            # (`grad.view(-1).narrow`) and one copy kernel; the post-step copy three views and
-            # a `copy_` called from Python.
-            tensors = layers * param_tensors_per_layer(model)
-            persistent = layers * persistent_tensors_per_layer(model)
-            gathered = tensors - persistent + 2  # + word and position embeddings
-            gathers = 2 + (1 if plan.recompute == "full" else 0)
-            view, launch = params.host_op_overhead_s, params.kernel_overhead_s
-            ag_part = dp_n * (view + launch)
-            ag = gathered * (coll("all_gather", param_bytes / gathered) + ag_part)
-            ag += compute.stream_time_s(3 * param_bytes, gpu, params, kernels=0)
-            rs_part = dp_n * (2 * view + launch)
-            rs_copies = tensors * rs_part + compute.stream_time_s(2 * grad_bytes, gpu, params, 0)
-            rs = tensors * coll("reduce_scatter", grad_bytes / tensors)
-            rs_exposed = max(0.0, rs - hide * last_bwd)
-            small = 2.0 * persistent * 4 * model.hidden_size  # bytes, at most 4h each
-            post_part = dp_n * (4 * view + launch)
-            post_step = persistent * post_part + ag_part + coll("all_gather", small)
-            dp_time = m * (gathers * ag + rs_copies + rs_exposed) + post_step
-            hidden = m * (rs - rs_exposed)
-        else:  # ZeRO-3 / FSDP: one gather per layer for forward and backward, one reduce-scatter
-            # The root unit (edge) is gathered before the first layer and reduced after the
-            # last backward, on the critical path each time.
-            body_p = body_param_bytes / layers
-            body_g = grad_bytes * (1 - edge_frac) / layers
-            per_mb = layers * (2 * coll("all_gather", body_p) + coll("reduce_scatter", body_g))
-            edges = coll("all_gather", edge_param_bytes) + coll(
-                "reduce_scatter", grad_bytes * edge_frac
-            )
-            window = hide * (compute_mb + recompute_mb)
-            exposed = max(0.0, per_mb - window)
-            dp_time = m * (exposed + edges)
-            hidden = m * (per_mb - exposed)
-    if expert_params:
-        # Routed experts' gradients are reduced (and, sharded, their weights gathered) over the
-        # expert-data-parallel group, etp x ep ranks apart, in the window the dense part leaves.
-        edp, e_stride = plan.expert_dp, plan.etp * plan.ep
-        e_grad = DTYPE_BYTES[training.grad_reduce_dtype] * expert_params
-        e_time = 0.0
-        if edp > 1 and plan.zero_stage == 0:
-            e_time = collective("all_reduce", e_grad, edp, e_stride)
-        elif edp > 1:
-            e_time = collective("reduce_scatter", e_grad, edp, e_stride)
-            e_time += collective("all_gather", layer_weight_bytes * expert_params, edp, e_stride)
-            if plan.zero_stage == 3 and not zero3_keeps_unsharded(plan):
-                e_time *= m  # gathered and reduced again for every micro-batch
-        layers_bwd = layers * (bwd_layer + recompute_layer)
-        room = hide * (layers_bwd + layers * fwd_layer) if training.grad_reduce_overlap else 0.0
-        e_exposed = max(0.0, e_time - max(0.0, room - hidden))
-        dp_time += e_exposed
-        hidden += e_time - e_exposed
-    penalty = params.overlap_compute_penalty * max(0.0, hidden + m * hidden_mb)
-
-    shard = shard_n if plan.zero_stage >= 1 else 1
-    opt = compute.optimizer_time_s(params_stage, plan.zero_stage, shard, gpu, params, training)
-
-    compute_total = m * compute_mb + penalty
-    step = compute_total + m * (recompute_mb + tp_mb + cp_mb + ep_mb + offload_mb)
-    step += bubble + pp_time + dp_time + opt
-    time_s = {
-        "compute": compute_total,
-        "recompute": m * recompute_mb,
-        "tp_comm": m * tp_mb,
-        "cp_comm": m * cp_mb,
-        "ep_comm": m * ep_mb,
-        "pp_comm": pp_time,
-        "dp_comm": dp_time,
-        "pipeline_bubble": bubble,
-        "optimizer": opt,
-        "offload": m * offload_mb,
-    }
-
-    # --- throughput and utilisation
-    tokens_step = plan.global_batch_size * s
+def _estimate(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: ParallelPlan,
+    training: TrainingSpec,
+    params: ModelParams,
+    time_s: dict[str, float],
+    step: float,
+    memo: dict[tuple, Any] | None,
+) -> Estimate:
+    """Throughput, utilisation and memory of a plan whose step is priced."""
+    tokens_step = plan.global_batch_size * model.seq_length
     flops = memo.get(("token_flops", plan.recompute)) if memo is not None else None
     if flops is None:
         flops = _token_flops(model, plan.recompute)
@@ -495,6 +156,7 @@ def estimate_plan(
             memo[("token_flops", plan.recompute)] = flops
     flops_step = flops[0] * tokens_step
     recompute_flops = flops[1] * tokens_step
+    gpu = cluster.gpu
     per_gpu = flops_step / step / cluster.num_gpus
     peak = gpu.peak_tflops(training.precision) * 1e12
     mem = memory_breakdown(model, cluster, plan, training, params)
@@ -505,7 +167,7 @@ def estimate_plan(
         plan=plan,
         fits=mem.total <= hbm * GiB and host_ok,
         step_time_s=step,
-        tokens_per_s_per_gpu=tokens_step / step / cluster.num_gpus,
+        tokens_per_s_per_gpu=tokens_per_s_per_gpu(model, cluster, plan, step),
         model_tflops_per_gpu=per_gpu / 1e12,
         mfu=per_gpu / peak,
         hfu=(flops_step + recompute_flops) / step / cluster.num_gpus / peak,
@@ -515,44 +177,6 @@ def estimate_plan(
         moe=model.is_moe,
         host_mem_gib=host,
     )
-
-
-def _moe_comm_fwd(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    plan: ParallelPlan,
-    training: TrainingSpec,
-    params: ModelParams,
-    collective: Any,
-) -> float:
-    """Forward dispatch + combine of one MoE layer for one micro-batch on one GPU, seconds.
-
-    The layer's input is split over tp x cp (sequence parallel): each rank routes its own
-    tokens. Dispatch moves each token's top-k copies in ``moe_dispatch_dtype``, combine brings
-    them back in 16 bits, over the EP group: ep ranks etp apart (Megatron-Core's expert rank
-    order puts etp innermost). With etp > 1 the received copies are all-gathered over the etp
-    ranks before the experts and reduce-scattered after them."""
-    tokens = plan.micro_batch_size * model.seq_length / (plan.cp * plan.tp)
-    h, k = model.hidden_size, model.moe_top_k
-    load = training.moe_imbalance  # the busiest rank receives this much more
-    if model.moe_capacity_factor is not None:
-        load = min(load, model.moe_capacity_factor)
-    _, domains = comm.group_tiers(cluster, plan.ep, plan.etp)
-    remote = comm.remote_domains_per_token(
-        domains, k, model.moe_router_groups, model.moe_router_group_topk
-    )
-    hier = training.moe_dispatcher == "hierarchical"
-    out = 0.0
-    for nbytes in (1.0 if training.moe_dispatch_dtype == "fp8" else 2.0, 2.0):
-        one = tokens * h * nbytes
-        out += load * comm.moe_all_to_all_time_s(
-            cluster, one * k, one, plan.ep, plan.etp, hier, remote, params
-        )
-    if plan.etp > 1:
-        recv = tokens * k * h * 2.0 * load
-        out += collective("all_gather", recv * plan.etp, plan.etp, 1)
-        out += collective("reduce_scatter", recv * plan.etp, plan.etp, 1)
-    return out
 
 
 def _token_flops(model: ModelSpec, recompute: str) -> tuple[float, float]:

@@ -16,14 +16,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
+from aihpc.perf import plan_batch
 from aihpc.perf.flops import (
-    embedding_params,
-    expert_params_per_layer,
     layer_gemms,
     op_sac_saved,
-    params_per_layer,
 )
+from aihpc.perf.numeric import minimum, where
 from aihpc.perf.params import DEFAULT_PARAMS, ModelParams
 from aihpc.spec.cluster import ClusterSpec
 from aihpc.spec.model import ModelSpec
@@ -201,22 +201,9 @@ def _layer_params_local(model: ModelSpec, plan: ParallelPlan, layers: int) -> fl
 
 
 def layer_params_split(model: ModelSpec, plan: ParallelPlan, layers: int) -> tuple[float, float]:
-    """(parameters split over TP, routed-expert parameters) of ``layers`` layers on one GPU.
-
-    Attention, norms, dense FFNs, shared experts and the router are split over tp only (they are
-    replicated across the expert-parallel ranks); routed experts over etp x ep (Megatron-Core's
-    parallel folding; its theoretical memory since PR 4687)."""
-    dense_layers = layers
-    moe_layers = 0
-    if model.is_moe:
-        moe_layers = round(layers * model.num_moe_layers / model.num_layers)
-        dense_layers = layers - moe_layers
-    dense = dense_layers * params_per_layer(model) / plan.tp
-    if not moe_layers:
-        return dense, 0.0
-    routed = expert_params_per_layer(model)
-    dense += moe_layers * (params_per_layer(model, moe=True) - routed) / plan.tp
-    return dense, moe_layers * routed / (plan.etp * plan.ep)
+    """(parameters split over TP, routed-expert parameters) of ``layers`` layers on one GPU
+    (plan_batch.layer_params_split, which the step-time terms call over arrays)."""
+    return plan_batch.layer_params_split(model, layers, plan.tp, plan.etp, plan.ep)
 
 
 def largest_param_tensor(model: ModelSpec) -> int:
@@ -240,55 +227,13 @@ def zero3_keeps_unsharded(plan: ParallelPlan) -> bool:
     return plan.zero_stage == 3 and plan.pp > 1
 
 
-def _state_bytes(
-    params_local: float,
-    plan: ParallelPlan,
-    training: TrainingSpec,
-    layer_params_local: float,
-    shard: int | None = None,
-) -> tuple[float, float, float]:
-    """(weights, gradients, optimizer) bytes for ``params_local`` parameters on this rank.
-
-    zero 0-2 follow Megatron-LM: 16-bit weights, fp32 main gradients, fp32 master + Adam m, v
-    (18 B/param unsharded). zero 3 follows FSDP2 with mixed precision: the sharded fp32
-    parameter is the master copy, gradients are reduced to fp32 shards, plus the 16-bit
-    parameters of the layers being gathered (current + prefetched) and one layer's gradients
-    (with ``zero3_gather = "per_tensor"``, DeepSpeed 0.3's, the largest tensor instead of a layer).
-    Under pipeline parallelism FSDP2 keeps the stage's parameters gathered across the step's
-    micro-batches and accumulates unsharded fp32 gradients, reduce-scattering once at the end
-    (torchtitan disables resharding after forward with PP): the stage then holds a full 16-bit
-    copy of its weights and a full fp32 gradient. ``grad_reduce_dtype`` and ``optimizer_dtype``
-    = bf16 halve the gradient and the master/moment bytes.
-    """
-    d = plan.shard_group * plan.cp  # ranks that share (shard) these states: all dp, or HSDP's group
-    if shard is not None:  # routed experts: their expert-data-parallel replicas
-        d = shard
-    g, o = DTYPE_BYTES[training.grad_reduce_dtype], DTYPE_BYTES[training.optimizer_dtype]
-    moments = MOMENTS[training.optimizer]
-    fp8_cache = 1.0 if training.precision == "fp8" else 0.0  # FP8 copies of the weights
-    z = plan.zero_stage
-    if z == 3:
-        if zero3_keeps_unsharded(plan):
-            weights = o * params_local / d + (2 + fp8_cache) * params_local
-            grads = g * params_local / d + g * params_local
-        else:
-            weights = o * params_local / d + (2 + fp8_cache) * 2 * layer_params_local
-            grads = g * params_local / d + g * layer_params_local
-        optimizer = moments * o * params_local / d
-        return weights, grads, optimizer
-    weights = (2 + fp8_cache) * params_local
-    grads = g * params_local / (d if z == 2 else 1)
-    optimizer = (1 + moments) * o * params_local / (d if z >= 1 else 1)
-    return weights, grads, optimizer
-
-
-def warmup_chunks(p: int, v: int, m: int, rank: int = 0) -> int:
+def warmup_chunks(p: Any, v: Any, m: Any, rank: Any = 0) -> Any:
     """Forwards pipeline rank ``rank`` runs before its first backward (Megatron-LM's
     ``num_warmup_microbatches``; PyTorch's ``Schedule1F1B`` / ``ScheduleInterleaved1F1B`` run the
     same order): p - 1 - rank under 1F1B, 2(p - 1 - rank) + (v - 1)p interleaved, at most the
     step's m v model chunks."""
-    ahead = p - 1 - rank if v == 1 else 2 * (p - 1 - rank) + (v - 1) * p
-    return min(ahead, m * v)
+    ahead = where(v == 1, p - 1 - rank, 2 * (p - 1 - rank) + (v - 1) * p)
+    return minimum(ahead, m * v)
 
 
 @lru_cache(maxsize=4096)
@@ -346,116 +291,17 @@ def memory_breakdown(
     training: TrainingSpec,
     params: ModelParams = DEFAULT_PARAMS,
 ) -> MemoryBreakdown:
-    """Memory of the most loaded GPU (first or last pipeline stage)."""
+    """Memory of the most loaded GPU (first or last pipeline stage): the memory terms of
+    batch_memory.py (which the search runs over arrays of plans) on this one plan."""
     del cluster  # the memory model is independent of the interconnect
-    p, v = plan.pp, plan.vpp
-    layers_per_stage = plan.layers_per_stage(model.num_layers)
-    layer_local = _layer_params_local(model, plan, 1)
-    if training.zero3_gather == "per_tensor":  # DeepSpeed 0.3 holds one tensor at a time
-        layer_local = largest_param_tensor(model) / plan.tp
-    emb_local = embedding_params(model) / plan.tp
-    m = plan.num_microbatches
-    tokens = plan.micro_batch_size * model.seq_length / plan.cp
+    from aihpc.perf.batch_memory import MemoryTerms  # it builds on this module's figures
 
     act_layer = activation_bytes_per_layer(model, plan, training)
-    if plan.recompute in ("full", "op"):
-        # While a layer is recomputed its full activations live; what it kept (its input, or
-        # op-level checkpointing's saved outputs) is already counted above, so add the rest.
-        none = activation_bytes_per_layer(model, plan, training, recompute="none")
-        working = max(0.0, none - act_layer)
-    else:
-        working = 0.0
-    # 1F1B: stage 0 holds min(p, m) micro-batches of its layers. Interleaved: its warm-up runs
-    # 2(p-1) + (v-1)p model chunks ahead, so p v + p - 1 chunks of L/v layers are live, i.e.
-    # (1 + (p-1)/(p v)) times 1F1B's (Narayanan et al. SC'21, sec. 2.2.2) -- but never more
-    # than the m v chunks a step has (with m = p every chunk's forward runs before any backward).
-    # The last stage: one micro-batch under 1F1B; interleaved, its warm-up still runs (v-1)p
-    # chunks ahead, so (v-1)p + 1 chunks of L/v layers are live (``warmup_chunks`` + 1).
-    micro_batches = min(p, m)
-    if plan.schedule == "zbv":
-        # ZB-V keeps 1F1B's activation memory, p micro-batches of a stage's layers (Qi et al.
-        # 2024, their comparison table), and rank 0 holds the first and the last chunk: the
-        # embedding and the output layer on one GPU.
-        zbv_acts = act_layer * layers_per_stage * micro_batches + working
-    if v > 1:  # warmup_chunks + 1 chunks live, inline: this runs for every searched plan
-        in_flight = min(m, (min(2 * (p - 1) + (v - 1) * p, m * v) + 1) / v)
-        last_in_flight = min(m, (min((v - 1) * p, m * v) + 1) / v)
-    else:
-        in_flight, last_in_flight = micro_batches, 1
-    resident, offloaded = offload_split(layers_per_stage, plan.offload_layers)
-    first_acts = act_layer * resident * in_flight + working
-    last_acts = act_layer * layers_per_stage * last_in_flight + working
-    # Output layer, per vocab shard: 16-bit logits plus the fp32 copy a fused vocab-parallel
-    # cross-entropy (fused or not) works on in place (Megatron-LM, NeMo): 6 B per logit. PyTorch's
-    # F.cross_entropy on upcast logits also keeps its fp32 log-softmax output and, in the
-    # backward, an fp32 gradient of the logits: 14 B. Plus the final-norm and output-GEMM inputs.
-    loss_bytes = 14 if training.cross_entropy == "eager" else 6
-    logits = tokens * (loss_bytes * model.vocab_size / plan.tp + 4 * model.hidden_size)
-    embed_out = (
-        tokens
-        * model.hidden_size
-        * 2
-        * (micro_batches if p > 1 else 1)
-        / (plan.tp if plan.sequence_parallel else 1)
-    )
-
-    # The lazy-gradient walk follows 1F1B / interleaved order; ZB-V's is priced as the plain sum.
-    lazy_grads = fsdp_lazy_grads(plan, training) and plan.schedule != "zbv"
-
-    def stage(
-        layer_count: int, embed: bool, output: bool, acts: float, buffers: float, name: str
-    ) -> MemoryBreakdown:
-        params_local, expert_local = layer_params_split(model, plan, layer_count)
-        if embed:
-            params_local += emb_local
-        if output and (not model.tied_embeddings or not embed):
-            params_local += emb_local
-        w, g, o = _state_bytes(params_local, plan, training, layer_local)
-        if expert_local:
-            # Routed experts: their optimizer state (and ZeRO-2/3 gradients) sharded over the
-            # expert-data-parallel ranks (Megatron-Core's distributed optimizer per expert DP
-            # group); DualPipe keeps a second copy of the stage's weights (DeepSeek-V3 Table 2).
-            we, ge, oe = _state_bytes(expert_local, plan, training, layer_local, plan.expert_dp)
-            w, g, o = w + we, g + ge, o + oe
-        if plan.moe_a2a_overlap == "dualpipe":
-            w *= 2
-        later = 0.0
-        points = lazy_grad_points(p, v, m, p - 1 if name == "last" else 0) if lazy_grads else ()
-        # one point with every gradient and the logits live is the plain sum: nothing to do
-        if points and (len(points) > 1 or points[0][1:] != (v, 1)):
-            # FSDP2 creates gradients at backward time: the optimizer's zero_grad (set to None)
-            # frees them before each step's first forward, and a chunk's gradient (under PP
-            # the unsharded fp32 accumulator, autograd's .grad upcast by FSDP2; without PP the
-            # reduce-scattered shard) appears at that chunk's first backward, while backwards
-            # free activations. The peak is the schedule's highest sum of the two, not the sum
-            # of their highs. What stays: one layer's unsharded gradient on its way to the
-            # reduce-scatter (without PP).
-            # The output layer's logits and loss buffers (and, without PP, the embedding's
-            # output) live only while a micro-batch sits between its last chunk's forward and
-            # backward.
-            lazy = g if p > 1 else g - DTYPE_BYTES[training.grad_reduce_dtype] * layer_local
-            chunk_acts = act_layer * (layer_count if name == "last" else resident) / v
-            chunk_grads = lazy / v
-            transient = buffers if output else 0.0
-            held, made, tail = max(
-                points,
-                key=lambda pt: pt[0] * chunk_acts + pt[1] * chunk_grads + pt[2] * transient,
-            )
-            acts = held * chunk_acts + working
-            buffers -= transient * (1 - tail)
-            later = lazy - made * chunk_grads
-            g -= later
-        live = w + g + o + acts + buffers
-        other = params.runtime_overhead_gib * GiB + params.allocator_fragmentation * live
-        return MemoryBreakdown(w, g, o, acts, buffers, other, name, act_layer * offloaded, later)
-
-    if p == 1:
-        return stage(model.num_layers, True, True, first_acts, logits + embed_out, "only")
-    if plan.schedule == "zbv":
-        return stage(layers_per_stage, True, True, zbv_acts, logits + embed_out, "first")
-    first = stage(layers_per_stage, True, False, first_acts, embed_out, "first")
-    last = stage(layers_per_stage, False, True, last_acts, logits, "last")
-    return first if first.total >= last.total else last
+    act_none = act_layer
+    if plan.recompute in ("full", "op"):  # the working set of a layer being recomputed
+        act_none = activation_bytes_per_layer(model, plan, training, recompute="none")
+    terms = MemoryTerms(model, training, params, plan_batch.PlanBatch.of(plan), act_layer, act_none)
+    return terms.breakdown()
 
 
 def checkpoint_bytes(model: ModelSpec, training: TrainingSpec) -> float:

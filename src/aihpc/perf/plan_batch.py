@@ -1,16 +1,20 @@
 """Plans as columns of numpy arrays, and grouping plans that share a few fields.
 
 The search prices tens of thousands of plans at once (batch.py); a ``PlanBatch`` holds one array
-per field the search varies and a scalar for the fields every plan shares.
+per field the search varies and a scalar for the fields every plan shares. ``PlanBatch.of(plan)``
+is one plan with plain Python numbers in its columns: the same step-time terms price it
+(``estimate_plan``), on Python arithmetic (numeric.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from aihpc.perf.flops import expert_params_per_layer, params_per_layer
+from aihpc.perf.numeric import where
 from aihpc.spec.model import ModelSpec
 from aihpc.spec.parallel import MOE_A2A_OVERLAPS, RECOMPUTE, ParallelPlan
 
@@ -44,6 +48,41 @@ class PlanBatch:
     dp_shard: int | None = None
     recompute_modules: tuple[str, ...] = ()
 
+    # One plan of plain Python numbers (``of``), not arrays of plans; that plan.
+    one: bool = field(init=False, repr=False, compare=False)
+    source: ParallelPlan | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "one", not isinstance(self.tp, np.ndarray))
+
+    @classmethod
+    def of(cls, plan: ParallelPlan) -> PlanBatch:
+        """One plan, its columns plain Python numbers (``one`` is true)."""
+        return cls(
+            plan.tp,  # type: ignore[arg-type]
+            plan.pp,  # type: ignore[arg-type]
+            plan.vpp,  # type: ignore[arg-type]
+            plan.cp,  # type: ignore[arg-type]
+            plan.dp,  # type: ignore[arg-type]
+            plan.ep,  # type: ignore[arg-type]
+            plan.etp,  # type: ignore[arg-type]
+            plan.sequence_parallel,  # type: ignore[arg-type]
+            plan.zero_stage,  # type: ignore[arg-type]
+            RECOMPUTE.index(plan.recompute),  # type: ignore[arg-type]
+            plan.micro_batch_size,  # type: ignore[arg-type]
+            MOE_A2A_OVERLAPS.index(plan.moe_a2a_overlap),  # type: ignore[arg-type]
+            plan.offload_layers,  # type: ignore[arg-type]
+            plan.global_batch_size,
+            plan.pp_schedule,
+            plan.dp_shard,
+            plan.recompute_modules,
+            source=plan,
+        )
+
+    def zeros(self) -> float | np.ndarray:
+        """A zero for every plan: 0.0 for one plan."""
+        return 0.0 if self.one else np.zeros(len(self.tp))
+
     def __len__(self) -> int:
         return len(self.tp)
 
@@ -68,8 +107,10 @@ class PlanBatch:
             recompute_modules=self.recompute_modules,
         )
 
-    def plan(self, i: int) -> ParallelPlan:
-        """The i-th plan as a ParallelPlan."""
+    def plan(self, i: int = 0) -> ParallelPlan:
+        """The i-th plan as a ParallelPlan (for one plan: that plan)."""
+        if self.source is not None:
+            return self.source
         return ParallelPlan(
             tp=int(self.tp[i]),
             pp=int(self.pp[i]),
@@ -123,16 +164,23 @@ def subgroup(one: np.ndarray, inv: np.ndarray, i: np.ndarray, mask: np.ndarray) 
 
 
 def layer_params_split(
-    model: ModelSpec, layers: np.ndarray, tp: np.ndarray, etp: np.ndarray, ep: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """memory.layer_params_split over arrays."""
+    model: ModelSpec, layers: Any, tp: Any, etp: Any, ep: Any
+) -> tuple[Any, Any]:
+    """(parameters split over TP, routed-expert parameters) of ``layers`` layers on one GPU, for
+    one plan or over arrays of plans.
+
+    Attention, norms, dense FFNs, shared experts and the router are split over tp only (they are
+    replicated across the expert-parallel ranks); routed experts over etp x ep (Megatron-Core's
+    parallel folding; its theoretical memory since PR 4687)."""
+    one = not isinstance(layers, np.ndarray)
     if not model.is_moe:
-        return layers * params_per_layer(model) / tp, np.zeros(len(layers))
-    moe_layers = np.round(layers * model.num_moe_layers / model.num_layers).astype(np.int64)
+        return layers * params_per_layer(model) / tp, 0.0 if one else np.zeros(len(layers))
+    share = layers * model.num_moe_layers / model.num_layers
+    moe_layers = round(share) if one else np.round(share).astype(np.int64)
     dense_layers = layers - moe_layers
     dense = dense_layers * params_per_layer(model) / tp
     routed = expert_params_per_layer(model)
     dense_moe = dense + moe_layers * (params_per_layer(model, moe=True) - routed) / tp
     experts = moe_layers * routed / (etp * ep)
     has = moe_layers > 0
-    return np.where(has, dense_moe, dense), np.where(has, experts, 0.0)
+    return where(has, dense_moe, dense), where(has, experts, 0.0)

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from aihpc.perf.estimate import estimate_plan
+from aihpc.perf.estimate import step_terms, tokens_per_s_per_gpu
 from aihpc.perf.runs_csv import RUNS_COLUMNS, read_table, row_runspec
 from aihpc.perf.validate import _checked, predict_row
 from aihpc.spec.calibration import EFFICIENCY_SCALES, Calibration, EfficiencyScales
@@ -99,8 +99,9 @@ def predict(cases: list[RunCase], scales: dict[str, float]) -> np.ndarray:
     out = np.empty(len(cases))
     for i, c in enumerate(cases):
         cluster = replace(c.spec.cluster, calibration=cal)
-        est = estimate_plan(c.spec.model, cluster, c.plan, c.spec.training, check=False)
-        out[i] = est.tokens_per_s_per_gpu
+        # the step time alone (estimate_plan's, without the memory the fit does not use)
+        _, step = step_terms(c.spec.model, cluster, c.plan, c.spec.training)
+        out[i] = tokens_per_s_per_gpu(c.spec.model, cluster, c.plan, step)
     return out
 
 
