@@ -242,54 +242,13 @@ def _register_search(app: typer.Typer) -> None:
         ),
     ) -> None:
         r"""Search every valid plan; \[parallel] fields given in the run spec stay fixed."""
-        from aihpc.perf.search import search as run_search
-
         if rank_by not in ("throughput", "goodput"):
             raise SpecError("--rank-by", rank_by, "allowed: throughput | goodput")
         n_tokens = parse_count("--tokens", tokens)
         if output is not None:
             check_output_path(output, "--output", ".toml")
         spec = load_runspec(runspec)
-        key = None
-        if rank_by == "goodput":
-            from aihpc.perf.goodput import ettr_of_step_time
-
-            ettr_at = ettr_of_step_time(spec)
-
-            def key(e: Estimate) -> float:
-                return e.tokens_per_s_per_gpu * ettr_at(e.step_time_s)
-
-        with Progress(
-            TextColumn("searching plans"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=err_console,
-            transient=True,
-            disable=json_out or not err_console.is_terminal,
-        ) as bar:
-            task = bar.add_task("search", total=None)
-            result = run_search(
-                spec,
-                top=top,
-                key=key,
-                explain=5 if explain else 0,
-                progress=lambda n: bar.update(task, completed=n),
-            )
-        refusal = result.refusal()
-        if refusal is not None:  # no combination is valid: say which rule refused, not "no fit"
-            raise refusal
-        if not result.plans:
-            hint = ""
-            if result.rejected_best:
-                need = min(r.estimate.memory.total for r in result.rejected_best) / 2**30
-                hint = f" (the leanest rejected plan needs {need:.0f} GiB)"
-            raise SpecError(
-                "cluster.num_gpus",
-                spec.cluster.num_gpus,
-                f"no plan fits in {spec.cluster.gpu.hbm_gib:.0f} GiB per GPU"
-                f"{hint}; add GPUs or use a part with more memory",
-            )
+        result = _run_search(spec, top, rank_by, explain, quiet=json_out)
         shown = result.plans[:top]
         cols, extra = (
             goodput_columns(spec, shown, n_tokens)
@@ -306,82 +265,142 @@ def _register_search(app: typer.Typer) -> None:
                 f"{result.plans[0].tokens_per_s_per_gpu:,.1f} tokens/s/GPU",
             )
         if json_out:
-            out = result.to_json(top)
-            for j, x in zip(out["plans"], extra, strict=True):
-                j.update(x)
-            if output is not None:
-                out["output"] = str(output)
-            if explain:
-                out["rejected"] = [
-                    {**r.estimate.to_json(), "reason": r.reason} for r in result.rejected_best
-                ]
-                out["invalid_reasons"] = dict(result.invalid_reasons)
-            print_json(out)
+            _search_json(result, top, extra, output, explain)
             return
         console.print(
             f"{spec.model.name} on {spec.cluster.num_gpus} × {spec.cluster.gpu.id}: "
             f"{result.evaluated:,} valid plans evaluated, {result.feasible:,} fit, "
             f"{result.elapsed_s:.2f} s"
         )
-        if not result.plans:
-            console.print("[red]No plan fits in memory.[/] Try --explain.")
-        t = Table(show_edge=False)
-        moe_cols = ("ep", "etp", "a2a") if spec.model.is_moe else ()
-        for col in (
-            "#",
-            "tp",
-            "pp",
-            "vpp",
-            "cp",
-            "dp",
-            *moe_cols,
-            "zero",
-            "sp",
-            "recompute",
-            "mbs",
-            "tok/s/GPU",
-            "MFU",
-            "GiB",
-            *(c for c, _ in cols),
-        ):
-            t.add_column(col, justify="left" if col == "recompute" else "right", no_wrap=True)
-        for i, e in enumerate(result.plans[:top], 1):
-            p = e.plan
-            t.add_row(
-                str(i),
-                str(p.tp),
-                str(p.pp),
-                str(p.vpp),
-                str(p.cp),
-                str(p.dp),
-                *((str(p.ep), str(p.etp), p.moe_a2a_overlap) if moe_cols else ()),
-                str(p.zero_stage),
-                _yes_no(p.sequence_parallel),
-                p.recompute + (f" +offload {p.offload_layers}" if p.offload_layers else ""),
-                str(p.micro_batch_size),
-                f"{e.tokens_per_s_per_gpu:,.1f}",
-                f"{e.mfu:.1%}",
-                f"{e.memory.total / 2**30:.1f}",
-                *(values[i - 1] for _, values in cols),
-            )
-        console.print(t)
-        if result.plans:
-            console.print(f"[bold]Best plan:[/] {result.plans[0].bottleneck}")
+        console.print(_search_table(spec, result.plans[:top], cols))
+        console.print(f"[bold]Best plan:[/] {result.plans[0].bottleneck}")
         if output is not None:
             console.print(f"best plan written to {output}", highlight=False)
         if explain:
-            if result.rejected_best:
-                console.print("[bold]Faster-looking plans that were rejected:[/]")
-                for r in result.rejected_best:
-                    console.print(
-                        f"  {_plan_line(r.estimate.plan.as_dict())}: "
-                        f"{r.estimate.tokens_per_s_per_gpu:,.1f} tok/s/GPU — {r.reason}"
-                    )
-            else:
-                console.print("No rejected plan would have been faster than the best one.")
-            if result.invalid_reasons:
-                reasons = ", ".join(f"{k} ({v})" for k, v in result.invalid_reasons.most_common())
-                console.print(f"Combinations skipped by divisibility rules: {reasons}")
+            _explain_search(result)
+
+
+def _run_search(spec: RunSpec, top: int, rank_by: str, explain: bool, quiet: bool) -> Any:
+    """The search with a progress bar on a terminal; a search with nothing valid, or nothing
+    that fits, is one line naming the rule or the memory it needs."""
+    from aihpc.perf.search import search as run_search
+
+    key = None
+    if rank_by == "goodput":
+        from aihpc.perf.goodput import ettr_of_step_time
+
+        ettr_at = ettr_of_step_time(spec)
+
+        def key(e: Estimate) -> float:
+            return e.tokens_per_s_per_gpu * ettr_at(e.step_time_s)
+
+    with Progress(
+        TextColumn("searching plans"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=quiet or not err_console.is_terminal,
+    ) as bar:
+        task = bar.add_task("search", total=None)
+        result = run_search(
+            spec,
+            top=top,
+            key=key,
+            explain=5 if explain else 0,
+            progress=lambda n: bar.update(task, completed=n),
+        )
+    refusal = result.refusal()
+    if refusal is not None:  # no combination is valid: say which rule refused, not "no fit"
+        raise refusal
+    if not result.plans:
+        hint = ""
+        if result.rejected_best:
+            need = min(r.estimate.memory.total for r in result.rejected_best) / 2**30
+            hint = f" (the leanest rejected plan needs {need:.0f} GiB)"
+        raise SpecError(
+            "cluster.num_gpus",
+            spec.cluster.num_gpus,
+            f"no plan fits in {spec.cluster.gpu.hbm_gib:.0f} GiB per GPU"
+            f"{hint}; add GPUs or use a part with more memory",
+        )
+    return result
+
+
+def _search_json(
+    result: Any, top: int, extra: list[dict], output: Path | None, explain: bool
+) -> None:
+    out = result.to_json(top)
+    for j, x in zip(out["plans"], extra, strict=True):
+        j.update(x)
+    if output is not None:
+        out["output"] = str(output)
+    if explain:
+        out["rejected"] = [
+            {**r.estimate.to_json(), "reason": r.reason} for r in result.rejected_best
+        ]
+        out["invalid_reasons"] = dict(result.invalid_reasons)
+    print_json(out)
+
+
+def _search_table(spec: RunSpec, plans: list[Estimate], cols: list) -> Table:
+    """The ranked plans, one row each, with the goodput / time-to-train columns when asked."""
+    t = Table(show_edge=False)
+    moe_cols = ("ep", "etp", "a2a") if spec.model.is_moe else ()
+    for col in (
+        "#",
+        "tp",
+        "pp",
+        "vpp",
+        "cp",
+        "dp",
+        *moe_cols,
+        "zero",
+        "sp",
+        "recompute",
+        "mbs",
+        "tok/s/GPU",
+        "MFU",
+        "GiB",
+        *(c for c, _ in cols),
+    ):
+        t.add_column(col, justify="left" if col == "recompute" else "right", no_wrap=True)
+    for i, e in enumerate(plans, 1):
+        p = e.plan
+        t.add_row(
+            str(i),
+            str(p.tp),
+            str(p.pp),
+            str(p.vpp),
+            str(p.cp),
+            str(p.dp),
+            *((str(p.ep), str(p.etp), p.moe_a2a_overlap) if moe_cols else ()),
+            str(p.zero_stage),
+            _yes_no(p.sequence_parallel),
+            p.recompute + (f" +offload {p.offload_layers}" if p.offload_layers else ""),
+            str(p.micro_batch_size),
+            f"{e.tokens_per_s_per_gpu:,.1f}",
+            f"{e.mfu:.1%}",
+            f"{e.memory.total / 2**30:.1f}",
+            *(values[i - 1] for _, values in cols),
+        )
+    return t
+
+
+def _explain_search(result: Any) -> None:
+    if result.rejected_best:
+        console.print("[bold]Faster-looking plans that were rejected:[/]")
+        for r in result.rejected_best:
+            console.print(
+                f"  {_plan_line(r.estimate.plan.as_dict())}: "
+                f"{r.estimate.tokens_per_s_per_gpu:,.1f} tok/s/GPU — {r.reason}"
+            )
+    else:
+        console.print("No rejected plan would have been faster than the best one.")
+    if result.invalid_reasons:
+        reasons = ", ".join(f"{k} ({v})" for k, v in result.invalid_reasons.most_common())
+        console.print(f"Combinations skipped by divisibility rules: {reasons}")
 
 
 VALIDATE_CALIBRATION = typer.Option(
