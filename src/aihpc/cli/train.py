@@ -162,10 +162,12 @@ def _prepare_run_dir(run_dir: Path, spec: RunSpec, data: Path | None) -> dict | 
 
 
 def _worker_line(err: BaseException, rank: int, run_dir: Path) -> str:
-    from aihpc.runtime.rundir import write_error_log
+    from aihpc.runtime.rundir import ERROR_LOG_ATTR, write_error_log
 
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    path = write_error_log(run_dir, rank, attempt, err)
+    path = getattr(err, ERROR_LOG_ATTR, None)  # the trainer wrote it before the teardown
+    if path is None:
+        attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        path = write_error_log(run_dir, rank, attempt, err)
     first = (str(err).strip().splitlines() or [""])[0][:300]
     return f"rank {rank}: {type(err).__name__}: {first} (traceback in {path})"
 

@@ -85,6 +85,9 @@ def _cheap_rendezvous_event_names() -> None:
 
 def _cause(rank: int, failure: Any, run_dir: Path) -> str:
     code = failure.exitcode
+    logged = _logged_by(run_dir, rank, failure)
+    if code < 0 and -code in _TEARDOWN_SIGNALS and logged is not None:
+        return f"rank {rank} failed: {logged}"  # stopped while tearing down after its error
     if code < 0:
         try:
             name = signal.Signals(-code).name
@@ -121,9 +124,14 @@ _PEER_LOST = (
 
 def _rank_order(run_dir: Path, rank: int, failure: Any) -> tuple[int, float]:
     """Sort key: a rank killed by a signal of its own or found hung first, then ranks that
-    raised an error of their own, then those that lost a peer, then those the agent stopped."""
+    raised an error of their own, then those that lost a peer, then those the agent stopped.
+    A rank the agent stopped after it had logged an error (the trainer logs a fatal error
+    before tearing the process group down, which is when its peers fail) counts by that error."""
     code = failure.exitcode
-    if code < 0:
+    logged = _logged_by(run_dir, rank, failure) if -code in _TEARDOWN_SIGNALS else None
+    if logged is not None:  # it wrote its error, then the agent stopped it
+        kind = 2 if any(p in logged for p in _PEER_LOST) else 1
+    elif code < 0:
         kind = 3 if -code in _TEARDOWN_SIGNALS else 0
     elif code in (HANG_EXIT_CODE, ORPHAN_EXIT_CODE):
         kind = 0
@@ -168,6 +176,20 @@ def _last_error_line(run_dir: Path, rank: int) -> str | None:
         return None
     lines = [ln for ln in logs[-1].read_text(errors="replace").splitlines() if ln.strip()]
     return lines[-1][:300] if lines else None
+
+
+def _logged_by(run_dir: Path, rank: int, failure: Any) -> str | None:
+    """The error line of the rank's newest log if that process itself wrote it (the log's last
+    header names its pid), else None."""
+    logs = _attempt_logs(run_dir, rank)
+    pid = getattr(failure, "pid", None)
+    if not logs or pid is None:
+        return None
+    lines = [ln for ln in logs[-1].read_text(errors="replace").splitlines() if ln.strip()]
+    headers = [ln for ln in lines if ln.startswith("--- ")]
+    if not headers or not headers[-1].endswith(f" pid {pid}") or headers[-1] == lines[-1]:
+        return None
+    return lines[-1][:300]
 
 
 def _last_event(run_dir: Path, name: str) -> dict[str, Any] | None:

@@ -30,6 +30,7 @@ from aihpc.spec import RunSpec
 from aihpc.spec.model import ModelSpec
 
 __all__ = [
+    "ERROR_LOG_ATTR",
     "DEFAULT_RANK_STORAGE_GBps",
     "Events",
     "data_fingerprint",
@@ -146,6 +147,11 @@ def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
     tmp = run_dir / "summary.json.tmp"
     tmp.write_text(to_json(summary, indent=2) + "\n")
     os.replace(tmp, run_dir / "summary.json")
+
+
+# The attribute naming the log an exception's traceback was already written to (the trainer
+# writes it before the process group's teardown; the command then does not write it again).
+ERROR_LOG_ATTR = "aihpc_error_log"
 
 
 def write_error_log(run_dir: Path, rank: int, attempt: int, err: BaseException) -> Path:

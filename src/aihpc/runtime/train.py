@@ -14,7 +14,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,7 @@ from aihpc.runtime.moe import MoE
 from aihpc.runtime.parallelize import ModelParts, build_parallel_model
 from aihpc.runtime.pp import build_schedule
 from aihpc.runtime.rundir import (
+    ERROR_LOG_ATTR,
     DEFAULT_RANK_STORAGE_GBps,
     Events,
     logged_loss,
@@ -55,6 +56,7 @@ from aihpc.runtime.rundir import (
     repair_jsonl,
     run_identity,
     trim_metrics,
+    write_error_log,
     write_summary,
 )
 from aihpc.runtime.step import Stepper, token_loss
@@ -545,6 +547,27 @@ def _loop(job: _Job, start: int, progress: bool) -> dict[str, Any]:
 
 
 @contextmanager
+def _logged_before_teardown(
+    run_dir: Path, rank: int, final: Callable[[Exception], bool]
+) -> Iterator[None]:
+    """Write the traceback of an error that ends this rank (``final``) to its log before the
+    process group is torn down: the teardown closes the rank's sockets, its peers fail at once
+    on the lost connection and the agent may stop this rank before it says what happened. The
+    launcher names the failure from this log (``launch.describe_failure``); the exception
+    carries the log's path (``ERROR_LOG_ATTR``) so it is written once."""
+    try:
+        yield
+    except SpecError:
+        raise  # the command's own one-line refusal, not a failure
+    except Exception as err:
+        if final(err) and not hasattr(err, ERROR_LOG_ATTR):
+            attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+            with suppress(OSError):  # an unwritable log must not hide the error
+                setattr(err, ERROR_LOG_ATTR, write_error_log(run_dir, rank, attempt, err))
+        raise
+
+
+@contextmanager
 def _own_run_dir(opts: TrainOptions, ctx: DistContext) -> Iterator[None]:
     """Under torchrun or srun, rank 0 holds the run directory's lock for the job (every rank
     learns whether it got it); with aihpc's own launcher the launcher already holds it."""
@@ -599,7 +622,7 @@ def run(spec: RunSpec, opts: TrainOptions, timeout_s: float = 600.0) -> dict[str
     ).start()
     try:
         if interrupter is None:
-            return _generation(spec, opts, watchdog, timeout_s)
+            return _generation(spec, opts, watchdog, timeout_s, final=lambda err: True)
         return _generations(spec, opts, watchdog, timeout_s, interrupter, hang_events)
     finally:
         watchdog.stop()
@@ -641,7 +664,15 @@ def _generations(
     while True:
         try:
             with interrupter.armed(generation):
-                summary = _generation(spec, opts, watchdog, timeout_s, store, generation)
+                summary = _generation(
+                    spec,
+                    opts,
+                    watchdog,
+                    timeout_s,
+                    final=lambda err, g=generation: g >= limit or not _restartable(err),
+                    store=store,
+                    generation=generation,
+                )
             return summary
         except Exception as err:
             if generation >= limit or not _restartable(err):
@@ -664,10 +695,15 @@ def _generation(
     opts: TrainOptions,
     watchdog: Watchdog,
     timeout_s: float,
+    final: Callable[[Exception], bool],
     store: Any = None,
     generation: int = 0,
 ) -> dict[str, Any]:
-    with init_distributed(timeout_s, store, generation) as ctx, _own_run_dir(opts, ctx):
+    with (
+        init_distributed(timeout_s, store, generation) as ctx,
+        _logged_before_teardown(opts.run_dir, ctx.rank, final),
+        _own_run_dir(opts, ctx),
+    ):
         summary = train(spec, opts, ctx, watchdog, generation)
         previous = read_summary(opts.run_dir)
         if summary["final_step"] == summary["resumed_from_step"] and previous:
