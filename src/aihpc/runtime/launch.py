@@ -169,27 +169,29 @@ def _error_time(run_dir: Path, rank: int) -> float | None:
     return logs[-1].stat().st_mtime if logs else None
 
 
-def _last_error_line(run_dir: Path, rank: int) -> str | None:
-    """The exception line (``Type: message``) ending the rank's newest traceback."""
+def _log_lines(run_dir: Path, rank: int) -> list[str]:
+    """The non-blank lines of the rank's newest log."""
     logs = _attempt_logs(run_dir, rank)
     if not logs:
-        return None
-    lines = [ln for ln in logs[-1].read_text(errors="replace").splitlines() if ln.strip()]
+        return []
+    return [ln for ln in logs[-1].read_text(errors="replace").splitlines() if ln.strip()]
+
+
+def _last_error_line(run_dir: Path, rank: int) -> str | None:
+    """The exception line (``Type: message``) ending the rank's newest traceback."""
+    lines = _log_lines(run_dir, rank)
     return lines[-1][:300] if lines else None
 
 
 def _logged_by(run_dir: Path, rank: int, failure: Any) -> str | None:
     """The error line of the rank's newest log if that process itself wrote it (the log's last
-    header names its pid), else None."""
-    logs = _attempt_logs(run_dir, rank)
-    pid = getattr(failure, "pid", None)
-    if not logs or pid is None:
-        return None
-    lines = [ln for ln in logs[-1].read_text(errors="replace").splitlines() if ln.strip()]
+    header, ``write_error_log``'s, names its pid), else None."""
+    lines = _log_lines(run_dir, rank)
     headers = [ln for ln in lines if ln.startswith("--- ")]
-    if not headers or not headers[-1].endswith(f" pid {pid}") or headers[-1] == lines[-1]:
+    pid = getattr(failure, "pid", None)
+    if pid is None or not headers or not headers[-1].endswith(f" pid {pid}"):
         return None
-    return lines[-1][:300]
+    return lines[-1][:300] if headers[-1] != lines[-1] else None
 
 
 def _last_event(run_dir: Path, name: str) -> dict[str, Any] | None:
