@@ -63,6 +63,14 @@ SPECS = {
     "deepseek-v3": lambda: preset(
         "deepseek-v3", "h800", 512, {"tp": 1, "pp": 16, "global_batch_size": 1024}
     ),
+    # the routed experts launched one GEMM per local expert (Transformer Engine's cuBLAS path)
+    "qwen3-per-expert-fp8": lambda: preset(
+        "qwen3-30b-a3b",
+        "h100-sxm",
+        16,
+        {"pp": 1, "global_batch_size": 256},
+        {"precision": "fp8", "moe_expert_gemm": "per_expert"},
+    ),
     "calibrated": calibrated,
     "run-fitted-scales": run_fitted,
     # the training options that change the arithmetic

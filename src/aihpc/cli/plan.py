@@ -104,6 +104,7 @@ def _software_line(spec: RunSpec, est: Estimate) -> str:
         parts.append(
             f"MoE dispatch {tr.moe_dispatcher} in {tr.moe_dispatch_dtype}"
             + (f", busiest rank {tr.moe_imbalance:g}x balanced" if tr.moe_imbalance > 1 else "")
+            + (", one GEMM launch per expert" if tr.moe_expert_gemm == "per_expert" else "")
         )
     if tr.precision == "fp8":
         parts.append(f"FP8 linear inputs kept in {tr.fp8_saved_inputs}")

@@ -9,6 +9,7 @@ from typing import Any
 
 from aihpc.perf.attention_kernels import FUSED_KERNELS, kernel_efficiency, kernel_tokens
 from aihpc.perf.flops import layer_gemms, mla_gemms, mla_head_dims, op_sac_saved
+from aihpc.perf.moe_kernels import expert_gemm_time_s
 from aihpc.perf.numeric import where
 from aihpc.perf.params import ModelParams
 from aihpc.spec.calibration import Calibration
@@ -327,10 +328,11 @@ def _routed_expert_fwd(
     """(forward GEMM seconds, forward element-wise HBM bytes) of one MoE layer's router and
     routed experts on the busiest GPU.
 
-    The E / ep local experts run as one grouped GEMM per projection (TE GroupedLinear, CUTLASS
-    grouped GEMM): each expert's product is priced at the tokens it actually sees, so its
+    The E / ep local experts' products are priced at the tokens each actually sees, so their
     size-dependent efficiency is that of a GEMM of tokens-per-expert rows, and every expert's
-    weights are read once. The router is a GEMM of the local tokens onto the experts."""
+    weights are read once; they run as one grouped GEMM per projection or one launch per expert
+    (``training.moe_expert_gemm``, perf/moe_kernels.py). The router is a GEMM of the local
+    tokens onto the experts."""
     h, ffn = model.hidden_size, model.expert_ffn_hidden_size
     f_in = 2 * ffn if model.ffn_activation == "swiglu" else ffn
     prec = training.precision
@@ -340,7 +342,7 @@ def _routed_expert_fwd(
 
     def grouped(n: float, k: float) -> float:
         one = gemm_time_s(per_expert, n, k, gpu, prec, params, calibration)
-        return local * (one - params.kernel_overhead_s) + params.kernel_overhead_s
+        return expert_gemm_time_s(one, local, prec, params, training.moe_expert_gemm)
 
     tokens = plan.micro_batch_size * model.seq_length / (plan.cp * plan.tp)
     router = gemm_time_s(tokens, model.num_experts, h, gpu, "bf16", params, calibration)

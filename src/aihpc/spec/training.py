@@ -18,6 +18,7 @@ __all__ = [
     "FP8_SAVED_INPUTS",
     "MOE_DISPATCHERS",
     "MOE_DISPATCH_DTYPES",
+    "MOE_EXPERT_GEMMS",
     "OPTIMIZERS",
     "PIPELINE_SPLITS",
     "STATE_DTYPES",
@@ -37,6 +38,7 @@ FP8_SAVED_INPUTS = ("fp8", "bf16")
 CROSS_ENTROPY = ("fused", "vocab_parallel", "eager")
 MOE_DISPATCHERS = ("alltoall", "hierarchical")
 MOE_DISPATCH_DTYPES = ("bf16", "fp8")
+MOE_EXPERT_GEMMS = ("grouped", "per_expert")
 # The [training] fields that cap a communicator's NCCL CTAs (point-to-point transfers only).
 COMM_CTA_CAPS = ("cp_comm_ctas", "pp_comm_ctas")
 
@@ -129,6 +131,12 @@ class TrainingSpec:
     # Tokens on the busiest expert-parallel rank over the balanced share (>= 1). 1: balanced, as
     # the published benchmarks force (Megatron-Core --moe-router-force-load-balancing).
     moe_imbalance: float = 1.0
+    # How the local experts' GEMMs run. grouped: one grouped-GEMM kernel per projection (CUTLASS
+    # or cuBLASLt grouped GEMM, DeepGEMM, torch grouped_mm). per_expert: one GEMM launch per local
+    # expert, its input split and (FP8) quantized per expert, after the token counts are read on
+    # the host (Transformer Engine's GroupedLinear on its cuBLAS path, Megatron-Core's
+    # TEGroupedMLP; SequentialMLP). See perf/moe_kernels.py.
+    moe_expert_gemm: str = "grouped"
     train_steps: int = 100
     learning_rate: float = 3e-4
     min_lr_ratio: float = 0.1  # cosine decays to learning_rate * min_lr_ratio
@@ -153,6 +161,7 @@ class TrainingSpec:
         check_choice("training.fp8_saved_inputs", self.fp8_saved_inputs, FP8_SAVED_INPUTS)
         check_choice("training.moe_dispatcher", self.moe_dispatcher, MOE_DISPATCHERS)
         check_choice("training.moe_dispatch_dtype", self.moe_dispatch_dtype, MOE_DISPATCH_DTYPES)
+        check_choice("training.moe_expert_gemm", self.moe_expert_gemm, MOE_EXPERT_GEMMS)
         if not (math.isfinite(self.moe_imbalance) and self.moe_imbalance >= 1):
             check_choice("training.moe_imbalance", self.moe_imbalance, ["a number >= 1"])
         if self.fp8_param_gather and self.precision != "fp8":
