@@ -185,6 +185,10 @@ MEGATRON_FLAGS = {
     "--moe-aux-loss-coeff",
     "--moe-token-dispatcher-type",
     "--moe-flex-dispatcher-backend",
+    # TransformerConfig.moe_grouped_gemm and arguments.py's --moe-use-legacy-grouped-gemm
+    # ("Use SequentialMLP (default when --moe-grouped-gemm is not set) or TEGroupedMLP")
+    "--moe-grouped-gemm",
+    "--moe-use-legacy-grouped-gemm",
     "--multi-latent-attention",
     "--q-lora-rank",
     "--kv-lora-rank",

@@ -270,7 +270,8 @@ def test_training_defaults_differ_per_framework() -> None:
              "num_shared_experts": 1, "first_dense_layers": 1},
             {"tp": 2, "pp": 2, "ep": 4, "global_batch_size": 256, "zero_stage": 1,
              "recompute": "selective"},
-            {"dropout": 0.1, "cross_entropy": "vocab_parallel", "grad_reduce_overlap": False},
+            {"dropout": 0.1, "cross_entropy": "vocab_parallel", "grad_reduce_overlap": False,
+             "moe_expert_gemm": "per_expert"},
         ),
         (  # MLA, grouped sigmoid routing with expert bias, MTP, Llama 4's interleaved MoE
             {"num_layers": 12, "hidden_size": 1024, "num_attention_heads": 16,

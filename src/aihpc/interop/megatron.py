@@ -447,6 +447,16 @@ def _dispatcher(a: _Args, notes: list[str]) -> str:
     return "alltoall"
 
 
+def _expert_gemm(a: _Args) -> str:
+    """How Megatron-LM runs the local experts' GEMMs (arguments.py; perf/moe_kernels.py):
+    without --moe-grouped-gemm a SequentialMLP (one MLP per expert) and with it TEGroupedMLP
+    (Transformer Engine's GroupedLinear, one cuBLAS GEMM per expert on its default path) are
+    both one launch per expert; --moe-use-legacy-grouped-gemm selects GroupedMLP, one grouped
+    GEMM kernel per projection (the grouped_gemm library's CUTLASS kernels)."""
+    grouped, legacy = a.flag("--moe-grouped-gemm"), a.flag("--moe-use-legacy-grouped-gemm")
+    return "grouped" if grouped and legacy else "per_expert"
+
+
 def _precision(a: _Args) -> str:
     if a.get("--fp8-format") is not None or a.get("--fp8") is not None:
         return "fp8"
@@ -565,9 +575,12 @@ def import_megatron(
     training = _training(a, _precision(a), parallel["global_batch_size"], notes)
     if shape.get("num_experts"):
         training["moe_dispatcher"] = _dispatcher(a, notes)
+        training["moe_expert_gemm"] = _expert_gemm(a)
     else:
         for name in ("--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend"):
             a.get(name)
+        for name in ("--moe-grouped-gemm", "--moe-use-legacy-grouped-gemm"):
+            a.flag(name)  # Megatron reads them only with --num-experts
     tables: dict[str, dict[str, Any]] = {
         "model": model_table(shape),
         "cluster": cluster_table(gpu, num_gpus, gpus_per_node),
@@ -806,6 +819,10 @@ def _training_args(spec: RunSpec) -> list[tuple[str, Any]]:
         args += [("--moe-flex-dispatcher-backend", "deepep")]
     elif spec.model.is_moe:
         args.append(("--moe-token-dispatcher-type", "alltoall"))
+    if spec.model.is_moe:  # per_expert: TEGroupedMLP; grouped: GroupedMLP (_expert_gemm)
+        args.append(("--moe-grouped-gemm", None))
+        if t.moe_expert_gemm == "grouped":
+            args.append(("--moe-use-legacy-grouped-gemm", None))
     args += [
         ("--hidden-dropout", t.dropout),
         ("--attention-dropout", t.dropout),
