@@ -239,6 +239,24 @@ def test_lazy_gradient_points_of_a_small_interleaved_schedule() -> None:
     assert sorted(lazy_grad_points(8, 2, 8, rank=7)) == [(7, 2, 0), (9, 1, 1)]
 
 
+def test_the_dominance_sweep_keeps_exactly_the_unbeaten_points() -> None:
+    """``_dominated`` (one sorted sweep) against the definition, every other point compared, on
+    random sets of (held, gradients, logits flag) points."""
+    import random
+
+    from aihpc.perf.memory import _dominated
+
+    rng = random.Random(7)
+    for _ in range(500):
+        pts = {(rng.randint(0, 9), rng.randint(0, 5), rng.randint(0, 1)) for _ in range(30)}
+        beaten = {
+            a
+            for a in pts
+            if any(b != a and all(x >= y for x, y in zip(b, a, strict=True)) for b in pts)
+        }
+        assert _dominated(pts) == beaten
+
+
 @pytest.mark.parametrize(("p", "v", "m"), [(2, 1, 1), (4, 1, 4), (4, 1, 9), (8, 2, 8), (8, 2, 16)])
 def test_lazy_gradient_points_hold_at_most_the_in_flight_chunks(p, v, m) -> None:
     """The most chunks held is the schedule's in-flight count: min(p, m) micro-batches under

@@ -277,11 +277,24 @@ def lazy_grad_points(p: int, v: int, m: int, rank: int = 0) -> tuple[tuple[int, 
             tail -= chunk == v - 1
             points.append((held, len(seen), min(tail, 1)))
     uniq = set(points)
-    return tuple(
-        a
-        for a in uniq
-        if not any(b != a and all(x >= y for x, y in zip(b, a, strict=True)) for b in uniq)
-    )
+    beaten = _dominated(uniq)
+    return tuple(a for a in uniq if a not in beaten)
+
+
+def _dominated(points: set[tuple[int, int, int]]) -> set[tuple[int, int, int]]:
+    """The points some other point beats in all three (>=), by one sweep in falling order:
+    every point seen before ``a`` holds at least a's activations, so one beats ``a`` iff it also
+    has at least a's gradients and its logits flag (0 or 1) is at least a's."""
+    best_any = best_live = -1  # most gradients among points seen: any flag, flag 1
+    beaten = set()
+    for a in sorted(points, reverse=True):
+        _, grads, live = a
+        if (best_live if live else best_any) >= grads:
+            beaten.add(a)
+        best_any = max(best_any, grads)
+        if live:
+            best_live = max(best_live, grads)
+    return beaten
 
 
 def memory_breakdown(
