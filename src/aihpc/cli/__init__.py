@@ -1,28 +1,48 @@
 """The aihpc command line. Thin: parse, call the library, render (rich) or print JSON.
 
 Each area registers its commands from its own module; torch is imported only inside the
-commands that need it, so ``aihpc estimate`` works without torch installed.
+commands that need it, so ``aihpc estimate`` works without torch installed. ``main()`` imports
+and registers only the area of the command it runs (``aihpc search`` does not load the
+trainer's, the benchmarks' or the exporters' commands); ``aihpc`` alone, ``--help`` or an
+unknown name get every command. ``aihpc.cli.app`` is the whole command tree.
 """
 
 from __future__ import annotations
 
+import importlib
+import sys
+from typing import Any
+
 import typer
 
 from aihpc import __version__
-from aihpc.cli import bench, catalog, goodput, interop, observe, plan, train
 from aihpc.cli._common import HelpGroup
 
-__all__ = ["app", "main"]
+__all__ = ["COMMAND_AREAS", "app", "build_app", "main"]
 
-app = typer.Typer(
-    name="aihpc",
-    cls=HelpGroup,
-    help="Plan, run, measure and recover large-model training on AI-HPC clusters.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
+# (module, its registering function), in the order ``aihpc --help`` lists their commands.
+_AREAS = (
+    ("plan", "register"),
+    ("train", "register"),
+    ("goodput", "register"),
+    ("bench", "register"),
+    ("catalog", "register"),
+    ("observe", "register"),
+    ("interop", "register"),
+    ("interop", "register_launch"),
 )
+# The top-level commands each area registers (tests/cli/test_cli_areas.py checks it against
+# the whole tree).
+COMMAND_AREAS: dict[str, tuple[str, str]] = {
+    **dict.fromkeys(("estimate", "search", "validate"), _AREAS[0]),
+    "train": _AREAS[1],
+    "goodput": _AREAS[2],
+    **dict.fromkeys(("bench", "calibrate"), _AREAS[3]),
+    **dict.fromkeys(("presets", "gpus"), _AREAS[4]),
+    **dict.fromkeys(("doctor", "check", "dashboard"), _AREAS[5]),
+    **dict.fromkeys(("import", "export"), _AREAS[6]),
+    "launch": _AREAS[7],
+}
 
 
 def _version(value: bool) -> None:
@@ -31,7 +51,6 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def _root(
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
@@ -41,15 +60,39 @@ def _root(
     presets and gpus list the names a run spec may use."""
 
 
-plan.register(app)
-train.register(app)
-goodput.register(app)
-bench.register(app)
-catalog.register(app)
-observe.register(app)
-interop.register(app)
-interop.register_launch(app)
+def build_app(command: str | None = None) -> typer.Typer:
+    """The command tree: every command, or only the area that registers ``command``."""
+    tree = typer.Typer(
+        name="aihpc",
+        cls=HelpGroup,
+        help="Plan, run, measure and recover large-model training on AI-HPC clusters.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    tree.callback()(_root)
+    wanted = COMMAND_AREAS.get(command or "")
+    for area in _AREAS:
+        if wanted is None or area == wanted:
+            module, register = area
+            getattr(importlib.import_module(f"aihpc.cli.{module}"), register)(tree)
+    return tree
+
+
+def _command_of(argv: list[str]) -> str | None:
+    """The command word: the first argument that is not an option (the root takes no option
+    with a value)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "app":  # the whole tree, built once on first use
+        tree = build_app()
+        globals()["app"] = tree
+        return tree
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main() -> None:
-    app()
+    build_app(_command_of(sys.argv[1:]))()
