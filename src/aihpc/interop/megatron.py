@@ -514,8 +514,6 @@ def _training(a: _Args, precision: str, gbs: int, notes: list[str]) -> dict[str,
         "grad_reduce_dtype": grad_dtype,
         "optimizer_dtype": opt_dtype,
         "grad_reduce_overlap": a.flag("--overlap-grad-reduce"),
-        # --tp-comm-overlap: Transformer Engine's userbuffers; without it Megatron's linears
-        # still reduce the input gradient beside the weight-gradient GEMM
         "tp_comm_overlap": "userbuffers" if a.flag("--tp-comm-overlap") else "backward",
         "cp_exchange": exchange,
         "fp8_param_gather": a.flag("--fp8-param-gather"),

@@ -363,8 +363,14 @@ def export_torchtitan(spec: RunSpec, source: str = "") -> tuple[str, list[str]]:
         f"torchtitan {VERSION} job config (--job.config_file) written by "
         f"`aihpc export{' ' + source if source else ''} --to torchtitan`"
     )
+    return dumps_toml(data, header), _dropped(spec)
+
+
+def _dropped(spec: RunSpec) -> list[str]:
+    """The run spec's [training] values torchtitan cannot take (it runs its own instead)."""
+    t = spec.training
     dropped = not_carried(spec, FIXED, FRAMEWORK)
-    if t.tp_comm_overlap not in ("none", "async_tp"):
+    if t.tp_comm_overlap not in ("none", "async_tp"):  # vanilla DTensor TP, or async TP
         dropped.append(
             f"training.tp_comm_overlap = {t.tp_comm_overlap!r} ({FRAMEWORK} runs 'none' or "
             "'async_tp')"
@@ -373,7 +379,7 @@ def export_torchtitan(spec: RunSpec, source: str = "") -> tuple[str, list[str]]:
         dropped.append(
             f"training.cross_entropy = {t.cross_entropy!r} (torchtitan: compile decides)"
         )
-    return dumps_toml(data, header), dropped
+    return dropped
 
 
 def _refuse_torchtitan(spec: RunSpec) -> None:
