@@ -123,6 +123,7 @@ def _titan_ok(p: Any) -> bool:
 def test_torchtitan_round_trip(preset: str) -> None:
     training = {"attention": "flash2", "kv_repeat": True, "fused_kernels": False}
     training["cross_entropy"] = "eager"
+    training["tp_comm_overlap"] = "none"  # vanilla DTensor TP
     if not preset.startswith("llama3-"):
         spec = _spec(preset, {"global_batch_size": 512, "zero_stage": 3}, training)
         with pytest.raises(SpecError) as err:
@@ -310,3 +311,33 @@ def test_megatron_round_trip_of_every_option(model: dict, parallel: dict, traini
     script, _ = export_megatron(spec)
     back = import_megatron(script).spec()
     _check(spec, back, {k: v for k, v in mg.FIXED.items() if k != "pipeline_split"})
+
+
+def test_tp_comm_overlap_travels_as_each_framework_spells_it() -> None:
+    """Megatron's --tp-comm-overlap is Transformer Engine's userbuffers (without it, its default
+    backward overlap); torchtitan's enable_async_tensor_parallel is async TP (without it, vanilla
+    DTensor TP overlaps nothing). A value the framework cannot run is reported, not dropped
+    silently; async TP without compile is refused."""
+    parallel = {"tp": 4, "sequence_parallel": True, "global_batch_size": 64, "zero_stage": 1}
+    spec = _spec("llama3-8b", parallel, {"tp_comm_overlap": "userbuffers"})
+    script, dropped = export_megatron(spec)
+    assert "--tp-comm-overlap" in script and dropped == []
+    assert import_megatron(script).spec().training.tp_comm_overlap == "userbuffers"
+    default, _ = export_megatron(_spec("llama3-8b", parallel, {}))
+    assert import_megatron(default).spec().training.tp_comm_overlap == "backward"
+    _, dropped = export_megatron(_spec("llama3-8b", parallel, {"tp_comm_overlap": "async_tp"}))
+    assert dropped and "training.tp_comm_overlap = 'async_tp'" in dropped[0]
+
+    titan = {"zero_stage": 3, "tp": 4, "sequence_parallel": True, "global_batch_size": 64}
+    compiled = {"tp_comm_overlap": "async_tp", "fused_kernels": True, "cross_entropy": "fused"}
+    compiled |= {"attention": "flash2", "kv_repeat": True}
+    text, dropped = export_torchtitan(_spec("llama3-8b", titan, compiled))
+    assert "enable_async_tensor_parallel = true" in text and dropped == []
+    assert import_torchtitan(text).spec().training.tp_comm_overlap == "async_tp"
+    _, dropped = export_torchtitan(
+        _spec("llama3-8b", titan, {**compiled, "tp_comm_overlap": "backward"})
+    )
+    assert any("training.tp_comm_overlap = 'backward'" in d for d in dropped)
+    with pytest.raises(SpecError) as err:
+        export_torchtitan(_spec("llama3-8b", titan, {**compiled, "fused_kernels": False}))
+    assert err.value.field == "training.tp_comm_overlap"

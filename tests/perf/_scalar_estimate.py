@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aihpc.perf import comm, compute
+from aihpc.perf import comm, compute, tp_overlap
 from aihpc.perf.attention_kernels import FUSED_KERNELS, kernel_tokens
 from aihpc.perf.estimate import Estimate
 from aihpc.perf.flops import (
@@ -165,20 +165,30 @@ def estimate_plan(
     recompute_mb = layers * recompute_layer
 
     # --- tensor parallel: 2 all-reduces forward, 2 backward per layer (AG + RS pairs with SP);
-    # full recompute repeats the forward ones.
+    # full recompute repeats the forward ones. Changed on purpose (issue 21 item 3): the share
+    # hidden behind the linears' GEMMs is priced by perf/tp_overlap.py for the framework's
+    # training.tp_comm_overlap, no longer a fixed tp_overlap_fraction of it.
     act_bytes = tokens_mb * model.hidden_size * 2.0
     tp_mb = 0.0
     hidden_mb = 0.0  # collective time hidden behind this micro-batch's compute (TP, CP)
     if t > 1:
-        if plan.sequence_parallel:
-            one = collective("all_gather", act_bytes, t, 1) + collective(
-                "reduce_scatter", act_bytes, t, 1
+        sp = plan.sequence_parallel
+        gather = collective("all_gather", act_bytes, t, 1) if sp else 0.0
+        reduce = collective("reduce_scatter" if sp else "all_reduce", act_bytes, t, 1)
+
+        def gemm(m: float, n: float, k: float) -> float:
+            return compute.gemm_time_s(
+                m, n, k, cluster.gpu, training.precision, params, cluster.calibration
             )
-        else:
-            one = collective("all_reduce", act_bytes, t, 1)
-        per_layer = (4 + (2 if plan.recompute == "full" else 0)) * one
-        tp_mb = layers * per_layer * (1 - params.tp_overlap_fraction)
-        hidden_mb += layers * per_layer * params.tp_overlap_fraction
+
+        splits = (1, t, tp_overlap.UB_PIPELINE_SPLITS)
+        gemms = tuple(tp_overlap.tp_gemms(model, plan, gemm, moe_frac, n) for n in splits)
+        fwd_x, fwd_h, bwd_x, bwd_h = tp_overlap.layer_tp_comm_s(
+            training.tp_comm_overlap, sp, t, gather, reduce, gemms, params.overlap_efficiency
+        )
+        reps = 2 if plan.recompute == "full" else 1
+        tp_mb = layers * (reps * fwd_x + bwd_x)
+        hidden_mb += layers * (reps * fwd_h + bwd_h)
 
     # --- expert parallel: dispatch and combine all-to-all per MoE layer, forward and backward
     ep_mb = 0.0

@@ -109,7 +109,7 @@ def test_fit_on_one_cluster_checked_on_the_others(tmp_path: Path) -> None:
     assert np.isfinite(fit.loo).all() and not np.allclose(fit.loo, fit.fitted)
     rest = fit_runs(fit.cases[1:], fit.names)
     one = predict(fit.cases[:1], rest.scales)[0]
-    assert fit.loo[0] == pytest.approx(one, rel=1e-3)  # the fit from the full fit's start
+    assert fit.loo[0] == pytest.approx(one, rel=1e-3)  # the better start: here the defaults'
     checked = fit.check(load_runs(_subset(tmp_path, "rest.csv", lambda i: not i.startswith("B"))))
     assert checked["num_runs"] == 58
     errors = [abs(r["calibrated_error"]) for r in checked["rows"]]

@@ -88,6 +88,19 @@ SPECS = {
         {"global_batch_size": 128, "dp_shard": 2},
         {"pipeline_split": "even", "grad_reduce_overlap": False},
     ),
+    "userbuffers-fp8": lambda: preset(
+        "llama3-70b",
+        "h100-sxm",
+        128,
+        {"global_batch_size": 128},
+        {"tp_comm_overlap": "userbuffers", "precision": "fp8"},
+    ),
+    "async-tp": lambda: preset(
+        "llama3-8b", "h100-sxm", 64, {"global_batch_size": 64}, {"tp_comm_overlap": "async_tp"}
+    ),
+    "no-tp-overlap": lambda: preset(
+        "gpt3-175b", "h100-sxm", 128, {"global_batch_size": 128}, {"tp_comm_overlap": "none"}
+    ),
     "per-tensor-zero3": lambda: preset(
         "llama3-8b", "h100-sxm", 64, {"global_batch_size": 128}, {"zero3_gather": "per_tensor"}
     ),

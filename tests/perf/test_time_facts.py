@@ -215,18 +215,19 @@ def test_hidden_dropout_moves_its_masks(sp: bool) -> None:
 def test_every_hidden_collective_slows_compute() -> None:
     """The compute slow-down beside a collective applies to whatever the collective is: with
     no data parallelism, the TP communication a framework hides behind GEMMs still costs
-    overlap_compute_penalty per second hidden (the exposed part is (1 - f) of it)."""
+    overlap_compute_penalty per second hidden (what tp_comm_overlap = "none" exposes on top of
+    the default "backward" is what the default hides)."""
     spec = gpt(True)
     cluster = replace(spec.cluster, num_gpus=8)
     plan = replace(spec.plan(), tp=8, dp=1, sequence_parallel=True, global_batch_size=4)
-    f = DEFAULT_PARAMS.tp_overlap_fraction
 
-    def run(p: float):
+    def run(p: float, mode: str = "backward"):
         params = replace(DEFAULT_PARAMS, overlap_compute_penalty=p)
-        return estimate_plan(spec.model, cluster, plan, spec.training, params).time_s
+        training = replace(spec.training, tp_comm_overlap=mode)
+        return estimate_plan(spec.model, cluster, plan, training, params).time_s
 
     base, slowed = run(0.0), run(DEFAULT_PARAMS.overlap_compute_penalty)
-    hidden_tp = base["tp_comm"] * f / (1 - f)
+    hidden_tp = run(0.0, "none")["tp_comm"] - base["tp_comm"]
     assert hidden_tp > 0 and base["dp_comm"] == 0
     extra = slowed["compute"] - base["compute"]
     assert extra == pytest.approx(DEFAULT_PARAMS.overlap_compute_penalty * hidden_tp, rel=1e-9)

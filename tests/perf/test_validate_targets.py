@@ -51,7 +51,10 @@ def test_throughput_mape_target(report) -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="two rows worse than 25%: torchtitan CP 4 and CP 8 on one node (I08, I09)",
+    reason=(
+        "three rows worse than 25%: torchtitan CP 4 and CP 8 on one node (I08, I09) and its 405B"
+        " CP 8 async-TP row (I15, +27%: its CP 1 row I14 is +3.7%)"
+    ),
 )
 def test_throughput_worst_row_target(report) -> None:
     assert report.max_error <= TARGET_MAX_ERROR

@@ -194,6 +194,10 @@ def test_preset_fields_can_be_overridden() -> None:
             "training.cp_exchange",
         ),
         (
+            {"model": {"preset": "llama3-8b"}, "training": {"tp_comm_overlap": "ub"}},
+            "training.tp_comm_overlap",
+        ),
+        (
             {"model": {"preset": "llama3-8b"}, "training": {"kv_repeat": "yes"}},
             "training.kv_repeat",
         ),

@@ -89,6 +89,8 @@ def _software_line(spec: RunSpec, est: Estimate) -> str:
     ]
     if est.plan.zero_stage == 3:
         parts.append(f"ZeRO-3 gathers {tr.zero3_gather}")
+    if est.plan.tp > 1:
+        parts.append(f"TP overlap {tr.tp_comm_overlap}")
     if est.plan.cp > 1:
         parts.append(
             f"CP K/V {tr.cp_exchange}"

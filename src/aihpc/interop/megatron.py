@@ -524,6 +524,7 @@ def _training(a: _Args, precision: str, gbs: int, notes: list[str]) -> dict[str,
         "grad_reduce_dtype": grad_dtype,
         "optimizer_dtype": opt_dtype,
         "grad_reduce_overlap": a.flag("--overlap-grad-reduce"),
+        "tp_comm_overlap": "userbuffers" if a.flag("--tp-comm-overlap") else "backward",
         "cp_exchange": exchange,
         "fp8_param_gather": a.flag("--fp8-param-gather"),
         "learning_rate": lr,
@@ -629,7 +630,14 @@ def export_megatron(spec: RunSpec, source: str = "") -> tuple[str, list[str]]:
         "    pretrain_gpt.py \\\n    "
     )
     fixed = {k: v for k, v in FIXED.items() if k != "pipeline_split"}  # even = uneven here
-    return header + launch + body + " \\\n    --mock-data\n", not_carried(spec, fixed, FRAMEWORK)
+    dropped = not_carried(spec, fixed, FRAMEWORK)
+    overlap = spec.training.tp_comm_overlap
+    if overlap in ("none", "async_tp") or (overlap == "userbuffers" and not p.sequence_parallel):
+        dropped.append(
+            f"training.tp_comm_overlap = {overlap!r} ({FRAMEWORK} runs 'backward', or "
+            "'userbuffers' with sequence parallelism)"
+        )
+    return header + launch + body + " \\\n    --mock-data\n", dropped
 
 
 def _refuse_megatron(spec: RunSpec) -> None:
@@ -812,6 +820,8 @@ def _training_args(spec: RunSpec) -> list[tuple[str, Any]]:
         args.append(("--cross-entropy-loss-fusion", None))
     if t.grad_reduce_overlap:
         args.append(("--overlap-grad-reduce", None))
+    if t.tp_comm_overlap == "userbuffers" and spec.plan().sequence_parallel:
+        args.append(("--tp-comm-overlap", None))  # Megatron asserts it needs SP
     if t.cp_exchange == "allgather":
         args.append(("--cp-comm-type", "all_gather"))
     if spec.model.is_moe and t.moe_dispatcher == "hierarchical":

@@ -244,6 +244,9 @@ def _cp_and_precision(t: _Toml, notes: list[str]) -> dict[str, Any]:
     fp8 = "float8" in converters
     gather = bool(t.get("float8", "enable_fsdp_float8_all_gather", False))
     compiled = bool(t.get("compile", "enable", t.get("training", "compile", False)))
+    # async TP: Inductor's micro-pipelined all-gather-matmul / matmul-reduce-scatter; vanilla
+    # DTensor TP overlaps nothing (perf/tp_overlap.py)
+    async_tp = bool(t.get("parallelism", "enable_async_tensor_parallel", False))
     return {
         "_training": {
             "precision": "fp8" if fp8 else "bf16",
@@ -252,6 +255,7 @@ def _cp_and_precision(t: _Toml, notes: list[str]) -> dict[str, Any]:
             # torch.compile fuses the element-wise ops and the loss; eager runs them one by one
             "fused_kernels": compiled,
             "cross_entropy": "fused" if compiled else "eager",
+            "tp_comm_overlap": "async_tp" if async_tp else "none",
         }
     }
 
@@ -353,16 +357,29 @@ def export_torchtitan(spec: RunSpec, source: str = "") -> tuple[str, list[str]]:
     }
     if t.fp8_param_gather:
         data["float8"] = {"enable_fsdp_float8_all_gather": True}
+    if t.tp_comm_overlap == "async_tp":
+        par["enable_async_tensor_parallel"] = True
     header = (
         f"torchtitan {VERSION} job config (--job.config_file) written by "
         f"`aihpc export{' ' + source if source else ''} --to torchtitan`"
     )
+    return dumps_toml(data, header), _dropped(spec)
+
+
+def _dropped(spec: RunSpec) -> list[str]:
+    """The run spec's [training] values torchtitan cannot take (it runs its own instead)."""
+    t = spec.training
     dropped = not_carried(spec, FIXED, FRAMEWORK)
+    if t.tp_comm_overlap not in ("none", "async_tp"):  # vanilla DTensor TP, or async TP
+        dropped.append(
+            f"training.tp_comm_overlap = {t.tp_comm_overlap!r} ({FRAMEWORK} runs 'none' or "
+            "'async_tp')"
+        )
     if t.cross_entropy != ("fused" if t.fused_kernels else "eager"):
         dropped.append(
             f"training.cross_entropy = {t.cross_entropy!r} (torchtitan: compile decides)"
         )
-    return dumps_toml(data, header), dropped
+    return dropped
 
 
 def _refuse_torchtitan(spec: RunSpec) -> None:
@@ -388,6 +405,10 @@ def _refuse_torchtitan(spec: RunSpec) -> None:
         raise SpecError("training.precision", "fp16", "torchtitan trains bf16 | fp8")
     if t.optimizer == "sgd":
         raise SpecError("training.optimizer", "sgd", "torchtitan runs adamw | adam")
+    if t.tp_comm_overlap == "async_tp" and not t.fused_kernels:
+        raise SpecError(
+            "training.tp_comm_overlap", "async_tp", "torchtitan runs async TP compiled only"
+        )
 
 
 def _parallelism(spec: RunSpec) -> tuple[dict[str, Any], int]:

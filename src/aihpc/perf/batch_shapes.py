@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from aihpc.perf import comm, compute
+from aihpc.perf import comm, compute, tp_overlap
 from aihpc.perf.memory import activation_bytes_per_layer
 from aihpc.perf.params import ModelParams
 from aihpc.perf.plan_batch import PlanBatch, group
@@ -163,9 +163,13 @@ def _shape_comm(
     def collective(kind: str, size: float, n: int, stride: int) -> float:
         return comm.collective_time_s(cluster, kind, size, n, stride, params)
 
-    out = {"act_bytes": act_bytes, "tp_one": 0.0, "ep_fwd": 0.0}
+    out = {"act_bytes": act_bytes, "ep_fwd": 0.0}
+    out.update(tp_fwd_x=0.0, tp_fwd_h=0.0, tp_bwd_x=0.0, tp_bwd_h=0.0)
     if plan.tp > 1:
-        out["tp_one"] = tp_collective_s(plan, act_bytes, collective)
+        fwd_x, fwd_h, bwd_x, bwd_h = tp_layer_s(
+            model, cluster, plan, training, params, act_bytes, collective, moe_frac
+        )
+        out.update(tp_fwd_x=fwd_x, tp_fwd_h=fwd_h, tp_bwd_x=bwd_x, tp_bwd_h=bwd_h)
     if moe_frac and (plan.ep > 1 or plan.etp > 1):
         out["ep_fwd"] = moe_comm_fwd_s(model, cluster, plan, training, params, collective)
     out.update(fwd_c=0.0, fwd_x=0.0, bwd_c=0.0, bwd_x=0.0)
@@ -175,14 +179,35 @@ def _shape_comm(
     return out
 
 
-def tp_collective_s(plan: ParallelPlan, act_bytes: float, collective: Any) -> float:
-    """One of a layer's tensor-parallel exchanges of a micro-batch's activations: an all-reduce,
-    or with sequence parallelism an all-gather and a reduce-scatter."""
-    t = plan.tp
-    if plan.sequence_parallel:
-        ag = collective("all_gather", act_bytes, t, 1)
-        return ag + collective("reduce_scatter", act_bytes, t, 1)
-    return collective("all_reduce", act_bytes, t, 1)
+def tp_layer_s(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: ParallelPlan,
+    training: TrainingSpec,
+    params: ModelParams,
+    act_bytes: float,
+    collective: Any,
+    moe_frac: float,
+) -> tuple[float, float, float, float]:
+    """One layer's tensor-parallel exchanges of a micro-batch, (forward exposed, forward
+    hidden, backward exposed, backward hidden): all-reduces, or with sequence parallelism
+    all-gathers and reduce-scatters of its activations, hidden behind the linears' GEMMs as
+    ``training.tp_comm_overlap`` says (perf/tp_overlap.py)."""
+    t, sp = plan.tp, plan.sequence_parallel
+    gather = collective("all_gather", act_bytes, t, 1) if sp else 0.0
+    reduce = collective("reduce_scatter" if sp else "all_reduce", act_bytes, t, 1)
+    gpu, precision, cal = cluster.gpu, training.precision, cluster.calibration
+
+    def gemm(m: float, n: float, k: float) -> float:
+        return compute.gemm_time_s(m, n, k, gpu, precision, params, cal)
+
+    mode, hide = training.tp_comm_overlap, params.overlap_efficiency
+    whole = tp_overlap.tp_gemms(model, plan, gemm, moe_frac)
+    gemms = (whole, whole, whole)
+    if mode in ("userbuffers", "async_tp"):  # the chunked GEMMs only where a mode runs them
+        split = (t, tp_overlap.UB_PIPELINE_SPLITS)
+        gemms = (whole, *(tp_overlap.tp_gemms(model, plan, gemm, moe_frac, n) for n in split))
+    return tp_overlap.layer_tp_comm_s(mode, sp, t, gather, reduce, gemms, hide)
 
 
 def cp_exchange_s(

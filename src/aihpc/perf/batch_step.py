@@ -145,12 +145,13 @@ class StepTerms:
 
     def tp_comm(self) -> tuple[Any, Any]:
         """(exposed, hidden) tensor-parallel collectives: 2 all-reduces forward, 2 backward per
-        layer (all-gather + reduce-scatter pairs with SP); full recompute repeats the forward's."""
-        per_layer = where(self.full, 6, 4) * self.sh["tp_one"]
-        ovl = self.params.tp_overlap_fraction
+        layer (all-gather + reduce-scatter pairs with SP), hidden behind the linears' GEMMs as
+        the framework overlaps them (perf/tp_overlap.py); full recompute repeats the forward's."""
+        sh, reps = self.sh, where(self.full, 2, 1)
         on = self.b.tp > 1
-        exposed = where(on, self.layers * per_layer * (1 - ovl), 0.0)
-        return exposed, where(on, self.layers * per_layer * ovl, 0.0)
+        exposed = self.layers * (reps * sh["tp_fwd_x"] + sh["tp_bwd_x"])
+        hidden = self.layers * (reps * sh["tp_fwd_h"] + sh["tp_bwd_h"])
+        return where(on, exposed, 0.0), where(on, hidden, 0.0)
 
     def ep_comm(self) -> tuple[Any, Any]:
         """(exposed, hidden) expert-parallel dispatch and combine all-to-all per MoE layer. The

@@ -69,9 +69,6 @@ class ModelParams:
     # same compute alone (GPT and Llama training on 4 A100s, H100s, MI250s and MI210s: arXiv
     # 2507.03114, 2025, abstract). It was 0.05, a guess with no source, until a later session.
     overlap_compute_penalty: float = 0.189
-    # Fraction of TP communication the framework hides behind GEMMs (Megatron overlaps the
-    # backward all-reduce with the weight-gradient GEMM; forward ones are exposed).
-    tp_overlap_fraction: float = 0.15
     # --- memory --------------------------------------------------------------------------------
     # Memory outside the model's tensors: CUDA context, cuBLAS/cuDNN workspaces, NCCL buffers
     # (~1-3 GiB seen on H100 jobs), GiB per GPU.

@@ -111,7 +111,8 @@ def _training_table(row: dict[str, str]) -> dict[str, Any]:
     text_facts += ("moe_dispatcher", "moe_dispatch_dtype", "moe_expert_gemm")
     if cell(row, "moe_imbalance"):
         training["moe_imbalance"] = _float(row, "moe_imbalance")
-    for text in (*text_facts, "cp_exchange", "pipeline_split", "fp8_saved_inputs"):
+    text_facts += ("cp_exchange", "pipeline_split", "fp8_saved_inputs", "tp_comm_overlap")
+    for text in text_facts:
         if cell(row, text):
             training[text] = cell(row, text)
     if cell(row, "dropout"):

@@ -22,6 +22,7 @@ __all__ = [
     "OPTIMIZERS",
     "PIPELINE_SPLITS",
     "STATE_DTYPES",
+    "TP_COMM_OVERLAPS",
     "ZERO3_GATHERS",
     "CheckpointSpec",
     "TrainingSpec",
@@ -33,6 +34,9 @@ STATE_DTYPES = ("fp32", "bf16", "fp16")
 DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
 ZERO3_GATHERS = ("bucketed", "per_tensor")
 CP_EXCHANGES = ("ring", "allgather")
+# How a framework overlaps tensor-parallel collectives with GEMMs (perf/tp_overlap.py prices
+# each); the first is the default.
+TP_COMM_OVERLAPS = ("backward", "none", "userbuffers", "async_tp")
 PIPELINE_SPLITS = ("uneven", "even", "balanced")
 FP8_SAVED_INPUTS = ("fp8", "bf16")
 CROSS_ENTROPY = ("fused", "vocab_parallel", "eager")
@@ -89,6 +93,15 @@ class TrainingSpec:
     # block, and dK/dV passed around the ring in fp32 by all-to-all after every block (PyTorch's
     # experimental context_parallel, torchtitan's default rotate method in 2024-2025).
     cp_exchange: str = "ring"
+    # How tensor-parallel collectives overlap the GEMMs (perf/tp_overlap.py). backward: the
+    # column linears' input-gradient reduction runs beside their weight-gradient GEMM, nothing
+    # else (Megatron-LM since September 2021, Megatron-Core, Transformer Engine without comm
+    # overlap). none: nothing overlaps (Megatron-LM before its async all-reduce, PyTorch's
+    # DTensor TP, whose reduce-scatter is issued after the weight-gradient matmul). userbuffers:
+    # Transformer Engine's comm-GEMM overlap, forward and backward (Megatron-Core
+    # --tp-comm-overlap, NeMo ub_tp_comm_overlap). async_tp: PyTorch's micro-pipelined
+    # all-gather-matmul / matmul-reduce-scatter (torchtitan enable_async_tensor_parallel).
+    tp_comm_overlap: str = "backward"
     # true: K/V repeated to every query head before the attention kernel (torchtitan's repeat_kv
     # ahead of SDPA, 2024), so context parallelism moves num_attention_heads of K/V, not kv_heads.
     kv_repeat: bool = False
@@ -157,6 +170,7 @@ class TrainingSpec:
         check_choice("training.zero3_gather", self.zero3_gather, ZERO3_GATHERS)
         check_choice("training.cross_entropy", self.cross_entropy, CROSS_ENTROPY)
         check_choice("training.cp_exchange", self.cp_exchange, CP_EXCHANGES)
+        check_choice("training.tp_comm_overlap", self.tp_comm_overlap, TP_COMM_OVERLAPS)
         check_choice("training.pipeline_split", self.pipeline_split, PIPELINE_SPLITS)
         check_choice("training.fp8_saved_inputs", self.fp8_saved_inputs, FP8_SAVED_INPUTS)
         check_choice("training.moe_dispatcher", self.moe_dispatcher, MOE_DISPATCHERS)
