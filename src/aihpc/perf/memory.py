@@ -108,77 +108,109 @@ def _activation_bytes(
     moe: bool,
 ) -> float:
     recompute = recompute or plan.recompute
-    h, d = model.hidden_size, model.kv_channels
-    hq, hkv = model.num_attention_heads * d, model.kv_heads * d
-    t = plan.tp
     tokens = plan.micro_batch_size * model.seq_length / plan.cp
-    sp = t if plan.sequence_parallel else 1
+    sp = plan.tp if plan.sequence_parallel else 1
     if recompute == "full":
-        return 2 * h * tokens / sp  # only the layer input is kept
+        return 2 * model.hidden_size * tokens / sp  # only the layer input is kept
     if recompute == "op":
-        # Op-level selective checkpointing keeps the layer input, the attention output and
-        # log-sum-exp, and every other matmul output (column-parallel ones split over TP).
-        kept = 2 * h / sp + (2 * hq + 4 * model.num_attention_heads) / t
-        for i, (_, _, n_out, row) in enumerate(layer_gemms(model, moe)):
-            if op_sac_saved(i):
-                kept += 2 * (n_out if row else n_out / t)
-        return tokens * kept
-    drop = training.dropout > 0
+        return tokens * _op_sac_kept(model, plan, moe, sp)
+    replicated, split = _kept_per_token(model, plan, training, recompute, moe, sp)
+    return tokens * (replicated + split / plan.tp)
+
+
+def _op_sac_kept(model: ModelSpec, plan: ParallelPlan, moe: bool, sp: int) -> float:
+    """Bytes per token kept by op-level selective checkpointing: the layer input, the
+    attention output and log-sum-exp, and every other matmul output (column-parallel ones split
+    over TP)."""
+    t = plan.tp
+    hq = model.num_attention_heads * model.kv_channels
+    kept = 2 * model.hidden_size / sp + (2 * hq + 4 * model.num_attention_heads) / t
+    for i, (_, _, n_out, row) in enumerate(layer_gemms(model, moe)):
+        if op_sac_saved(i):
+            kept += 2 * (n_out if row else n_out / t)
+    return kept
+
+
+def _kept_per_token(
+    model: ModelSpec,
+    plan: ParallelPlan,
+    training: TrainingSpec,
+    recompute: str,
+    moe: bool,
+    sp: int,
+) -> tuple[float, float]:
+    """(bytes per token replicated across TP unless sequence parallel, bytes per token split
+    over TP) that a layer keeps for its backward without full or op-level recompute."""
+    h, drop = model.hidden_size, training.dropout > 0
     # Replicated across TP unless sequence parallel: 2 norm inputs, 2 GEMM inputs, 2 masks.
     replicated = (8 * h + (2 * h if drop else 0)) / sp
-    ffn = model.expert_ffn_hidden_size if moe else model.ffn_hidden_size
-    act_in = 4 * ffn if model.ffn_activation == "swiglu" else 2 * ffn  # gate+up, or one input
-    fc2_in = act_in // 2 if model.ffn_activation == "swiglu" else act_in
-    if "mlp" in plan.recompute_modules and not moe:  # the dense FFN keeps only its input
-        act_in, fc2_in = 0, 0
-    if moe:
-        # Shared experts run on this rank's tokens split over TP like a dense FFN. Routed ones:
-        # a token's top_k copies (times the routing imbalance on the busiest rank) land on the
-        # etp x ep expert ranks; per attention-layout token that is top_k x etp copies over t
-        # ranks, each keeping its permuted input (h), its FFN input and activation input split
-        # over etp; plus the router's fp32 scores.
-        # With FP8 linears keeping FP8 inputs (below), the permuted input and the FFN-out input
-        # take 1 byte per value.
-        fp8 = training.precision == "fp8" and training.fp8_saved_inputs == "fp8"
-        inp, out_in = (h, fc2_in / 2) if fp8 else (2 * h, fc2_in)
-        if "moe_act" in plan.recompute_modules:  # the activation's output is made again
-            out_in = 0
-        copies = model.moe_top_k * training.moe_imbalance
-        shared = model.num_shared_experts * (act_in + out_in)
-        routed = copies * (inp * plan.etp + act_in + out_in)
-        act_in, fc2_in = shared + routed, 0
-        act_in += 4 * model.num_experts
-    if model.is_mla:
-        # MLA: per-head Q and K of qk width, V and the projection input of v width; the query
-        # and key-value latents feeding the up projections are whole on every TP rank.
-        assert model.kv_lora_rank is not None and model.qk_rope_head_dim is not None
-        dqk, dv = model.qk_nope_head_dim or 0, model.v_head_dim or 0
-        dqk += model.qk_rope_head_dim
-        a = model.num_attention_heads
-        latents = 2 * ((model.q_lora_rank or 0) + model.kv_lora_rank + model.qk_rope_head_dim)
-        qkv = 0 if "mla_up_proj" in plan.recompute_modules else 2 * a * (2 * dqk + dv)
-        split = qkv + 2 * a * dv + latents * t + act_in + fc2_in
-        hq = a * dv
-    else:
-        split = 2 * (hq + hkv) + 2 * hkv + 2 * hq + act_in + fc2_in  # Q, K, V, proj input, FFN
+    act_in, fc2_in = _ffn_kept(model, plan, training, moe)
+    split, hq, hkv = _attention_kept(model, plan, act_in, fc2_in)
     if training.kv_repeat:  # the attention kernel saves the K and V repeated to every head
         split += 4 * (hq - hkv)
-    if training.precision == "fp8" and training.fp8_saved_inputs == "fp8":
+    fp8_in = training.precision == "fp8" and training.fp8_saved_inputs == "fp8"
+    if fp8_in:
         # Transformer Engine keeps an FP8 linear's input in FP8 for the weight gradient: the
         # QKV and FFN-in GEMM inputs and the FFN-out input take 1 byte, not 2; the projection's
         # FP8 input is kept beside the attention output the attention backward needs in 16 bits.
         replicated -= 2 * h / sp
         split += -fc2_in / 2 + hq
     if "layernorm" in plan.recompute_modules:  # the norms' outputs (the GEMM inputs) remade
-        fp8_in = training.precision == "fp8" and training.fp8_saved_inputs == "fp8"
         replicated -= (2 if fp8_in else 4) * h / sp
     if training.attention == "unfused" and recompute == "none":
-        a = model.num_attention_heads
         s_kv = model.seq_length  # scores over the whole sequence
-        split += a * s_kv * (5 if drop else 2)  # softmax out (+ dropout mask and output)
+        split += model.num_attention_heads * s_kv * (5 if drop else 2)  # softmax out (+ mask)
     elif training.attention != "unfused":  # every fused kernel class
         split += 4 * model.num_attention_heads  # fp32 log-sum-exp per head
-    return tokens * (replicated + split / t)
+    return replicated, split
+
+
+def _ffn_kept(
+    model: ModelSpec, plan: ParallelPlan, training: TrainingSpec, moe: bool
+) -> tuple[float, float]:
+    """(FFN input bytes, FFN-out input bytes) per token, before the TP split; for an MoE layer
+    everything in the first (its second is then 0)."""
+    h = model.hidden_size
+    ffn = model.expert_ffn_hidden_size if moe else model.ffn_hidden_size
+    act_in = 4 * ffn if model.ffn_activation == "swiglu" else 2 * ffn  # gate+up, or one input
+    fc2_in = act_in // 2 if model.ffn_activation == "swiglu" else act_in
+    if "mlp" in plan.recompute_modules and not moe:  # the dense FFN keeps only its input
+        return 0, 0
+    if not moe:
+        return act_in, fc2_in
+    # Shared experts run on this rank's tokens split over TP like a dense FFN. Routed ones: a
+    # token's top_k copies (times the routing imbalance on the busiest rank) land on the
+    # etp x ep expert ranks; per attention-layout token that is top_k x etp copies over t
+    # ranks, each keeping its permuted input (h), its FFN input and activation input split
+    # over etp; plus the router's fp32 scores. With FP8 linears keeping FP8 inputs, the
+    # permuted input and the FFN-out input take 1 byte per value.
+    fp8 = training.precision == "fp8" and training.fp8_saved_inputs == "fp8"
+    inp, out_in = (h, fc2_in / 2) if fp8 else (2 * h, fc2_in)
+    if "moe_act" in plan.recompute_modules:  # the activation's output is made again
+        out_in = 0
+    copies = model.moe_top_k * training.moe_imbalance
+    shared = model.num_shared_experts * (act_in + out_in)
+    routed = copies * (inp * plan.etp + act_in + out_in)
+    return shared + routed + 4 * model.num_experts, 0
+
+
+def _attention_kept(
+    model: ModelSpec, plan: ParallelPlan, act_in: float, fc2_in: float
+) -> tuple[float, int, int]:
+    """(bytes per token split over TP: attention and FFN inputs, query width, key-value
+    width)."""
+    d = model.kv_channels
+    hq, hkv = model.num_attention_heads * d, model.kv_heads * d
+    if not model.is_mla:  # Q, K, V, projection input, FFN
+        return 2 * (hq + hkv) + 2 * hkv + 2 * hq + act_in + fc2_in, hq, hkv
+    # MLA: per-head Q and K of qk width, V and the projection input of v width; the query and
+    # key-value latents feeding the up projections are whole on every TP rank.
+    assert model.kv_lora_rank is not None and model.qk_rope_head_dim is not None
+    dqk = (model.qk_nope_head_dim or 0) + model.qk_rope_head_dim
+    dv, a = model.v_head_dim or 0, model.num_attention_heads
+    latents = 2 * ((model.q_lora_rank or 0) + model.kv_lora_rank + model.qk_rope_head_dim)
+    qkv = 0 if "mla_up_proj" in plan.recompute_modules else 2 * a * (2 * dqk + dv)
+    return qkv + 2 * a * dv + latents * plan.tp + act_in + fc2_in, a * dv, hkv
 
 
 def offload_split(layers: int, offload: int) -> tuple[int, int]:
