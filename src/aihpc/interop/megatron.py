@@ -472,7 +472,8 @@ def _precision(a: _Args) -> str:
     )
 
 
-def _training(a: _Args, precision: str, gbs: int, notes: list[str]) -> dict[str, Any]:
+def _schedule(a: _Args, gbs: int, notes: list[str]) -> tuple[float, int | None, int]:
+    """(learning rate, optimizer steps, warm-up steps) with Megatron-LM's defaults."""
     lr = a.float("--lr")
     if lr is None:
         notes.append("--lr not set (Megatron-LM requires it to train): aihpc's 3e-4 kept")
@@ -487,24 +488,21 @@ def _training(a: _Args, precision: str, gbs: int, notes: list[str]) -> dict[str,
         warmup = round(fraction * (a.int("--lr-decay-iters") or train_steps or 0))
     if a.flags.get("--lr-decay-style") == "cosine":  # what aihpc's trainer runs
         a.get("--lr-decay-style")
-    optimizer = a.get("--optimizer", "adam")
-    if optimizer not in ("adam", "sgd"):
-        raise SpecError("--optimizer", optimizer, "allowed: adam | sgd")
-    hidden, attn = a.float("--hidden-dropout", 0.1), a.float("--attention-dropout", 0.1)
-    if attn != hidden:
-        notes.append(f"--attention-dropout {attn} priced as --hidden-dropout {hidden}")
+    return lr, train_steps, warmup
+
+
+def _attention_kernel(a: _Args) -> str:
+    """The attention kernel class: TE's fused attention, local with flash-attn (FA2), or the
+    unfused local path."""
     impl = a.get("--transformer-impl", "transformer_engine")
     backend = a.get("--attention-backend")
     if backend == "unfused" or (impl == "local" and not a.flag("--use-flash-attn")):
-        attention = "unfused"
-    elif impl == "local":
-        attention = "flash2"
-    else:
-        attention = "flash"
-    cp_comm = a.get("--cp-comm-type", "p2p")
-    exchange = {"p2p": "ring", "all_gather": "allgather"}.get(cp_comm)
-    if exchange is None:
-        raise SpecError("--cp-comm-type", cp_comm, "aihpc prices p2p | all_gather")
+        return "unfused"
+    return "flash2" if impl == "local" else "flash"
+
+
+def _state_dtypes(a: _Args, precision: str) -> tuple[str, str]:
+    """(gradient reduction dtype, optimizer state dtype)."""
     grad_dtype = "fp32"
     if a.flag("--grad-reduce-in-bf16"):
         grad_dtype = "bf16"
@@ -514,6 +512,23 @@ def _training(a: _Args, precision: str, gbs: int, notes: list[str]) -> dict[str,
     if a.flag("--use-precision-aware-optimizer") and a.get("--exp-avg-dtype") in ("bf16", "fp16"):
         opt_dtype = a.get("--exp-avg-dtype")
     a.get("--main-params-dtype")
+    return grad_dtype, opt_dtype
+
+
+def _training(a: _Args, precision: str, gbs: int, notes: list[str]) -> dict[str, Any]:
+    lr, train_steps, warmup = _schedule(a, gbs, notes)
+    optimizer = a.get("--optimizer", "adam")
+    if optimizer not in ("adam", "sgd"):
+        raise SpecError("--optimizer", optimizer, "allowed: adam | sgd")
+    hidden, attn = a.float("--hidden-dropout", 0.1), a.float("--attention-dropout", 0.1)
+    if attn != hidden:
+        notes.append(f"--attention-dropout {attn} priced as --hidden-dropout {hidden}")
+    attention = _attention_kernel(a)
+    cp_comm = a.get("--cp-comm-type", "p2p")
+    exchange = {"p2p": "ring", "all_gather": "allgather"}.get(cp_comm)
+    if exchange is None:
+        raise SpecError("--cp-comm-type", cp_comm, "aihpc prices p2p | all_gather")
+    grad_dtype, opt_dtype = _state_dtypes(a, precision)
     out = {
         "precision": precision,
         # Megatron's adam is decoupled weight decay (FusedAdam, adam_w_mode=True): AdamW
