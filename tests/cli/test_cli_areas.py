@@ -36,3 +36,12 @@ def test_a_command_process_does_not_load_the_other_areas() -> None:
     assert "aihpc.cli.catalog" in loaded
     for other in ("aihpc.cli.train", "aihpc.cli.bench", "aihpc.cli.interop"):
         assert other not in loaded, loaded
+
+
+def test_root_help_before_a_command_word_lists_every_command() -> None:
+    """``aihpc -h search`` is the root's help (the root option comes first): every command."""
+    code = "import sys; from aihpc.cli import main; sys.argv = ['aihpc', '-h', 'search']; main()"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    listed = {line.split()[1] for line in out.stdout.splitlines() if line.startswith("│ ")}
+    assert set(COMMAND_AREAS) <= listed, set(COMMAND_AREAS) - listed

@@ -81,9 +81,9 @@ def build_app(command: str | None = None) -> typer.Typer:
 
 
 def _command_of(argv: list[str]) -> str | None:
-    """The command word: the first argument that is not an option (the root takes no option
-    with a value)."""
-    return next((a for a in argv if not a.startswith("-")), None)
+    """The command word when it comes first. A root option before it (``-h``, ``--version``)
+    acts on the root, whose help must list every command."""
+    return argv[0] if argv and not argv[0].startswith("-") else None
 
 
 def __getattr__(name: str) -> Any:

@@ -55,8 +55,8 @@ beside it, as data-parallel and context-parallel collectives do; the compute the
 slows down (SM and memory contention) is ``overlap_compute_penalty`` of it, charged in
 StepTerms.overlap_penalty. Not priced: the extra all-gather of the saved input a sequence-
 parallel column linear repeats for its weight gradient (hidden behind the input-gradient GEMM
-by all three overlapping modes), the chunked GEMMs' own efficiency loss, async TP's final
-sum of the received partials.
+by all three overlapping modes) and async TP's final sum of the received partials. What
+running a GEMM as chunks costs (smaller GEMMs, one launch each) is priced, as exposed time.
 """
 
 from __future__ import annotations
