@@ -5,12 +5,15 @@ host.
     python benchmarks/predicted_vs_measured.py --gpu --steps 20   # one-GPU plans, catalog GPU
 
 1. `aihpc calibrate --local --nproc 2` measures this host (GEMMs at one thread per rank, memory
-   bandwidth, gloo collectives on 2 ranks, back to back and between computations) and writes
-   the calibration and a gpu_spec;
+   bandwidth, the model's attention calls at their length and half of it, gloo collectives on
+   2 ranks back to back, between computations and beside them) and writes the calibration and
+   a gpu_spec;
 2. every plan below trains the same model (preset tiny-llama-small: 4 layers, dim 256, seq 128;
    global batch 8) for ``--steps`` steps with `aihpc train`, whose summary.json holds the
    median measured step time (steps after the first) and `aihpc estimate`'s prediction for the
-   same spec on this host (`performance` in summary.json);
+   same spec on this host, priced with the trainer's own software facts (eager element-wise
+   ops and loss, TP collectives in line, the ring's unfused attention: `as_trained` in
+   runtime/train.py; `performance` in summary.json);
 3. per plan: the fastest step after the first (on a shared machine the step least slowed by
    other work; the median is shown too), the prediction, error = predicted / fastest - 1; over
    plans: median |error| and Spearman's rho between the predicted and measured orders
@@ -154,7 +157,8 @@ def train(folder: Path, tag: str, text: str, nproc: int, name: str) -> tuple[dic
 
 
 def calibration_summary(clusters: dict) -> dict:
-    """What each calibration measured: the best GEMM rate and each collective's latencies."""
+    """What each calibration measured: the best GEMM rate, the attention kernel, and each
+    collective's latencies and bandwidths inside a step, with the host's overlap penalty."""
     out = {}
     for n, data in clusters.items():
         cluster = data["cluster"]
@@ -167,6 +171,13 @@ def calibration_summary(clusters: dict) -> dict:
                 c["collective"]: [r["latency_us"] for r in c["regimes"]]
                 for c in doc.get("comm", [])
             }
+            entry["busbw_GBps"] = {
+                c["collective"]: [r["busbw_GBps"] for r in c["regimes"]]
+                for c in doc.get("comm", [])
+            }
+            entry["overlap_compute_penalty"] = doc.get("overlap_compute_penalty")
+        for key in ("attention_fwd_efficiency", "attention_bwd_efficiency", "attention_tokens"):
+            entry[key] = spec.get(key)
         out[str(n)] = entry
     return out
 

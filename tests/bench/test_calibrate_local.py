@@ -42,6 +42,13 @@ def test_local_calibration_prices_the_spec_on_this_host(tmp_path: Path) -> None:
     assert cluster["gpu_spec"]["bf16_tflops"] == pytest.approx(best, rel=5e-4)
     for key in ("attention_fwd_efficiency", "attention_bwd_efficiency"):
         assert 0 < cluster["gpu_spec"][key] <= 1
+    # measured at the spec model's own calls, with this device's fall-off at half the length
+    from aihpc.spec import load_runspec
+
+    model = load_runspec(spec).model
+    assert cluster["gpu_spec"]["attention_tokens"] == model.seq_length
+    for key in ("attention_half_fwd_tokens", "attention_half_bwd_tokens"):
+        assert cluster["gpu_spec"][key] >= 0
     assert local["model"] == tomllib.loads(spec.read_text())["model"]
     est = _aihpc("estimate", "tiny.local.toml", "--json", cwd=tmp_path)
     assert est.returncode == 0, est.stderr

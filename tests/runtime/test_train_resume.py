@@ -75,7 +75,15 @@ def test_summary_sets_measured_beside_predicted(ref1):
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     median = statistics.median(r["step_time_s"] for r in rows[1:])
     assert perf["measured_step_time_s"] == pytest.approx(median, rel=1e-12)
-    est = estimate(spec)
+    # priced with the trainer's own software: eager element-wise ops and loss
+    from aihpc.runtime.train import as_trained
+
+    trained = as_trained(spec)
+    assert not trained.training.fused_kernels and trained.training.cross_entropy == "eager"
+    assert trained.training.tp_comm_overlap == "none"
+    assert trained.model == spec.model and trained.plan() == spec.plan()
+    est = estimate(trained)
+    assert est.step_time_s > estimate(spec).step_time_s  # the eager bytes are priced
     assert perf["predicted_step_time_s"] == pytest.approx(est.step_time_s, rel=1e-12)
     assert perf["predicted_mfu"] == pytest.approx(est.mfu, rel=1e-12)
     tokens = spec.plan().global_batch_size * spec.model.seq_length

@@ -9,8 +9,13 @@ Measures what the model needs to price a plan on this host, with the project's o
 * memory bandwidth (a large tensor copy: read + write bytes over time) for the memory-bound
   terms (optimizer step, elementwise work);
 * causal scaled-dot-product attention forward and backward, as fractions of the best GEMM rate
-  (the gpu_spec's attention efficiencies: on a CPU the attention kernel runs at about half the
-  GEMM rate, where the model's default assumes a GPU's fused kernel).
+  (the gpu_spec's attention efficiencies: on a CPU the attention kernel runs at a third to half
+  the GEMM rate, where the model's default assumes a GPU's fused kernel), at the spec model's
+  own call shape and at half its length: the gpu_spec records the length measured
+  (``attention_tokens``) and this device's fall-off at shorter calls
+  (``attention_half_*_tokens``), so the model does not apply a GPU kernel's length curve,
+  anchored at 16K tokens, to a CPU kernel timed at a few hundred (it priced the tiny model's
+  128-token backward 5x too slow).
 
 It writes a calibration TOML, and, given a run spec, a copy of it whose ``[cluster]`` describes
 this host (``gpu_spec`` from the measurements, ``num_gpus = gpus_per_node = N`` and the
@@ -31,7 +36,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LocalMeasurement", "local_gpu_spec", "measure_local"]
+from aihpc.bench.local_sync import CallCost
+
+__all__ = [
+    "AttentionCurve",
+    "LocalMeasurement",
+    "attention_curve",
+    "attention_shape",
+    "half_tokens",
+    "local_gpu_spec",
+    "measure_local",
+]
 
 # Square GEMMs spanning a tiny model's layer shapes (dim 64 .. 1024 x tokens 256 .. 4096).
 _GEMM_SIZES = (128, 256, 512, 1024)
@@ -47,8 +62,8 @@ class LocalMeasurement:
     comm: dict[str, Any]  # `aihpc bench comm --json`
     mem_bw_GBps: float
     host_mem_gib: float
-    attention_tflops: tuple[float, float]  # causal SDPA forward, backward
-    call_latency_us: float = 0.0  # a collective between computations (bench/local_sync.py)
+    attention: AttentionCurve  # causal SDPA forward, backward, at the model's shape
+    call: CallCost | None = None  # a collective between computations (bench/local_sync.py)
 
 
 def _threads(nproc: int) -> int:
@@ -78,18 +93,51 @@ def _memory_bandwidth_GBps(device: Any) -> float:
     return 2 * a.numel() * a.element_size() / best / 1e9
 
 
-def _attention_tflops(device: Any, iters: int) -> tuple[float, float]:
-    """Causal SDPA forward and backward, TFLOP/s counted as the model counts them (the causal
-    half of the 4·s²·d score and value matmuls per head; the backward 2.5x the forward), at a
-    training shape: batch 4, 8 heads of 64, sequence 512."""
+# The attention shape measured when no run spec names one: batch 4, 8 heads of 64, 512 tokens.
+DEFAULT_ATTENTION_SHAPE = (4, 8, 8, 512, 64)
+
+
+@dataclass(frozen=True)
+class AttentionCurve:
+    """Causal SDPA on this device at one shape: TFLOP/s forward and backward on calls of
+    ``tokens`` keys, and the key lengths at which the kernel reaches half its long-call rate
+    (forward, backward), from a second timing at half the length."""
+
+    tflops: tuple[float, float]
+    tokens: int
+    halves: tuple[float, float]
+
+
+def attention_shape(model: Any, micro_batch_size: int | None) -> tuple[int, int, int, int, int]:
+    """(batch, heads, kv heads, sequence, head dim) of a model's attention calls at one rank
+    (a ModelSpec; the spec's micro-batch, else 4)."""
+    heads = model.num_attention_heads
+    return (micro_batch_size or 4, heads, model.kv_heads, model.seq_length, model.kv_channels)
+
+
+def half_tokens(rate: float, rate_at_half: float, tokens: int) -> float:
+    """The key length s_half of the curve rate(s) = rate_long * s / (s + s_half) through the
+    rates at ``tokens`` and ``tokens / 2``: r = rate / rate_at_half = 2 (s/2 + s_half) / (s +
+    s_half), so s_half = s (r - 1) / (2 - r). No fall-off measured (r <= 1): 0; a fall-off
+    steeper than the curve allows (r near 2) is capped at r = 1.95 (s_half = 19 s)."""
+    r = min(rate / rate_at_half, 1.95)
+    return 0.0 if r <= 1 else tokens * (r - 1) / (2 - r)
+
+
+def _attention_tflops(device: Any, iters: int, shape: tuple[int, ...]) -> tuple[float, float]:
+    """Causal SDPA forward and backward at ``shape`` (batch, heads, kv heads, seq, head dim),
+    TFLOP/s counted as the model counts them (the causal half of the 4·s²·d score and value
+    matmuls per head; the backward 2.5x the forward); best of the timings."""
     import torch
     import torch.nn.functional as F
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    b, h, s, d = 4, 8, 512, 64
-    q, k, v = (
-        torch.randn(b, h, s, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3)
-    )
+    b, h, kv, s, d = shape
+
+    def tensor(heads: int) -> Any:
+        return torch.randn(b, heads, s, d, device=device, dtype=dtype, requires_grad=True)
+
+    q, k, v = tensor(h), tensor(kv), tensor(kv)
     flops = 4 * b * s * s * h * d * 0.5
 
     def sync() -> None:
@@ -100,7 +148,7 @@ def _attention_tflops(device: Any, iters: int) -> tuple[float, float]:
     for _ in range(max(3, iters // 2)):
         sync()
         t0 = time.perf_counter()
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != h)
         sync()
         t1 = time.perf_counter()
         out.backward(torch.ones_like(out))
@@ -110,6 +158,16 @@ def _attention_tflops(device: Any, iters: int) -> tuple[float, float]:
     return flops / fwd / 1e12, 2.5 * flops / bwd / 1e12
 
 
+def attention_curve(device: Any, iters: int, shape: tuple[int, ...]) -> AttentionCurve:
+    """The attention kernel at ``shape`` and at half its length (the length curve's anchor and
+    slope on this device; a GPU kernel's curve is not a CPU's)."""
+    b, h, kv, s, d = shape
+    full = _attention_tflops(device, iters, shape)
+    half = _attention_tflops(device, iters, (b, h, kv, max(1, s // 2), d))
+    halves = (half_tokens(full[0], half[0], s), half_tokens(full[1], half[1], s))
+    return AttentionCurve(full, s, halves)
+
+
 def _host_mem_gib() -> float:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
@@ -117,8 +175,11 @@ def _host_mem_gib() -> float:
         return 16.0
 
 
-def measure_local(nproc: int, iters: int = 10) -> LocalMeasurement:
-    """Run the GEMM, memory and collective measurements for ``nproc`` local ranks."""
+def measure_local(
+    nproc: int, iters: int = 10, attention: tuple[int, ...] = DEFAULT_ATTENTION_SHAPE
+) -> LocalMeasurement:
+    """Run the GEMM, memory, attention and collective measurements for ``nproc`` local ranks;
+    ``attention``: the shape of the model's attention calls (``attention_shape``)."""
     import torch
 
     from aihpc.bench.gemm import GemmConfig, device_name, gemm_json, run_gemm_bench
@@ -142,7 +203,7 @@ def measure_local(nproc: int, iters: int = 10) -> LocalMeasurement:
         )
         name = device_name(device)
         mem_bw = _memory_bandwidth_GBps(device)
-        attention = _attention_tflops(device, iters)
+        curve = attention_curve(device, iters, attention)
     finally:
         torch.set_num_threads(old)
     comm: dict[str, Any] = {}
@@ -159,12 +220,10 @@ def measure_local(nproc: int, iters: int = 10) -> LocalMeasurement:
                 tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
                 raise RuntimeError(f"aihpc bench comm failed: {tail[0]}")
             comm = json.loads(out.read_text())
-    from aihpc.bench.local_sync import interleaved_call_latency_us
+    from aihpc.bench.local_sync import interleaved_call_cost
 
-    call = interleaved_call_latency_us(nproc) if device.type == "cpu" else 0.0
-    return LocalMeasurement(
-        nproc, threads, name, gemm, comm, mem_bw, _host_mem_gib(), attention, call
-    )
+    call = interleaved_call_cost(nproc) if device.type == "cpu" else None
+    return LocalMeasurement(nproc, threads, name, gemm, comm, mem_bw, _host_mem_gib(), curve, call)
 
 
 def local_gpu_spec(m: LocalMeasurement) -> dict[str, Any]:
@@ -198,7 +257,11 @@ def local_gpu_spec(m: LocalMeasurement) -> dict[str, Any]:
         "scale_out_bw_GBps": sig(link),
         "gpus_per_node": m.nproc,
         "gemm_efficiency": 1.0,
-        # the attention kernel's own rate, as a fraction of the peak (the best GEMM measured)
-        "attention_fwd_efficiency": sig(min(1.0, m.attention_tflops[0] / best_tflops)),
-        "attention_bwd_efficiency": sig(min(1.0, m.attention_tflops[1] / best_tflops)),
+        # the attention kernel's own rate, as a fraction of the peak (the best GEMM measured),
+        # on calls of the length measured, and how it falls at shorter ones
+        "attention_fwd_efficiency": sig(min(1.0, m.attention.tflops[0] / best_tflops)),
+        "attention_bwd_efficiency": sig(min(1.0, m.attention.tflops[1] / best_tflops)),
+        "attention_tokens": m.attention.tokens,
+        "attention_half_fwd_tokens": sig(m.attention.halves[0]),
+        "attention_half_bwd_tokens": sig(m.attention.halves[1]),
     }

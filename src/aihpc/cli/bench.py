@@ -357,24 +357,28 @@ def _local_spec_target(spec_path: str | None, local: bool, nproc: int) -> tuple 
         return None
     if not local:
         raise SpecError("--spec", spec_path, "only with --local")
+    from aihpc.bench.local import attention_shape
     from aihpc.spec import load_runspec
 
-    load_runspec(spec_path)  # a bad spec is exit 2 before minutes of measuring
+    spec = load_runspec(spec_path)  # a bad spec is exit 2 before minutes of measuring
     target = Path(Path(spec_path).stem + ".local.toml")  # in the current folder
     check_output_path(target, "--spec")
-    return spec_path, target
+    mbs = getattr(spec.parallel, "micro_batch_size", None)
+    return spec_path, target, attention_shape(spec.model, mbs)
 
 
-def _measure_local(nproc: int) -> tuple[list, dict, dict, float]:
+def _measure_local(nproc: int, target: tuple | None) -> tuple[list, dict, dict, Any]:
     """This host's measurements as calibration points (GEMMs for fp32 and, as the CPU
-    runtime trains bf16 specs in fp32, for bf16 too) and its gpu_spec table."""
+    runtime trains bf16 specs in fp32, for bf16 too) and its gpu_spec table; the attention
+    kernel at the shape of ``target``'s model (``_local_spec_target``), else a default one."""
     import tempfile
 
     from aihpc.bench.calibrate import load_measurements
-    from aihpc.bench.local import local_gpu_spec, measure_local
+    from aihpc.bench.local import DEFAULT_ATTENTION_SHAPE, local_gpu_spec, measure_local
 
+    shape = target[2] if target else DEFAULT_ATTENTION_SHAPE
     with err_console.status(f"measuring this host as {nproc} rank(s)"):
-        m = measure_local(nproc)
+        m = measure_local(nproc, attention=shape)
     with tempfile.TemporaryDirectory(prefix="aihpc-local-") as tmp:
         files = [Path(tmp) / "gemm.json"]
         files[0].write_text(json.dumps(m.gemm))
@@ -384,7 +388,7 @@ def _measure_local(nproc: int) -> tuple[list, dict, dict, float]:
         comm_pts, gemm_pts = load_measurements([str(f) for f in files], None, None, "out-of-place")
     if "fp32" in gemm_pts:
         gemm_pts.setdefault("bf16", list(gemm_pts["fp32"]))
-    return comm_pts, gemm_pts, local_gpu_spec(m), m.call_latency_us
+    return comm_pts, gemm_pts, local_gpu_spec(m), m.call
 
 
 def _write_local_spec(target: tuple, calibration: Path, device: dict, nproc: int) -> None:
@@ -393,7 +397,7 @@ def _write_local_spec(target: tuple, calibration: Path, device: dict, nproc: int
 
     from aihpc.spec.tomlw import dumps_toml
 
-    spec_path, out = target
+    spec_path, out = target[:2]
     data = tomllib.loads(Path(spec_path).read_text())
     cluster = data.setdefault("cluster", {})
     for key in ("gpu", "gpu_spec", "num_gpus", "gpus_per_node", "scale_up_domain"):
@@ -496,17 +500,17 @@ def _calibrate_measurements(
     local_spec = _local_spec_target(spec_path, local, nproc)
     if local:
         require_torch("calibrate --local")
-        comm_pts, gemm_pts, device, call_us = _measure_local(nproc)
+        comm_pts, gemm_pts, device, call = _measure_local(nproc, local_spec)
         source = f"aihpc calibrate --local --nproc {nproc}"
     else:
         comm_pts, gemm_pts = load_measurements(inputs or [], tier, collective, column)
-        device, call_us = None, 0.0
+        device, call = None, None
         source = "aihpc calibrate " + " ".join(Path(p).name for p in inputs or [])
     cal, reports = fit_to_calibration(comm_pts, gemm_pts, source, regimes)
-    if local:  # a call inside a training step pays at least what it costs between GEMMs
-        from aihpc.bench.local_sync import with_call_latency
+    if call is not None:  # a call inside a training step costs what it costs between GEMMs
+        from aihpc.bench.local_sync import with_call_cost
 
-        cal = with_call_latency(cal, call_us)
+        cal = with_call_cost(cal, call)
     header = (
         "Written by `aihpc calibrate`. Time of a collective of whole-buffer size S on "
         "n ranks:\nlatency_us + S * busbw_factor(n) / busbw_GBps / 1e3 (us), in the "

@@ -92,12 +92,14 @@ KERNELS: dict[str, KernelClass] = {
 FUSED_KERNELS = tuple(KERNELS)
 
 
-def length_factor(kv_tokens: Num, half_tokens: float) -> Num:
-    """A kernel's efficiency at key length ``kv_tokens`` over its efficiency at
-    REFERENCE_TOKENS: (s / (s + s_half)) / (s_ref / (s_ref + s_half)). 1 at the reference
-    length, below it for shorter calls, a little above it (at most 1 + s_half / s_ref) for
-    longer ones."""
-    ref = REFERENCE_TOKENS
+def length_factor(
+    kv_tokens: Num, half_tokens: float, reference_tokens: float = REFERENCE_TOKENS
+) -> Num:
+    """A kernel's efficiency at key length ``kv_tokens`` over its efficiency at the length its
+    figure was measured at (``reference_tokens``, the catalog's REFERENCE_TOKENS by default):
+    (s / (s + s_half)) / (s_ref / (s_ref + s_half)). 1 at the reference length, below it for
+    shorter calls, a little above it (at most 1 + s_half / s_ref) for longer ones."""
+    ref = reference_tokens
     return kv_tokens * (ref + half_tokens) / (ref * (kv_tokens + half_tokens))
 
 
@@ -112,12 +114,19 @@ def kernel_efficiency(
     best: tuple[float, float],
     flash2: tuple[float, float],
     kv_tokens: Num,
+    reference_tokens: float | None = None,
+    halves: tuple[float | None, float | None] = (None, None),
 ) -> tuple[Num, Num]:
     """(forward, backward) fraction of the 16-bit peak of ``kernel`` on a part whose best
-    kernel reaches ``best`` and FlashAttention-2 ``flash2`` (forward, backward) at long
-    sequences, for calls over ``kv_tokens`` keys."""
+    kernel reaches ``best`` and FlashAttention-2 ``flash2`` (forward, backward) on calls of
+    ``reference_tokens`` keys (None: REFERENCE_TOKENS, the catalog's long calls), for calls over
+    ``kv_tokens`` keys. ``halves``: the part's own half-efficiency key lengths (forward,
+    backward) where measured (``aihpc calibrate --local``), else the kernel class's."""
     k = KERNELS[kernel]
     eff_f, eff_b = best if k.base == "best" else flash2
-    fwd = eff_f * k.fwd_ratio * length_factor(kv_tokens, k.half_fwd_tokens)
-    bwd = eff_b * k.bwd_ratio * length_factor(kv_tokens, k.half_bwd_tokens)
+    ref = REFERENCE_TOKENS if reference_tokens is None else reference_tokens
+    half_f = k.half_fwd_tokens if halves[0] is None else halves[0]
+    half_b = k.half_bwd_tokens if halves[1] is None else halves[1]
+    fwd = eff_f * k.fwd_ratio * length_factor(kv_tokens, half_f, ref)
+    bwd = eff_b * k.bwd_ratio * length_factor(kv_tokens, half_b, ref)
     return fwd, bwd

@@ -242,9 +242,13 @@ class StepTerms:
 
     def overlap_penalty(self, hidden: Any, hidden_mb: Any) -> Any:
         """Compute slowed down by the communication hidden behind it (the step's and each
-        micro-batch's), counted in the compute term."""
+        micro-batch's), counted in the compute term: the calibration's measured fraction of
+        the hidden time where it has one (a CPU host), else the model's."""
         hidden_all = hidden + self.m * hidden_mb
-        return self.params.overlap_compute_penalty * maximum(0.0, hidden_all)
+        cal = self.cluster.calibration
+        measured = cal.overlap_compute_penalty if cal is not None else None
+        penalty = self.params.overlap_compute_penalty if measured is None else measured
+        return penalty * maximum(0.0, hidden_all)
 
     def optimizer(self) -> Any:
         """The optimizer step over the stage's parameters (the ZeRO shard of them)."""

@@ -289,13 +289,17 @@ def _attention_efficiency(
 ) -> tuple[float, float]:
     """(forward, backward) fraction of the 16-bit peak the fused attention kernel reaches on
     calls over ``kv_tokens`` keys: the catalog's figures for the part (else the constant), for
-    the run's kernel class and call length (perf/attention_kernels.py); times a scale fitted
-    to measured runs."""
+    the run's kernel class and call length (perf/attention_kernels.py: the curve anchored at
+    the length the part's figures were measured at, ``gpu.attention_tokens``); times a scale
+    fitted to measured runs."""
     best = gpu.attention_efficiency("flash")
     fa2 = gpu.attention_efficiency("flash2")
     best = (best[0] or params.attention_efficiency, best[1] or params.attention_efficiency)
     fa2 = (fa2[0] or best[0], fa2[1] or best[1])
-    eff_f, eff_b = kernel_efficiency(training.attention, best, fa2, kv_tokens)
+    halves = (gpu.attention_half_fwd_tokens, gpu.attention_half_bwd_tokens)
+    eff_f, eff_b = kernel_efficiency(
+        training.attention, best, fa2, kv_tokens, gpu.attention_tokens, halves
+    )
     if calibration is not None and calibration.efficiency is not None:
         k = calibration.scale("attention")
         eff_f, eff_b = min(1.0, eff_f * k), min(1.0, eff_b * k)

@@ -8,6 +8,7 @@ the data cursor and the RNG. ``state_sha256`` over the same mapping is the run's
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -354,6 +355,24 @@ def _train(
     return result
 
 
+def as_trained(spec: RunSpec) -> RunSpec:
+    """``spec`` with the software facts of this trainer, which the prediction beside its
+    measurement must price: eager PyTorch, one kernel per element-wise op (``fused_kernels``
+    false: no torch.compile, RMSNorm and RoPE in fp32 as runtime/model.py writes them), and
+    ``F.cross_entropy`` on fp32-upcast logits (``cross_entropy`` eager, runtime/step.py),
+    DTensor's tensor-parallel collectives issued and waited for in line (``tp_comm_overlap``
+    none), and under context parallelism the ring's attention blocks as matmuls over
+    materialised scores (``attention`` unfused, comm/ring.py)."""
+    training = dataclasses.replace(
+        spec.training,
+        fused_kernels=False,
+        cross_entropy="eager",
+        tp_comm_overlap="none",
+        attention="unfused" if spec.plan().cp > 1 else spec.training.attention,
+    )
+    return dataclasses.replace(spec, training=training)
+
+
 def measured_vs_predicted(
     spec: RunSpec, step_times: list[float], world_size: int
 ) -> dict[str, Any]:
@@ -366,7 +385,7 @@ def measured_vs_predicted(
     timed = step_times[1:] or step_times
     measured_s = statistics.median(timed) if timed else None
     tokens = spec.plan().global_batch_size * spec.model.seq_length
-    p = predict(spec)
+    p = predict(as_trained(spec))
     out: dict[str, Any] = {
         "measured_step_time_s": measured_s,
         "measured_steps": len(timed),

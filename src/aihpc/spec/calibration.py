@@ -154,6 +154,10 @@ class Calibration:
     source: str = ""
     path: str = ""
     efficiency: EfficiencyScales | None = None
+    # Slow-down of compute beside a collective it hides, as a fraction of the collective's
+    # time, measured on this host (`aihpc calibrate --local`); None: the model's constant
+    # (params.overlap_compute_penalty, a GPU measurement).
+    overlap_compute_penalty: float | None = None
 
     def comm_fit(self, collective: str, tier: str) -> CommFit | None:
         return self.comm.get((collective, tier))
@@ -177,7 +181,7 @@ def _num(where: str, value: Any, allow_inf: bool = False) -> float:
     return float(value)
 
 
-_TOP_KEYS = ("source", "comm", "gemm", "efficiency")
+_TOP_KEYS = ("source", "comm", "gemm", "efficiency", "overlap_compute_penalty")
 _COMM_KEYS = (
     "collective",
     "tier",
@@ -277,7 +281,18 @@ def calibration_from_dict(data: dict[str, Any], path: str = "") -> Calibration:
         source=str(data.get("source", "")),
         path=path,
         efficiency=_efficiency(data["efficiency"]) if "efficiency" in data else None,
+        overlap_compute_penalty=_penalty(data.get("overlap_compute_penalty")),
     )
+
+
+def _penalty(value: Any) -> float | None:
+    """A measured overlap penalty: a fraction of the hidden time in [0, 1], or absent."""
+    if value is None:
+        return None
+    value = _num("calibration.overlap_compute_penalty", value)
+    if value > 1:
+        raise SpecError("calibration.overlap_compute_penalty", value, "a fraction in [0, 1]")
+    return value
 
 
 def _efficiency(table: Any) -> EfficiencyScales:
@@ -318,6 +333,8 @@ def calibration_to_toml(cal: Calibration, header: str = "") -> str:
     """The TOML text ``load_calibration`` reads back to an equal Calibration."""
     lines = [f"# {h}" for h in header.splitlines()]
     lines.append(f"source = {_quote(cal.source)}")
+    if cal.overlap_compute_penalty is not None:
+        lines.append(f"overlap_compute_penalty = {_fmt(cal.overlap_compute_penalty)}")
     for (coll, tier), fit in sorted(cal.comm.items()):
         lines += [
             "",

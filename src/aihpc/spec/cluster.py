@@ -49,6 +49,14 @@ class GPUSpec:
     attention_bwd_efficiency: float | None = None
     flash2_fwd_efficiency: float | None = None  # FlashAttention-2 where it is not the best kernel
     flash2_bwd_efficiency: float | None = None
+    # Where the attention figures above were measured and how they fall at shorter calls: the
+    # key length of one call (None: the catalog's 16K, perf/attention_kernels.REFERENCE_TOKENS)
+    # and the key lengths at which this part's kernel reaches half its long-call figure,
+    # forward and backward (None: the kernel class's, measured on an H200). `aihpc calibrate
+    # --local` writes all three from its own attention timings at two lengths.
+    attention_tokens: float | None = None
+    attention_half_fwd_tokens: float | None = None
+    attention_half_bwd_tokens: float | None = None
     # What one NCCL channel (one CTA) moves point-to-point over the scale-up links, per
     # direction: it matters where a job caps a communicator's CTAs
     # (training.cp_comm_ctas, pp_comm_ctas).
@@ -80,6 +88,7 @@ class GPUSpec:
             "host_link_GBps",
             "host_mem_gib",
             "gpus_per_node",
+            "attention_tokens",
         ):
             check_positive(f"cluster.gpu_spec.{f}", getattr(self, f))
         for f in (
@@ -93,6 +102,8 @@ class GPUSpec:
             value = getattr(self, f)
             if value is not None and not 0 < value <= 1:  # a fraction of the peak
                 raise SpecError(f"cluster.gpu_spec.{f}", value, "must be a fraction in (0, 1]")
+        for f in ("attention_half_fwd_tokens", "attention_half_bwd_tokens"):  # 0: no fall-off
+            check_positive(f"cluster.gpu_spec.{f}", getattr(self, f), allow_zero=True)
 
     def peak_tflops(self, precision: str) -> float:
         """Dense peak at ``precision``; refuses to guess for a precision the part lacks."""
