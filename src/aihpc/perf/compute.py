@@ -4,11 +4,12 @@ work at HBM bandwidth. All times are for one GPU, in seconds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from aihpc.perf.attention_kernels import FUSED_KERNELS, kernel_efficiency, kernel_tokens
 from aihpc.perf.flops import layer_gemms, mla_gemms, mla_head_dims, op_sac_saved
+from aihpc.perf.moe_host import moe_host_excess_s
 from aihpc.perf.moe_kernels import expert_gemm_time_s
 from aihpc.perf.numeric import where
 from aihpc.perf.params import ModelParams
@@ -90,14 +91,16 @@ class LayerTimes:
     bwd_elementwise: float
     fwd_gemm_unsaved_op: float = 0.0  # GEMMs op-level selective checkpointing recomputes
     fwd_modules: float = 0.0  # forward of the plan's recompute_modules, run again in backward
+    fwd_host: float = 0.0  # an eager MoE layer's wait on its host beyond the GPU time
+    bwd_host: float = 0.0
 
     @property
     def fwd(self) -> float:
-        return self.fwd_gemm + self.fwd_attn + self.fwd_elementwise
+        return self.fwd_gemm + self.fwd_attn + self.fwd_elementwise + self.fwd_host
 
     @property
     def bwd(self) -> float:
-        return self.bwd_gemm + self.bwd_attn + self.bwd_elementwise
+        return self.bwd_gemm + self.bwd_attn + self.bwd_elementwise + self.bwd_host
 
 
 def layer_times(
@@ -120,7 +123,7 @@ def layer_times(
     # selective recompute re-runs, so it is kept in fwd_attn.
     softmax = stream_time_s(attn_stream_fwd, gpu, params, kernels=2) if attn_stream_fwd else 0.0
     fwd_stream, bwd_stream = elementwise_times(k, stream_moe)
-    return LayerTimes(
+    lt = LayerTimes(
         fwd_gemm,
         fwd_attn + softmax,
         fwd_stream,
@@ -130,6 +133,14 @@ def layer_times(
         unsaved_op,
         module_times(k),
     )
+    if not (moe and training.cuda_graphs == "none"):
+        return lt
+    # An eager MoE layer runs no faster than its host issues it (perf/moe_host.py).
+    local = model.num_experts / plan.ep
+    waits = moe_host_excess_s(
+        lt.fwd, lt.bwd, training.moe_dispatcher, training.precision, local, params
+    )
+    return replace(lt, fwd_host=waits[0], bwd_host=waits[1])
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,9 @@
 What ``per_expert`` adds over ``grouped``, per MoE layer and micro-batch forward (the backward's
 dgrad and wgrad GEMMs are twice the forward, as for every GEMM of the model): a launch per local
 expert and projection instead of one, with FP8 a quantize launch per local expert and projection
-(the cast's bytes are priced with the element-wise traffic). Its host synchronisation (the
-forward reads the counts once per layer) is not priced: it drains the stream for about one launch
-latency, 4 us a layer, below the model's resolution.
+(the cast's bytes are priced with the element-wise traffic). The host side of an eager layer
+(the counts read on the host, every op issued from Python) is perf/moe_host.py's, priced where
+``training.cuda_graphs`` is ``none``.
 """
 
 from __future__ import annotations

@@ -45,6 +45,13 @@ class ModelParams:
     # It matters where a framework loops over ranks in Python (DeepSpeed 0.3's ZeRO-3
     # partition lists); fused or compiled paths do not pay it.
     host_op_overhead_s: float = 2.3e-6
+    # Host (CPU) time to issue one eager PyTorch op on a CUDA tensor from Python (binding,
+    # dispatcher, allocator and the kernel launch), seconds: 8 us per op for a 512 x 512 add
+    # issued back-to-back on an A100 and synchronised once at the end, so the host's cost alone
+    # (flagos-ai/Torch-FL pull request 27, 2026, "cuda_sub" of native PyTorch CUDA dispatch);
+    # without the launch, a scalar multiply costs ~2 us on CPU tensors (pytorch/pytorch issue
+    # 41383, 2020). Prices eager MoE layers (perf/moe_host.py); fitted to no run.
+    host_eager_op_s: float = 8e-6
     # --- communication -------------------------------------------------------------------------
     # Bus bandwidth reached by large NCCL collectives as a fraction of link bandwidth:
     # NVLink4 all-reduce busbw ~360-480 of 450 GB/s (nccl-tests on DGX H100; 741/900 bidir in the

@@ -14,6 +14,7 @@ __all__ = [
     "COMM_CTA_CAPS",
     "CP_EXCHANGES",
     "CROSS_ENTROPY",
+    "CUDA_GRAPHS",
     "DTYPE_BYTES",
     "FP8_SAVED_INPUTS",
     "MOE_DISPATCHERS",
@@ -43,6 +44,7 @@ CROSS_ENTROPY = ("fused", "vocab_parallel", "eager")
 MOE_DISPATCHERS = ("alltoall", "hierarchical")
 MOE_DISPATCH_DTYPES = ("bf16", "fp8")
 MOE_EXPERT_GEMMS = ("grouped", "per_expert")
+CUDA_GRAPHS = ("unknown", "none", "partial", "full")
 # The [training] fields that cap a communicator's NCCL CTAs (point-to-point transfers only).
 COMM_CTA_CAPS = ("cp_comm_ctas", "pp_comm_ctas")
 
@@ -150,6 +152,13 @@ class TrainingSpec:
     # the host (Transformer Engine's GroupedLinear on its cuBLAS path, Megatron-Core's
     # TEGroupedMLP; SequentialMLP). See perf/moe_kernels.py.
     moe_expert_gemm: str = "grouped"
+    # Whether the run captured its layers in CUDA graphs. none: eager, every op issued from
+    # Python each micro-batch, so an MoE layer, which waits on the host for its token counts,
+    # runs no faster than the host issues it (perf/moe_host.py; Megatron-Core without
+    # --cuda-graph-impl). partial: some scopes graphed (Megatron-Core's --cuda-graph-scope attn
+    # moe_router moe_preprocess), full: the whole iteration; unknown: not stated. Only none is
+    # priced (the host term); the others price the GPU's kernels alone, as before the term.
+    cuda_graphs: str = "unknown"
     train_steps: int = 100
     learning_rate: float = 3e-4
     min_lr_ratio: float = 0.1  # cosine decays to learning_rate * min_lr_ratio
@@ -176,6 +185,7 @@ class TrainingSpec:
         check_choice("training.moe_dispatcher", self.moe_dispatcher, MOE_DISPATCHERS)
         check_choice("training.moe_dispatch_dtype", self.moe_dispatch_dtype, MOE_DISPATCH_DTYPES)
         check_choice("training.moe_expert_gemm", self.moe_expert_gemm, MOE_EXPERT_GEMMS)
+        check_choice("training.cuda_graphs", self.cuda_graphs, CUDA_GRAPHS)
         if not (math.isfinite(self.moe_imbalance) and self.moe_imbalance >= 1):
             check_choice("training.moe_imbalance", self.moe_imbalance, ["a number >= 1"])
         if self.fp8_param_gather and self.precision != "fp8":
