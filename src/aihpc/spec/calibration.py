@@ -4,6 +4,8 @@ Written by ``aihpc calibrate`` and named in a run spec by ``[cluster] calibratio
 File layout (TOML)::
 
     source = "what it was fitted from"
+    overlap_compute_penalty = 0.8  # optional: this host's slow-down of compute beside a hidden
+                                   # collective, a fraction of its time (calibrate --local)
     [[comm]]                       # one per (collective, tier)
     collective = "all_reduce"      # all_reduce | all_gather | reduce_scatter | all_to_all |
                                    # broadcast | send_recv
