@@ -223,46 +223,52 @@ def _point(where: str, value: Any) -> tuple[float, float]:
     return _num(where, value[0]), _num(where, value[1])
 
 
+def _comm_fit(i: int, entry: Any) -> CommFit:
+    """The ``[[comm]]`` entry number ``i``, checked."""
+    where = f"calibration.comm[{i}]"
+    _known(where, entry, _COMM_KEYS)
+    coll, tier = entry.get("collective"), entry.get("tier")
+    if coll not in COLLECTIVES:
+        raise SpecError(f"{where}.collective", coll, "allowed: " + " | ".join(COLLECTIVES))
+    if tier not in TIERS:
+        raise SpecError(f"{where}.tier", tier, "allowed: " + " | ".join(TIERS))
+    regimes = []
+    for j, r in enumerate(_array(f"{where}.regimes", entry.get("regimes", []))):
+        _known(f"{where}.regimes[{j}]", r, _REGIME_KEYS)
+        bw = _num(f"{where}.regimes[{j}].busbw_GBps", r.get("busbw_GBps"))
+        if bw <= 0:
+            raise SpecError(f"{where}.regimes[{j}].busbw_GBps", bw, "must be > 0")
+        regimes.append(
+            CommRegime(
+                latency_us=_num(f"{where}.regimes[{j}].latency_us", r.get("latency_us", 0.0)),
+                busbw_GBps=bw,
+                max_bytes=_num(
+                    f"{where}.regimes[{j}].max_bytes", r.get("max_bytes", math.inf), True
+                ),
+            )
+        )
+    if not regimes:
+        raise SpecError(f"{where}.regimes", [], "needs at least one regime")
+    err = entry.get("max_rel_error")
+    single = entry.get("single_regime_max_rel_error")
+    return CommFit(
+        coll,
+        tier,
+        tuple(sorted(regimes, key=lambda r: r.max_bytes)),
+        int(_num(f"{where}.num_ranks", entry.get("num_ranks", 0))),
+        None if err is None else _num(f"{where}.max_rel_error", err),
+        int(_num(f"{where}.num_points", entry.get("num_points", 0))),
+        None if single is None else _num(f"{where}.single_regime_max_rel_error", single),
+        int(_num(f"{where}.ranks_per_domain", entry.get("ranks_per_domain", 0))),
+    )
+
+
 def calibration_from_dict(data: dict[str, Any], path: str = "") -> Calibration:
     _known("calibration", data, _TOP_KEYS)
     comm: dict[tuple[str, str], CommFit] = {}
     for i, entry in enumerate(_array("calibration.comm", data.get("comm", []))):
-        where = f"calibration.comm[{i}]"
-        _known(where, entry, _COMM_KEYS)
-        coll, tier = entry.get("collective"), entry.get("tier")
-        if coll not in COLLECTIVES:
-            raise SpecError(f"{where}.collective", coll, "allowed: " + " | ".join(COLLECTIVES))
-        if tier not in TIERS:
-            raise SpecError(f"{where}.tier", tier, "allowed: " + " | ".join(TIERS))
-        regimes = []
-        for j, r in enumerate(_array(f"{where}.regimes", entry.get("regimes", []))):
-            _known(f"{where}.regimes[{j}]", r, _REGIME_KEYS)
-            bw = _num(f"{where}.regimes[{j}].busbw_GBps", r.get("busbw_GBps"))
-            if bw <= 0:
-                raise SpecError(f"{where}.regimes[{j}].busbw_GBps", bw, "must be > 0")
-            regimes.append(
-                CommRegime(
-                    latency_us=_num(f"{where}.regimes[{j}].latency_us", r.get("latency_us", 0.0)),
-                    busbw_GBps=bw,
-                    max_bytes=_num(
-                        f"{where}.regimes[{j}].max_bytes", r.get("max_bytes", math.inf), True
-                    ),
-                )
-            )
-        if not regimes:
-            raise SpecError(f"{where}.regimes", [], "needs at least one regime")
-        err = entry.get("max_rel_error")
-        single = entry.get("single_regime_max_rel_error")
-        comm[(coll, tier)] = CommFit(
-            coll,
-            tier,
-            tuple(sorted(regimes, key=lambda r: r.max_bytes)),
-            int(_num(f"{where}.num_ranks", entry.get("num_ranks", 0))),
-            None if err is None else _num(f"{where}.max_rel_error", err),
-            int(_num(f"{where}.num_points", entry.get("num_points", 0))),
-            None if single is None else _num(f"{where}.single_regime_max_rel_error", single),
-            int(_num(f"{where}.ranks_per_domain", entry.get("ranks_per_domain", 0))),
-        )
+        fit = _comm_fit(i, entry)
+        comm[(fit.collective, fit.tier)] = fit
     gemm: dict[str, GemmFit] = {}
     for i, entry in enumerate(_array("calibration.gemm", data.get("gemm", []))):
         where = f"calibration.gemm[{i}]"
