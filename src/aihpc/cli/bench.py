@@ -573,6 +573,7 @@ def _report_calibration(output: str, cal: Any, reports: list, as_json: bool) -> 
         "gemm": [
             {"precision": p, "points": [list(x) for x in g.points]} for p, g in cal.gemm.items()
         ],
+        "overlap_compute_penalty": cal.overlap_compute_penalty,
     }
     if as_json:
         print_json(summary)
@@ -611,4 +612,9 @@ def _report_calibration(output: str, cal: Any, reports: list, as_json: bool) -> 
             f"gemm {p}: {len(g.points)} points, "
             f"{min(t for _, t in g.points):.3g} .. "
             f"{max(t for _, t in g.points):.3g} TFLOP/s"
+        )
+    if cal.overlap_compute_penalty is not None:
+        console.print(
+            f"overlap penalty {cal.overlap_compute_penalty:.3g}: a collective hidden behind "
+            "compute on this host still costs this fraction of its time"
         )
