@@ -189,6 +189,15 @@ MEGATRON_FLAGS = {
     # ("Use SequentialMLP (default when --moe-grouped-gemm is not set) or TEGroupedMLP")
     "--moe-grouped-gemm",
     "--moe-use-legacy-grouped-gemm",
+    # TransformerConfig.cuda_graph_impl / enable_cuda_graph / external_cuda_graph and
+    # arguments.py's --cuda-graph-modules, --cuda-graph-scope (its deprecated alias) and
+    # --no-check-for-nan-in-loss-and-grad at d98e8a6
+    "--cuda-graph-impl",
+    "--cuda-graph-modules",
+    "--cuda-graph-scope",
+    "--enable-cuda-graph",
+    "--external-cuda-graph",
+    "--no-check-for-nan-in-loss-and-grad",
     "--multi-latent-attention",
     "--q-lora-rank",
     "--kv-lora-rank",
