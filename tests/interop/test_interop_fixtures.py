@@ -189,6 +189,15 @@ MEGATRON_FLAGS = {
     # ("Use SequentialMLP (default when --moe-grouped-gemm is not set) or TEGroupedMLP")
     "--moe-grouped-gemm",
     "--moe-use-legacy-grouped-gemm",
+    # TransformerConfig.cuda_graph_impl / enable_cuda_graph / external_cuda_graph and
+    # arguments.py's --cuda-graph-modules, --cuda-graph-scope (its deprecated alias) and
+    # --no-check-for-nan-in-loss-and-grad at d98e8a6
+    "--cuda-graph-impl",
+    "--cuda-graph-modules",
+    "--cuda-graph-scope",
+    "--enable-cuda-graph",
+    "--external-cuda-graph",
+    "--no-check-for-nan-in-loss-and-grad",
     "--multi-latent-attention",
     "--q-lora-rank",
     "--kv-lora-rank",
@@ -256,7 +265,8 @@ TORCHRUN_FLAGS = {"--nproc-per-node", "--nnodes", "--rdzv-backend", "--rdzv-endp
             {"tp": 4, "pp": 2, "cp": 2, "global_batch_size": 512, "zero_stage": 3,
              "recompute": "full", "offload_layers": 0},
             {"precision": "fp8", "fp8_param_gather": True, "grad_reduce_dtype": "bf16",
-             "optimizer_dtype": "bf16", "attention": "flash2", "cp_exchange": "allgather"},
+             "optimizer_dtype": "bf16", "attention": "flash2", "cp_exchange": "allgather",
+             "cuda_graphs": "full"},
         ),
     ],
 )  # fmt: skip
@@ -286,7 +296,8 @@ MOE_EVERY_OPTION = {
     "parallel": {"tp": 2, "pp": 1, "ep": 8, "etp": 1, "global_batch_size": 256,
                  "recompute": "selective", "recompute_modules": ["mla_up_proj", "moe_act"],
                  "moe_a2a_overlap": "1f1b"},
-    "training": {"pipeline_split": "even", "moe_dispatcher": "hierarchical"},
+    "training": {"pipeline_split": "even", "moe_dispatcher": "hierarchical",
+                 "cuda_graphs": "partial"},
 }  # fmt: skip
 
 
@@ -296,6 +307,7 @@ def test_megatron_moe_export_uses_documented_flags() -> None:
     assert set(flags) <= MEGATRON_FLAGS
     assert flags["--recompute-modules"] == ["core_attn", "mla_up_proj", "moe_act"]
     assert flags["--moe-token-dispatcher-type"] == "flex"
+    assert flags["--cuda-graph-impl"] == "transformer_engine"
     result = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
     assert result.returncode == 0, result.stderr
 

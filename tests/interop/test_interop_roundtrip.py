@@ -91,7 +91,8 @@ def _megatron_ok(p: Any) -> bool:
 
 @pytest.mark.parametrize("preset", sorted(model_presets()))
 def test_megatron_round_trip(preset: str) -> None:
-    specs = _searched(preset, {}, {"pipeline_split": "even"}, _megatron_ok)
+    # Megatron cannot leave CUDA graphs unstated: no flag is its eager default (none)
+    specs = _searched(preset, {}, {"pipeline_split": "even", "cuda_graphs": "none"}, _megatron_ok)
     for spec in specs:
         if spec.model.vocab_size % spec.plan().tp:  # GPT-3's 50,257: Megatron would pad it
             with pytest.raises(SpecError) as err:
@@ -272,7 +273,7 @@ def test_training_defaults_differ_per_framework() -> None:
             {"tp": 2, "pp": 2, "ep": 4, "global_batch_size": 256, "zero_stage": 1,
              "recompute": "selective"},
             {"dropout": 0.1, "cross_entropy": "vocab_parallel", "grad_reduce_overlap": False,
-             "moe_expert_gemm": "per_expert"},
+             "moe_expert_gemm": "per_expert", "cuda_graphs": "none"},
         ),
         (  # MLA, grouped sigmoid routing with expert bias, MTP, Llama 4's interleaved MoE
             {"num_layers": 12, "hidden_size": 1024, "num_attention_heads": 16,
@@ -286,7 +287,7 @@ def test_training_defaults_differ_per_framework() -> None:
              "moe_router_bias_update_rate": 0.001, "moe_aux_loss_coeff": 0.0001},
             {"tp": 2, "pp": 2, "ep": 8, "etp": 2, "global_batch_size": 256,
              "moe_a2a_overlap": "1f1b", "recompute_modules": ["mla_up_proj", "moe_act"]},
-            {"moe_dispatcher": "hierarchical"},
+            {"moe_dispatcher": "hierarchical", "cuda_graphs": "partial"},
         ),
         (  # FP8 with its options, context parallel with all-gather, FSDP2, full recompute
             {"preset": "llama3-70b"},
@@ -294,7 +295,8 @@ def test_training_defaults_differ_per_framework() -> None:
              "recompute": "full", "offload_layers": 0},
             {"precision": "fp8", "fp8_param_gather": True, "grad_reduce_dtype": "bf16",
              "optimizer_dtype": "bf16", "attention": "flash2", "cp_exchange": "allgather",
-             "learning_rate": 1e-4, "min_lr_ratio": 0.05, "warmup_steps": 7, "seed": 42},
+             "learning_rate": 1e-4, "min_lr_ratio": 0.05, "warmup_steps": 7, "seed": 42,
+             "cuda_graphs": "full"},
         ),
     ],
 )  # fmt: skip
@@ -341,3 +343,42 @@ def test_tp_comm_overlap_travels_as_each_framework_spells_it() -> None:
     with pytest.raises(SpecError) as err:
         export_torchtitan(_spec("llama3-8b", titan, {**compiled, "fused_kernels": False}))
     assert err.value.field == "training.tp_comm_overlap"
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ("", "none"),  # TransformerConfig.cuda_graph_impl defaults to "none"
+        ("--cuda-graph-impl none", "none"),
+        ("--cuda-graph-impl transformer_engine --cuda-graph-modules attn moe_router "
+         "moe_preprocess", "partial"),
+        ("--cuda-graph-impl local", "partial"),  # no modules: each whole layer, one graph
+        ("--cuda-graph-impl local --cuda-graph-scope full", "partial"),  # deprecated "full"
+        ("--enable-cuda-graph", "partial"),  # deprecated: local
+        ("--external-cuda-graph --cuda-graph-scope attn", "partial"),  # deprecated: TE
+        ("--cuda-graph-impl full_iteration --no-check-for-nan-in-loss-and-grad", "full"),
+        ("--cuda-graph-impl local --cuda-graph-scope full_iteration", "full"),  # migrated
+    ],
+)  # fmt: skip
+def test_megatron_import_of_cuda_graphs(flags: str, expected: str) -> None:
+    spec = _spec("deepseek-v3", {"tp": 1, "pp": 1, "ep": 8, "global_batch_size": 256}, {})
+    script, _ = export_megatron(spec)
+    imported = import_megatron(f"{script.rstrip()} {flags}")
+    assert imported.spec().training.cuda_graphs == expected
+    assert not [f for f in imported.unpriced if "cuda-graph" in f or "check-for-nan" in f]
+
+
+def test_megatron_export_of_unknown_cuda_graphs_emits_no_flag() -> None:
+    spec = _spec("deepseek-v3", {"tp": 1, "pp": 1, "ep": 8, "global_batch_size": 256}, {})
+    assert spec.training.cuda_graphs == "unknown"
+    script, _ = export_megatron(spec)
+    assert "cuda-graph" not in script
+    assert import_megatron(script).spec().training.cuda_graphs == "none"
+
+
+def test_megatron_import_refuses_an_unknown_cuda_graph_impl() -> None:
+    spec = _spec("llama3-8b", {"tp": 2, "global_batch_size": 64}, {})
+    script, _ = export_megatron(spec)
+    with pytest.raises(SpecError) as err:
+        import_megatron(f"{script.rstrip()} --cuda-graph-impl cudnn")
+    assert err.value.field == "--cuda-graph-impl"

@@ -457,6 +457,38 @@ def _expert_gemm(a: _Args) -> str:
     return "grouped" if grouped and legacy else "per_expert"
 
 
+def _cuda_graphs(a: _Args) -> str:
+    """What Megatron-LM captures in CUDA graphs, at d98e8a6 (TransformerConfig.cuda_graph_impl,
+    arguments.py validate_args and core/transformer/cuda_graph_config.py): --cuda-graph-impl
+    none (the default: eager) | local | transformer_engine | full_iteration; the deprecated
+    --enable-cuda-graph sets local and --external-cuda-graph transformer_engine. local and
+    transformer_engine graph each layer (--cuda-graph-modules attn mlp moe moe_router
+    moe_preprocess mamba, empty or the deprecated "full" = the whole layer; --cuda-graph-scope is
+    its hidden deprecated alias): partial. full_iteration (or the deprecated module value
+    full_iteration, which validate_args migrates to that impl) graphs the whole iteration: full.
+    Older launches (e.g. 23265d2) spell it --cuda-graph-impl local --cuda-graph-scope
+    full_iteration; the same reading covers them."""
+    impl = a.get("--cuda-graph-impl", "none")
+    if a.flag("--enable-cuda-graph"):
+        impl = "local"
+    if a.flag("--external-cuda-graph"):
+        impl = "transformer_engine"
+    a.flag("--no-check-for-nan-in-loss-and-grad")  # full_iteration asserts it is set
+    modules: list[str] = []
+    for name in ("--cuda-graph-modules", "--cuda-graph-scope"):
+        value = a.get(name)
+        if value is not None and value is not True:
+            modules += value if isinstance(value, list) else str(value).replace(",", " ").split()
+    if impl == "full_iteration" or "full_iteration" in modules:
+        return "full"
+    if impl in ("local", "transformer_engine"):
+        return "partial"
+    if impl != "none":
+        allowed = "none | local | transformer_engine | full_iteration"
+        raise SpecError("--cuda-graph-impl", impl, f"allowed: {allowed}")
+    return "none"
+
+
 def _precision(a: _Args) -> str:
     if a.get("--fp8-format") is not None or a.get("--fp8") is not None:
         return "fp8"
@@ -589,6 +621,7 @@ def import_megatron(
     shape = _model(a, tp, notes, vocab_size)
     parallel = _parallel(a, shape["num_layers"], num_gpus, bool(shape.get("num_experts")))
     training = _training(a, _precision(a), parallel["global_batch_size"], notes)
+    training["cuda_graphs"] = _cuda_graphs(a)
     if shape.get("num_experts"):
         training["moe_dispatcher"] = _dispatcher(a, notes)
         training["moe_expert_gemm"] = _expert_gemm(a)
@@ -848,6 +881,11 @@ def _training_args(spec: RunSpec) -> list[tuple[str, Any]]:
         args.append(("--moe-grouped-gemm", None))
         if t.moe_expert_gemm == "grouped":
             args.append(("--moe-use-legacy-grouped-gemm", None))
+    if t.cuda_graphs == "full":  # _cuda_graphs; validate_args asserts the NaN check is off
+        args += [("--cuda-graph-impl", "full_iteration")]
+        args.append(("--no-check-for-nan-in-loss-and-grad", None))
+    elif t.cuda_graphs == "partial":  # per-layer TE graphs of the attention alone
+        args += [("--cuda-graph-impl", "transformer_engine"), ("--cuda-graph-modules", "attn")]
     args += [
         ("--hidden-dropout", t.dropout),
         ("--attention-dropout", t.dropout),
