@@ -6,7 +6,7 @@ a gather or reduction between every pair of GEMMs), so every call also waits for
 rank to arrive; on a CPU host, where gloo runs on the cores that compute and other processes
 share them, that wait is most of the cost. Measured on the 2-core CI host under load (2 ranks,
 gloo, a 256 KiB all-gather after four 512x256x704 GEMMs): 1.7 ms a call back to back, 9.8 ms
-more a call when issued between the GEMMs (benchmarks/results/predicted_vs_measured.md).
+more a call when issued between the GEMMs (docs/benchmarks.md, the run of December 2026).
 
 ``interleaved_call_cost`` measures it: N local gloo ranks run k steps of (compute chunk, one
 all-gather) and k steps of the compute chunk alone, at a small and a large message; the
@@ -61,50 +61,40 @@ class CallCost:
     overlap_penalty: float | None = None
 
 
-def _extra_per_call(a: Any, b: Any, x: Any, gathered: Any) -> float:
-    """Median over repeats of (mean loop time with the all-gather - without) per call."""
-    import torch
+def _timed(body: Any) -> float:
+    """Seconds per call of ``body``, the mean over _CALLS calls started together on all ranks."""
     import torch.distributed as dist
 
-    def loop(collective: bool) -> float:
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(_CALLS):
-            for _ in range(4):
-                torch.matmul(a, b)
-            if collective:
-                dist.all_gather_into_tensor(gathered, x)
-        return (time.perf_counter() - t0) / _CALLS
-
-    return statistics.median(-loop(False) + loop(True) for _ in range(_REPEATS))
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(_CALLS):
+        body()
+    return (time.perf_counter() - t0) / _CALLS
 
 
-def _overlap_penalty(a: Any, b: Any, x: Any, gathered: Any) -> float:
+def _extra_per_call(compute: Any, gather: Any) -> float:
+    """Median over repeats of (compute then the all-gather - compute alone), per call."""
+
+    def both() -> None:
+        compute()
+        gather()
+
+    return statistics.median(-_timed(compute) + _timed(both) for _ in range(_REPEATS))
+
+
+def _overlap_penalty(compute: Any, gather: Any, start: Any) -> float:
     """Median over repeats of (compute with an async all-gather beside it - compute alone) /
     (the all-gather alone), clamped to [0, 1]: 0 when the collective hides for free, 1 when
     it costs as much as issued on its own (gloo's transfers run on the cores that compute)."""
-    import torch
-    import torch.distributed as dist
-
-    def timed(body: Any) -> float:
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(_CALLS):
-            body()
-        return (time.perf_counter() - t0) / _CALLS
-
-    def compute() -> None:
-        for _ in range(4):
-            torch.matmul(a, b)
 
     def beside() -> None:
-        work = dist.all_gather_into_tensor(gathered, x, async_op=True)
+        work = start()
         compute()
         work.wait()
 
     def ratio() -> float:
-        alone, comm = timed(compute), timed(lambda: dist.all_gather_into_tensor(gathered, x))
-        return (timed(beside) - alone) / comm
+        alone, comm = _timed(compute), _timed(gather)
+        return (_timed(beside) - alone) / comm
 
     return min(1.0, max(0.0, statistics.median(ratio() for _ in range(_REPEATS))))
 
@@ -116,12 +106,21 @@ def _worker(rank: int, nproc: int, init: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=nproc)
     a, b = torch.randn(512, 256), torch.randn(256, 704)  # one tiny-model FFN GEMM
+
+    def compute() -> None:
+        for _ in range(4):
+            torch.matmul(a, b)
+
     costs = []
     for n in _SIZES:
-        x = torch.randn(n)
-        costs.append(_extra_per_call(a, b, x, torch.empty(nproc * n)))
-    x = torch.randn(_SIZES[-1])
-    costs.append(_overlap_penalty(a, b, x, torch.empty(nproc * _SIZES[-1])))
+        x, gathered = torch.randn(n), torch.empty(nproc * n)
+
+        def gather(x: Any = x, out: Any = gathered, async_op: bool = False) -> Any:
+            return dist.all_gather_into_tensor(out, x, async_op=async_op)
+
+        costs.append(_extra_per_call(compute, gather))
+    # the larger all-gather (the last ``gather``) started beside the GEMMs
+    costs.append(_overlap_penalty(compute, gather, lambda: gather(async_op=True)))
     if rank == 0:
         Path(out).write_text(json.dumps(costs))
     dist.destroy_process_group()

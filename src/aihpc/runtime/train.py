@@ -378,8 +378,9 @@ def measured_vs_predicted(
 ) -> dict[str, Any]:
     """This launch's measured step time (median over its steps after the first, which pays for
     allocations and first-touch communication) and MFU beside ``aihpc estimate``'s for the same
-    spec. MFU is over the spec's GPU peak (``[cluster] gpu`` or ``gpu_spec``), so on a machine
-    the spec does not describe it says how far the run is from the spec's hardware."""
+    spec with this trainer's software facts (``as_trained``). MFU is over the spec's GPU peak
+    (``[cluster] gpu`` or ``gpu_spec``), so on a machine the spec does not describe it says how
+    far the run is from the spec's hardware."""
     from aihpc.observe.metrics import predict
 
     timed = step_times[1:] or step_times
