@@ -49,6 +49,9 @@ def test_local_calibration_prices_the_spec_on_this_host(tmp_path: Path) -> None:
     assert cluster["gpu_spec"]["attention_tokens"] == model.seq_length
     for key in ("attention_half_fwd_tokens", "attention_half_bwd_tokens"):
         assert cluster["gpu_spec"][key] >= 0
+    # a CPU host is its own device, and DTensor's dispatch cost per op was measured on it
+    assert cluster["gpu_spec"]["host_is_device"] is True
+    assert cal["dtensor_op_us"] >= 0
     assert local["model"] == tomllib.loads(spec.read_text())["model"]
     est = _aihpc("estimate", "tiny.local.toml", "--json", cwd=tmp_path)
     assert est.returncode == 0, est.stderr

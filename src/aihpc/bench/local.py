@@ -8,6 +8,8 @@ Measures what the model needs to price a plan on this host, with the project's o
   comm``: gloo on CPUs, NCCL on GPUs), fitted as ``aihpc calibrate`` fits any measurement;
 * memory bandwidth (a large tensor copy: read + write bytes over time) for the memory-bound
   terms (optimizer step, elementwise work);
+* on a CPU, the host time DTensor's dispatch adds to one op of the trainer's tensor-parallel
+  decoder (bench/dtensor_host.py), which the model prices under eager DTensor;
 * causal scaled-dot-product attention forward and backward, as fractions of the best GEMM rate
   (the gpu_spec's attention efficiencies: on a CPU the attention kernel runs at a third to half
   the GEMM rate, where the model's default assumes a GPU's fused kernel), at the spec model's
@@ -64,6 +66,10 @@ class LocalMeasurement:
     host_mem_gib: float
     attention: AttentionCurve  # causal SDPA forward, backward, at the model's shape
     call: CallCost | None = None  # a collective between computations (bench/local_sync.py)
+    device_type: str = "cpu"
+    # host time DTensor adds to one op of the trainer's tensor-parallel layer (CPU hosts only:
+    # on a GPU the host runs ahead of the kernels and the figure is not the one that matters)
+    dtensor_op_us: float | None = None
 
 
 def _threads(nproc: int) -> int:
@@ -222,8 +228,17 @@ def measure_local(
             comm = json.loads(out.read_text())
     from aihpc.bench.local_sync import interleaved_call_cost
 
-    call = interleaved_call_cost(nproc) if device.type == "cpu" else None
-    return LocalMeasurement(nproc, threads, name, gemm, comm, mem_bw, _host_mem_gib(), curve, call)
+    cpu = device.type == "cpu"
+    call = interleaved_call_cost(nproc) if cpu else None
+    dtensor = None
+    if cpu:
+        from aihpc.bench.dtensor_host import measure_dtensor_op_us
+
+        dtensor = float(f"{measure_dtensor_op_us(attention):.4g}")
+    return LocalMeasurement(
+        nproc, threads, name, gemm, comm, mem_bw, _host_mem_gib(), curve, call, device.type,
+        dtensor,
+    )  # fmt: skip
 
 
 def local_gpu_spec(m: LocalMeasurement) -> dict[str, Any]:
@@ -264,4 +279,5 @@ def local_gpu_spec(m: LocalMeasurement) -> dict[str, Any]:
         "attention_tokens": m.attention.tokens,
         "attention_half_fwd_tokens": sig(m.attention.halves[0]),
         "attention_half_bwd_tokens": sig(m.attention.halves[1]),
+        "host_is_device": m.device_type == "cpu",
     }

@@ -367,10 +367,11 @@ def _local_spec_target(spec_path: str | None, local: bool, nproc: int) -> tuple 
     return spec_path, target, attention_shape(spec.model, mbs)
 
 
-def _measure_local(nproc: int, target: tuple | None) -> tuple[list, dict, dict, Any]:
+def _measure_local(nproc: int, target: tuple | None) -> tuple[list, dict, dict, tuple]:
     """This host's measurements as calibration points (GEMMs for fp32 and, as the CPU
-    runtime trains bf16 specs in fp32, for bf16 too) and its gpu_spec table; the attention
-    kernel at the shape of ``target``'s model (``_local_spec_target``), else a default one."""
+    runtime trains bf16 specs in fp32, for bf16 too), its gpu_spec table, and (a collective's
+    cost inside a step, DTensor's host time per op); the attention kernel and the DTensor
+    decoder at the shape of ``target``'s model (``_local_spec_target``), else a default one."""
     import tempfile
 
     from aihpc.bench.calibrate import load_measurements
@@ -388,7 +389,7 @@ def _measure_local(nproc: int, target: tuple | None) -> tuple[list, dict, dict, 
         comm_pts, gemm_pts = load_measurements([str(f) for f in files], None, None, "out-of-place")
     if "fp32" in gemm_pts:
         gemm_pts.setdefault("bf16", list(gemm_pts["fp32"]))
-    return comm_pts, gemm_pts, local_gpu_spec(m), m.call
+    return comm_pts, gemm_pts, local_gpu_spec(m), (m.call, m.dtensor_op_us)
 
 
 def _write_local_spec(target: tuple, calibration: Path, device: dict, nproc: int) -> None:
@@ -507,10 +508,13 @@ def _calibrate_measurements(
         device, call = None, None
         source = "aihpc calibrate " + " ".join(Path(p).name for p in inputs or [])
     cal, reports = fit_to_calibration(comm_pts, gemm_pts, source, regimes)
+    call, dtensor_op_us = call or (None, None)
     if call is not None:  # a call inside a training step costs what it costs between GEMMs
         from aihpc.bench.local_sync import with_call_cost
 
         cal = with_call_cost(cal, call)
+    if dtensor_op_us is not None:
+        cal = replace(cal, dtensor_op_us=dtensor_op_us)
     header = (
         "Written by `aihpc calibrate`. Time of a collective of whole-buffer size S on "
         "n ranks:\nlatency_us + S * busbw_factor(n) / busbw_GBps / 1e3 (us), in the "
@@ -574,6 +578,7 @@ def _report_calibration(output: str, cal: Any, reports: list, as_json: bool) -> 
             {"precision": p, "points": [list(x) for x in g.points]} for p, g in cal.gemm.items()
         ],
         "overlap_compute_penalty": cal.overlap_compute_penalty,
+        "dtensor_op_us": cal.dtensor_op_us,
     }
     if as_json:
         print_json(summary)
@@ -617,4 +622,9 @@ def _report_calibration(output: str, cal: Any, reports: list, as_json: bool) -> 
         console.print(
             f"overlap penalty {cal.overlap_compute_penalty:.3g}: a collective hidden behind "
             "compute on this host still costs this fraction of its time"
+        )
+    if cal.dtensor_op_us is not None:
+        console.print(
+            f"DTensor dispatch {cal.dtensor_op_us:.3g} us per op: what eager tensor parallel "
+            "and FSDP2 add to each op on this host"
         )

@@ -14,6 +14,7 @@ from typing import Any
 from aihpc.perf import comm, dp_comm
 from aihpc.perf.batch_shapes import Shapes
 from aihpc.perf.compute import optimizer_time_s
+from aihpc.perf.dtensor_host import optimizer_host_s
 from aihpc.perf.memory import warmup_chunks
 from aihpc.perf.numeric import any_, maximum, minimum, where
 from aihpc.perf.params import ModelParams
@@ -255,4 +256,8 @@ class StepTerms:
         b = self.b
         shard = where(b.zero >= 1, self.shard_n, 1)
         gpu, params, training = self.cluster.gpu, self.params, self.training
-        return optimizer_time_s(self.params_stage, b.zero, shard, gpu, params, training)
+        opt = optimizer_time_s(self.params_stage, b.zero, shard, gpu, params, training)
+        if training.dtensor_dispatch != "eager":
+            return opt
+        tied, cal = self.model.tied_embeddings, self.cluster.calibration
+        return opt + optimizer_host_s(opt, b, self.layers, tied, gpu, params, cal)

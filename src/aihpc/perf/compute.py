@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from aihpc.perf import dtensor_host
 from aihpc.perf.attention_kernels import FUSED_KERNELS, kernel_efficiency, kernel_tokens
 from aihpc.perf.flops import layer_gemms, mla_gemms, mla_head_dims, op_sac_saved
 from aihpc.perf.moe_host import moe_host_excess_s
@@ -133,14 +134,33 @@ def layer_times(
         unsaved_op,
         module_times(k),
     )
-    if not (moe and training.cuda_graphs == "none"):
+    if moe and training.cuda_graphs == "none":
+        # An eager MoE layer runs no faster than its host issues it (perf/moe_host.py).
+        local = model.num_experts / plan.ep
+        waits = moe_host_excess_s(
+            lt.fwd, lt.bwd, training.moe_dispatcher, training.precision, local, params
+        )
+        lt = replace(lt, fwd_host=waits[0], bwd_host=waits[1])
+    return _with_dtensor_host(lt, gpu, plan, training, params, calibration)
+
+
+def _with_dtensor_host(
+    lt: LayerTimes,
+    gpu: GPUSpec,
+    plan: ParallelPlan,
+    training: TrainingSpec,
+    params: ModelParams,
+    calibration: Calibration | None,
+) -> LayerTimes:
+    """An eager tensor-parallel layer's DTensor dispatch on the host (perf/dtensor_host.py);
+    an MoE layer is counted as a dense one (its attention and norms are the same)."""
+    if training.dtensor_dispatch != "eager" or plan.tp == 1:
         return lt
-    # An eager MoE layer runs no faster than its host issues it (perf/moe_host.py).
-    local = model.num_experts / plan.ep
-    waits = moe_host_excess_s(
-        lt.fwd, lt.bwd, training.moe_dispatcher, training.precision, local, params
-    )
-    return replace(lt, fwd_host=waits[0], bwd_host=waits[1])
+    op_s = dtensor_host.dtensor_op_s(params, calibration)
+    bwd_ops = dtensor_host.LAYER_BWD_OPS[plan.sequence_parallel]
+    fwd = dtensor_host.host_excess_s(lt.fwd, dtensor_host.LAYER_FWD_OPS, op_s, gpu)
+    bwd = dtensor_host.host_excess_s(lt.bwd, bwd_ops, op_s, gpu)
+    return replace(lt, fwd_host=lt.fwd_host + fwd, bwd_host=lt.bwd_host + bwd)
 
 
 @dataclass(frozen=True)
@@ -432,7 +452,15 @@ def logits_time_s(
     ]
     loss_f = stream_time_s(tokens * v * fwd_b, gpu, params, kernels=3)
     loss_b = stream_time_s(tokens * v * bwd_b, gpu, params, kernels=3)
-    return g + loss_f, 2 * g + loss_b
+    fwd, bwd = g + loss_f, 2 * g + loss_b
+    if training.dtensor_dispatch != "eager" or plan.tp == 1:
+        return fwd, bwd
+    # eager tensor parallel: the embedding's, final norm's, output layer's and loss parallel's
+    # DTensor dispatch on the host (perf/dtensor_host.py)
+    op_s = dtensor_host.dtensor_op_s(params, calibration)
+    fwd += dtensor_host.host_excess_s(fwd, dtensor_host.OUTSIDE_FWD_OPS, op_s, gpu)
+    bwd += dtensor_host.host_excess_s(bwd, dtensor_host.OUTSIDE_BWD_OPS, op_s, gpu)
+    return fwd, bwd
 
 
 def optimizer_time_s(

@@ -52,6 +52,14 @@ class ModelParams:
     # without the launch, a scalar multiply costs ~2 us on CPU tensors (pytorch/pytorch issue
     # 41383, 2020). Prices eager MoE layers (perf/moe_host.py); fitted to no run.
     host_eager_op_s: float = 8e-6
+    # Host (CPU) time DTensor's eager dispatch adds to one op of a tensor-parallel layer beyond
+    # the plain op (unwrap, cached sharding propagation, redistribution checks, wrap), seconds:
+    # aihpc calibrate --local timed the trainer's tensor-parallel decoder on a one-rank mesh
+    # against the same decoder on plain tensors on the project's 2-core Xeon host (torch 2.13):
+    # 45-55 us per counted op on a quiet host. Our own measurement, on a CPU; a calibration
+    # (`dtensor_op_us`) replaces it. Prices training.dtensor_dispatch = "eager"
+    # (perf/dtensor_host.py); fitted to no run.
+    dtensor_op_s: float = 50e-6
     # --- communication -------------------------------------------------------------------------
     # Bus bandwidth reached by large NCCL collectives as a fraction of link bandwidth:
     # NVLink4 all-reduce busbw ~360-480 of 450 GB/s (nccl-tests on DGX H100; 741/900 bidir in the

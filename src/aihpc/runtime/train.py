@@ -361,13 +361,16 @@ def as_trained(spec: RunSpec) -> RunSpec:
     false: no torch.compile, RMSNorm and RoPE in fp32 as runtime/model.py writes them), and
     ``F.cross_entropy`` on fp32-upcast logits (``cross_entropy`` eager, runtime/step.py),
     DTensor's tensor-parallel collectives issued and waited for in line (``tp_comm_overlap``
-    none), and under context parallelism the ring's attention blocks as matmuls over
-    materialised scores (``attention`` unfused, comm/ring.py)."""
+    none), every op on a DTensor (tensor-parallel layers, loss parallel, the optimizer on
+    DTensor parameters) dispatched eagerly in Python (``dtensor_dispatch`` eager), and under
+    context parallelism the ring's attention blocks as matmuls over materialised scores
+    (``attention`` unfused, comm/ring.py)."""
     training = dataclasses.replace(
         spec.training,
         fused_kernels=False,
         cross_entropy="eager",
         tp_comm_overlap="none",
+        dtensor_dispatch="eager",
         attention="unfused" if spec.plan().cp > 1 else spec.training.attention,
     )
     return dataclasses.replace(spec, training=training)

@@ -6,6 +6,8 @@ File layout (TOML)::
     source = "what it was fitted from"
     overlap_compute_penalty = 0.8  # optional: this host's slow-down of compute beside a hidden
                                    # collective, a fraction of its time (calibrate --local)
+    dtensor_op_us = 45.0           # optional: this host's time to dispatch one op on a DTensor
+                                   # beyond the plain op, microseconds (calibrate --local)
     [[comm]]                       # one per (collective, tier)
     collective = "all_reduce"      # all_reduce | all_gather | reduce_scatter | all_to_all |
                                    # broadcast | send_recv
@@ -160,6 +162,10 @@ class Calibration:
     # time, measured on this host (`aihpc calibrate --local`); None: the model's constant
     # (params.overlap_compute_penalty, a GPU measurement).
     overlap_compute_penalty: float | None = None
+    # Host time DTensor's dispatch adds to one op of this trainer's tensor-parallel layer,
+    # microseconds, measured on this host (`aihpc calibrate --local`); None: the model's
+    # constant (params.dtensor_op_s).
+    dtensor_op_us: float | None = None
 
     def comm_fit(self, collective: str, tier: str) -> CommFit | None:
         return self.comm.get((collective, tier))
@@ -183,7 +189,7 @@ def _num(where: str, value: Any, allow_inf: bool = False) -> float:
     return float(value)
 
 
-_TOP_KEYS = ("source", "comm", "gemm", "efficiency", "overlap_compute_penalty")
+_TOP_KEYS = ("source", "comm", "gemm", "efficiency", "overlap_compute_penalty", "dtensor_op_us")
 _COMM_KEYS = (
     "collective",
     "tier",
@@ -290,7 +296,12 @@ def calibration_from_dict(data: dict[str, Any], path: str = "") -> Calibration:
         path=path,
         efficiency=_efficiency(data["efficiency"]) if "efficiency" in data else None,
         overlap_compute_penalty=_penalty(data.get("overlap_compute_penalty")),
+        dtensor_op_us=_optional_num("calibration.dtensor_op_us", data.get("dtensor_op_us")),
     )
+
+
+def _optional_num(where: str, value: Any) -> float | None:
+    return None if value is None else _num(where, value)
 
 
 def _penalty(value: Any) -> float | None:
@@ -343,6 +354,8 @@ def calibration_to_toml(cal: Calibration, header: str = "") -> str:
     lines.append(f"source = {_quote(cal.source)}")
     if cal.overlap_compute_penalty is not None:
         lines.append(f"overlap_compute_penalty = {_fmt(cal.overlap_compute_penalty)}")
+    if cal.dtensor_op_us is not None:
+        lines.append(f"dtensor_op_us = {_fmt(cal.dtensor_op_us)}")
     for (coll, tier), fit in sorted(cal.comm.items()):
         lines += [
             "",

@@ -66,6 +66,10 @@ class GPUSpec:
     # that falls to each GPU. They matter where a plan offloads activations (offload_layers).
     host_link_GBps: float | None = None
     host_mem_gib: float | None = None
+    # The "device" is the host's CPU (`aihpc calibrate --local` on a machine without a GPU):
+    # the host's own time per op (eager DTensor dispatch) adds to the step instead of running
+    # ahead of the device's kernels.
+    host_is_device: bool = False
     gpus_per_node: int = 8
     id: str = "custom"  # catalog id
     name: str = "custom"

@@ -15,6 +15,7 @@ __all__ = [
     "CP_EXCHANGES",
     "CROSS_ENTROPY",
     "CUDA_GRAPHS",
+    "DTENSOR_DISPATCH",
     "DTYPE_BYTES",
     "FP8_SAVED_INPUTS",
     "MOE_DISPATCHERS",
@@ -45,6 +46,7 @@ MOE_DISPATCHERS = ("alltoall", "hierarchical")
 MOE_DISPATCH_DTYPES = ("bf16", "fp8")
 MOE_EXPERT_GEMMS = ("grouped", "per_expert")
 CUDA_GRAPHS = ("unknown", "none", "partial", "full")
+DTENSOR_DISPATCH = ("none", "eager")
 # The [training] fields that cap a communicator's NCCL CTAs (point-to-point transfers only).
 COMM_CTA_CAPS = ("cp_comm_ctas", "pp_comm_ctas")
 
@@ -159,6 +161,12 @@ class TrainingSpec:
     # moe_router moe_preprocess), full: the whole iteration; unknown: not stated. Only none is
     # priced (the host term); the others price the GPU's kernels alone, as before the term.
     cuda_graphs: str = "unknown"
+    # How ops on DTensors run. none: no DTensor in the step (Megatron-Core), or traced away by
+    # torch.compile (torchtitan's compiled blocks). eager: PyTorch-native tensor parallel and
+    # FSDP2 run eagerly, so every op on a DTensor (a TP layer's, the loss parallel's, the
+    # optimizer's on DTensor parameters) goes through DTensor's Python dispatch in every
+    # micro-batch: aihpc's own trainer. perf/dtensor_host.py prices that host time.
+    dtensor_dispatch: str = "none"
     train_steps: int = 100
     learning_rate: float = 3e-4
     min_lr_ratio: float = 0.1  # cosine decays to learning_rate * min_lr_ratio
@@ -186,6 +194,7 @@ class TrainingSpec:
         check_choice("training.moe_dispatch_dtype", self.moe_dispatch_dtype, MOE_DISPATCH_DTYPES)
         check_choice("training.moe_expert_gemm", self.moe_expert_gemm, MOE_EXPERT_GEMMS)
         check_choice("training.cuda_graphs", self.cuda_graphs, CUDA_GRAPHS)
+        check_choice("training.dtensor_dispatch", self.dtensor_dispatch, DTENSOR_DISPATCH)
         if not (math.isfinite(self.moe_imbalance) and self.moe_imbalance >= 1):
             check_choice("training.moe_imbalance", self.moe_imbalance, ["a number >= 1"])
         if self.fp8_param_gather and self.precision != "fp8":
