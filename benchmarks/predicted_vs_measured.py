@@ -2,6 +2,7 @@
 host.
 
     python benchmarks/predicted_vs_measured.py [--steps 8] [--rounds 1] [--results DIR]
+    python benchmarks/predicted_vs_measured.py --plans "1 rank" cp2   # only these plans
     python benchmarks/predicted_vs_measured.py --gpu --steps 20   # one-GPU plans, catalog GPU
 
 1. `aihpc calibrate --local --nproc 2` measures this host (GEMMs at one thread per rank, memory
@@ -125,6 +126,19 @@ def spearman(a: list[float], b: list[float]) -> float:
     return 1 - 6 * d2 / (n * (n * n - 1))
 
 
+def select(
+    plans: list[tuple[str, int, str]], names: list[str] | None
+) -> list[tuple[str, int, str]]:
+    """The plans named (all of them without names), in the table's order."""
+    if not names:
+        return plans
+    known = [name for name, _, _ in plans]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SystemExit(f"--plans: no plan named {unknown}; the plans are {known}")
+    return [p for p in plans if p[0] in names]
+
+
 def calibrate(folder: Path, nproc: int) -> Path:
     spec = folder / f"base{nproc}.toml"
     spec.write_text(MODEL + f"[cluster]\ngpu = 'h100-sxm'\nnum_gpus = {nproc}\n")
@@ -187,6 +201,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=1, help="train every plan this many times")
     ap.add_argument("--gpu", action="store_true", help="one-GPU plans on this machine's GPU")
+    ap.add_argument(
+        "--plans", nargs="+", metavar="NAME", help="train only these plans (default: all)"
+    )
     add_results_arg(ap)
     args = ap.parse_args()
     rows = []
@@ -194,12 +211,14 @@ def main() -> None:
         folder = Path(tmp)
         if args.gpu:
             gpu = catalog_gpu()
-            plans = GPU_PLANS
+            plans = select(GPU_PLANS, args.plans)
             clusters = {1: {"cluster": {"gpu": gpu, "num_gpus": 1, "gpus_per_node": 1}}}
             model, batch = GPU_MODEL, "global_batch_size = 8"
         else:
-            plans, model, batch = PLANS, MODEL, "micro_batch_size = 4\nglobal_batch_size = 8"
-            clusters = {n: tomllib.loads(calibrate(folder, n).read_text()) for n in (1, 2)}
+            plans, model = select(PLANS, args.plans), MODEL
+            batch = "micro_batch_size = 4\nglobal_batch_size = 8"
+            ranks = sorted({n for _, n, _ in plans})
+            clusters = {n: tomllib.loads(calibrate(folder, n).read_text()) for n in ranks}
             for data in clusters.values():  # the calibration's path, relative to the folder
                 cal = data["cluster"].get("calibration")
                 if cal:
@@ -237,7 +256,9 @@ def main() -> None:
                 }
             )
     med = statistics.median(abs(r["error"]) for r in rows)
-    rho = spearman([r["measured_s"] for r in rows], [r["predicted_s"] for r in rows])
+    rho = None  # a rank order needs three plans
+    if len(rows) > 2:
+        rho = spearman([r["measured_s"] for r in rows], [r["predicted_s"] for r in rows])
     table = "\n".join(
         [
             "| plan | ranks | fastest ms | median ms | predicted ms | error | vs median |",
@@ -249,7 +270,9 @@ def main() -> None:
                 for r in rows
             ),
             "",
-            f"median |error| {med:.0%} (target <= 20%); Spearman rho {rho:.2f} (target >= 0.8)",
+            f"median |error| {med:.0%} (target <= 20%); Spearman rho "
+            + ("-" if rho is None else f"{rho:.2f}")
+            + " (target >= 0.8)",
         ]
     )
     data = {"machine": machine(), "steps": args.steps, "rounds": args.rounds, "plans": rows}

@@ -16,12 +16,12 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from aihpc.bench.dist import init_distributed
-from aihpc.comm.ring import load_balanced_positions, ring_attention
+from aihpc.comm.ring import load_balanced_layout, ring_attention
 
 BATCH, HEAD_DIM, CHUNK = 2, 8, 4  # CHUNK: tokens per half-chunk, so seq = 2 * cp * CHUNK
 
 # name: CP groups (each a list of world ranks; the 4 ranks split among them), heads, kv_heads,
-# dtype, layout ("balanced": load_balanced_positions; "contiguous": rank r holds the r-th slice,
+# dtype, layout ("balanced": load_balanced_layout; "contiguous": rank r holds the r-th slice,
 # so some blocks are entirely in a query's future), recompute under checkpoint.
 CASES: dict[str, dict[str, Any]] = {
     "cp4": {"groups": [[0, 1, 2, 3]], "heads": 4, "kv_heads": 4},
@@ -40,11 +40,11 @@ CASES: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
-def _positions(layout: str, seq: int, cp: int, rank: int) -> torch.Tensor:
+def _layout(layout: str, seq: int, cp: int) -> torch.Tensor:
+    """(cp, seq / cp): row c the global positions of CP rank c's tokens."""
     if layout == "contiguous":
-        s = seq // cp
-        return torch.arange(rank * s, (rank + 1) * s)
-    return load_balanced_positions(seq, cp, rank)
+        return torch.arange(seq).view(cp, seq // cp)
+    return load_balanced_layout(seq, cp)
 
 
 def _inputs(seed: int, heads: int, kv_heads: int, seq: int) -> list[torch.Tensor]:
@@ -64,12 +64,36 @@ def _reference(q, k, v, dout) -> list[torch.Tensor]:
     return [out.detach(), q.grad, k.grad, v.grad]
 
 
-def _ring(q, k, v, dout, group, pos, recompute: bool) -> list[torch.Tensor]:
+class _SentMessages:
+    """Records the bytes of every message this rank sends through dist.batch_isend_irecv (the
+    ring's only way to send) while in the ``with`` block."""
+
+    def __enter__(self) -> list[int]:
+        self.sizes: list[int] = []
+        self.real = dist.batch_isend_irecv
+
+        def counting(ops: list[Any]) -> list[Any]:
+            for op in ops:
+                if op.op is dist.isend:
+                    self.sizes.append(op.tensor.numel() * op.tensor.element_size())
+            return self.real(ops)
+
+        dist.batch_isend_irecv = counting
+        return self.sizes
+
+    def __exit__(self, *exc: Any) -> None:
+        dist.batch_isend_irecv = self.real
+
+
+def _ring(q, k, v, dout, group, table, recompute: bool) -> tuple[list[torch.Tensor], list[Any]]:
+    """Output and gradients, and the bytes of each message sent in the forward, the backward."""
     q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
-    core = functools.partial(ring_attention, group=group, positions=pos)
-    out = checkpoint(core, q, k, v, use_reentrant=False) if recompute else core(q, k, v)
-    out.backward(dout)
-    return [out.detach(), q.grad, k.grad, v.grad]
+    core = functools.partial(ring_attention, group=group, positions=table)
+    with _SentMessages() as fwd:
+        out = checkpoint(core, q, k, v, use_reentrant=False) if recompute else core(q, k, v)
+    with _SentMessages() as bwd:
+        out.backward(dout)
+    return [out.detach(), q.grad, k.grad, v.grad], [fwd, bwd]
 
 
 def _max_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -85,15 +109,19 @@ def _run_case(name: str, case: dict[str, Any], rank: int) -> dict[str, Any]:
     seed = 100 * len(name) + mine  # each group its own data
     full = _inputs(seed, case["heads"], case["kv_heads"], seq)
     ref = _reference(*full)
-    pos = _positions(case.get("layout", "balanced"), seq, cp, cp_rank)
+    table = _layout(case.get("layout", "balanced"), seq, cp)
+    pos = table[cp_rank]
     dtype = case.get("dtype", torch.float64)
     local = [t[:, :, pos].to(dtype) for t in full]
-    got = _ring(*local, group, pos, case.get("checkpoint", False))
+    got, sent = _ring(*local, group, table, case.get("checkpoint", False))
     res: dict[str, Any] = {
         "errors": {n: _max_err(g, r[:, :, pos]) for n, g, r in zip("oqkv", got, ref, strict=True)},
         "dtypes": [str(g.dtype) for g in got],
         "positions": pos.tolist(),
         "cp_rank": cp_rank,
+        "cp": cp,
+        "sent_bytes": sent,  # each message's, forward and backward
+        "kv_bytes": 2 * local[1].numel() * local[1].element_size(),  # this rank's K and V
     }
     if dtype != torch.float64:
         # the same inputs, rounded to dtype, through single-process SDPA in dtype: the rounding
@@ -104,7 +132,7 @@ def _run_case(name: str, case: dict[str, Any], rank: int) -> dict[str, Any]:
             for n, s, r in zip("oqkv", sdpa, ref, strict=True)
         }
     if case.get("checkpoint"):  # recompute must give bitwise the gradients of the plain ring
-        plain = _ring(*local, group, pos, False)
+        plain, _ = _ring(*local, group, table, False)
         res["same_as_plain"] = all(torch.equal(a, b) for a, b in zip(got, plain, strict=True))
     return res
 

@@ -238,12 +238,15 @@ def estimate_plan(
             bwd_x += dkv
             fwd_c, bwd_c = ag, ag + plan.cp * dkv
         else:
-            # Ring: (cp - 1) K/V transfers forward, twice that backward (K/V on, dK/dV back),
-            # hidden behind the attention blocks.
+            # Ring: (cp - 1) K/V transfers forward; backward cp messages, K/V alone, cp - 2 of
+            # K/V with dK/dV, dK/dV alone (Transformer Engine's p2p ring, whose last dK/dV lands
+            # on its owner: the count changed on purpose from 2 (cp - 1) equal transfers, which
+            # priced cp - 2 latencies too many), hidden behind the attention blocks.
             step = comm.p2p_time_s(cluster, kv_local, cross, params, channels=ctas)
+            both = comm.p2p_time_s(cluster, 2 * kv_local, cross, params, channels=ctas)
             fwd_c = (plan.cp - 1) * step
             fwd_x = max(0.0, fwd_c - hide * lt.fwd_attn)
-            bwd_c = 2 * fwd_c
+            bwd_c = 2 * step + (plan.cp - 2) * both
             bwd_x = max(0.0, bwd_c - hide * lt.bwd_attn)
         cp_mb = layers * (fwd_reps * fwd_x + bwd_x)
         hidden_mb += layers * (fwd_reps * (fwd_c - fwd_x) + bwd_c - bwd_x)

@@ -15,7 +15,7 @@ from aihpc.comm.moe_dispatch import (
     MoEDispatcher,
     build_ep_groups,
 )
-from aihpc.comm.ring import load_balanced_positions, ring_attention
+from aihpc.comm.ring import load_balanced_layout, load_balanced_positions, ring_attention
 from aihpc.comm.route import Route, combine_stage, dispatch_stage, plan_route
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "build_ep_groups",
     "combine_stage",
     "dispatch_stage",
+    "load_balanced_layout",
     "load_balanced_positions",
     "plan_route",
     "ring_attention",

@@ -223,7 +223,12 @@ def cp_exchange_s(
 
     K/V of this rank's tokens: kv heads (all query heads when the trainer repeats them before
     the kernel), split over TP ranks, at least one per rank. Ring (Megatron-Core / TE p2p):
-    (cp - 1) K/V transfers forward, twice that backward (K/V on, dK/dV back). PyTorch's
+    (cp - 1) K/V transfers forward; backward cp messages carrying 2 (cp - 1) blocks, as
+    Transformer Engine's ``AttnFuncWithCPAndKVP2P.backward`` sends them (context_parallel.py,
+    TE d0067d0; aihpc's comm/ring.py the same): K/V alone, then cp - 2 of K/V with the previous
+    block's dK/dV (in the K/V dtype) in one message, then the last dK/dV alone, which lands on
+    its owner (the backward starts from the forward's last block and turns the ring round, so
+    no hop brings it home). PyTorch's
     context_parallel (allgather): one all-gather of every rank's K/V per attention call
     (forward and backward), hidden only behind the first of the cp blocks; backward passes the
     fp32 dK/dV on after every block, the last transfer waited for at the end. A CTA cap slows
@@ -244,7 +249,8 @@ def cp_exchange_s(
         return ag, fwd_x, ag + cp * dkv, bwd_x
     step = comm.p2p_time_s(cluster, kv_local, cross, params, channels=ctas)
     fwd_c = (cp - 1) * step
-    bwd_c = 2 * fwd_c
+    both = comm.p2p_time_s(cluster, 2 * kv_local, cross, params, channels=ctas)
+    bwd_c = 2 * step + (cp - 2) * both if cp > 1 else 0.0
     return fwd_c, max(0.0, fwd_c - hide * lt.fwd_attn), bwd_c, max(0.0, bwd_c - hide * lt.bwd_attn)
 
 

@@ -11,9 +11,10 @@ What parallelism needs from the model, and nothing more:
 - the embedding, the final norm and the output may be ``None`` (on stages that do not hold them);
 - attention reads its head counts from the tensors it gets (tensor parallel gives it a slice
   of the heads);
-- ``positions`` (a buffer) are the global positions of the tokens this rank sees, so context
-  parallel can hand it any subset of the sequence; ``Attention.cp_group`` switches its core to
-  ring attention over that group.
+- ``layout`` (a buffer) holds the global positions of the tokens of every context-parallel
+  rank, one row each, and ``positions`` is this rank's row, so context parallel can hand each
+  rank any subset of the sequence; ``Attention.cp_group`` switches its core to ring attention
+  over that group, which masks every rank's block by its row.
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ class Attention(nn.Module):
         self.cp_group: Any = None  # context parallel: ring attention over this group
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: torch.Tensor
     ) -> torch.Tensor:
         b, s, _ = x.shape  # (batch, seq, dim); under tensor parallel wq/wk/wv give local heads
         q = self.wq(x).view(b, s, -1, self.head_dim).transpose(1, 2)  # (b, heads, s, head_dim)
@@ -133,7 +134,7 @@ class Attention(nn.Module):
         if self.cp_group is not None:
             from aihpc.comm.ring import ring_attention
 
-            core = functools.partial(ring_attention, group=self.cp_group, positions=positions)
+            core = functools.partial(ring_attention, group=self.cp_group, positions=layout)
         if self.recompute_core:
             out = checkpoint(core, q, k, v, use_reentrant=False)
         else:
@@ -176,7 +177,7 @@ class Block(nn.Module):
         self.feed_forward = MoE(cfg.moe) if moe else FeedForward(cfg)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """x: (batch, seq, dim); rope: (cos, sin, positions) of this rank's tokens."""
+        """x: (batch, seq, dim); rope: (cos, sin) of this rank's tokens and the layout."""
         if self.recompute == "full":
             return checkpoint(self._layer, x, *rope, use_reentrant=False)
         if self.recompute == "op":
@@ -186,9 +187,9 @@ class Block(nn.Module):
         return self._layer(x, *rope)
 
     def _layer(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: torch.Tensor
     ) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin, positions)
+        x = x + self.attention(self.attention_norm(x), cos, sin, layout)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -206,20 +207,27 @@ class Llama(nn.Module):
         if cfg.tied_embeddings:
             self.output.weight = self.tok_embeddings.weight
         # Derived, not state (non-persistent, rebuilt by init_weights): the RoPE tables and the
-        # global positions of the tokens this rank sees (all of them unless context parallel).
+        # global positions of the tokens of each context-parallel rank (one rank, all of them).
         cos, sin = rope_tables(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.register_buffer("positions", torch.arange(cfg.max_seq_len), persistent=False)
-        self._position_ids = torch.arange(cfg.max_seq_len, device="cpu")
+        self.register_buffer("layout", torch.arange(cfg.max_seq_len)[None], persistent=False)
+        self._layout = torch.arange(cfg.max_seq_len, device="cpu")[None]
+        self.cp_rank = 0
 
-    def set_positions(self, positions: torch.Tensor) -> None:
-        """Context parallel: this rank sees the tokens at these global positions (a 1-D tensor,
-        in the order the data gives them). Call before ``init_weights``."""
-        self._position_ids = positions.to("cpu", torch.int64)
-        device = self.positions.device
+    @property
+    def positions(self) -> torch.Tensor:
+        """(seq,) the global positions of the tokens this rank sees, in the data's order."""
+        return self.layout[self.cp_rank]
+
+    def set_layout(self, layout: torch.Tensor, cp_rank: int) -> None:
+        """Context parallel: CP rank c sees the tokens at the global positions of row c of
+        ``layout`` (cp, seq / cp), and this rank is ``cp_rank``. Call before ``init_weights``."""
+        self._layout = layout.to("cpu", torch.int64)
+        self.cp_rank = cp_rank
+        device = self.layout.device
         self.register_buffer(
-            "positions", torch.empty(len(positions), dtype=torch.int64, device=device), False
+            "layout", torch.empty(layout.shape, dtype=torch.int64, device=device), False
         )
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -228,9 +236,10 @@ class Llama(nn.Module):
         return self.run_layers(self.tok_embeddings(tokens), self.layers.values(), last=True)
 
     def rope(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(cos, sin, positions) of this rank's tokens: (seq, head_dim / 2) twice, (seq,)."""
+        """(cos, sin) of this rank's tokens, (seq, head_dim / 2) each, and the layout
+        (cp, seq): every CP rank's positions, which ring attention masks by."""
         pos = self.positions
-        return self.rope_cos[pos], self.rope_sin[pos], pos
+        return self.rope_cos[pos], self.rope_sin[pos], self.layout
 
     def run_layers(self, h: torch.Tensor, layers: Any, last: bool) -> torch.Tensor:
         """h (batch, seq, dim) through ``layers``; with ``last``, the final norm and output."""
@@ -252,7 +261,7 @@ class Llama(nn.Module):
         )
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
-        self.positions.copy_(self._position_ids.to(device))
+        self.layout.copy_(self._layout.to(device))
         # Residual-branch outputs scaled by 1/sqrt(2 * layers) (GPT-2, Radford et al. 2019 §2.3).
         out_std = 0.02 / math.sqrt(2 * self.cfg.num_layers)
         for name, param in self.named_parameters():  # FQNs: the same whatever the plan

@@ -84,9 +84,9 @@ def _prune_for_stages(model: Llama, par: Parallel) -> ModelParts:
 def apply_cp(model: Llama, par: Parallel) -> None:
     """Context parallel: this rank sees the load-balanced half-chunks r and 2cp - 1 - r of the
     sequence, and attention runs as a ring over the CP group (aihpc.comm.ring)."""
-    from aihpc.comm.ring import load_balanced_positions
+    from aihpc.comm.ring import load_balanced_layout
 
-    model.set_positions(load_balanced_positions(model.cfg.max_seq_len, par.dims.cp, par.cp_rank))
+    model.set_layout(load_balanced_layout(model.cfg.max_seq_len, par.dims.cp), par.cp_rank)
     for block in model.layers.values():
         block.attention.cp_group = par.cp_group
 

@@ -48,7 +48,7 @@ def _block_plan(sp: bool) -> dict[str, Any]:
         plan |= {
             "attention_norm": SequenceParallel(),
             "ffn_norm": SequenceParallel(),
-            # Attention.forward(x, cos, sin, positions): only x is distributed.
+            # Attention.forward(x, cos, sin, layout): only x is distributed.
             "attention": PrepareModuleInput(
                 input_layouts=(Shard(1), None, None, None),
                 desired_input_layouts=(Replicate(), None, None, None),
