@@ -7,14 +7,15 @@ host.
 
 1. `aihpc calibrate --local --nproc 2` measures this host (GEMMs at one thread per rank, memory
    bandwidth, the model's attention calls at their length and half of it, gloo collectives on
-   2 ranks back to back, between computations and beside them) and writes the calibration and
-   a gpu_spec;
+   2 ranks back to back, between computations and beside them, and the host time DTensor's
+   dispatch adds to one op of the trainer's tensor-parallel decoder) and writes the
+   calibration and a gpu_spec;
 2. every plan below trains the same model (preset tiny-llama-small: 4 layers, dim 256, seq 128;
    global batch 8) for ``--steps`` steps with `aihpc train`, whose summary.json holds the
    median measured step time (steps after the first) and `aihpc estimate`'s prediction for the
    same spec on this host, priced with the trainer's own software facts (eager element-wise
-   ops and loss, TP collectives in line, the ring's unfused attention: `as_trained` in
-   runtime/train.py; `performance` in summary.json);
+   ops and loss, TP collectives in line, DTensor's eager dispatch, the ring's unfused
+   attention: `as_trained` in runtime/train.py; `performance` in summary.json);
 3. per plan: the fastest step after the first (on a shared machine the step least slowed by
    other work; the median is shown too), the prediction, error = predicted / fastest - 1; over
    plans: median |error| and Spearman's rho between the predicted and measured orders
@@ -190,6 +191,7 @@ def calibration_summary(clusters: dict) -> dict:
                 for c in doc.get("comm", [])
             }
             entry["overlap_compute_penalty"] = doc.get("overlap_compute_penalty")
+            entry["dtensor_op_us"] = doc.get("dtensor_op_us")
         for key in ("attention_fwd_efficiency", "attention_bwd_efficiency", "attention_tokens"):
             entry[key] = spec.get(key)
         out[str(n)] = entry
