@@ -98,8 +98,8 @@ def __getattr__(name: str) -> Any:
 def _one_blas_thread() -> None:
     """The planner's numpy works element-wise on arrays of plans and never calls BLAS, whose
     OpenBLAS would start one thread per core when numpy loads (~40 ms of CPU on 2 cores, more
-    on a login node with 64; issue 21 prices the whole ``aihpc search`` process). Set before
-    numpy is imported; a value the user set is kept."""
+    on a login node with 64; issue 21 prices the whole ``aihpc search`` process). Set in this
+    process's environment before numpy is imported; a value the user set is kept."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 

@@ -1,8 +1,8 @@
 """What every command shares: one-line errors with exit code 2, JSON output, the console.
 
-``console`` and ``err_console`` are made on first use, and rich is imported there: it costs
-~20 ms of an ``aihpc search --json`` process that never prints through them (issue 21's
-whole-process budget). Modules on that path read them as ``_common.console``; the others may
+``console`` and ``err_console`` are made on first use, and rich is imported there: it cost
+~0.04 s of CPU of an ``aihpc search --json`` process, which never prints through them (issue
+21's whole-process budget). Modules on that path read them as ``_common.console``; the others may
 import the names.
 """
 
