@@ -10,6 +10,7 @@ unknown name get every command. ``aihpc.cli.app`` is the whole command tree.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Any
 
@@ -94,5 +95,16 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def _one_blas_thread() -> None:
+    """The planner's numpy works element-wise on arrays of plans and never calls BLAS, whose
+    OpenBLAS would start one thread per core when numpy loads (~40 ms of CPU on 2 cores, more
+    on a login node with 64; issue 21 prices the whole ``aihpc search`` process). Set in this
+    process's environment before numpy is imported; a value the user set is kept."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
 def main() -> None:
-    build_app(_command_of(sys.argv[1:]))()
+    command = _command_of(sys.argv[1:])
+    if COMMAND_AREAS.get(command or "") == _AREAS[0]:  # estimate, search, validate
+        _one_blas_thread()
+    build_app(command)()

@@ -1,4 +1,10 @@
-"""What every command shares: one-line errors with exit code 2, JSON output, the console."""
+"""What every command shares: one-line errors with exit code 2, JSON output, the console.
+
+``console`` and ``err_console`` are made on first use, and rich is imported there: it cost
+~0.04 s of CPU of an ``aihpc search --json`` process, which never prints through them (issue
+21's whole-process budget). Modules on that path read them as ``_common.console``; the others may
+import the names.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +12,16 @@ import functools
 import importlib.util
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 from typer.core import TyperArgument, TyperGroup, TyperOption
 
 from aihpc._io import to_json
 from aihpc.spec.errors import SpecError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = [
     "RUNSPEC_HELP",
@@ -35,7 +42,11 @@ RUNSPEC_HELP = r"Run spec TOML (\[model], \[cluster], \[parallel], \[training]).
 PIPE_WIDTH = 1000
 
 
-def _console(stderr: bool = False) -> Console:
+@functools.cache
+def _console(*, stderr: bool) -> Console:
+    """The one stdout (or stderr) console, made on first use."""
+    from rich.console import Console
+
     stream = sys.stderr if stderr else sys.stdout
     try:
         tty = stream.isatty()
@@ -44,15 +55,30 @@ def _console(stderr: bool = False) -> Console:
     return Console(stderr=stderr, width=None if tty else PIPE_WIDTH)
 
 
-console = _console()
-err_console = _console(stderr=True)
+# Declared for readers and type checkers; the module's __getattr__ makes them on first use.
+console: Console
+err_console: Console
+
+
+def __getattr__(name: str) -> Console:
+    if name == "console":
+        return _console(stderr=False)
+    if name == "err_console":
+        return _console(stderr=True)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def fail(message: str, code: int = 2) -> None:
     """Print one line on stderr and exit (2 = bad input)."""
+    from rich.markup import escape
+
     # The message is text, not markup: "[model]" or a list value must print as written.
-    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    _console(stderr=True).print(
+        f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True
+    )
     raise typer.Exit(code)
 
 
@@ -111,7 +137,7 @@ def guarded(func: F) -> F:
         except SpecError as err:
             fail(str(err))
         except KeyboardInterrupt:
-            err_console.print("interrupted")
+            _console(stderr=True).print("interrupted")
             raise typer.Exit(130) from None
 
     return wrapper  # type: ignore[return-value]

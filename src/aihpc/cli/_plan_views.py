@@ -8,10 +8,8 @@ import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.markup import escape
-
 from aihpc._io import write_atomic
-from aihpc.cli._common import console, err_console
+from aihpc.cli import _common
 from aihpc.spec import RunSpec
 from aihpc.spec.tomlw import dumps_toml
 
@@ -48,6 +46,8 @@ def render_calibration(use: CalibrationUse | None) -> None:
     """Two lines under the plan: the file and what it covers, then what this plan took from it."""
     if use is None:
         return
+    from rich.markup import escape
+
     measured = bool(use.covers or use.gemm_covers)  # [[comm]] / [[gemm]] tables
     parts = []
     if measured or use.efficiency is None:
@@ -57,15 +57,17 @@ def render_calibration(use: CalibrationUse | None) -> None:
         parts.append(f"covers {covers}")
     if use.efficiency is not None:  # scales fitted to measured runs by `aihpc calibrate --runs`
         parts.append(_efficiency_text(use.efficiency))
-    console.print(
+    _common.console.print(
         f"calibration: {escape(use.path)} {'; '.join(parts)}", highlight=False, soft_wrap=True
     )
     terms = ", ".join(TERM_NAMES.get(t, t) for t in use.terms) or "none"
     if not measured and use.efficiency is not None:
-        console.print(f"  step-time terms it changed: {terms}", highlight=False, soft_wrap=True)
+        _common.console.print(
+            f"  step-time terms it changed: {terms}", highlight=False, soft_wrap=True
+        )
         return
     used = _pairs(use.used) + (f"; GEMM {', '.join(use.gemm_used)}" if use.gemm_used else "")
-    console.print(
+    _common.console.print(
         f"  used by this plan: {used} (step-time terms it changed: {terms}); "
         f"from the GPU catalog instead: {_pairs(use.missing)}",
         highlight=False,
@@ -85,8 +87,10 @@ def _efficiency_text(eff: Any) -> str:
 
 
 def warn_calibration(use: CalibrationUse | None) -> None:
+    from rich.markup import escape
+
     for text in use.warnings if use is not None else []:
-        err_console.print(f"warning: {escape(text)}", highlight=False, soft_wrap=True)
+        _common.err_console.print(f"warning: {escape(text)}", highlight=False, soft_wrap=True)
 
 
 def goodput_columns(

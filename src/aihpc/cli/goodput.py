@@ -8,10 +8,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import typer
-from rich.markup import escape
-from rich.table import Table
 
-from aihpc.cli._common import RUNSPEC_HELP, console, guarded, print_json
+from aihpc.cli import _common
+from aihpc.cli._common import RUNSPEC_HELP, guarded, print_json
 from aihpc.spec import SpecError, load_runspec
 
 __all__ = ["parse_count", "register"]
@@ -68,6 +67,9 @@ def _count(n: float) -> str:
 
 
 def _render(rep) -> None:  # type: ignore[no-untyped-def]
+    from rich.markup import escape
+    from rich.table import Table
+
     d = rep.to_json()
     ck, rc = d["checkpoint"], d["recovery"]
     t = Table(
@@ -126,8 +128,8 @@ def _render(rep) -> None:  # type: ignore[no-untyped-def]
             f"{d['time_to_train_days']:,.1f} days",
             f"{_count(d['tokens'])} tokens, {d['gpu_hours'] / 1e6:,.2f} M GPU-hours",
         )
-    console.print(t)
-    console.print(escape(rep.summary()))
+    _common.console.print(t)
+    _common.console.print(escape(rep.summary()))
 
 
 def _compare(
@@ -258,4 +260,4 @@ def _one_strategy(
     else:
         _render(rep)
         if plot is not None:
-            console.print(f"plot written to {plot}")
+            _common.console.print(f"plot written to {plot}")

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from aihpc._io import check_output_path
-from aihpc.cli._common import RUNSPEC_HELP, console, err_console, guarded, print_json
+from aihpc.cli import _common
+from aihpc.cli._common import RUNSPEC_HELP, guarded, print_json
 from aihpc.cli._plan_views import (
     goodput_columns,
     render_calibration,
@@ -20,7 +21,9 @@ from aihpc.cli._plan_views import (
 from aihpc.cli.goodput import parse_count
 from aihpc.spec import RunSpec, SpecError, load_runspec
 
-if TYPE_CHECKING:  # the planner modules load lazily, inside the commands
+if TYPE_CHECKING:  # the planner modules and rich load lazily, inside the commands
+    from rich.table import Table
+
     from aihpc.perf.calibration_use import CalibrationUse
     from aihpc.perf.estimate import Estimate
     from aihpc.perf.validate import ValidationReport
@@ -116,15 +119,17 @@ def _software_line(spec: RunSpec, est: Estimate) -> str:
 
 
 def render_estimate(spec: RunSpec, est: Estimate, use: CalibrationUse | None = None) -> None:
+    from rich.table import Table
+
     out = est.to_json()
     m = spec.model
     gbs = out["plan"]["global_batch_size"]
-    console.print(
+    _common.console.print(
         f"[bold]{m.name}[/] on {spec.cluster.num_gpus} × {spec.cluster.gpu.id} "
         f"({spec.training.precision}) · seq {m.seq_length:,} · "
         f"{gbs * m.seq_length:,} tokens per step ({gbs:,} sequences)"
     )
-    console.print(f"plan: {_plan_line(out['plan'])}")
+    _common.console.print(f"plan: {_plan_line(out['plan'])}")
     # pp_schedule follows vpp and dp_shard follows dp (full sharding): derived; recompute_modules
     # is not searched; the expert fields mean nothing for a dense model
     skip = {"pp_schedule", "dp_shard", "recompute_modules"}
@@ -133,11 +138,11 @@ def render_estimate(spec: RunSpec, est: Estimate, use: CalibrationUse | None = N
     given = spec.parallel.given()
     defaulted = [k for k in out["plan"] if k not in given and k not in skip]
     if defaulted:
-        console.print(
+        _common.console.print(
             f"[dim]defaults used for: {', '.join(defaulted)} "
             "(`aihpc search` chooses them instead)[/]"
         )
-    console.print(f"[dim]software: {_software_line(spec, est)} (set in \\[training])[/]")
+    _common.console.print(f"[dim]software: {_software_line(spec, est)} (set in \\[training])[/]")
     render_calibration(use)
     t = Table(title="Step time", show_edge=False)
     t.add_column("part")
@@ -152,7 +157,7 @@ def render_estimate(spec: RunSpec, est: Estimate, use: CalibrationUse | None = N
                 TIME_LABELS.get(key, key), f"{value:.3f}", f"{value / est.step_time_s:.1%}", *mark
             )
     t.add_row("[bold]step[/]", f"[bold]{est.step_time_s:.3f}[/]", "100%")
-    console.print(t)
+    _common.console.print(t)
     mt = Table(title=f"Memory per GPU ({est.memory.stage} stage, GiB)", show_edge=False)
     mt.add_column("part")
     mt.add_column("GiB", justify="right")
@@ -169,12 +174,12 @@ def render_estimate(spec: RunSpec, est: Estimate, use: CalibrationUse | None = N
     if out["gradients_after_peak_gib"] >= 0.05:
         # FSDP2 creates gradients in the backward, after the peak: not part of the total
         mt.add_row("gradients made after the peak", f"{out['gradients_after_peak_gib']:.1f}")
-    console.print(mt)
-    console.print(
+    _common.console.print(mt)
+    _common.console.print(
         f"tokens/s/GPU [bold]{est.tokens_per_s_per_gpu:,.0f}[/] · model TFLOP/s/GPU "
         f"{est.model_tflops_per_gpu:.0f} · MFU [bold]{est.mfu:.1%}[/] · HFU {est.hfu:.1%}"
     )
-    console.print(f"[bold]Bottleneck:[/] {est.bottleneck}")
+    _common.console.print(f"[bold]Bottleneck:[/] {est.bottleneck}")
 
 
 def register(app: typer.Typer) -> None:
@@ -216,7 +221,7 @@ def _register_estimate(app: typer.Typer) -> None:
             render_estimate(spec, est, use)
             if goodput:
                 g = _goodput_json(spec, est.step_time_s)
-                console.print(
+                _common.console.print(
                     f"goodput: MTBF {g['mtbf_s'] / 3600:.1f} h · ETTR {g['ettr']:.1%} · "
                     f"checkpoint every {g['optimal_checkpoint_interval_s'] / 60:.0f} min"
                 )
@@ -270,17 +275,39 @@ def _register_search(app: typer.Typer) -> None:
         if json_out:
             _search_json(result, top, extra, output, explain)
             return
-        console.print(
+        _common.console.print(
             f"{spec.model.name} on {spec.cluster.num_gpus} × {spec.cluster.gpu.id}: "
             f"{result.evaluated:,} valid plans evaluated, {result.feasible:,} fit, "
             f"{result.elapsed_s:.2f} s"
         )
-        console.print(_search_table(spec, result.plans[:top], cols))
-        console.print(f"[bold]Best plan:[/] {result.plans[0].bottleneck}")
+        _common.console.print(_search_table(spec, result.plans[:top], cols))
+        _common.console.print(f"[bold]Best plan:[/] {result.plans[0].bottleneck}")
         if output is not None:
-            console.print(f"best plan written to {output}", highlight=False)
+            _common.console.print(f"best plan written to {output}", highlight=False)
         if explain:
             _explain_search(result)
+
+
+@contextmanager
+def _search_bar(quiet: bool) -> Iterator[Callable[[int], None] | None]:
+    """A transient bar on stderr while the search runs, when stderr is a terminal. With --json
+    (quiet) there is none, and rich is not imported for it."""
+    if quiet:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("searching plans"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=_common.err_console,
+        transient=True,
+        disable=not _common.err_console.is_terminal,
+    ) as bar:
+        task = bar.add_task("search", total=None)
+        yield lambda n: bar.update(task, completed=n)
 
 
 def _run_search(spec: RunSpec, top: int, rank_by: str, explain: bool, quiet: bool) -> Any:
@@ -297,23 +324,8 @@ def _run_search(spec: RunSpec, top: int, rank_by: str, explain: bool, quiet: boo
         def key(e: Estimate) -> float:
             return e.tokens_per_s_per_gpu * ettr_at(e.step_time_s)
 
-    with Progress(
-        TextColumn("searching plans"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-        disable=quiet or not err_console.is_terminal,
-    ) as bar:
-        task = bar.add_task("search", total=None)
-        result = run_search(
-            spec,
-            top=top,
-            key=key,
-            explain=5 if explain else 0,
-            progress=lambda n: bar.update(task, completed=n),
-        )
+    with _search_bar(quiet) as progress:
+        result = run_search(spec, top=top, key=key, explain=5 if explain else 0, progress=progress)
     refusal = result.refusal()
     if refusal is not None:  # no combination is valid: say which rule refused, not "no fit"
         raise refusal
@@ -349,6 +361,8 @@ def _search_json(
 
 def _search_table(spec: RunSpec, plans: list[Estimate], cols: list) -> Table:
     """The ranked plans, one row each, with the goodput / time-to-train columns when asked."""
+    from rich.table import Table
+
     t = Table(show_edge=False)
     moe_cols = ("ep", "etp", "a2a") if spec.model.is_moe else ()
     for col in (
@@ -393,17 +407,17 @@ def _search_table(spec: RunSpec, plans: list[Estimate], cols: list) -> Table:
 
 def _explain_search(result: Any) -> None:
     if result.rejected_best:
-        console.print("[bold]Faster-looking plans that were rejected:[/]")
+        _common.console.print("[bold]Faster-looking plans that were rejected:[/]")
         for r in result.rejected_best:
-            console.print(
+            _common.console.print(
                 f"  {_plan_line(r.estimate.plan.as_dict())}: "
                 f"{r.estimate.tokens_per_s_per_gpu:,.1f} tok/s/GPU — {r.reason}"
             )
     else:
-        console.print("No rejected plan would have been faster than the best one.")
+        _common.console.print("No rejected plan would have been faster than the best one.")
     if result.invalid_reasons:
         reasons = ", ".join(f"{k} ({v})" for k, v in result.invalid_reasons.most_common())
-        console.print(f"Combinations skipped by divisibility rules: {reasons}")
+        _common.console.print(f"Combinations skipped by divisibility rules: {reasons}")
 
 
 VALIDATE_CALIBRATION = typer.Option(
@@ -454,6 +468,8 @@ def _register_validate(app: typer.Typer) -> None:
     ) -> None:
         """Predicted vs measured tokens/s/GPU and memory on published runs or your own
         (--runs); MAPE per source."""
+        from rich.progress import BarColumn, Progress, TextColumn
+
         from aihpc.perf.validate import validate as run_validate
 
         if runs_template:
@@ -476,9 +492,9 @@ def _register_validate(app: typer.Typer) -> None:
         with Progress(
             TextColumn("validating {task.fields[row]}"),
             BarColumn(),
-            console=err_console,
+            console=_common.err_console,
             transient=True,
-            disable=json_out or not err_console.is_terminal,
+            disable=json_out or not _common.err_console.is_terminal,
         ) as bar:
             task = bar.add_task("validate", total=None, row="")
             report = run_validate(
