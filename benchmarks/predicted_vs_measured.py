@@ -21,7 +21,11 @@ host.
    plans: median |error| and Spearman's rho between the predicted and measured orders
    (targets: <= 20%, >= 0.8). ``--rounds R`` trains every plan R times, round-robin, and keeps
    each plan's fastest step over all rounds (the other jobs on a shared host move a single
-   round's times by 2-3x).
+   round's times by 2-3x); on a CPU every round calibrates the host afresh first, and a plan's
+   prediction is the median of its rounds' (a calibration's noise goes both ways: a slowed
+   GEMM timing makes the host look slower, a slowed baseline makes the overlap penalty, a
+   ratio of two timings, look smaller; three calibrations of one morning measured it at 1.0,
+   0.20 and 0.94).
 
 Every rank runs one thread (OMP_NUM_THREADS=1); the 1-rank plan is priced with a one-rank
 calibration, the 2-rank plans with the 2-rank one.
@@ -63,7 +67,7 @@ PLANS = [
     ("1 rank", 1, "zero_stage = 0"),
     ("dp2 (DDP)", 2, "zero_stage = 0"),
     ("dp2 zero 3 (FSDP2)", 2, "zero_stage = 3"),
-    ("tp2", 2, "tp = 2"),
+    ("tp2", 2, "tp = 2\nsequence_parallel = false"),  # the spec's default is true when tp > 1
     ("tp2 + sp", 2, "tp = 2\nsequence_parallel = true"),
     ("pp2 1F1B", 2, 'pp = 2\npp_schedule = "1f1b"'),
     ("cp2", 2, "cp = 2"),
@@ -112,19 +116,27 @@ def catalog_gpu() -> str:
 
 
 def spearman(a: list[float], b: list[float]) -> float:
-    """Spearman's rank correlation (no ties expected among wall times)."""
+    """Spearman's rank correlation: Pearson's over the ranks, tied values (two plans the model
+    prices alike) sharing their average rank."""
 
     def ranks(x: list[float]) -> list[float]:
         order = sorted(range(len(x)), key=x.__getitem__)
         r = [0.0] * len(x)
-        for i, j in enumerate(order):
-            r[j] = float(i)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and x[order[j + 1]] == x[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
         return r
 
     ra, rb = ranks(a), ranks(b)
-    n = len(a)
-    d2 = sum((x - y) ** 2 for x, y in zip(ra, rb, strict=True))
-    return 1 - 6 * d2 / (n * (n * n - 1))
+    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
+    var = sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)
+    return cov / var**0.5 if var else 0.0
 
 
 def select(
@@ -198,6 +210,71 @@ def calibration_summary(clusters: dict) -> dict:
     return out
 
 
+def local_clusters(folder: Path, ranks: list[int]) -> dict[int, dict]:
+    """``[cluster]`` tables for this host as each rank count, calibrated in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    clusters = {n: tomllib.loads(calibrate(folder, n).read_text()) for n in ranks}
+    for data in clusters.values():  # the calibration's path, relative to the folder
+        cal = data["cluster"].get("calibration")
+        if cal:
+            data["cluster"]["calibration"] = str(folder / cal)
+    return clusters
+
+
+def run_rounds(args: argparse.Namespace, folder: Path) -> tuple[list[dict], list[dict]]:
+    """Every plan trained ``args.rounds`` times, round-robin; (one row per plan, what each
+    round's calibration measured). On a CPU each round calibrates this host afresh, and a plan's
+    prediction is the median over the rounds: one calibration is noisy (one transient load
+    during a calibration moved the 1-rank prediction by 35%, 250 -> 340 ms, between two runs of
+    the same code), in both directions."""
+    if args.gpu:
+        plans, model, batch = select(GPU_PLANS, args.plans), GPU_MODEL, "global_batch_size = 8"
+        gpu_cluster = {1: {"cluster": {"gpu": catalog_gpu(), "num_gpus": 1, "gpus_per_node": 1}}}
+    else:
+        plans, model = select(PLANS, args.plans), MODEL
+        batch = "micro_batch_size = 4\nglobal_batch_size = 8"
+    ranks = sorted({n for _, n, _ in plans})
+    times: dict[str, list[float]] = {name: [] for name, _, _ in plans}
+    preds: dict[str, list[float]] = {name: [] for name, _, _ in plans}
+    summaries = []
+    for rnd in range(args.rounds):
+        clusters = gpu_cluster if args.gpu else local_clusters(folder / f"round{rnd}", ranks)
+        if not args.gpu:
+            summaries.append(calibration_summary(clusters))
+        for i, (name, nproc, par) in enumerate(plans):
+            text = (
+                model
+                + dumps_toml({"cluster": clusters[nproc]["cluster"]})
+                + f"\n[parallel]\n{par}\n{batch}\n"
+                + TRAIN.format(steps=args.steps)
+            )
+            perf, steps = train(folder, f"{i}-{rnd}", text, nproc, name)
+            times[name] += steps
+            preds[name].append(perf["predicted_step_time_s"])
+            print(
+                f"round {rnd + 1}, {name}: fastest step {min(steps) * 1e3:.1f} ms, "
+                f"predicted {preds[name][-1] * 1e3:.1f} ms",
+                flush=True,
+            )
+    rows = []
+    for name, nproc, _ in plans:
+        best, med = min(times[name]), statistics.median(times[name])
+        pred = statistics.median(preds[name])
+        rows.append(
+            {
+                "plan": name,
+                "ranks": nproc,
+                "measured_s": best,
+                "median_s": med,
+                "predicted_s": pred,
+                "predicted_by_round_s": preds[name],
+                "error": pred / best - 1,
+                "error_vs_median": pred / med - 1,
+            }
+        )
+    return rows, summaries
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=8)
@@ -208,55 +285,8 @@ def main() -> None:
     )
     add_results_arg(ap)
     args = ap.parse_args()
-    rows = []
     with tempfile.TemporaryDirectory(prefix="aihpc-pvm-") as tmp:
-        folder = Path(tmp)
-        if args.gpu:
-            gpu = catalog_gpu()
-            plans = select(GPU_PLANS, args.plans)
-            clusters = {1: {"cluster": {"gpu": gpu, "num_gpus": 1, "gpus_per_node": 1}}}
-            model, batch = GPU_MODEL, "global_batch_size = 8"
-        else:
-            plans, model = select(PLANS, args.plans), MODEL
-            batch = "micro_batch_size = 4\nglobal_batch_size = 8"
-            ranks = sorted({n for _, n, _ in plans})
-            clusters = {n: tomllib.loads(calibrate(folder, n).read_text()) for n in ranks}
-            for data in clusters.values():  # the calibration's path, relative to the folder
-                cal = data["cluster"].get("calibration")
-                if cal:
-                    data["cluster"]["calibration"] = str(folder / cal)
-        cal_summary = calibration_summary(clusters) if not args.gpu else {}
-        times: dict[str, list[float]] = {name: [] for name, _, _ in plans}
-        perfs: dict[str, dict] = {}
-        for rnd in range(args.rounds):
-            for i, (name, nproc, par) in enumerate(plans):
-                text = (
-                    model
-                    + dumps_toml({"cluster": clusters[nproc]["cluster"]})
-                    + f"\n[parallel]\n{par}\n{batch}\n"
-                    + TRAIN.format(steps=args.steps)
-                )
-                perf, steps = train(folder, f"{i}-{rnd}", text, nproc, name)
-                times[name] += steps
-                perfs[name] = perf
-                print(
-                    f"round {rnd + 1}, {name}: fastest step {min(steps) * 1e3:.1f} ms, "
-                    f"predicted {perf['predicted_step_time_s'] * 1e3:.1f} ms",
-                    flush=True,
-                )
-        for name, nproc, _ in plans:
-            best, pred = min(times[name]), perfs[name]["predicted_step_time_s"]
-            rows.append(
-                {
-                    "plan": name,
-                    "ranks": nproc,
-                    "measured_s": best,
-                    "median_s": statistics.median(times[name]),
-                    "predicted_s": pred,
-                    "error": pred / best - 1,
-                    "error_vs_median": pred / statistics.median(times[name]) - 1,
-                }
-            )
+        rows, cal_summary = run_rounds(args, Path(tmp))
     med = statistics.median(abs(r["error"]) for r in rows)
     rho = None  # a rank order needs three plans
     if len(rows) > 2:
@@ -278,7 +308,7 @@ def main() -> None:
         ]
     )
     data = {"machine": machine(), "steps": args.steps, "rounds": args.rounds, "plans": rows}
-    data["calibration"] = cal_summary
+    data["calibration_by_round"] = cal_summary
     data.update(median_abs_error=med, spearman_rho=rho)
     name = "predicted_vs_measured_gpu" if args.gpu else "predicted_vs_measured"
     save(name, data, table, args.results)
