@@ -97,6 +97,33 @@ def test_call_cost_fit_is_the_line_through_the_two_sizes() -> None:
     assert flat == CallCost(2000.0, None)
 
 
+def test_a_third_size_gives_the_large_messages_their_own_line() -> None:
+    # 2 ranks: 8 KiB, 1 MiB, 8 MiB; 1 ms + bytes / 0.25 GB/s (bus) up to 1 MiB, then the cost
+    # grows at 1 GB/s (bus): above the middle size the second line, not the first extended
+    sizes = [2 * n * 4 for n in (1024, 131072, 1048576)]
+    t_mid = 1e-3 + sizes[1] * 0.5 / 0.25e9
+    seconds = [1e-3 + sizes[0] * 0.5 / 0.25e9, t_mid, t_mid + (sizes[2] - sizes[1]) * 0.5 / 1e9]
+    fit = call_cost_fit(2, seconds, 0.9)
+    assert (fit.latency_us, fit.busbw_GBps) == pytest.approx((1000.0, 0.25), rel=1e-4)
+    assert fit.split_bytes == sizes[1] and fit.overlap_penalty == 0.9
+    latency, busbw = fit.large
+    assert busbw == pytest.approx(1.0, rel=1e-4)
+    assert latency * 1e-6 + sizes[1] * 0.5 / (busbw * 1e9) == pytest.approx(t_mid, rel=1e-3)
+    # the calibration's one regime becomes two at the split, each under its own line
+    cal = with_call_cost(_cal(100.0), fit)
+    for c in COLLECTIVES:
+        regimes = cal.comm_fit(c, "scale_up").regimes
+        assert [r.max_bytes for r in regimes] == [65536.0, sizes[1], float("inf")]
+        assert [r.busbw_GBps for r in regimes] == pytest.approx([0.25, 0.25, 1.0], rel=1e-4)
+        assert regimes[0].latency_us == pytest.approx(1000.0, rel=1e-4)
+        assert regimes[2].latency_us == pytest.approx(latency, rel=1e-9)
+    # priced: a 4 MiB call costs what the measured line says, not the small sizes' line
+    big = 4 * 2**20
+    one = 1e-3 + big * 0.5 / 0.25e9
+    two = latency * 1e-6 + big * 0.5 / 1e9
+    assert two < one / 2
+
+
 def test_attention_half_length_from_two_timings() -> None:
     # On the curve rate(s) = R s / (s + h), the two timings give h back; no fall-off gives 0.
     r_long, h, s = 1.0, 40.0, 128

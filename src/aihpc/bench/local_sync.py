@@ -9,15 +9,17 @@ gloo, a 256 KiB all-gather after four 512x256x704 GEMMs): 1.7 ms a call back to 
 more a call when issued between the GEMMs (docs/benchmarks.md, the run of December 2026).
 
 ``interleaved_call_cost`` measures it: N local gloo ranks run k steps of (compute chunk, one
-all-gather) and k steps of the compute chunk alone, at a small and a large message; the
-difference per call is what the call costs inside a step. Each timing is a mean over its k
+all-gather) and k steps of the compute chunk alone, at three message sizes; the difference per
+call is what the call costs inside a step. Each timing is a mean over its k
 calls and the figure the median over repeats: a step's time is a sum over its calls, so the
 typical call is what it pays, not the luckiest (the best-of-repeats figure this module gave
 before moved 0.4-5 ms a call between runs on a quiet host). The two sizes give a latency and a
 bandwidth (`aihpc calibrate --local` makes them a floor and a ceiling of every collective's
 fit): on this 2-core host a 4 KiB call cost 2.5-6.6 ms between GEMMs (0.7-1.1 ms back to back)
 and a 512 KiB one 4.2-5.8 ms (2.3-2.7 ms), so a fixed per-call latency measured at 4 KiB
-missed how the waiting grows with the message.
+missed how the waiting grows with the message. Past the middle size it grows more slowly (the
+wait a smaller part of a longer transfer), so the two larger sizes give a second line for the
+large messages (a data-parallel gradient bucket).
 
 It also times the large all-gather started asynchronously beside the same GEMMs: what it still
 adds, as a fraction of its own back-to-back time, is the host's ``overlap_compute_penalty``
@@ -38,15 +40,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from aihpc.spec.calibration import Calibration, CommFit
+from aihpc.spec.calibration import Calibration, CommFit, CommRegime
 
 __all__ = ["CallCost", "call_cost_fit", "interleaved_call_cost", "with_call_cost"]
 
 _CALLS = 16
 _REPEATS = 9  # 5 measured the overlap penalty at 1.0, 0.20 and 0.94 in three calibrations
-# Per-rank inputs of the two timed all-gathers (fp32 elements): 4 KiB and 512 KiB, a tiny
-# model's tensor-parallel activation at micro-batch 4.
-_SIZES = (1024, 131072)
+# Per-rank inputs of the timed all-gathers (fp32 elements): 4 KiB, 512 KiB (a tiny model's
+# tensor-parallel activation at micro-batch 4) and 4 MiB (a data-parallel gradient bucket's
+# order of size).
+_SIZES = (1024, 131072, 1048576)
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,13 @@ class CallCost:
     latency_us: float
     busbw_GBps: float | None
     overlap_penalty: float | None = None
+    # Above ``split_bytes`` (the middle size timed) the line through the two larger sizes,
+    # (latency_us, busbw_GBps): the in-step cost grows more slowly with the message there, the
+    # wait for the other ranks a smaller part of it (2 ranks, an all-reduce between GEMMs:
+    # 2.1, 4.3, 7.0 and 9.7 ms at 4 KiB, 512 KiB, 4 MiB and 6.5 MiB, where the line through the
+    # two smaller sizes gives 31 ms at 6.5 MiB). None: one line for every size.
+    split_bytes: float | None = None
+    large: tuple[float, float | None] | None = None
 
 
 def _timed(body: Any) -> float:
@@ -119,26 +129,45 @@ def _worker(rank: int, nproc: int, init: str, out: str) -> None:
             return dist.all_gather_into_tensor(out, x, async_op=async_op)
 
         costs.append(_extra_per_call(compute, gather))
-    # the larger all-gather (the last ``gather``) started beside the GEMMs
-    costs.append(_overlap_penalty(compute, gather, lambda: gather(async_op=True)))
+        if n == _SIZES[1]:
+            penalty_gather = gather
+    # the 512 KiB all-gather started beside the GEMMs
+    costs.append(_overlap_penalty(compute, penalty_gather, lambda: penalty_gather(async_op=True)))
     if rank == 0:
         Path(out).write_text(json.dumps(costs))
     dist.destroy_process_group()
 
 
+def _line(nproc: int, points: list[tuple[float, float]]) -> tuple[float, float | None]:
+    """(latency us, bus bandwidth GB/s or None) of the line through two (bytes, seconds) points
+    of all-gathers (the bus factor (n - 1) / n), the latency at least 0; a flat or falling
+    line is a latency alone, the larger point's."""
+    (b0, t0), (b1, t1) = ((b, max(0.0, t)) for b, t in points)
+    slope = (t1 - t0) / (b1 - b0)  # seconds per byte
+    if slope <= 0:
+        return _sig(t1 * 1e6), None
+    latency = max(0.0, t0 - slope * b0)
+    return _sig(latency * 1e6), _sig((nproc - 1) / nproc / slope / 1e9)
+
+
 def call_cost_fit(
     nproc: int, seconds: list[float], overlap_penalty: float | None = None
 ) -> CallCost:
-    """Latency and bus bandwidth of the line through the two sizes' per-call costs (the whole
-    gathered buffer is the message, as `aihpc bench comm` counts it; all-gather's bus factor
-    (n - 1) / n), four significant digits."""
-    small, large = (nproc * n * 4 for n in _SIZES)
-    t_small, t_large = (max(0.0, t) for t in seconds)
-    slope = (t_large - t_small) / (large - small)  # seconds per byte
-    if slope <= 0:
-        return CallCost(_sig(t_small * 1e6), None, overlap_penalty)
-    latency = max(0.0, t_small - slope * small)
-    return CallCost(_sig(latency * 1e6), _sig((nproc - 1) / nproc / slope / 1e9), overlap_penalty)
+    """The line through the first two sizes' per-call costs (latency and bus bandwidth; the
+    whole gathered buffer is the message, as `aihpc bench comm` counts it) and, given a third
+    size, the line through the two larger ones above the middle size; four significant
+    digits."""
+    sizes = [nproc * n * 4 for n in _SIZES[: len(seconds)]]
+    points = list(zip(sizes, seconds, strict=True))
+    small = points[:2]
+    if small[1][1] <= small[0][1]:  # the larger call was not slower: the smaller's latency
+        latency, busbw = _sig(max(0.0, small[0][1]) * 1e6), None
+    else:
+        latency, busbw = _line(nproc, small)
+    cost = CallCost(latency, busbw, overlap_penalty)
+    if len(points) < 3:
+        return cost
+    return replace(cost, split_bytes=float(sizes[1]), large=_line(nproc, points[1:]))
 
 
 def _sig(x: float) -> float:
@@ -156,28 +185,45 @@ def interleaved_call_cost(nproc: int) -> CallCost:
         init = "file://" + os.path.join(tmp, "store")
         out = os.path.join(tmp, "cost")
         mp.spawn(_worker, args=(nproc, init, out), nprocs=nproc, join=True)
-        small, large, penalty = json.loads(Path(out).read_text())
-        return call_cost_fit(nproc, [small, large], _sig(penalty))
+        *seconds, penalty = json.loads(Path(out).read_text())
+        return call_cost_fit(nproc, seconds, _sig(penalty))
+
+
+def _floored(regime: CommRegime, floor: tuple[float, float | None]) -> CommRegime:
+    latency, busbw = floor
+    return replace(
+        regime,
+        latency_us=max(regime.latency_us, latency),
+        busbw_GBps=min(regime.busbw_GBps, busbw or regime.busbw_GBps),
+    )
+
+
+def _floored_regimes(fit: CommFit, cost: CallCost) -> tuple[CommRegime, ...]:
+    """``fit``'s regimes under ``cost``'s floor and ceiling: the small sizes' line up to
+    ``cost.split_bytes``, the large sizes' above it (a regime across the split becomes two)."""
+    small = (cost.latency_us, cost.busbw_GBps)
+    if cost.split_bytes is None or cost.large is None:
+        return tuple(_floored(r, small) for r in fit.regimes)
+    split, out, low = cost.split_bytes, [], 0.0
+    for r in fit.regimes:
+        if r.max_bytes <= split:
+            out.append(_floored(r, small))
+        elif low >= split:
+            out.append(_floored(r, cost.large))
+        else:
+            out += [_floored(replace(r, max_bytes=split), small), _floored(r, cost.large)]
+        low = r.max_bytes
+    return tuple(out)
 
 
 def with_call_cost(cal: Calibration, cost: CallCost) -> Calibration:
-    """The calibration with every collective regime's latency raised to at least
-    ``cost.latency_us`` and its bus bandwidth lowered to at most ``cost.busbw_GBps`` (what a
+    """The calibration with every collective regime's latency raised to at least the in-step
+    latency and its bus bandwidth lowered to at most the in-step bandwidth of its sizes (what a
     call costs inside a training step; larger latencies and lower bandwidths stay), and the
     measured overlap penalty in place of the model's."""
     if cost.overlap_penalty is not None:
         cal = replace(cal, overlap_compute_penalty=cost.overlap_penalty)
-    if cost.latency_us <= 0 and cost.busbw_GBps is None:
+    if cost.latency_us <= 0 and cost.busbw_GBps is None and cost.large is None:
         return cal
-    comm: dict[Any, CommFit] = {}
-    for key, fit in cal.comm.items():
-        regimes = tuple(
-            replace(
-                r,
-                latency_us=max(r.latency_us, cost.latency_us),
-                busbw_GBps=min(r.busbw_GBps, cost.busbw_GBps or r.busbw_GBps),
-            )
-            for r in fit.regimes
-        )
-        comm[key] = replace(fit, regimes=regimes)
+    comm = {key: replace(fit, regimes=_floored_regimes(fit, cost)) for key, fit in cal.comm.items()}
     return replace(cal, comm=comm)
