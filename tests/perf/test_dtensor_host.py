@@ -131,3 +131,28 @@ def test_the_calibration_carries_the_measurement(tmp_path) -> None:
                 "training": {"dtensor_dispatch": "compiled"},
             }
         )
+
+
+@pytest.mark.parametrize("gpu", ["h100-sxm", "local cpu"])
+def test_the_search_prices_eager_dtensor_as_estimate_does(gpu: str) -> None:
+    # every plan the array search prices (tp, FSDP2, DDP, pp, cp mixed) at estimate_plan's step
+    from aihpc.perf.search import search
+
+    cluster = {"gpu": "h100-sxm"} if gpu == "h100-sxm" else {"gpu_spec": dataclasses.asdict(CPU)}
+    spec = runspec_from_dict(
+        {
+            "model": {"preset": "tiny-llama-small"},
+            "cluster": {**cluster, "num_gpus": 8, "gpus_per_node": 8},
+            "parallel": {"global_batch_size": 16},
+            "training": {"dtensor_dispatch": "eager"},
+        }
+    )
+    result = search(spec, top=None)
+    assert len(result.plans) > 20
+    for est in result.plans:
+        one = estimate_plan(spec.model, spec.cluster, est.plan, spec.training)
+        assert est.step_time_s == pytest.approx(one.step_time_s, rel=1e-12)
+    plain = dataclasses.replace(spec.training, dtensor_dispatch="none")
+    tp = next(e for e in result.plans if e.plan.tp > 1)
+    assert tp.step_time_s > estimate_plan(spec.model, spec.cluster, tp.plan, plain).step_time_s
+

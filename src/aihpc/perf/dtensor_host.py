@@ -19,14 +19,13 @@ otherwise.
 Where the host is the device (a CPU: ``gpu_spec.host_is_device``) the host time adds to the
 kernels'. On a GPU the host issues ahead of the kernels, and a pass costs more than its kernels
 only where the host takes longer to issue it (``host_bound_s`` of perf/moe_host.py with no
-sync).
+sync: max(kernels, host)).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from aihpc.perf.moe_host import host_bound_s
 from aihpc.perf.numeric import maximum, where
 from aihpc.perf.params import ModelParams
 from aihpc.spec.calibration import Calibration
@@ -84,7 +83,7 @@ def host_excess_s(kernels_s: Any, ops: Any, op_s: float, gpu: GPUSpec) -> Any:
     host = ops * op_s
     if gpu.host_is_device:
         return host
-    return maximum(0.0, host_bound_s(kernels_s, host, 0, 0.0) - kernels_s)
+    return maximum(0.0, host - kernels_s)  # host_bound_s with no sync, over arrays of plans
 
 
 def stage_tensors(layers: Any, pp: Any, tied: bool) -> tuple[Any, Any]:
