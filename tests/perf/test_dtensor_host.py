@@ -155,4 +155,3 @@ def test_the_search_prices_eager_dtensor_as_estimate_does(gpu: str) -> None:
     plain = dataclasses.replace(spec.training, dtensor_dispatch="none")
     tp = next(e for e in result.plans if e.plan.tp > 1)
     assert tp.step_time_s > estimate_plan(spec.model, spec.cluster, tp.plan, plain).step_time_s
-
