@@ -501,14 +501,13 @@ def _calibrate_measurements(
     local_spec = _local_spec_target(spec_path, local, nproc)
     if local:
         require_torch("calibrate --local")
-        comm_pts, gemm_pts, device, call = _measure_local(nproc, local_spec)
+        comm_pts, gemm_pts, device, (call, dtensor_op_us) = _measure_local(nproc, local_spec)
         source = f"aihpc calibrate --local --nproc {nproc}"
     else:
         comm_pts, gemm_pts = load_measurements(inputs or [], tier, collective, column)
-        device, call = None, None
+        device, call, dtensor_op_us = None, None, None
         source = "aihpc calibrate " + " ".join(Path(p).name for p in inputs or [])
     cal, reports = fit_to_calibration(comm_pts, gemm_pts, source, regimes)
-    call, dtensor_op_us = call or (None, None)
     if call is not None:  # a call inside a training step costs what it costs between GEMMs
         from aihpc.bench.local_sync import with_call_cost
 

@@ -56,7 +56,8 @@ class ModelParams:
     # the plain op (unwrap, cached sharding propagation, redistribution checks, wrap), seconds:
     # aihpc calibrate --local timed the trainer's tensor-parallel decoder on a one-rank mesh
     # against the same decoder on plain tensors on the project's 2-core Xeon host (torch 2.13):
-    # 45-55 us per counted op on a quiet host. Our own measurement, on a CPU; a calibration
+    # 45-55 us per counted op on a quiet host, up to about 100 us with its neighbours busy. Our
+    # own measurement, on a CPU; a calibration
     # (`dtensor_op_us`) replaces it. Prices training.dtensor_dispatch = "eager"
     # (perf/dtensor_host.py); fitted to no run.
     dtensor_op_s: float = 50e-6
