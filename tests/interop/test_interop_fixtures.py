@@ -26,6 +26,7 @@ from aihpc.interop import (
     import_megatron,
     import_torchtitan,
 )
+from aihpc.interop.deepspeed import hf_config, hf_model_shape
 from aihpc.interop.megatron import parse_flags
 from aihpc.interop.shell import command_tokens
 from aihpc.perf.estimate import estimate
@@ -156,6 +157,8 @@ MEGATRON_FLAGS = {
     "--group-query-attention",
     "--num-query-groups",
     "--kv-channels",
+    "--window-size",
+    "--window-attn-skip-freq",
     "--seq-length",
     "--max-position-embeddings",
     "--swiglu",
@@ -310,6 +313,45 @@ def test_megatron_moe_export_uses_documented_flags() -> None:
     assert flags["--cuda-graph-impl"] == "transformer_engine"
     result = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_sliding_window_attention_crosses_megatron_and_hf_configs() -> None:
+    # GPT-OSS: 128-token windows (Megatron-Core's window (127, 0)), every 2nd layer full
+    spec = runspec_from_dict(
+        {
+            "model": {"preset": "gpt-oss-120b"},
+            "cluster": {"gpu": "h100-sxm", "num_gpus": 64},
+            "parallel": {"ep": 8, "global_batch_size": 64},
+        }
+    )
+    script, _ = export_megatron(spec)
+    flags = parse_flags(command_tokens(script, "pretrain_gpt.py")[1])
+    assert set(flags) <= MEGATRON_FLAGS
+    assert (flags["--window-size"], flags["--window-attn-skip-freq"]) == ("127,0", "2")
+    back = import_megatron(script).spec().model
+    assert (back.attention_window, back.full_attention_every) == (128, 2)
+    with pytest.raises(SpecError, match="--window-size"):
+        import_megatron(script.replace("127,0", "127,5"))
+    config = {
+        "hidden_size": 2880,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 64,
+        "intermediate_size": 2880,
+        "vocab_size": 1000,
+        "max_position_embeddings": 4096,
+        "sliding_window": 128,
+    }
+    types = ["sliding_attention", "full_attention"] * 3
+    shape = hf_model_shape({**config, "layer_types": types}, None)
+    assert (shape["attention_window"], shape["full_attention_every"]) == (128, 2)
+    assert "full_attention_every" not in hf_model_shape(config, None)  # Mistral: every layer
+    assert "attention_window" not in hf_model_shape({**config, "use_sliding_window": False}, None)
+    with pytest.raises(SpecError, match="layer_types"):
+        hf_model_shape({**config, "layer_types": ["full_attention", *types[1:]]}, None)
+    hf = hf_config(spec)  # the config.json export_deepspeed writes, read back
+    assert hf["layer_types"][:2] == types[:2] and len(hf["layer_types"]) == 36
+    back_hf = hf_model_shape(hf, None)
+    assert (back_hf["attention_window"], back_hf["full_attention_every"]) == (128, 2)
 
 
 def _framework(load: Callable[[], T]) -> T:

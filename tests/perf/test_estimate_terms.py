@@ -151,7 +151,9 @@ TRAINING = (
 def test_layer_times_split_into_kernel_classes_as_before(model_name: str) -> None:
     """compute.layer_times, now a sum of kernel-class terms, against the function it was: every
     field of LayerTimes equal, dense and MoE layers, MLA, each attention kind, fused or eager,
-    FP8, recompute modules, over TP / CP / micro-batch / SP / EP / ETP shapes."""
+    FP8, recompute modules, over TP / CP / micro-batch / SP / EP / ETP shapes. Sliding-window
+    layers, priced since (tests/perf/test_attention_window.py), are left out: the function it was
+    priced every layer as full attention."""
     for training, (tp, cp, mbs, sp, ep, etp) in itertools.product(
         TRAINING, ((1, 1, 1, False, 1, 1), (8, 2, 2, True, 8, 1), (4, 1, 4, False, 2, 2))
     ):
@@ -171,5 +173,6 @@ def test_layer_times_split_into_kernel_classes_as_before(model_name: str) -> Non
             if moe and not spec.model.is_moe:
                 continue
             p = replace(plan, recompute_modules=plan_modules)
-            args = (spec.model, spec.cluster.gpu, p, spec.training, DEFAULT_PARAMS, None, moe)
+            model = replace(spec.model, attention_window=None, full_attention_every=0)
+            args = (model, spec.cluster.gpu, p, spec.training, DEFAULT_PARAMS, None, moe)
             assert compute.layer_times(*args) == scalar_layer_times(*args), (p, training, moe)

@@ -122,7 +122,37 @@ def hf_model_shape(config: dict[str, Any], seq_length: int | None) -> dict[str, 
     mtp = config.get("num_nextn_predict_layers") or 0
     if mtp:
         shape["mtp_layers"] = int(mtp)
+    shape.update(_hf_window(config, shape["num_layers"]))
     return shape
+
+
+def _hf_window(config: dict[str, Any], layers: int) -> dict[str, int]:
+    """Sliding-window attention from a config.json: ``sliding_window`` keys per query (its own
+    included, as transformers' masks count it), on the layers ``layer_types`` marks
+    "sliding_attention" (GPT-OSS, Gemma 3), one full layer every ``sliding_window_pattern``
+    (Gemma 3's older key), or every layer (Mistral); ``use_sliding_window`` false (Qwen2/3)
+    turns it off. A layer pattern other than every n-th layer full is refused."""
+    window = config.get("sliding_window")
+    if window is None or config.get("use_sliding_window") is False:
+        return {}
+    out = {"attention_window": int(window)}
+    types = config.get("layer_types")
+    if types is not None:
+        sliding = [t == "sliding_attention" for t in types]
+        every = next((i + 1 for i, win in enumerate(sliding) if not win), 0)
+        if sliding != _sliding_layers(layers, every):
+            raise SpecError(
+                "--model layer_types", None, "every n-th layer full attention, the others sliding"
+            )
+        out["full_attention_every"] = every
+    elif config.get("sliding_window_pattern"):
+        out["full_attention_every"] = int(config["sliding_window_pattern"])
+    return out
+
+
+def _sliding_layers(layers: int, every: int) -> list[bool]:
+    """Which layers are windowed when every ``every``-th one is full (0: none is)."""
+    return [not (every and (i + 1) % every == 0) for i in range(layers)]
 
 
 # Hugging Face config.json keys of a mixture of experts → run-spec fields. The expert count is
@@ -412,6 +442,13 @@ def hf_config(spec: RunSpec) -> dict[str, Any]:
         out.update({key: getattr(m, name) for key, name in _HF_MLA.items()})
     if m.mtp_layers:
         out["num_nextn_predict_layers"] = m.mtp_layers
+    if m.attention_window is not None:
+        every = m.full_attention_every
+        out["sliding_window"] = m.attention_window
+        out["layer_types"] = [
+            "sliding_attention" if win else "full_attention"
+            for win in _sliding_layers(m.num_layers, every)
+        ]
     if m.is_mla or m.mtp_layers:
         out["architectures"], out["model_type"] = ["DeepseekV3ForCausalLM"], "deepseek_v3"
     return out

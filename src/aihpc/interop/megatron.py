@@ -200,8 +200,29 @@ def _model(a: _Args, tp: int, notes: list[str], vocab_size: int | None) -> dict[
         for name in _MOE_ONLY:
             a.get(name)  # Megatron reads them only with --num-experts
     shape.update(_mla(a))
+    shape.update(_window(a))
     shape["mtp_layers"] = a.int("--mtp-num-layers") or 0
     return shape
+
+
+def _window(a: _Args) -> dict[str, int]:
+    """``--window-size L,R`` (Megatron-Core's window: a query sees the L keys before it and R
+    after) and ``--window-attn-skip-freq N`` (one full-attention layer after every N - 1
+    windowed ones) → attention_window = L + 1 (the window counts the query's own key),
+    full_attention_every = N. A list pattern for the skip frequency is refused."""
+    size, freq = a.get("--window-size"), a.get("--window-attn-skip-freq")
+    if size is None:
+        return {}
+    try:
+        left, right = (int(v) for v in str(size).strip("()").split(","))
+    except ValueError:
+        raise SpecError("--window-size", size, "two integers left,right (e.g. 127,0)") from None
+    if left < 0 or right != 0:
+        raise SpecError("--window-size", size, "a causal window: left >= 0, right 0")
+    out = {"attention_window": left + 1}
+    if freq is not None:
+        out["full_attention_every"] = as_int(freq, "--window-attn-skip-freq")
+    return out
 
 
 # Flags Megatron-LM reads only for a mixture of experts (TransformerConfig's moe_* fields).
@@ -777,6 +798,10 @@ def _model_args(m: Any, tp: int) -> list[tuple[str, Any]]:
             ("--qk-pos-emb-head-dim", m.qk_rope_head_dim),
             ("--v-head-dim", m.v_head_dim),
         ]
+    if m.attention_window is not None:
+        args.append(("--window-size", f"{m.attention_window - 1},0"))
+        if m.full_attention_every:
+            args.append(("--window-attn-skip-freq", m.full_attention_every))
     if m.mtp_layers:
         args.append(("--mtp-num-layers", m.mtp_layers))
     return args

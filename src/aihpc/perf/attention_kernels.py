@@ -26,6 +26,7 @@ __all__ = [
     "kernel_efficiency",
     "kernel_tokens",
     "length_factor",
+    "window_keys",
 ]
 
 Num = TypeVar("Num", float, np.ndarray)
@@ -107,6 +108,18 @@ def kernel_tokens(seq_length: Num, cp: Num) -> Num:
     """Key length of one attention call: the whole sequence, or under context parallelism the
     rank's share of it, the size of the blocks the ring (or the gathered K/V) is processed in."""
     return seq_length / cp
+
+
+def window_keys(seq_length: Num, window: float) -> Num:
+    """Keys per query a causal sliding-window kernel computes, averaged over the sequence: the
+    first ``window`` queries see 1, 2, ..., window keys, the rest ``window`` each; a window as
+    long as the sequence is plain causal attention (s / 2 on average, as the full layers are
+    priced)."""
+    s = np.asarray(seq_length, dtype=float)
+    w = np.minimum(float(window), s)
+    band = (w * (w + 1) / 2 + (s - w) * w) / s
+    out = np.where(w >= s, s / 2, band)
+    return out if out.ndim else float(out)  # type: ignore[return-value]
 
 
 def kernel_efficiency(

@@ -8,7 +8,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from aihpc.perf import dtensor_host
-from aihpc.perf.attention_kernels import FUSED_KERNELS, kernel_efficiency, kernel_tokens
+from aihpc.perf.attention_kernels import (
+    FUSED_KERNELS,
+    kernel_efficiency,
+    kernel_tokens,
+    window_keys,
+)
 from aihpc.perf.flops import layer_gemms, mla_gemms, mla_head_dims, op_sac_saved
 from aihpc.perf.moe_host import moe_host_excess_s
 from aihpc.perf.moe_kernels import expert_gemm_time_s
@@ -237,28 +242,29 @@ def gemm_times(k: _Kernels) -> tuple[float, float, float]:
 def attention_times(k: _Kernels) -> tuple[float, float, float]:
     """(forward, backward, forward softmax/dropout HBM bytes when unfused) of one layer's
     attention core (``training.attention``: a fused kernel class, perf/attention_kernels.py,
-    or unfused)."""
-    model, gpu, params, training = k.model, k.gpu, k.params, k.training
-    s, tokens, d = model.seq_length, k.tokens, model.kv_channels
-    heads = model.num_attention_heads / k.plan.tp
+    or unfused). With sliding-window layers (``model.attention_window``) a fused kernel's time
+    is the average over the model's full and windowed layers; an unfused one computes the
+    whole masked square either way."""
+    model, training = k.model, k.training
+    s = model.seq_length
     if training.attention in FUSED_KERNELS:
-        # Causal FlashAttention skips the masked half; the backward recomputes the scores (5
-        # matmuls vs 2: 2.5x the forward FLOPs). Under load-balanced CP each rank does 1/cp.
-        flops = 4 * tokens * s * heads * d * 0.5
-        if model.is_mla:  # scores over the qk width, AV over the v width
-            dqk, dv = mla_head_dims(model)
-            flops = 2 * tokens * s * heads * (dqk + dv) * 0.5
-        kv_tokens = kernel_tokens(s, k.plan.cp)
-        eff_f, eff_b = _attention_efficiency(gpu, training, params, k.calibration, kv_tokens)
-        peak = gpu.sustained_peak_tflops("bf16") * 1e12
-        fwd_attn = flops / (peak * eff_f) + params.kernel_overhead_s
-        bwd_attn = 2.5 * flops / (peak * eff_b) + params.kernel_overhead_s
-        if training.dropout > 0:  # the kernel draws and applies the mask from its RNG state
-            fwd_attn *= 1 + params.fused_attention_dropout_cost
-            bwd_attn *= 1 + params.fused_attention_dropout_cost
+        # Causal FlashAttention skips the masked half (s / 2 keys per query on average).
+        fwd_attn, bwd_attn = _fused_attention(k, s / 2, kernel_tokens(s, k.plan.cp))
+        windowed = model.windowed_layers / model.num_layers
+        if windowed and model.attention_window is not None:
+            # A windowed layer's query tiles loop over the window's keys only: its kernel runs
+            # at the efficiency of a call that long (checked against NVIDIA's cuDNN benchmark
+            # in tests/perf/test_attention_window.py).
+            w = model.attention_window
+            kv = min(float(w), kernel_tokens(s, k.plan.cp))
+            win_f, win_b = _fused_attention(k, window_keys(s, w), kv)
+            fwd_attn += windowed * (win_f - fwd_attn)
+            bwd_attn += windowed * (win_b - bwd_attn)
         return fwd_attn, bwd_attn, 0.0
     # Unfused: two batched GEMMs over the full s x s square per head, plus the softmax
     # (and dropout) reading and writing the scores.
+    gpu, params, tokens, d = k.gpu, k.params, k.tokens, model.kv_channels
+    heads = model.num_attention_heads / k.plan.tp
     batch = tokens / s * heads  # Megatron: one baddbmm for QK^T, one bmm for PV
     cal = k.calibration
     bmm = gemm_time_s(s, s, d, gpu, "bf16", params, cal, batch) + gemm_time_s(
@@ -266,6 +272,27 @@ def attention_times(k: _Kernels) -> tuple[float, float, float]:
     )
     drop = training.dropout > 0
     return bmm, 2 * bmm, tokens * heads * s * (2 + 2 + (5 if drop else 0))
+
+
+def _fused_attention(k: _Kernels, keys: float, kv_tokens: float) -> tuple[float, float]:
+    """(forward, backward) of one layer's fused attention kernel when each query meets
+    ``keys`` keys on average, at the efficiency of calls over ``kv_tokens`` keys. The backward
+    recomputes the scores (5 matmuls vs 2: 2.5x the forward FLOPs); under load-balanced CP each
+    rank holds 1/cp of the queries."""
+    model, gpu, params, training = k.model, k.gpu, k.params, k.training
+    heads = model.num_attention_heads / k.plan.tp
+    flops = 4 * k.tokens * keys * heads * model.kv_channels
+    if model.is_mla:  # scores over the qk width, AV over the v width
+        dqk, dv = mla_head_dims(model)
+        flops = 2 * k.tokens * keys * heads * (dqk + dv)
+    eff_f, eff_b = _attention_efficiency(gpu, training, params, k.calibration, kv_tokens)
+    peak = gpu.sustained_peak_tflops("bf16") * 1e12
+    fwd = flops / (peak * eff_f) + params.kernel_overhead_s
+    bwd = 2.5 * flops / (peak * eff_b) + params.kernel_overhead_s
+    if training.dropout > 0:  # the kernel draws and applies the mask from its RNG state
+        fwd *= 1 + params.fused_attention_dropout_cost
+        bwd *= 1 + params.fused_attention_dropout_cost
+    return fwd, bwd
 
 
 def elementwise_times(k: _Kernels, stream_moe: float) -> tuple[float, float]:

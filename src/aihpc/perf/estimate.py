@@ -14,7 +14,13 @@ from typing import Any
 
 from aihpc.perf.batch_shapes import Shapes
 from aihpc.perf.batch_step import StepTerms
-from aihpc.perf.flops import layer_flops, layer_gemms, model_flops_per_token, op_sac_saved
+from aihpc.perf.flops import (
+    counted_keys,
+    layer_flops,
+    layer_gemms,
+    model_flops_per_token,
+    op_sac_saved,
+)
 from aihpc.perf.memory import GiB, MemoryBreakdown, memory_breakdown
 from aihpc.perf.params import DEFAULT_PARAMS, ModelParams
 from aihpc.perf.plan_batch import PlanBatch
@@ -181,7 +187,7 @@ def _estimate(
 
 def _token_flops(model: ModelSpec, recompute: str) -> tuple[float, float]:
     """Model FLOPs per token, and the FLOPs per token the recompute policy runs again."""
-    s = model.seq_length
+    s = counted_keys(model, model.seq_length)
     if recompute == "full":
         again = model.num_layers * layer_flops(model, 1, s).total
     elif recompute == "selective":

@@ -17,6 +17,7 @@ from aihpc.spec.model import ModelSpec
 
 __all__ = [
     "LayerFlops",
+    "counted_keys",
     "layer_flops",
     "logits_flops",
     "model_flops_per_token",
@@ -229,9 +230,20 @@ def logits_flops(model: ModelSpec, tokens: float) -> float:
     return 2 * tokens * model.hidden_size * model.vocab_size
 
 
+def counted_keys(model: ModelSpec, seq: float) -> float:
+    """Keys a query's attention is counted against, averaged over the layers: the whole sequence
+    in a full layer (causal counted in full), the window in a sliding-window one (the band
+    counted in full the same way)."""
+    windowed = model.windowed_layers
+    if not windowed or model.attention_window is None:
+        return seq
+    return seq + windowed * (min(seq, model.attention_window) - seq) / model.num_layers
+
+
 def model_flops_per_token(model: ModelSpec, seq: int | None = None) -> float:
-    """Training FLOPs per token (forward + backward = 3x forward), no recompute."""
-    seq = seq or model.seq_length
+    """Training FLOPs per token (forward + backward = 3x forward), no recompute; a
+    sliding-window layer's attention core counts its window's keys (``counted_keys``)."""
+    seq = counted_keys(model, seq or model.seq_length)
     dense = model.num_layers - model.num_moe_layers
     fwd = dense * layer_flops(model, 1, seq).total
     if model.num_moe_layers:

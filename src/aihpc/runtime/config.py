@@ -135,6 +135,12 @@ class LlamaConfig:
                 spec.head_dim,
                 "the runtime needs head_dim = hidden_size / num_attention_heads",
             )
+        if spec.attention_window is not None:
+            raise SpecError(
+                "model.attention_window",
+                spec.attention_window,
+                "the runtime's attention is full causal: leave it unset to train",
+            )
         if (spec.hidden_size // spec.num_attention_heads) % 2:
             raise SpecError(
                 "model.hidden_size",

@@ -32,6 +32,13 @@ class ModelSpec:
     tied_embeddings: bool = False
     position_embedding: str = "rope"  # rope | learned (GPT-2/3 absolute positions)
     head_dim: int | None = None  # None: hidden_size / num_attention_heads
+    # Sliding-window attention (Mistral 7B v0.1, Gemma 2/3, GPT-OSS): a windowed layer's query
+    # attends to itself and the attention_window - 1 tokens before it; None: every layer full.
+    attention_window: int | None = None
+    # With attention_window: every n-th layer (the n-th, 2n-th, ...) attends to the whole
+    # sequence (Megatron-Core's window_attn_skip_freq; GPT-OSS 2, Gemma 3 6); 0: every layer
+    # is windowed.
+    full_attention_every: int = 0
     # Mixture of experts; num_experts = 0 is dense.
     num_experts: int = 0
     moe_top_k: int = 0
@@ -80,6 +87,7 @@ class ModelSpec:
             "qk_rope_head_dim",
             "v_head_dim",
             "moe_capacity_factor",
+            "attention_window",
         ):
             check_positive(f"model.{f}", getattr(self, f))
         cf = self.moe_capacity_factor
@@ -87,6 +95,11 @@ class ModelSpec:
             raise SpecError("model.moe_capacity_factor", cf, "a finite number > 0, or unset")
         for f in ("moe_router_groups", "moe_router_group_topk", "mtp_layers"):
             check_positive(f"model.{f}", getattr(self, f), allow_zero=True)
+        check_positive("model.full_attention_every", self.full_attention_every, allow_zero=True)
+        if self.full_attention_every and self.attention_window is None:
+            raise SpecError(
+                "model.full_attention_every", self.full_attention_every, "needs attention_window"
+            )
         if self.kv_lora_rank is not None:
             for f in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
                 if getattr(self, f) is None:
@@ -165,6 +178,14 @@ class ModelSpec:
         if not self.is_moe:
             return 0
         return (self.num_layers - self.first_dense_layers) // self.moe_layer_freq
+
+    @property
+    def windowed_layers(self) -> int:
+        """Layers with sliding-window attention: all but every ``full_attention_every``-th."""
+        if self.attention_window is None:
+            return 0
+        every = self.full_attention_every
+        return self.num_layers - (self.num_layers // every if every else 0)
 
     @property
     def expert_ffn_hidden_size(self) -> int:
