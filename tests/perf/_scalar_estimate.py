@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from aihpc.perf import comm, compute, tp_overlap
-from aihpc.perf.attention_kernels import FUSED_KERNELS, kernel_tokens
+from aihpc.perf.attention_kernels import FUSED_KERNELS, head_dim_factor, kernel_tokens
 from aihpc.perf.estimate import Estimate
 from aihpc.perf.flops import (
     embedding_params,
@@ -703,6 +703,10 @@ def layer_times(
         eff_f, eff_b = compute._attention_efficiency(
             gpu, training, params, calibration, kernel_tokens(s, cp)
         )
+        if gpu.attention_tokens is None:  # head dimension priced since, on purpose (issue 21)
+            d_attn = min(mla_head_dims(model)) if model.is_mla else d
+            hd_f, hd_b = head_dim_factor(training.attention, d_attn)
+            eff_f, eff_b = eff_f * hd_f, eff_b * hd_b
         peak = gpu.sustained_peak_tflops("bf16") * 1e12
         fwd_attn = flops / (peak * eff_f) + params.kernel_overhead_s
         bwd_attn = 2.5 * flops / (peak * eff_b) + params.kernel_overhead_s

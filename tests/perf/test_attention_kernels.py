@@ -172,3 +172,67 @@ def test_half_lengths_are_the_fit_of_the_h200_sweep(backend: str, kernel: str) -
         y = np.array([1 / r[key] for r in rows])
         slope, intercept = np.polyfit(x, y, 1)
         assert slope / intercept == pytest.approx(half, abs=0.5)
+
+
+# The FlashAttention-3 paper's H100 sweeps (Shah et al. 2024, figs. 5-6), TF/s at 4K, 8K and 16K
+# tokens: (head dim 64, head dim 128) forward and backward, FlashAttention-3 and -2.
+FA3_PAPER = {
+    "flash": {
+        "fwd": ((476, 638), (496, 646), (497, 648)),
+        "bwd": ((453, 542), (472, 559), (474, 561)),
+    },
+    "flash2": {
+        "fwd": ((321, 368), (322, 370), (324, 370)),
+        "bwd": ((279, 310), (287, 318), (291, 322)),
+    },
+}
+
+
+@pytest.mark.parametrize("kernel", ["flash", "flash2"])
+def test_head_dim_64_runs_at_the_published_share_of_head_dim_128(kernel: str) -> None:
+    from aihpc.perf.attention_kernels import head_dim_factor
+
+    fwd, bwd = head_dim_factor(kernel, 64)
+    for got, pairs in ((fwd, FA3_PAPER[kernel]["fwd"]), (bwd, FA3_PAPER[kernel]["bwd"])):
+        assert got == pytest.approx(sum(a / b for a, b in pairs) / len(pairs), abs=0.005)
+    assert head_dim_factor(kernel, 128) == (1.0, 1.0) == head_dim_factor(kernel, 256)
+    assert head_dim_factor(kernel, 32) == head_dim_factor(kernel, 64)
+    mid = head_dim_factor(kernel, 96)
+    assert fwd < mid[0] < 1 and bwd < mid[1] < 1
+    # flex, triton and flash1 are priced as fractions of FlashAttention-2, so they scale as it
+    assert head_dim_factor("flex", 64) == head_dim_factor("flash2", 64)
+
+
+def test_head_dim_prices_full_layers_and_spares_calibrated_parts() -> None:
+    import dataclasses
+
+    from aihpc.perf.compute import _Kernels, attention_times
+    from aihpc.perf.params import DEFAULT_PARAMS
+    from aihpc.spec.cluster import gpu_from_id
+    from aihpc.spec.model import ModelSpec
+    from aihpc.spec.parallel import ParallelPlan
+    from aihpc.spec.training import TrainingSpec
+
+    def attn(head_dim: int, gpu) -> tuple[float, float]:
+        # the same FLOPs at both head dims: heads x head_dim fixed
+        m = ModelSpec(
+            num_layers=1,
+            hidden_size=4096,
+            num_attention_heads=4096 // head_dim,
+            head_dim=head_dim,
+            ffn_hidden_size=64,
+            vocab_size=16,
+            seq_length=8192,
+        )
+        plan = ParallelPlan(micro_batch_size=1, global_batch_size=1)
+        k = _Kernels(m, gpu, plan, TrainingSpec(), DEFAULT_PARAMS, None, False)
+        return attention_times(k)[:2]
+
+    h100 = gpu_from_id("h100-sxm")
+    (f64, b64), (f128, b128) = attn(64, h100), attn(128, h100)
+    overhead = DEFAULT_PARAMS.kernel_overhead_s
+    assert (f64 - overhead) / (f128 - overhead) == pytest.approx(1 / 0.76)
+    assert (b64 - overhead) / (b128 - overhead) == pytest.approx(1 / 0.84)
+    # a part timed by aihpc calibrate --local on the spec model's own calls keeps its figures
+    timed = dataclasses.replace(h100, attention_tokens=8192.0)
+    assert attn(64, timed) == pytest.approx(attn(128, timed))

@@ -23,6 +23,7 @@ __all__ = [
     "KERNELS",
     "REFERENCE_TOKENS",
     "KernelClass",
+    "head_dim_factor",
     "kernel_efficiency",
     "kernel_tokens",
     "length_factor",
@@ -91,6 +92,27 @@ KERNELS: dict[str, KernelClass] = {
     "flash1": KernelClass("flash2", 0.5, 0.5, *_XFORMERS_HALF),
 }
 FUSED_KERNELS = tuple(KERNELS)
+
+
+# Head dimension: the catalog's figures are head dim 128's. At head dim 64 a kernel does half the
+# matmul work per score it computes, so the softmax and the per-tile costs weigh more. The
+# FlashAttention-3 paper's H100 sweeps (Shah et al. 2024, figs. 5 and 6: BF16, 512 to 16K tokens)
+# give head dim 64 over head dim 128, averaged over 4K, 8K and 16K tokens: FlashAttention-3 0.76
+# forward (476/638, 496/646, 497/648 TF/s) and 0.84 backward (453/542, 472/559, 474/561);
+# FlashAttention-2 0.87 (321/368, 322/370, 324/370) and 0.90 (279/310, 287/318, 291/322).
+# (cuDNN in the same figures: 0.68 and 0.84.) The best-kernel class takes FlashAttention-3's, as
+# the Hopper catalog figures do; the kernels priced from FlashAttention-2 take its.
+_HEAD_DIM_64 = {"best": (0.76, 0.84), "flash2": (0.87, 0.90)}
+
+
+def head_dim_factor(kernel: str, head_dim: float) -> tuple[float, float]:
+    """(forward, backward) efficiency of ``kernel`` at ``head_dim`` over head dim 128's: the
+    published head-dim-64 ratios, linear in between, 1 from 128 up (larger heads were not
+    measured backward), and head dim 64's below it (smaller heads are slower still, not
+    measured)."""
+    f64, b64 = _HEAD_DIM_64[KERNELS[kernel].base]
+    t = min(1.0, max(0.0, (head_dim - 64.0) / 64.0))
+    return f64 + t * (1.0 - f64), b64 + t * (1.0 - b64)
 
 
 def length_factor(

@@ -10,6 +10,7 @@ from typing import Any
 from aihpc.perf import dtensor_host
 from aihpc.perf.attention_kernels import (
     FUSED_KERNELS,
+    head_dim_factor,
     kernel_efficiency,
     kernel_tokens,
     window_keys,
@@ -249,15 +250,15 @@ def attention_times(k: _Kernels) -> tuple[float, float, float]:
     s = model.seq_length
     if training.attention in FUSED_KERNELS:
         # Causal FlashAttention skips the masked half (s / 2 keys per query on average).
-        fwd_attn, bwd_attn = _fused_attention(k, s / 2, kernel_tokens(s, k.plan.cp))
+        fwd_attn, bwd_attn = _fused_attention(k, s / 2, kernel_tokens(s, k.plan.cp), full=True)
         windowed = model.windowed_layers / model.num_layers
-        if windowed and model.attention_window is not None:
+        if windowed and model.attention_window is not None and model.attention_window < s:
             # A windowed layer's query tiles loop over the window's keys only: its kernel runs
             # at the efficiency of a call that long (checked against NVIDIA's cuDNN benchmark
             # in tests/perf/test_attention_window.py).
             w = model.attention_window
             kv = min(float(w), kernel_tokens(s, k.plan.cp))
-            win_f, win_b = _fused_attention(k, window_keys(s, w), kv)
+            win_f, win_b = _fused_attention(k, window_keys(s, w), kv, full=False)
             fwd_attn += windowed * (win_f - fwd_attn)
             bwd_attn += windowed * (win_b - bwd_attn)
         return fwd_attn, bwd_attn, 0.0
@@ -274,11 +275,15 @@ def attention_times(k: _Kernels) -> tuple[float, float, float]:
     return bmm, 2 * bmm, tokens * heads * s * (2 + 2 + (5 if drop else 0))
 
 
-def _fused_attention(k: _Kernels, keys: float, kv_tokens: float) -> tuple[float, float]:
+def _fused_attention(k: _Kernels, keys: float, kv_tokens: float, full: bool) -> tuple[float, float]:
     """(forward, backward) of one layer's fused attention kernel when each query meets
     ``keys`` keys on average, at the efficiency of calls over ``kv_tokens`` keys. The backward
     recomputes the scores (5 matmuls vs 2: 2.5x the forward FLOPs); under load-balanced CP each
-    rank holds 1/cp of the queries."""
+    rank holds 1/cp of the queries. A ``full`` layer's kernel runs at its head dimension's share
+    of the head-dim-128 figures (``head_dim_factor``, measured on long key loops); a windowed
+    one's figure was measured at head dim 64 on the window curve itself
+    (tests/perf/test_attention_window.py), and a part whose figures ``aihpc calibrate --local``
+    timed on the spec model's own calls (``gpu.attention_tokens``) has its head dim in them."""
     model, gpu, params, training = k.model, k.gpu, k.params, k.training
     heads = model.num_attention_heads / k.plan.tp
     flops = 4 * k.tokens * keys * heads * model.kv_channels
@@ -286,6 +291,10 @@ def _fused_attention(k: _Kernels, keys: float, kv_tokens: float) -> tuple[float,
         dqk, dv = mla_head_dims(model)
         flops = 2 * k.tokens * keys * heads * (dqk + dv)
     eff_f, eff_b = _attention_efficiency(gpu, training, params, k.calibration, kv_tokens)
+    if full and gpu.attention_tokens is None:
+        d = min(mla_head_dims(model)) if model.is_mla else model.kv_channels
+        hd_f, hd_b = head_dim_factor(training.attention, d)
+        eff_f, eff_b = eff_f * hd_f, eff_b * hd_b
     peak = gpu.sustained_peak_tflops("bf16") * 1e12
     fwd = flops / (peak * eff_f) + params.kernel_overhead_s
     bwd = 2.5 * flops / (peak * eff_b) + params.kernel_overhead_s
