@@ -345,6 +345,10 @@ def test_sliding_window_attention_crosses_megatron_and_hf_configs() -> None:
     shape = hf_model_shape({**config, "layer_types": types}, None)
     assert (shape["attention_window"], shape["full_attention_every"]) == (128, 2)
     assert "full_attention_every" not in hf_model_shape(config, None)  # Mistral: every layer
+    gemma2 = hf_model_shape({**config, "model_type": "gemma2"}, None)  # alternates, in code
+    assert gemma2["full_attention_every"] == 2
+    gemma3 = hf_model_shape({**config, "sliding_window_pattern": 6}, None)
+    assert gemma3["full_attention_every"] == 6
     assert "attention_window" not in hf_model_shape({**config, "use_sliding_window": False}, None)
     with pytest.raises(SpecError, match="layer_types"):
         hf_model_shape({**config, "layer_types": ["full_attention", *types[1:]]}, None)

@@ -130,8 +130,9 @@ def _hf_window(config: dict[str, Any], layers: int) -> dict[str, int]:
     """Sliding-window attention from a config.json: ``sliding_window`` keys per query (its own
     included, as transformers' masks count it), on the layers ``layer_types`` marks
     "sliding_attention" (GPT-OSS, Gemma 3), one full layer every ``sliding_window_pattern``
-    (Gemma 3's older key), or every layer (Mistral); ``use_sliding_window`` false (Qwen2/3)
-    turns it off. A layer pattern other than every n-th layer full is refused."""
+    (Gemma 3's older key), every other layer for a Gemma 2 config without ``layer_types``, or
+    every layer (Mistral 7B v0.1); ``use_sliding_window`` false (Qwen2/3) turns it off. A
+    layer pattern other than every n-th layer full is refused."""
     window = config.get("sliding_window")
     if window is None or config.get("use_sliding_window") is False:
         return {}
@@ -147,6 +148,8 @@ def _hf_window(config: dict[str, Any], layers: int) -> dict[str, int]:
         out["full_attention_every"] = every
     elif config.get("sliding_window_pattern"):
         out["full_attention_every"] = int(config["sliding_window_pattern"])
+    elif config.get("model_type") == "gemma2":  # its modelling code alternates, banded first
+        out["full_attention_every"] = 2
     return out
 
 
