@@ -71,6 +71,12 @@ class ModelSpec:
     source: str = ""
 
     def __post_init__(self) -> None:
+        self._check_numbers()
+        self._check_attention()
+        self._check_moe()
+
+    def _check_numbers(self) -> None:
+        """Counts and sizes: finite and > 0 (>= 0 where 0 means none)."""
         for f in (
             "num_layers",
             "hidden_size",
@@ -93,9 +99,23 @@ class ModelSpec:
         cf = self.moe_capacity_factor
         if cf is not None and not math.isfinite(cf):
             raise SpecError("model.moe_capacity_factor", cf, "a finite number > 0, or unset")
-        for f in ("moe_router_groups", "moe_router_group_topk", "mtp_layers"):
+        for f in (
+            "moe_router_groups",
+            "moe_router_group_topk",
+            "mtp_layers",
+            "full_attention_every",
+            "num_experts",
+            "moe_top_k",
+            "num_shared_experts",
+            "first_dense_layers",
+            "moe_router_bias_update_rate",
+            "moe_aux_loss_coeff",
+        ):
             check_positive(f"model.{f}", getattr(self, f), allow_zero=True)
-        check_positive("model.full_attention_every", self.full_attention_every, allow_zero=True)
+        check_positive("model.moe_router_topk_scaling_factor", self.moe_router_topk_scaling_factor)
+
+    def _check_attention(self) -> None:
+        """Heads, MLA's dimensions, the sliding window, activation and positions."""
         if self.full_attention_every and self.attention_window is None:
             raise SpecError(
                 "model.full_attention_every", self.full_attention_every, "needs attention_window"
@@ -120,40 +140,34 @@ class ModelSpec:
                 self.num_kv_heads,
                 f"must divide num_attention_heads {self.num_attention_heads}",
             )
-        for f in (
-            "num_experts",
-            "moe_top_k",
-            "num_shared_experts",
-            "first_dense_layers",
-            "moe_router_bias_update_rate",
-            "moe_aux_loss_coeff",
-        ):
-            check_positive(f"model.{f}", getattr(self, f), allow_zero=True)
-        check_positive("model.moe_router_topk_scaling_factor", self.moe_router_topk_scaling_factor)
+
+    def _check_moe(self) -> None:
+        """The router and the experts' layout."""
         scores = self.moe_router_score_function
         check_choice("model.moe_router_score_function", scores, ("softmax", "sigmoid"))
-        if self.num_experts:
-            if not 1 <= self.moe_top_k <= self.num_experts:
-                raise SpecError(
-                    "model.moe_top_k",
-                    self.moe_top_k,
-                    f"must be between 1 and num_experts {self.num_experts}",
-                )
-            if self.moe_router_groups and (
-                self.num_experts % self.moe_router_groups
-                or not 1 <= self.moe_router_group_topk <= self.moe_router_groups
-            ):
-                raise SpecError(
-                    "model.moe_router_groups",
-                    self.moe_router_groups,
-                    "must divide num_experts, with 1 <= moe_router_group_topk <= it",
-                )
-            if self.first_dense_layers >= self.num_layers:
-                raise SpecError(
-                    "model.first_dense_layers",
-                    self.first_dense_layers,
-                    f"must be below num_layers {self.num_layers}",
-                )
+        if not self.num_experts:
+            return
+        if not 1 <= self.moe_top_k <= self.num_experts:
+            raise SpecError(
+                "model.moe_top_k",
+                self.moe_top_k,
+                f"must be between 1 and num_experts {self.num_experts}",
+            )
+        if self.moe_router_groups and (
+            self.num_experts % self.moe_router_groups
+            or not 1 <= self.moe_router_group_topk <= self.moe_router_groups
+        ):
+            raise SpecError(
+                "model.moe_router_groups",
+                self.moe_router_groups,
+                "must divide num_experts, with 1 <= moe_router_group_topk <= it",
+            )
+        if self.first_dense_layers >= self.num_layers:
+            raise SpecError(
+                "model.first_dense_layers",
+                self.first_dense_layers,
+                f"must be below num_layers {self.num_layers}",
+            )
 
     @property
     def kv_heads(self) -> int:
