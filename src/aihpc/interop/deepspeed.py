@@ -84,8 +84,35 @@ class _Json:
         return out
 
 
+# The config.json keys read as counts, and those read as numbers: checked once, before any is
+# used, so a bad value is one line naming its key (int("abc") deep in the reading was a
+# traceback).
+_HF_INTS = (
+    "hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size",
+    "num_key_value_heads", "head_dim", "max_position_embeddings", "n_positions",
+    "num_nextn_predict_layers", "sliding_window", "sliding_window_pattern",
+    "moe_intermediate_size", "num_experts_per_tok", "first_k_dense_replace", "n_shared_experts",
+    "n_group", "topk_group", "shared_expert_intermediate_size",
+)  # fmt: skip
+_HF_FLOATS = ("routed_scaling_factor", "aux_loss_alpha")
+
+
+def _check_hf_numbers(config: dict[str, Any]) -> None:
+    """SpecError naming the first key whose value is not a number (a count: an integer)."""
+    ints = (*_HF_INTS, *_HF_EXPERTS, *_HF_FREQ, *_HF_MLA)
+    for key in (*ints, *_HF_FLOATS):
+        value = config.get(key)
+        if value is None:
+            continue
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or (key in ints and value != int(value)):
+            kind = "an integer" if key in ints else "a number"
+            raise SpecError(f"--model {key}", value, f"expected {kind}")
+
+
 def hf_model_shape(config: dict[str, Any], seq_length: int | None) -> dict[str, Any]:
     """A Hugging Face config.json (Llama-style keys) → run-spec model fields."""
+    _check_hf_numbers(config)
     try:
         h = int(config["hidden_size"])
         heads = int(config["num_attention_heads"])
@@ -142,8 +169,12 @@ def _hf_window(config: dict[str, Any], layers: int) -> dict[str, int]:
         sliding = [t == "sliding_attention" for t in types]
         every = next((i + 1 for i, win in enumerate(sliding) if not win), 0)
         if sliding != _sliding_layers(layers, every):
+            full = [i + 1 for i, win in enumerate(sliding) if not win]
+            shown = f"{len(types)} layers, full at {full[:6]}{' ...' if len(full) > 6 else ''}"
             raise SpecError(
-                "--model layer_types", None, "every n-th layer full attention, the others sliding"
+                "--model layer_types",
+                shown,
+                f"{layers} entries, every n-th layer full attention and the others sliding",
             )
         out["full_attention_every"] = every
     elif config.get("sliding_window_pattern"):
