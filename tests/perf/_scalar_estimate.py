@@ -189,6 +189,18 @@ def estimate_plan(
         reps = 2 if plan.recompute == "full" else 1
         tp_mb = layers * (reps * fwd_x + bwd_x)
         hidden_mb += layers * (reps * fwd_h + bwd_h)
+        if sp and plan.recompute == "op":
+            # Changed on purpose: op-level checkpointing (torchtitan's per-op SAC) saves the
+            # reduce-scatters' outputs, not the all-gathers', so the backward gathers the
+            # attention and MLP inputs again (tp_overlap.op_regather_s).
+            feeds = tp_overlap.op_recomputed_gemms(model, plan, gemm, moe_frac)
+            if training.tp_comm_overlap != "async_tp":
+                feeds = ((0.0, 0.0), (0.0, 0.0))
+            re_x, re_h = tp_overlap.op_regather_s(
+                training.tp_comm_overlap, gather, feeds, t, params.overlap_efficiency
+            )
+            tp_mb += layers * re_x
+            hidden_mb += layers * re_h
 
     # --- expert parallel: dispatch and combine all-to-all per MoE layer, forward and backward
     ep_mb = 0.0

@@ -15,12 +15,15 @@ from typer.testing import CliRunner
 
 from aihpc.cli import app
 from aihpc.perf import compute, tp_overlap
+from aihpc.perf.comm import collective_time_s
 from aihpc.perf.estimate import estimate_plan
 from aihpc.perf.params import DEFAULT_PARAMS
 from aihpc.perf.tp_overlap import (
     TPGemms,
     bulk_exposed_s,
     layer_tp_comm_s,
+    op_recomputed_gemms,
+    op_regather_s,
     pipeline_exposed_s,
     ring_exposed_s,
     tp_gemms,
@@ -151,6 +154,69 @@ def test_chunked_gemms_cost_their_launches_and_size() -> None:
     mla = model_from_table({"preset": "deepseek-v3"})
     g = tp_gemms(mla, replace(plan, tp=2), gemm, mla.num_moe_layers / mla.num_layers)
     assert g.qkv > 0 and g.proj > 0 and g.fc1 > 0  # dense layers and shared experts
+
+
+def _llama8b_tp8(mode: str, recompute: str, sp: bool = True):
+    """torchtitan's asyncTP benchmark plan for Llama 3 8B (held-out T5-T8): FSDP 8 x TP 8."""
+    return runspec_from_dict(
+        {
+            "model": {"preset": "llama3-8b"},
+            "cluster": {"gpu": "h100-sxm", "num_gpus": 64},
+            "parallel": {
+                "tp": 8,
+                "pp": 1,
+                "sequence_parallel": sp,
+                "zero_stage": 3,
+                "recompute": recompute,
+                "micro_batch_size": 2,
+                "global_batch_size": 16,
+            },
+            "training": {"tp_comm_overlap": mode},
+        }
+    )
+
+
+def test_op_checkpointing_gathers_the_inputs_again_in_the_backward() -> None:
+    """torchtitan's per-op SAC saves reduce-scatter outputs, not all-gather outputs: without an
+    overlap the backward repeats both sequence-parallel gathers whole, so the TP term of an
+    "op" plan is a "selective" plan's plus two gathers a layer; without sequence parallelism
+    there is no gather to repeat."""
+    spec = _llama8b_tp8("none", "op")
+    plan, m = spec.plan(), spec.model
+    est = estimate_plan(m, spec.cluster, plan, spec.training).time_s
+    sel = _llama8b_tp8("none", "selective")
+    base = estimate_plan(sel.model, sel.cluster, sel.plan(), sel.training).time_s
+    act = plan.micro_batch_size * m.seq_length * m.hidden_size * 2.0
+    gather = collective_time_s(spec.cluster, "all_gather", act, 8, 1, DEFAULT_PARAMS)
+    steps = spec.parallel.global_batch_size // (plan.dp * plan.micro_batch_size)
+    extra = steps * m.num_layers * 2 * gather
+    assert est["tp_comm"] == pytest.approx(base["tp_comm"] + extra, rel=1e-9)
+    no_sp = [_llama8b_tp8("none", r, sp=False) for r in ("op", "selective")]
+    op, sel_ = (estimate_plan(s.model, s.cluster, s.plan(), s.training) for s in no_sp)
+    assert op.time_s["tp_comm"] == pytest.approx(sel_.time_s["tp_comm"], rel=1e-12)
+
+
+def test_async_tp_hides_a_repeated_gather_only_behind_a_recomputed_column_gemm() -> None:
+    """Under async TP a repeated gather is micro-pipelined with the recomputed column GEMM that
+    reads it (Llama: wk after the attention gather, w3 after the MLP gather); one no
+    recomputed GEMM reads is exposed whole; the other modes expose both."""
+    gather, hide = 1e-3, DEFAULT_PARAMS.overlap_efficiency
+    assert op_regather_s("none", gather, ((5e-3, 6e-3),) * 2, 8, hide) == (2e-3, 0.0)
+    assert op_regather_s("async_tp", gather, ((0.0, 0.0),) * 2, 8, hide) == (2e-3, 0.0)
+    exposed, hidden = op_regather_s("async_tp", gather, ((5e-3, 6e-3),) * 2, 8, hide)
+    assert hidden > 0.0 and exposed + hidden > 2e-3  # the chunked GEMMs' cost is charged
+    assert exposed == pytest.approx(2 * (6e-3 - 5e-3) + (2e-3 - hidden), rel=1e-12)
+    spec = _llama8b_tp8("async_tp", "op")
+
+    def gemm(m_: float, n: float, k: float) -> float:
+        return compute.gemm_time_s(m_, n, k, spec.cluster.gpu, "bf16", DEFAULT_PARAMS)
+
+    (attn, attn_split), (mlp, mlp_split) = op_recomputed_gemms(spec.model, spec.plan(), gemm, 0.0)
+    rows, h = 2 * spec.model.seq_length, spec.model.hidden_size
+    kv = spec.model.kv_heads * spec.model.kv_channels
+    assert attn == pytest.approx(gemm(rows, kv / 8, h), rel=1e-12)  # wk
+    assert mlp == pytest.approx(gemm(rows, spec.model.ffn_hidden_size / 8, h), rel=1e-12)  # w3
+    assert attn_split > attn and mlp_split > mlp
 
 
 def test_a_bad_value_is_one_line_naming_field_value_and_choices(tmp_path: Path) -> None:

@@ -147,6 +147,10 @@ def _mix(lt: Any, lt_moe: Any, moe_frac: float) -> tuple[float, float, float]:
     return lt.fwd, lt.bwd, lt.fwd_modules
 
 
+# One layer's TP terms of a shape (batch_shapes.tp_layer_s), in its order.
+TP_TERMS = ("tp_fwd_x", "tp_fwd_h", "tp_bwd_x", "tp_bwd_h", "tp_re_x", "tp_re_h")
+
+
 def _shape_comm(
     plan: ParallelPlan,
     model: ModelSpec,
@@ -164,12 +168,10 @@ def _shape_comm(
         return comm.collective_time_s(cluster, kind, size, n, stride, params)
 
     out = {"act_bytes": act_bytes, "ep_fwd": 0.0}
-    out.update(tp_fwd_x=0.0, tp_fwd_h=0.0, tp_bwd_x=0.0, tp_bwd_h=0.0)
+    out.update(dict.fromkeys(TP_TERMS, 0.0))
     if plan.tp > 1:
-        fwd_x, fwd_h, bwd_x, bwd_h = tp_layer_s(
-            model, cluster, plan, training, params, act_bytes, collective, moe_frac
-        )
-        out.update(tp_fwd_x=fwd_x, tp_fwd_h=fwd_h, tp_bwd_x=bwd_x, tp_bwd_h=bwd_h)
+        terms = tp_layer_s(model, cluster, plan, training, params, act_bytes, collective, moe_frac)
+        out.update(zip(TP_TERMS, terms, strict=True))
     if moe_frac and (plan.ep > 1 or plan.etp > 1):
         out["ep_fwd"] = moe_comm_fwd_s(model, cluster, plan, training, params, collective)
     out.update(fwd_c=0.0, fwd_x=0.0, bwd_c=0.0, bwd_x=0.0)
@@ -188,9 +190,10 @@ def tp_layer_s(
     act_bytes: float,
     collective: Any,
     moe_frac: float,
-) -> tuple[float, float, float, float]:
+) -> tuple[float, float, float, float, float, float]:
     """One layer's tensor-parallel exchanges of a micro-batch, (forward exposed, forward
-    hidden, backward exposed, backward hidden): all-reduces, or with sequence parallelism
+    hidden, backward exposed, backward hidden, exposed and hidden of the gathers op-level
+    checkpointing repeats in the backward): all-reduces, or with sequence parallelism
     all-gathers and reduce-scatters of its activations, hidden behind the linears' GEMMs as
     ``training.tp_comm_overlap`` says (perf/tp_overlap.py)."""
     t, sp = plan.tp, plan.sequence_parallel
@@ -207,7 +210,15 @@ def tp_layer_s(
     if mode in ("userbuffers", "async_tp"):  # the chunked GEMMs only where a mode runs them
         split = (t, tp_overlap.UB_PIPELINE_SPLITS)
         gemms = (whole, *(tp_overlap.tp_gemms(model, plan, gemm, moe_frac, n) for n in split))
-    return tp_overlap.layer_tp_comm_s(mode, sp, t, gather, reduce, gemms, hide)
+    terms = tp_overlap.layer_tp_comm_s(mode, sp, t, gather, reduce, gemms, hide)
+    regather = (0.0, 0.0)
+    if sp:  # what op-level checkpointing gathers again in the backward (recompute = "op")
+        none = ((0.0, 0.0), (0.0, 0.0))
+        feeds = tp_overlap.op_recomputed_gemms(model, plan, gemm, moe_frac)
+        regather = tp_overlap.op_regather_s(
+            mode, gather, feeds if mode == "async_tp" else none, t, hide
+        )
+    return (*terms, *regather)
 
 
 def cp_exchange_s(

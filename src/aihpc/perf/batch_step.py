@@ -29,6 +29,7 @@ from aihpc.perf.plan_batch import (
     A2A_DUALPIPE,
     A2A_NONE,
     FULL,
+    OP,
     PlanBatch,
 )
 from aihpc.spec.cluster import ClusterSpec
@@ -147,11 +148,12 @@ class StepTerms:
     def tp_comm(self) -> tuple[Any, Any]:
         """(exposed, hidden) tensor-parallel collectives: 2 all-reduces forward, 2 backward per
         layer (all-gather + reduce-scatter pairs with SP), hidden behind the linears' GEMMs as
-        the framework overlaps them (perf/tp_overlap.py); full recompute repeats the forward's."""
-        sh, reps = self.sh, where(self.full, 2, 1)
+        the framework overlaps them (perf/tp_overlap.py); full recompute repeats the forward's,
+        op-level recompute its all-gathers (tp_overlap.op_regather_s)."""
+        sh, reps, op = self.sh, where(self.full, 2, 1), where(self.b.rec == OP, 1, 0)
         on = self.b.tp > 1
-        exposed = self.layers * (reps * sh["tp_fwd_x"] + sh["tp_bwd_x"])
-        hidden = self.layers * (reps * sh["tp_fwd_h"] + sh["tp_bwd_h"])
+        exposed = self.layers * (reps * sh["tp_fwd_x"] + sh["tp_bwd_x"] + op * sh["tp_re_x"])
+        hidden = self.layers * (reps * sh["tp_fwd_h"] + sh["tp_bwd_h"] + op * sh["tp_re_h"])
         return where(on, exposed, 0.0), where(on, hidden, 0.0)
 
     def ep_comm(self) -> tuple[Any, Any]:

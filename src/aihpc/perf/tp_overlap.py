@@ -55,7 +55,15 @@ beside it, as data-parallel and context-parallel collectives do; the compute the
 slows down (SM and memory contention) is ``overlap_compute_penalty`` of it, charged in
 StepTerms.overlap_penalty. Not priced: the extra all-gather of the saved input a sequence-
 parallel column linear repeats for its weight gradient (hidden behind the input-gradient GEMM
-by all three overlapping modes) and async TP's final sum of the received partials. What
+by all three overlapping modes) and async TP's final sum of the received partials.
+
+Op-level selective checkpointing (``recompute = "op"``, torchtitan's per-op SAC) saves the
+reduce-scatters' outputs but not the all-gathers' (its save list has
+``_c10d_functional.reduce_scatter_tensor`` and no all-gather, "to avoid re-communication" of
+the former: ``torchtitan/models/llama3/parallelize_llama.py`` at 820504e, June 2025, and
+``torchtitan/distributed/activation_checkpoint.py`` since), so the backward gathers the
+attention and MLP inputs again (``op_regather_s``): for the column GEMMs the policy recomputes
+(every other matmul) and for every column linear's weight gradient. What
 running a GEMM as chunks costs (smaller GEMMs, one launch each) is priced, as exposed time.
 """
 
@@ -64,7 +72,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from aihpc.perf.flops import mla_gemms
+from aihpc.perf.flops import layer_gemms, mla_gemms, op_sac_saved
 from aihpc.spec.model import ModelSpec
 from aihpc.spec.parallel import ParallelPlan
 from aihpc.spec.training import TP_COMM_OVERLAPS
@@ -74,6 +82,8 @@ __all__ = [
     "TPGemms",
     "bulk_exposed_s",
     "layer_tp_comm_s",
+    "op_recomputed_gemms",
+    "op_regather_s",
     "pipeline_exposed_s",
     "ring_exposed_s",
     "tp_gemms",
@@ -216,3 +226,45 @@ def layer_tp_comm_s(
     fwd_left, fwd_cost = (sum(x) for x in zip(*fwd, strict=True))
     bwd_left, bwd_cost = (sum(x) for x in zip(*bwd, strict=True))
     return fwd_left + fwd_cost, total - fwd_left, bwd_left + bwd_cost, total - bwd_left
+
+
+def op_recomputed_gemms(
+    model: ModelSpec, plan: ParallelPlan, gemm: Any, moe_frac: float
+) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Per sequence-parallel gather (attention input, MLP input): (whole, in tp chunks) forward
+    seconds of the column GEMMs op-level checkpointing recomputes from it (``op_sac_saved``:
+    every other matmul; Llama's wk and w3). MLA's projections and MoE layers' routed experts are
+    not counted (no recomputed TP column GEMM is known to read those gathers)."""
+    t, rows = plan.tp, plan.micro_batch_size * model.seq_length / plan.cp
+    attn, mlp = [0.0, 0.0], [0.0, 0.0]
+    for i, (name, n_in, n_out, row) in enumerate(layer_gemms(model)):
+        if row or op_sac_saved(i) or (model.is_mla and name in ("wq", "wk", "wv")):
+            continue
+        share = 1.0 if name in ("wq", "wk", "wv") else 1.0 - moe_frac
+        into = attn if name in ("wq", "wk", "wv") else mlp
+        into[0] += share * gemm(rows, n_out / t, n_in)
+        into[1] += share * t * gemm(rows / t, n_out / t, n_in)
+    return (attn[0], attn[1]), (mlp[0], mlp[1])
+
+
+def op_regather_s(
+    mode: str, gather_s: float, recomputed: tuple[tuple[float, float], ...], tp: int, hide: float
+) -> tuple[float, float]:
+    """(exposed, hidden) seconds of the two sequence-parallel all-gathers (attention input, MLP
+    input) op-level checkpointing runs again in one layer's backward. ``recomputed``: per
+    gather, (whole, in tp chunks) seconds of the column GEMMs the policy recomputes from it. Only
+    ``async_tp`` hides one, micro-pipelined with such a GEMM as in the forward; a gather no
+    recomputed GEMM reads feeds only weight gradients, where the gathered dimension is the
+    contraction, which the pass does not pipeline, so it is exposed, as both are in every other
+    mode."""
+    total = len(recomputed) * gather_s
+    if mode != "async_tp":
+        return total, 0.0
+    left = cost = 0.0
+    for whole, split in recomputed:
+        if whole > 0.0:
+            a, c = _chunked(gather_s, whole, split, tp, hide, True)
+            left, cost = left + a, cost + c
+        else:
+            left += gather_s
+    return left + cost, total - left
