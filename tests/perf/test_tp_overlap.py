@@ -97,23 +97,37 @@ def test_without_sequence_parallelism_the_chunked_modes_run_as_backward() -> Non
         assert _layer(mode, False, 1e-3, 5e-4) == _layer("backward", False, 1e-3, 5e-4)
 
 
-def _llama70b(mode: str, precision: str = "bf16"):
+def _tp8(
+    mode: str,
+    precision: str = "bf16",
+    preset: str = "llama3-70b",
+    recompute: str = "full",
+    sp: bool = True,
+    zero_stage: int = 1,
+    mbs: int = 1,
+    gbs: int = 64,
+):
+    """A TP 8 plan on 64 H100s; by default Llama 3 70B with full recompute."""
     return runspec_from_dict(
         {
-            "model": {"preset": "llama3-70b"},
+            "model": {"preset": preset},
             "cluster": {"gpu": "h100-sxm", "num_gpus": 64},
             "parallel": {
                 "tp": 8,
                 "pp": 1,
-                "sequence_parallel": True,
-                "zero_stage": 1,
-                "recompute": "full",
-                "micro_batch_size": 1,
-                "global_batch_size": 64,
+                "sequence_parallel": sp,
+                "zero_stage": zero_stage,
+                "recompute": recompute,
+                "micro_batch_size": mbs,
+                "global_batch_size": gbs,
             },
             "training": {"tp_comm_overlap": mode, "precision": precision},
         }
     )
+
+
+def _llama70b(mode: str, precision: str = "bf16"):
+    return _tp8(mode, precision)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp8"])
@@ -158,22 +172,7 @@ def test_chunked_gemms_cost_their_launches_and_size() -> None:
 
 def _llama8b_tp8(mode: str, recompute: str, sp: bool = True):
     """torchtitan's asyncTP benchmark plan for Llama 3 8B (held-out T5-T8): FSDP 8 x TP 8."""
-    return runspec_from_dict(
-        {
-            "model": {"preset": "llama3-8b"},
-            "cluster": {"gpu": "h100-sxm", "num_gpus": 64},
-            "parallel": {
-                "tp": 8,
-                "pp": 1,
-                "sequence_parallel": sp,
-                "zero_stage": 3,
-                "recompute": recompute,
-                "micro_batch_size": 2,
-                "global_batch_size": 16,
-            },
-            "training": {"tp_comm_overlap": mode},
-        }
-    )
+    return _tp8(mode, "bf16", "llama3-8b", recompute, sp, zero_stage=3, mbs=2, gbs=16)
 
 
 def test_op_checkpointing_gathers_the_inputs_again_in_the_backward() -> None:
