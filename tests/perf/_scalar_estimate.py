@@ -194,8 +194,6 @@ def estimate_plan(
             # reduce-scatters' outputs, not the all-gathers', so the backward gathers the
             # attention and MLP inputs again (tp_overlap.op_regather_s).
             feeds = tp_overlap.op_recomputed_gemms(model, plan, gemm, moe_frac)
-            if training.tp_comm_overlap != "async_tp":
-                feeds = ((0.0, 0.0), (0.0, 0.0))
             re_x, re_h = tp_overlap.op_regather_s(
                 training.tp_comm_overlap, gather, feeds, t, params.overlap_efficiency
             )

@@ -201,6 +201,7 @@ def test_async_tp_hides_a_repeated_gather_only_behind_a_recomputed_column_gemm()
     recomputed GEMM reads is exposed whole; the other modes expose both."""
     gather, hide = 1e-3, DEFAULT_PARAMS.overlap_efficiency
     assert op_regather_s("none", gather, ((5e-3, 6e-3),) * 2, 8, hide) == (2e-3, 0.0)
+    assert op_regather_s("backward", gather, (), 8, hide) == (2e-3, 0.0)
     assert op_regather_s("async_tp", gather, ((0.0, 0.0),) * 2, 8, hide) == (2e-3, 0.0)
     exposed, hidden = op_regather_s("async_tp", gather, ((5e-3, 6e-3),) * 2, 8, hide)
     assert hidden > 0.0 and exposed + hidden > 2e-3  # the chunked GEMMs' cost is charged

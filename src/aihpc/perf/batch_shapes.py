@@ -213,11 +213,10 @@ def tp_layer_s(
     terms = tp_overlap.layer_tp_comm_s(mode, sp, t, gather, reduce, gemms, hide)
     regather = (0.0, 0.0)
     if sp:  # what op-level checkpointing gathers again in the backward (recompute = "op")
-        none = ((0.0, 0.0), (0.0, 0.0))
-        feeds = tp_overlap.op_recomputed_gemms(model, plan, gemm, moe_frac)
-        regather = tp_overlap.op_regather_s(
-            mode, gather, feeds if mode == "async_tp" else none, t, hide
-        )
+        feeds = ()
+        if mode == "async_tp":  # the only mode that reads them
+            feeds = tp_overlap.op_recomputed_gemms(model, plan, gemm, moe_frac)
+        regather = tp_overlap.op_regather_s(mode, gather, feeds, t, hide)
     return (*terms, *regather)
 
 

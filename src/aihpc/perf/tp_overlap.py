@@ -251,13 +251,13 @@ def op_regather_s(
     mode: str, gather_s: float, recomputed: tuple[tuple[float, float], ...], tp: int, hide: float
 ) -> tuple[float, float]:
     """(exposed, hidden) seconds of the two sequence-parallel all-gathers (attention input, MLP
-    input) op-level checkpointing runs again in one layer's backward. ``recomputed``: per
-    gather, (whole, in tp chunks) seconds of the column GEMMs the policy recomputes from it. Only
-    ``async_tp`` hides one, micro-pipelined with such a GEMM as in the forward; a gather no
-    recomputed GEMM reads feeds only weight gradients, where the gathered dimension is the
-    contraction, which the pass does not pipeline, so it is exposed, as both are in every other
-    mode."""
-    total = len(recomputed) * gather_s
+    input) op-level checkpointing runs again in one layer's backward. ``recomputed`` (read under
+    ``async_tp`` only): per gather, (whole, in tp chunks) seconds of the column GEMMs the policy
+    recomputes from it (``op_recomputed_gemms``). Only ``async_tp`` hides one, micro-pipelined
+    with such a GEMM as in the forward; a gather no recomputed GEMM reads feeds only weight
+    gradients, where the gathered dimension is the contraction, which the pass does not
+    pipeline, so it is exposed, as both are in every other mode."""
+    total = 2 * gather_s
     if mode != "async_tp":
         return total, 0.0
     left = cost = 0.0
