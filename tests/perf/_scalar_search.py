@@ -191,6 +191,10 @@ def candidate_plans(
                 micro_batch_size=mbs,
                 global_batch_size=gbs,
                 offload_layers=g.get("offload_layers", 0),
+                # Changed on purpose: a given schedule and HSDP shard group are carried into
+                # the searched plans (the search dropped them before).
+                pp_schedule=g.get("pp_schedule"),
+                dp_shard=g.get("dp_shard"),
                 recompute_modules=tuple(g.get("recompute_modules", ())),
             )
             problem = plan_problem(plan, model, cluster)

@@ -26,6 +26,27 @@ def test_fixed_fields_are_kept_and_plans_are_valid() -> None:
         assert e.fits
 
 
+def test_a_given_schedule_and_shard_group_hold_for_every_searched_plan() -> None:
+    """A requested pipeline schedule or HSDP shard group is a constraint, not a hint: the search
+    used to drop both and answer a "zbv" request with interleaved plans."""
+    for schedule, vpp_ok in (
+        ("zbv", lambda v: v == 2),
+        ("interleaved-1f1b", lambda v: v > 1),
+        ("1f1b", lambda v: v == 1),
+    ):
+        s = spec({"pp_schedule": schedule, "global_batch_size": 256})
+        result = search(s, top=50)
+        assert result.plans, schedule
+        for e in result.plans:
+            assert e.plan.schedule == schedule and vpp_ok(e.plan.vpp), (schedule, e.plan)
+            assert plan_problem(e.plan, s.model, s.cluster) is None
+    s = spec({"dp_shard": 4, "global_batch_size": 256})
+    result = search(s, top=50)
+    assert result.plans
+    for e in result.plans:
+        assert e.plan.dp_shard == 4 and e.plan.dp % 4 == 0 and e.plan.zero_stage >= 1
+
+
 def test_ranked_best_first_and_best_beats_a_hand_plan() -> None:
     s = spec({"global_batch_size": 256})
     result = search(s, top=20)

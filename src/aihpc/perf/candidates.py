@@ -178,8 +178,11 @@ def _expand(
         a2a=moe[:, 2],
         offload=np.full(len(rows), g.get("offload_layers", 0), dtype=np.int64),
         global_batch_size=g["global_batch_size"],
-        # As the search has always done, a given pp_schedule or dp_shard is not carried into
-        # the searched plans (defaults: the schedule from vpp, no HSDP).
+        # A given pipeline schedule or HSDP shard group holds for every searched plan (the
+        # search used to drop both: a "zbv" request came back as interleaved plans); plan
+        # rules then keep only the plans it fits (zbv: vpp 2; interleaved: vpp > 1).
+        pp_schedule=g.get("pp_schedule"),
+        dp_shard=g.get("dp_shard"),
         recompute_modules=tuple(g.get("recompute_modules", ())),
     )
 

@@ -29,7 +29,17 @@ __all__ = [
     "template_text",
 ]
 
-PLAN_INT = ("tp", "pp", "vpp", "cp", "dp", "zero_stage", "micro_batch_size", "global_batch_size")
+PLAN_INT = (
+    "tp",
+    "pp",
+    "vpp",
+    "cp",
+    "dp",
+    "dp_shard",
+    "zero_stage",
+    "micro_batch_size",
+    "global_batch_size",
+)
 MOE_PLAN_INT = ("ep", "etp")  # columns of moe_runs.csv only
 MODEL_INT = (
     "num_layers",
@@ -126,8 +136,9 @@ def _training_table(row: dict[str, str]) -> dict[str, Any]:
 def row_runspec(row: dict[str, str]) -> RunSpec:
     """A validation row as a run spec; a malformed cell is a SpecError naming its column."""
     parallel: dict[str, Any] = {k: _int(row, k) for k in (*PLAN_INT, *MOE_PLAN_INT) if cell(row, k)}
-    if cell(row, "moe_a2a_overlap"):
-        parallel["moe_a2a_overlap"] = cell(row, "moe_a2a_overlap")
+    for key in ("moe_a2a_overlap", "pp_schedule"):
+        if cell(row, key):
+            parallel[key] = cell(row, key)
     if cell(row, "recompute_modules"):  # Megatron's --recompute-modules, joined by "+"
         parallel["recompute_modules"] = cell(row, "recompute_modules").split("+")
     if cell(row, "sequence_parallel"):
