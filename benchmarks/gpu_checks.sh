@@ -24,8 +24,12 @@
 # 5. The trainer's measured step time against the model's prediction for one-GPU plans of a
 #    1.2 B-parameter model (micro-batch 1/2/4, recompute none/selective/full) on the catalog GPU
 #    the machine has: median |error| and Spearman's rho (issue 16's targets: <= 20%, >= 0.8).
-# Each writes <name>.json and <name>.md; docs/performance-model.md (I08, I09) and docs/moe.md say
-# what each outcome would mean.
+# 6. With two GPUs or more: what one NCCL channel moves point-to-point over NVLink
+#    (NCCL_MAX_CTAS=1, the send/recv ring of Transformer Engine's CP step), the catalog's
+#    p2p_channel_bw_GBps. Blackwell's figure is DeepEP's per-SM push, not an NCCL measurement;
+#    Hopper's is an NCCL one (gpus.toml). Its busbw replaces the figure for the part measured.
+# Each writes <name>.json and <name>.md (6: a JSON only); docs/performance-model.md (I08, I09, the
+# CP exchange) and docs/moe.md say what each outcome would mean.
 set -euo pipefail
 out=${1:-benchmark-results}
 mkdir -p "$out"
@@ -51,3 +55,7 @@ python moe_dispatch.py --nproc "$ngpu" --tokens 1024,4096,16384 --hidden 7168 --
 python -m pytest -q -m gpu ../tests/comm/test_moe_dispatch_gpu.py ../tests/runtime/test_moe.py \
     | tee "$out/moe_gpu_tests.txt"
 python predicted_vs_measured.py --gpu --steps 20 --results "$out"
+if [ "$ngpu" -ge 2 ]; then
+    NCCL_MAX_CTAS=1 python -m aihpc bench comm -C send_recv --nproc-per-node "$ngpu" \
+        -b 64M -e 1G -d bfloat16 --json > "$out/p2p_one_channel.json"
+fi
