@@ -656,16 +656,23 @@ def layer_times(
     def gemm(m: float, n: float, k: float) -> float:
         return compute.gemm_time_s(m, n, k, gpu, prec, params, calibration)
 
+    # Each backward GEMM at its own contraction length (on purpose, issue 21: gemm_half_k).
+    bwd_parts: list[float] = []
+
+    def layer_gemm(m: float, n: float, k: float) -> float:
+        bwd_parts.append(compute.gemm_bwd_s(gemm, m, n, k))
+        return gemm(m, n, k)
+
     if model.is_mla:
         fwd_gemm = 0.0
         for _, n_in, n_out, split in mla_gemms(model):
             if split == "row":
-                fwd_gemm += gemm(tokens, n_out, n_in / t)
+                fwd_gemm += layer_gemm(tokens, n_out, n_in / t)
             else:  # "rep": the down projections run whole on every TP rank
-                fwd_gemm += gemm(tokens, n_out / (t if split == "col" else 1), n_in)
+                fwd_gemm += layer_gemm(tokens, n_out / (t if split == "col" else 1), n_in)
     else:
         # Q, K and V run as one fused GEMM (Megatron, TE); the FFN input as one (gate and up).
-        fwd_gemm = gemm(tokens, (hq + 2 * hkv) / t, h) + gemm(tokens, h, hq / t)
+        fwd_gemm = layer_gemm(tokens, (hq + 2 * hkv) / t, h) + layer_gemm(tokens, h, hq / t)
     stream_moe = 0.0
     modules = plan.recompute_modules
     fwd_modules = 0.0
@@ -679,16 +686,18 @@ def layer_times(
         # Shared experts: one dense FFN of num_shared x the expert width, split over TP.
         shared = model.num_shared_experts
         if shared:
-            fwd_gemm += gemm(tokens, shared * f_in / t, h) + gemm(tokens, h, shared * ffn / t)
-        routed, stream_moe = compute._routed_expert_fwd(
+            shared_in = layer_gemm(tokens, shared * f_in / t, h)
+            fwd_gemm += shared_in + layer_gemm(tokens, h, shared * ffn / t)
+        routed, routed_bwd, stream_moe = compute.routed_expert_gemms(
             model, gpu, plan, training, params, calibration
         )
         fwd_gemm += routed
+        bwd_parts.append(routed_bwd)
         # What op-level checkpointing recomputes: every other matmul, half of the GEMM time.
         unsaved_op = fwd_gemm / 2
     else:
         # The FFN input as one GEMM (gate and up).
-        fwd_gemm += gemm(tokens, f_in / t, h) + gemm(tokens, h, ffn / t)
+        fwd_gemm += layer_gemm(tokens, f_in / t, h) + layer_gemm(tokens, h, ffn / t)
     if model.is_mla and not moe:
         unsaved_op = fwd_gemm / 2
     elif not moe:
@@ -700,7 +709,7 @@ def layer_times(
                     gemm(tokens, n_out, n_in / t) if row else gemm(tokens, n_out / t, n_in)
                 )
     # Backward: gradient w.r.t. inputs and w.r.t. weights, each the size of the forward GEMM.
-    bwd_gemm = 2 * fwd_gemm
+    bwd_gemm = sum(bwd_parts)
 
     heads = model.num_attention_heads / t
     if training.attention in FUSED_KERNELS:

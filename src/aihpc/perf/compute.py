@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
 from aihpc.perf import dtensor_host
 from aihpc.perf.attention_kernels import (
     FUSED_KERNELS,
@@ -27,29 +29,63 @@ from aihpc.spec.parallel import ParallelPlan
 from aihpc.spec.training import DTYPE_BYTES, TrainingSpec
 
 __all__ = [
+    "GEMM_REFERENCE_K",
     "LayerTimes",
     "attention_times",
+    "contraction_factor",
     "elementwise_bytes_per_token",
     "elementwise_times",
+    "gemm_bwd_s",
+    "gemm_efficiency",
     "gemm_time_s",
     "gemm_times",
     "layer_times",
     "logits_time_s",
     "module_times",
     "optimizer_time_s",
+    "routed_expert_gemms",
 ]
 
 
+# The contraction length at which the catalog's layer-GEMM efficiencies are read: the median
+# layer GEMM of benchmarks/results/kernel_efficiency_h200.md contracts over 4,096 (the hidden
+# size of the 8B-class models and the FFN input of most), and its K-curve's median factor is
+# this length's (0.974 BF16, 0.930 FP8), so normalising there keeps the catalog's figures.
+GEMM_REFERENCE_K = 4096.0
+
+
+def contraction_factor(k: Any, half_k: float) -> Any:
+    """A GEMM's efficiency at contraction length ``k`` over its efficiency at GEMM_REFERENCE_K,
+    on the curve K / (K + half_k): each output tile pays a prologue (first loads) and an
+    epilogue (convert and store the accumulator) once, whatever the number of K steps its main
+    loop runs, so their share falls as 1 / K. Fitted on the H200's 50 layer GEMMs per precision
+    (kernel_efficiency_h200.md, K 1,024-28,672): rms error per shape 3.8% -> 2.8% (BF16),
+    7.7% -> 3.3% (FP8) against a K-free figure."""
+    ref = GEMM_REFERENCE_K
+    return k * (ref + half_k) / (ref * (k + half_k))
+
+
 def gemm_efficiency(
-    gpu: GPUSpec, precision: str, gflop: float, params: ModelParams, calibration: Calibration | None
-) -> float:
-    """Achieved fraction of the dense peak for one GEMM of ``gflop`` GFLOP."""
+    gpu: GPUSpec,
+    precision: str,
+    gflop: Any,
+    params: ModelParams,
+    calibration: Calibration | None,
+    k: Any = None,
+) -> Any:
+    """Achieved fraction of the dense peak for one GEMM of ``gflop`` GFLOP contracting over
+    ``k`` (None: the reference length); the part's ``gemm_half_k`` sets how it falls at short
+    K, where measured."""
     peak = gpu.sustained_peak_tflops(precision)
     if calibration is not None and precision in calibration.gemm:
         eff = calibration.gemm[precision].achieved_tflops(gflop) / peak
     else:
         large = gpu.large_gemm_efficiency(precision) or params.gemm_efficiency
         eff = large * gflop / (gflop + params.gemm_half_efficiency_gflop)
+        half_k = gpu.gemm_half_k_for(precision)
+        if half_k and k is not None:  # never past the peak
+            eff = eff * contraction_factor(k, half_k)
+            eff = np.minimum(1.0, eff) if isinstance(eff, np.ndarray) else min(1.0, eff)
     if calibration is not None and calibration.efficiency is not None:
         # a scale fitted to measured runs (aihpc calibrate --runs); never past the peak
         eff = min(1.0, eff * calibration.scale("gemm"))
@@ -70,7 +106,7 @@ def gemm_time_s(
     the slower of compute, at the efficiency of the whole launch, and memory traffic (each
     product's own operands), plus one launch cost."""
     flops = 2.0 * batch * m * n * k
-    eff = gemm_efficiency(gpu, precision, flops / 1e9, params, calibration)
+    eff = gemm_efficiency(gpu, precision, flops / 1e9, params, calibration, k)
     compute = flops / (gpu.sustained_peak_tflops(precision) * 1e12 * eff)
     elem = 1.0 if precision == "fp8" else 2.0
     traffic = batch * ((m * k + k * n) * elem + m * n * 2.0)
@@ -124,7 +160,7 @@ def layer_times(
     (``elementwise_times``), and what the plan's recompute modules run again (``module_times``).
     ``moe``: an MoE layer (shared and routed experts instead of the dense FFN)."""
     k = _Kernels(model, gpu, plan, training, params, calibration, moe)
-    fwd_gemm, unsaved_op, stream_moe = gemm_times(k)
+    fwd_gemm, bwd_gemm, unsaved_op, stream_moe = gemm_times(k)
     fwd_attn, bwd_attn, attn_stream_fwd = attention_times(k)
     # The attention core (score GEMMs plus, when unfused, the softmax/dropout traffic) is what
     # selective recompute re-runs, so it is kept in fwd_attn.
@@ -134,7 +170,7 @@ def layer_times(
         fwd_gemm,
         fwd_attn + softmax,
         fwd_stream,
-        2 * fwd_gemm,  # backward: gradients w.r.t. inputs and weights, each the forward's size
+        bwd_gemm,  # gradients w.r.t. inputs and weights, each the forward's size
         bwd_attn + 2 * softmax,
         bwd_stream,
         unsaved_op,
@@ -197,39 +233,66 @@ class _Kernels:
         p = self.training.precision
         return gemm_time_s(m, n, k, self.gpu, p, self.params, self.calibration)
 
+    def pair(self, m: float, n: float, k: float) -> tuple[float, float]:
+        """(forward, backward) of a linear whose forward is (m x k) @ (k x n)."""
+        return self.gemm(m, n, k), gemm_bwd_s(self.gemm, m, n, k)
 
-def gemm_times(k: _Kernels) -> tuple[float, float, float]:
-    """(forward GEMM seconds, the part op-level checkpointing recomputes, the routed experts'
-    element-wise HBM bytes) of one layer: attention projections (QKV fused, as Megatron and TE
-    run them; MLA's projections by their split), then the dense FFN (input GEMM with gate and
-    up fused) or the MoE layer's shared and routed experts."""
+
+def gemm_bwd_s(gemm: Any, m: Any, n: Any, k: Any) -> Any:
+    """Backward of a linear whose forward GEMM is (m x k) @ (k x n), priced by ``gemm(m, n, k)``:
+    the input gradient (m x n) @ (n x k) contracts over n, the weight gradient (k x m) @ (m x n)
+    over the m rows. Each has the forward's FLOPs and operand sizes; only the contraction
+    length differs, which matters where the part's efficiency depends on it (``gemm_half_k``)."""
+    return gemm(m, k, n) + gemm(k, n, m)
+
+
+def _pairs(
+    k: _Kernels, a: tuple[float, ...], b: tuple[float, ...], bwd: float = 0.0
+) -> tuple[float, float]:
+    """(forward of two linears, ``bwd`` plus their backward, added one GEMM at a time)."""
+    fa, ba = k.pair(*a)
+    fb, bb = k.pair(*b)
+    return fa + fb, bwd + ba + bb
+
+
+def gemm_times(k: _Kernels) -> tuple[float, float, float, float]:
+    """(forward GEMM seconds, backward GEMM seconds, the part op-level checkpointing
+    recomputes, the routed experts' element-wise HBM bytes) of one layer: attention projections
+    (QKV fused, as Megatron and TE run them; MLA's projections by their split), then the dense
+    FFN (input GEMM with gate and up fused) or the MoE layer's shared and routed experts. Each
+    backward GEMM is priced at its own contraction length (``gemm_bwd_s``)."""
     model, plan, t, tokens = k.model, k.plan, k.plan.tp, k.tokens
     h, d = model.hidden_size, model.kv_channels
     hq, hkv = model.num_attention_heads * d, model.kv_heads * d
     ffn, f_in = k.ffn
+    # Forward sums keep the order the function has always added them in (bit-for-bit results).
+    fwd_gemm = bwd_gemm = 0.0
     if model.is_mla:
-        fwd_gemm = 0.0
         for _, n_in, n_out, split in mla_gemms(model):
             if split == "row":
-                fwd_gemm += k.gemm(tokens, n_out, n_in / t)
+                fwd, bwd = k.pair(tokens, n_out, n_in / t)
             else:  # "rep": the down projections run whole on every TP rank
-                fwd_gemm += k.gemm(tokens, n_out / (t if split == "col" else 1), n_in)
+                fwd, bwd = k.pair(tokens, n_out / (t if split == "col" else 1), n_in)
+            fwd_gemm, bwd_gemm = fwd_gemm + fwd, bwd_gemm + bwd
     else:
-        fwd_gemm = k.gemm(tokens, (hq + 2 * hkv) / t, h) + k.gemm(tokens, h, hq / t)
+        fwd_gemm, bwd_gemm = _pairs(k, (tokens, (hq + 2 * hkv) / t, h), (tokens, h, hq / t))
     stream_moe = 0.0
     if k.moe:
         # Shared experts: one dense FFN of num_shared x the expert width, split over TP.
         shared = model.num_shared_experts
         if shared:
-            fwd_gemm += k.gemm(tokens, shared * f_in / t, h) + k.gemm(tokens, h, shared * ffn / t)
+            shapes = ((tokens, shared * f_in / t, h), (tokens, h, shared * ffn / t))
+            fwd, bwd = _pairs(k, *shapes, bwd=bwd_gemm)
+            fwd_gemm, bwd_gemm = fwd_gemm + fwd, bwd
         args = (model, k.gpu, plan, k.training, k.params, k.calibration)
-        routed, stream_moe = _routed_expert_fwd(*args)
-        fwd_gemm += routed
+        routed, routed_bwd, stream_moe = routed_expert_gemms(*args)
+        fwd_gemm, bwd_gemm = fwd_gemm + routed, bwd_gemm + routed_bwd
+    else:
+        fwd, bwd = _pairs(k, (tokens, f_in / t, h), (tokens, h, ffn / t), bwd=bwd_gemm)
+        fwd_gemm, bwd_gemm = fwd_gemm + fwd, bwd
+    if k.moe or model.is_mla:
         # What op-level checkpointing recomputes: every other matmul, half of the GEMM time.
-        return fwd_gemm, fwd_gemm / 2, stream_moe
-    fwd_gemm += k.gemm(tokens, f_in / t, h) + k.gemm(tokens, h, ffn / t)
-    if model.is_mla:
-        return fwd_gemm, fwd_gemm / 2, stream_moe
+        return fwd_gemm, bwd_gemm, fwd_gemm / 2, stream_moe
     # What op-level selective checkpointing recomputes: every other matmul, one by one.
     unsaved_op = 0.0
     for i, (_, n_in, n_out, row) in enumerate(layer_gemms(model, k.moe)):
@@ -237,7 +300,7 @@ def gemm_times(k: _Kernels) -> tuple[float, float, float]:
             unsaved_op += (
                 k.gemm(tokens, n_out, n_in / t) if row else k.gemm(tokens, n_out / t, n_in)
             )
-    return fwd_gemm, unsaved_op, stream_moe
+    return fwd_gemm, bwd_gemm, unsaved_op, stream_moe
 
 
 def attention_times(k: _Kernels) -> tuple[float, float, float]:
@@ -397,13 +460,28 @@ def _routed_expert_fwd(
     calibration: Calibration | None,
 ) -> tuple[float, float]:
     """(forward GEMM seconds, forward element-wise HBM bytes) of one MoE layer's router and
-    routed experts on the busiest GPU.
+    routed experts on the busiest GPU (``routed_expert_gemms`` without the backward)."""
+    fwd, _, moved = routed_expert_gemms(model, gpu, plan, training, params, calibration)
+    return fwd, moved
+
+
+def routed_expert_gemms(
+    model: ModelSpec,
+    gpu: GPUSpec,
+    plan: ParallelPlan,
+    training: TrainingSpec,
+    params: ModelParams,
+    calibration: Calibration | None,
+) -> tuple[float, float, float]:
+    """(forward GEMM seconds, backward GEMM seconds, forward element-wise HBM bytes) of one MoE
+    layer's router and routed experts on the busiest GPU.
 
     The E / ep local experts' products are priced at the tokens each actually sees, so their
     size-dependent efficiency is that of a GEMM of tokens-per-expert rows, and every expert's
     weights are read once; they run as one grouped GEMM per projection or one launch per expert
     (``training.moe_expert_gemm``, perf/moe_kernels.py). The router is a GEMM of the local
-    tokens onto the experts."""
+    tokens onto the experts. The backward's weight gradients contract over each expert's
+    tokens (``gemm_bwd_s``)."""
     h, ffn = model.hidden_size, model.expert_ffn_hidden_size
     f_in = 2 * ffn if model.ffn_activation == "swiglu" else ffn
     prec = training.precision
@@ -411,13 +489,18 @@ def _routed_expert_fwd(
     copies = routed_tokens(model, plan, training)
     per_expert = copies / local
 
-    def grouped(n: float, k: float) -> float:
-        one = gemm_time_s(per_expert, n, k, gpu, prec, params, calibration)
+    def one_expert(m: float, n: float, k: float) -> float:
+        one = gemm_time_s(m, n, k, gpu, prec, params, calibration)
         return expert_gemm_time_s(one, local, prec, params, training.moe_expert_gemm)
 
+    def router(m: float, n: float, k: float) -> float:
+        return gemm_time_s(m, n, k, gpu, "bf16", params, calibration)
+
     tokens = plan.micro_batch_size * model.seq_length / (plan.cp * plan.tp)
-    router = gemm_time_s(tokens, model.num_experts, h, gpu, "bf16", params, calibration)
-    gemms = grouped(f_in / plan.etp, h) + grouped(h, ffn / plan.etp) + router
+    experts = ((per_expert, f_in / plan.etp, h), (per_expert, h, ffn / plan.etp))
+    fwd = sum(one_expert(*s) for s in experts) + router(tokens, model.num_experts, h)
+    bwd = sum(gemm_bwd_s(one_expert, *s) for s in experts)
+    bwd += gemm_bwd_s(router, tokens, model.num_experts, h)
     # Bytes: router scores (fp32 logits, softmax / top-k), permute (read the token, write each
     # copy), the expert activation (read f_in, write ffn per copy), unpermute (read each copy
     # and its weight, write the token), all 16-bit.
@@ -426,7 +509,7 @@ def _routed_expert_fwd(
     moved += copies * act
     if prec == "fp8":  # each expert GEMM's input cast to FP8 (read 2 B, write 1 B per value)
         moved += copies * 3 * (h + ffn / plan.etp)
-    return gemms, moved
+    return fwd, bwd, moved
 
 
 def elementwise_bytes_per_token(
@@ -473,8 +556,12 @@ def logits_time_s(
     """(forward, backward) of the output layer and the cross-entropy, one micro-batch."""
     tokens = plan.micro_batch_size * model.seq_length / plan.cp
     v = model.vocab_size / plan.tp
+
     # The output GEMM runs in 16-bit in Megatron, NeMo and torchtitan even under FP8 recipes.
-    g = gemm_time_s(tokens, v, model.hidden_size, gpu, "bf16", params, calibration)
+    def gemm(m: float, n: float, k: float) -> float:
+        return gemm_time_s(m, n, k, gpu, "bf16", params, calibration)
+
+    g, g_bwd = gemm(tokens, v, model.hidden_size), gemm_bwd_s(gemm, tokens, v, model.hidden_size)
     # HBM bytes per logit (forward, backward), counted from each implementation's passes.
     # fused (Megatron-Core's jit-fused vocab-parallel CE): upcast + max (2 + 4), exp + sum
     # (4 + 4), normalise in place (4 + 4); backward: gradient in place (4 + 4), downcast (4 + 2).
@@ -488,7 +575,7 @@ def logits_time_s(
     ]
     loss_f = stream_time_s(tokens * v * fwd_b, gpu, params, kernels=3)
     loss_b = stream_time_s(tokens * v * bwd_b, gpu, params, kernels=3)
-    fwd, bwd = g + loss_f, 2 * g + loss_b
+    fwd, bwd = g + loss_f, g_bwd + loss_b
     if training.dtensor_dispatch != "eager" or plan.tp == 1:
         return fwd, bwd
     # eager tensor parallel: the embedding's, final norm's, output layer's and loss parallel's

@@ -45,6 +45,11 @@ class GPUSpec:
     power_limit_w: float | None = None  # set when the part runs capped below its TDP
     gemm_efficiency: float | None = None  # sustained fraction of peak on large GEMMs
     gemm_efficiency_fp8: float | None = None
+    # Contraction length at which a layer GEMM reaches half its long-K efficiency, 16-bit and FP8
+    # (None: the efficiency does not depend on K); the catalog's gemm_efficiency is read at
+    # K = 4096 (perf/compute.GEMM_REFERENCE_K).
+    gemm_half_k: float | None = None
+    gemm_half_k_fp8: float | None = None
     attention_fwd_efficiency: float | None = None  # best fused attention kernel on this part
     attention_bwd_efficiency: float | None = None
     flash2_fwd_efficiency: float | None = None  # FlashAttention-2 where it is not the best kernel
@@ -95,6 +100,8 @@ class GPUSpec:
             "attention_tokens",
         ):
             check_positive(f"cluster.gpu_spec.{f}", getattr(self, f))
+        for f in ("gemm_half_k", "gemm_half_k_fp8"):  # 0: no fall-off at short K
+            check_positive(f"cluster.gpu_spec.{f}", getattr(self, f), allow_zero=True)
         for f in (
             "gemm_efficiency",
             "gemm_efficiency_fp8",
@@ -142,6 +149,12 @@ class GPUSpec:
         if kernel == "flash2" and self.flash2_fwd_efficiency:
             return self.flash2_fwd_efficiency, self.flash2_bwd_efficiency
         return self.attention_fwd_efficiency, self.attention_bwd_efficiency
+
+    def gemm_half_k_for(self, precision: str) -> float | None:
+        """Half-efficiency contraction length of a GEMM at ``precision`` (None: K-free)."""
+        if precision == "fp8":
+            return self.gemm_half_k_fp8 if self.gemm_half_k_fp8 is not None else self.gemm_half_k
+        return self.gemm_half_k
 
     def large_gemm_efficiency(self, precision: str) -> float | None:
         if precision == "fp8":
