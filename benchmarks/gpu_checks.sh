@@ -28,6 +28,10 @@
 #    (NCCL_MAX_CTAS=1, the send/recv ring of Transformer Engine's CP step), the catalog's
 #    p2p_channel_bw_GBps. Blackwell's figure is DeepEP's per-SM push, not an NCCL measurement;
 #    Hopper's is an NCCL one (gpus.toml). Its busbw replaces the figure for the part measured.
+# 7. A linear's three GEMMs (forward over K, input gradient over N, weight gradient over the
+#    tokens) in BF16 and FP8 for shapes whose contraction lengths differ most: the model prices
+#    each at its own K on the curve fitted to forward GEMMs (gpus.toml gemm_half_k), so the
+#    weight gradients of a Hopper part come out 1-7% faster than the forward; is that so?
 # Each writes <name>.json and <name>.md (6: a JSON only); docs/performance-model.md (I08, I09, the
 # CP exchange) and docs/moe.md say what each outcome would mean.
 set -euo pipefail
@@ -55,6 +59,7 @@ python moe_dispatch.py --nproc "$ngpu" --tokens 1024,4096,16384 --hidden 7168 --
 python -m pytest -q -m gpu ../tests/comm/test_moe_dispatch_gpu.py ../tests/runtime/test_moe.py \
     | tee "$out/moe_gpu_tests.txt"
 python predicted_vs_measured.py --gpu --steps 20 --results "$out"
+python kernel_efficiency.py --backward --out "$out/kernel_efficiency"
 if [ "$ngpu" -ge 2 ]; then
     NCCL_MAX_CTAS=1 python -m aihpc bench comm -C send_recv --nproc-per-node "$ngpu" \
         -b 64M -e 1G -d bfloat16 --json > "$out/p2p_one_channel.json"

@@ -1,6 +1,7 @@
 """Measured kernel efficiencies on a GPU, for the performance model's compute constants.
 
     python benchmarks/kernel_efficiency.py [--results DIR | --out DIR/kernel_efficiency_<gpu>]
+    python benchmarks/kernel_efficiency.py --backward [--results DIR]   # a linear's three GEMMs
 
 Times, with CUDA events, (1) the GEMMs of the validation models' layers at 4K, 16K and 64K
 tokens plus cubes, in bf16 and in fp8 (``torch._scaled_mm``, e4m3, per-tensor scales, bf16
@@ -9,6 +10,13 @@ forward+backward, through PyTorch SDPA's flash (FlashAttention-2), cuDNN and mem
 backends, head dim 128, 32 heads. Attention FLOPs are the executed ones (causal halved; the
 backward counted as 2.5x the forward). Each figure is the median of timed repeats after warm-up.
 Prints a table and writes <out>.json and <out>.md. Needs a CUDA GPU.
+
+``--backward`` times instead the three GEMMs of one linear layer as training runs them, for the
+shapes whose contraction lengths differ most: the forward x[M, K] @ W^T (contracts over K), the
+input gradient dY[M, N] @ W (over N) and the weight gradient dY^T @ x (over the M tokens); in
+FP8 with the transposed copies Transformer Engine keeps for the backward. The model prices each
+at its own K on the curve fitted to the forward GEMMs (``gemm_half_k``); this measures whether
+the input and weight gradients follow it (written to <out>_backward.json / .md).
 """
 
 from __future__ import annotations
@@ -127,6 +135,89 @@ def run_gemm(name: str, m: int, n: int, k: int, precision: str) -> dict:
     }
 
 
+# (case, M tokens, N, K) of forward GEMMs whose backward contracts over very different lengths
+BACKWARD_CASES = [
+    ("llama3-8b/tp8 o", 16384, 4096, 512),
+    ("llama3-70b/tp8 o", 16384, 8192, 1024),
+    ("llama3-8b qkv", 16384, 6144, 4096),
+    ("llama3-8b w2", 16384, 4096, 14336),
+    ("llama3-8b w13", 8192, 28672, 4096),
+    ("gpt3-175b/tp8 fc1", 4096, 6144, 12288),
+]
+
+
+def _mm(a: torch.Tensor, b: torch.Tensor, precision: str):
+    """a @ b in bf16, or in FP8 as a TE GEMM runs it: e4m3 operands, per-tensor scales, a
+    row-major first and a column-major second operand (the copies a cast-transpose keeps)."""
+    if precision == "bf16":
+        return lambda: a @ b
+    a8 = a.to(torch.float8_e4m3fn).contiguous()
+    b8 = b.t().contiguous().to(torch.float8_e4m3fn).t()
+    one = torch.ones((), device="cuda")
+    return lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+
+
+def run_linear_backward(name: str, m: int, n: int, k: int, precision: str) -> list[dict]:
+    """Forward, input-gradient and weight-gradient GEMMs of a linear x[M, K] -> y[M, N]."""
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    out = []
+    for gemm, a, b, contract in (
+        ("fwd", x, w.t(), k),
+        ("dgrad", dy, w, n),
+        ("wgrad", dy.t(), x, m),
+    ):
+        sec = timed(_mm(a, b, precision))
+        flop = 2.0 * m * n * k
+        out.append(
+            {
+                "case": name,
+                "gemm": gemm,
+                "precision": precision,
+                "m": m,
+                "n": n,
+                "k": k,
+                "contraction": contract,
+                "us": sec * 1e6,
+                "tflops": flop / sec / 1e12,
+            }
+        )
+    return out
+
+
+def backward_main(out: Path, gpu: str) -> int:
+    rows = []
+    for prec in ("bf16", "fp8"):
+        for name, m, n, k in BACKWARD_CASES:
+            for r in run_linear_backward(name, m, n, k, prec):
+                rows.append(r)
+                print(
+                    f"{prec:4s} {name:20s} {r['gemm']:5s} K={r['contraction']:6d} "
+                    f"{r['tflops']:8.1f} TF/s",
+                    flush=True,
+                )
+            torch.cuda.empty_cache()
+    doc = {"gpu": gpu, "torch": torch.__version__, "cuda": torch.version.cuda, "linear": rows}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    path = out.with_name(out.name + "_backward")
+    path.with_suffix(".json").write_text(json.dumps(doc, indent=1))
+    lines = [
+        f"# A linear's forward, input-gradient and weight-gradient GEMMs on {gpu}",
+        "",
+        "| precision | case | M x N x K | GEMM | contracts over | TFLOP/s |",
+        "|---|---|---|---|---:|---:|",
+    ]
+    lines += [
+        f"| {r['precision']} | {r['case']} | {r['m']}x{r['n']}x{r['k']} | {r['gemm']} | "
+        f"{r['contraction']} | {r['tflops']:.1f} |"
+        for r in rows
+    ]
+    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {path}.json and .md")
+    return 0
+
+
 def run_attention(backend: str, b: int, sq: int, skv: int, causal: bool, heads=32, d=128) -> dict:
     q = torch.randn(b, heads, sq, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k = torch.randn(b, heads, skv, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -177,6 +268,11 @@ def main() -> int:
     )
     add_results_arg(ap)
     ap.add_argument("--quick", action="store_true", help="fewer cases (a smoke run)")
+    ap.add_argument(
+        "--backward",
+        action="store_true",
+        help="time a linear's forward, input-gradient and weight-gradient GEMMs instead",
+    )
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("kernel_efficiency.py needs a CUDA GPU", file=sys.stderr)
@@ -184,6 +280,8 @@ def main() -> int:
     gpu = torch.cuda.get_device_name()
     tag = gpu.lower().replace("nvidia ", "").replace(" ", "-")
     out = args.out or args.results / f"kernel_efficiency_{tag}"
+    if args.backward:
+        return backward_main(out, gpu)
     doc = {
         "gpu": gpu,
         "torch": torch.__version__,
