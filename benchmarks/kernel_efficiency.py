@@ -199,9 +199,6 @@ def backward_main(out: Path, gpu: str) -> int:
                 )
             torch.cuda.empty_cache()
     doc = {"gpu": gpu, "torch": torch.__version__, "cuda": torch.version.cuda, "linear": rows}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    path = out.with_name(out.name + "_backward")
-    path.with_suffix(".json").write_text(json.dumps(doc, indent=1))
     lines = [
         f"# A linear's forward, input-gradient and weight-gradient GEMMs on {gpu}",
         "",
@@ -213,9 +210,16 @@ def backward_main(out: Path, gpu: str) -> int:
         f"{r['contraction']} | {r['tflops']:.1f} |"
         for r in rows
     ]
+    _write(out.with_name(out.name + "_backward"), doc, lines)
+    return 0
+
+
+def _write(path: Path, doc: dict, lines: list[str]) -> None:
+    """<path>.json (the measurements) and <path>.md (the table)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.with_suffix(".json").write_text(json.dumps(doc, indent=1))
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print(f"wrote {path}.json and .md")
-    return 0
 
 
 def run_attention(backend: str, b: int, sq: int, skv: int, causal: bool, heads=32, d=128) -> dict:
@@ -313,8 +317,6 @@ def main() -> int:
                     flush=True,
                 )
             torch.cuda.empty_cache()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(doc, indent=1))
     lines = [
         f"# Kernel efficiency on {gpu} (torch {torch.__version__}, CUDA {torch.version.cuda})",
         "",
@@ -336,8 +338,7 @@ def main() -> int:
         lines.append(
             f"| {r['backend']} | {r['batch']} | {r['sq']}x{r['skv']} | {r['causal']} | {f} |"
         )
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {out}.json and .md")
+    _write(out, doc, lines)
     return 0
 
 

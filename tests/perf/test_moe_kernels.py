@@ -8,7 +8,7 @@ import csv
 
 import pytest
 
-from aihpc.perf.compute import _routed_expert_fwd, gemm_time_s, layer_times
+from aihpc.perf.compute import gemm_time_s, layer_times, routed_expert_gemms
 from aihpc.perf.estimate import estimate_plan
 from aihpc.perf.moe_kernels import expert_gemm_time_s
 from aihpc.perf.params import DEFAULT_PARAMS
@@ -82,7 +82,7 @@ def test_the_expert_bodies_are_priced_at_their_own_rows() -> None:
     local experts is 4,096 rows each, SwiGLU's gate and up fused (2 x 768 wide)."""
     s = qwen_30b("bf16", "per_expert")
     gpu = s.cluster.gpu
-    routed, _ = _routed_expert_fwd(s.model, gpu, s.plan(), s.training, DEFAULT_PARAMS, None)
+    routed, _, _ = routed_expert_gemms(s.model, gpu, s.plan(), s.training, DEFAULT_PARAMS, None)
     router = gemm_time_s(4096, 128, 2048, gpu, "bf16", DEFAULT_PARAMS)
     fc1 = gemm_time_s(4096, 2 * 768, 2048, gpu, "bf16", DEFAULT_PARAMS)
     fc2 = gemm_time_s(4096, 2048, 768, gpu, "bf16", DEFAULT_PARAMS)

@@ -451,20 +451,6 @@ def routed_tokens(model: ModelSpec, plan: ParallelPlan, training: TrainingSpec) 
     return tokens * model.moe_top_k * plan.etp * load
 
 
-def _routed_expert_fwd(
-    model: ModelSpec,
-    gpu: GPUSpec,
-    plan: ParallelPlan,
-    training: TrainingSpec,
-    params: ModelParams,
-    calibration: Calibration | None,
-) -> tuple[float, float]:
-    """(forward GEMM seconds, forward element-wise HBM bytes) of one MoE layer's router and
-    routed experts on the busiest GPU (``routed_expert_gemms`` without the backward)."""
-    fwd, _, moved = routed_expert_gemms(model, gpu, plan, training, params, calibration)
-    return fwd, moved
-
-
 def routed_expert_gemms(
     model: ModelSpec,
     gpu: GPUSpec,
