@@ -475,7 +475,7 @@ def routed_expert_gemms(
     copies = routed_tokens(model, plan, training)
     per_expert = copies / local
 
-    def one_expert(m: float, n: float, k: float) -> float:
+    def local_experts(m: float, n: float, k: float) -> float:  # one product per local expert
         one = gemm_time_s(m, n, k, gpu, prec, params, calibration)
         return expert_gemm_time_s(one, local, prec, params, training.moe_expert_gemm)
 
@@ -484,8 +484,8 @@ def routed_expert_gemms(
 
     tokens = plan.micro_batch_size * model.seq_length / (plan.cp * plan.tp)
     experts = ((per_expert, f_in / plan.etp, h), (per_expert, h, ffn / plan.etp))
-    fwd = sum(one_expert(*s) for s in experts) + router(tokens, model.num_experts, h)
-    bwd = sum(gemm_bwd_s(one_expert, *s) for s in experts)
+    fwd = sum(local_experts(*s) for s in experts) + router(tokens, model.num_experts, h)
+    bwd = sum(gemm_bwd_s(local_experts, *s) for s in experts)
     bwd += gemm_bwd_s(router, tokens, model.num_experts, h)
     # Bytes: router scores (fp32 logits, softmax / top-k), permute (read the token, write each
     # copy), the expert activation (read f_in, write ffn per copy), unpermute (read each copy
