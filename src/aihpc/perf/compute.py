@@ -72,12 +72,14 @@ def gemm_efficiency(
     params: ModelParams,
     calibration: Calibration | None,
     k: Any = None,
+    peak: float | None = None,
 ) -> Any:
     """Achieved fraction of the dense peak for one GEMM of ``gflop`` GFLOP contracting over
     ``k`` (None: the reference length); the part's ``gemm_half_k`` sets how it falls at short
-    K, where measured."""
-    peak = gpu.sustained_peak_tflops(precision)
+    K, where measured. ``peak``: the part's sustained peak at ``precision``, if known."""
     if calibration is not None and precision in calibration.gemm:
+        if peak is None:
+            peak = gpu.sustained_peak_tflops(precision)
         eff = calibration.gemm[precision].achieved_tflops(gflop) / peak
     else:
         large = gpu.large_gemm_efficiency(precision) or params.gemm_efficiency
@@ -106,8 +108,9 @@ def gemm_time_s(
     the slower of compute, at the efficiency of the whole launch, and memory traffic (each
     product's own operands), plus one launch cost."""
     flops = 2.0 * batch * m * n * k
-    eff = gemm_efficiency(gpu, precision, flops / 1e9, params, calibration, k)
-    compute = flops / (gpu.sustained_peak_tflops(precision) * 1e12 * eff)
+    peak = gpu.sustained_peak_tflops(precision)
+    eff = gemm_efficiency(gpu, precision, flops / 1e9, params, calibration, k, peak)
+    compute = flops / (peak * 1e12 * eff)
     elem = 1.0 if precision == "fp8" else 2.0
     traffic = batch * ((m * k + k * n) * elem + m * n * 2.0)
     memory = traffic / (gpu.hbm_bw_GBps * 1e9 * params.hbm_efficiency)

@@ -118,11 +118,15 @@ class GPUSpec:
 
     def peak_tflops(self, precision: str) -> float:
         """Dense peak at ``precision``; refuses to guess for a precision the part lacks."""
-        value = {
-            "bf16": self.bf16_tflops,
-            "fp16": self.fp16_tflops or self.bf16_tflops,
-            "fp8": self.fp8_tflops,
-        }.get(precision)
+        # branches, not a dict built per call: the search prices thousands of GEMMs through here
+        if precision == "bf16":
+            value: float | None = self.bf16_tflops
+        elif precision == "fp8":
+            value = self.fp8_tflops
+        elif precision == "fp16":
+            value = self.fp16_tflops or self.bf16_tflops
+        else:
+            value = None
         if value is None:
             have = [p for p in PRECISIONS if p != "fp8" or self.fp8_tflops]
             raise SpecError(
