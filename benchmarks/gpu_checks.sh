@@ -32,6 +32,11 @@
 #    tokens) in BF16 and FP8 for shapes whose contraction lengths differ most: the model prices
 #    each at its own K on the curve fitted to forward GEMMs (gpus.toml gemm_half_k), so the
 #    weight gradients of a Hopper part come out 1-7% faster than the forward; is that so?
+# 8. The routed experts' GEMMs of the small-expert MoE rows (H08, H09, H12, H13: 8-16 local
+#    experts, one launch each, eager; priced 37-54% fast): the per-expert loop forward and
+#    backward in the row's precision, one grouped GEMM beside it, and the host's issue time per
+#    launch, each next to the model's figure (moe_expert_gemms.py). Are the experts' GEMMs or the
+#    eager host the miss?
 # Each writes <name>.json and <name>.md (6: a JSON only); docs/performance-model.md (I08, I09, the
 # CP exchange) and docs/moe.md say what each outcome would mean.
 set -euo pipefail
@@ -60,6 +65,7 @@ python -m pytest -q -m gpu ../tests/comm/test_moe_dispatch_gpu.py ../tests/runti
     | tee "$out/moe_gpu_tests.txt"
 python predicted_vs_measured.py --gpu --steps 20 --results "$out"
 python kernel_efficiency.py --backward --out "$out/kernel_efficiency"
+python moe_expert_gemms.py --results "$out"
 if [ "$ngpu" -ge 2 ]; then
     NCCL_MAX_CTAS=1 python -m aihpc bench comm -C send_recv --nproc-per-node "$ngpu" \
         -b 64M -e 1G -d bfloat16 --json > "$out/p2p_one_channel.json"

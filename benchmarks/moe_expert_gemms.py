@@ -1,0 +1,238 @@
+"""The routed experts' GEMMs of the small-expert MoE validation rows, measured against the model.
+
+    python benchmarks/moe_expert_gemms.py [--results DIR]          # needs a CUDA GPU
+    python benchmarks/moe_expert_gemms.py --model-only [--results DIR]
+
+The MoE development set's worst rows (moe_runs.csv: H08, H13 GPT-OSS-120B, H09 Qwen3-30B-A3B,
+H12 Qwen3-235B-A22B) run eager Megatron-Core layers whose routed experts are one GEMM launch per
+local expert (Transformer Engine's GroupedLinear, ``moe_expert_gemm = per_expert``), with 8 or 16
+local experts and 2,048-8,192 rows each; the model prices them 37-54% fast. This times, for each
+row's shape on one GPU, what the model prices one layer's routed experts at:
+
+- the per-expert loop as the row runs it, forward (fc1 then fc2) and backward (input and weight
+  gradient of each), on one stream, in the row's precision (FP8: each expert's input cast to e4m3
+  with its own amax before its ``torch._scaled_mm``, as current scaling does);
+- the same products as one ``torch._grouped_mm`` per projection (BF16; where torch has it);
+- the host's issue time per launch of the loop, with the GPU kept busy so the host never waits.
+
+Beside each, the model's figure (perf/compute.py ``gemm_time_s`` and perf/moe_kernels.py
+``expert_gemm_time_s`` at the rows per expert the plan gives). Where the loop measures well above
+the model, the experts' GEMMs are the miss; where the loop matches and the host's issue time per
+launch is well above ``kernel_overhead_s``, the miss is the eager host (perf/moe_host.py).
+``--model-only`` prints the model's side alone (no GPU needed). Writes moe_expert_gemms.json/.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+import time
+from typing import Any
+
+from _common import add_results_arg, machine, save
+
+from aihpc.perf.compute import gemm_bwd_s, gemm_time_s, routed_tokens
+from aihpc.perf.moe_kernels import expert_gemm_time_s
+from aihpc.perf.params import DEFAULT_PARAMS
+from aihpc.perf.runs_csv import row_runspec
+from aihpc.perf.validate import data_file
+
+ROWS = ("H08", "H09", "H12", "H13")
+
+
+def shapes(row_id: str) -> dict[str, Any]:
+    """One MoE layer's routed-expert products on the busiest GPU of the row's plan."""
+    with open(data_file("moe_runs.csv"), newline="") as f:
+        row = next(r for r in csv.DictReader(f) if r["id"] == row_id)
+    spec = row_runspec(row)
+    model, plan, training = spec.model, spec.plan(), spec.training
+    h, ffn = model.hidden_size, model.expert_ffn_hidden_size
+    f_in = 2 * ffn if model.ffn_activation == "swiglu" else ffn
+    local = model.num_experts // plan.ep
+    rows = round(routed_tokens(model, plan, training) / local)
+    return {
+        "id": row_id,
+        "model": model.name,
+        "gpu": spec.cluster.gpu.name,
+        "precision": training.precision,
+        "how": training.moe_expert_gemm,
+        "local_experts": local,
+        "rows_per_expert": rows,
+        # (rows, n, k) of fc1 and fc2: out[rows, n] = x[rows, k] @ W[k, n]
+        "projections": [(rows, f_in // plan.etp, h), (rows, h, ffn // plan.etp)],
+        "spec": spec,
+    }
+
+
+def model_ms(s: dict[str, Any]) -> tuple[float, float]:
+    """(forward, backward) ms the model gives the layer's routed-expert GEMMs."""
+    spec, p = s["spec"], DEFAULT_PARAMS
+    gpu, prec = spec.cluster.gpu, s["precision"]
+
+    def experts(m: float, n: float, k: float) -> float:
+        one = gemm_time_s(m, n, k, gpu, prec, p)
+        return expert_gemm_time_s(one, s["local_experts"], prec, p, s["how"])
+
+    fwd = sum(experts(*x) for x in s["projections"])
+    bwd = sum(gemm_bwd_s(experts, *x) for x in s["projections"])
+    return fwd * 1e3, bwd * 1e3
+
+
+def _gpu_tensors(s: dict[str, Any]):
+    import torch
+
+    out = []
+    for m, n, k in s["projections"]:
+        e = s["local_experts"]
+        x = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(e)]
+        w = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(e)]
+        dy = [torch.randn(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(e)]
+        out.append((x, w, dy))
+    return out
+
+
+def _mm(a, b, fp8: bool):
+    """a @ b; FP8: a cast with its own amax (current scaling), b's cast kept (a weight's)."""
+    import torch
+
+    if not fp8:
+        return a @ b
+    scale = a.abs().amax().float().clamp(min=1e-12) / 448.0
+    a8 = (a / scale).to(torch.float8_e4m3fn)
+    b8 = b.t().contiguous().to(torch.float8_e4m3fn).t()
+    one = torch.ones((), device="cuda")
+    return torch._scaled_mm(a8, b8, scale_a=scale, scale_b=one, out_dtype=torch.bfloat16)
+
+
+def _timed_ms(fn, repeats: int = 7) -> float:
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(repeats):
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        samples.append(start.elapsed_time(end))
+    return statistics.median(samples)
+
+
+def _host_us_per_launch(fn, launches: int) -> float:
+    """CPU microseconds to issue ``fn`` per kernel it launches, the GPU kept busy meanwhile."""
+    import torch
+
+    samples = []
+    for _ in range(5):
+        torch.cuda._sleep(200_000_000)  # keeps the GPU busy: the host never waits on it
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e6 / launches)
+        torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def measure(s: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    fp8 = s["precision"] == "fp8"
+    t = _gpu_tensors(s)
+
+    def fwd() -> None:
+        for x, w, _ in t:
+            for xe, we in zip(x, w, strict=True):
+                _mm(xe, we.t(), fp8)
+
+    def bwd() -> None:
+        for x, w, dy in t:
+            for xe, we, de in zip(x, w, dy, strict=True):
+                _mm(de, we, fp8)  # input gradient, contracts over n
+                _mm(de.t(), xe, fp8)  # weight gradient, contracts over the rows
+
+    out = {"loop_fwd_ms": _timed_ms(fwd), "loop_bwd_ms": _timed_ms(bwd)}
+    kernels_per_gemm = 4 if fp8 else 1  # amax, divide, cast, GEMM
+    out["host_us_per_launch"] = _host_us_per_launch(fwd, 2 * s["local_experts"] * kernels_per_gemm)
+    if fp8 or not hasattr(torch, "_grouped_mm"):
+        return out
+    try:
+        grouped = []
+        for x, w, _ in t:
+            xs = torch.cat(x)
+            ws = torch.stack([we.t() for we in w])  # (experts, k, n)
+            offs = torch.arange(1, len(x) + 1, device="cuda", dtype=torch.int32) * x[0].shape[0]
+            grouped.append((xs, ws, offs))
+
+        def grouped_fwd() -> None:
+            for xs, ws, offs in grouped:
+                torch._grouped_mm(xs, ws, offs=offs, out_dtype=torch.bfloat16)
+
+        out["grouped_fwd_ms"] = _timed_ms(grouped_fwd)
+    except (RuntimeError, TypeError) as exc:  # not on this GPU / torch build
+        out["grouped_error"] = str(exc).splitlines()[0]
+    return out
+
+
+def table(results: list[dict[str, Any]], measured: bool) -> str:
+    head = (
+        "| row | model | precision | local experts | rows / expert | model fwd ms | model bwd ms |"
+    )
+    sep = "|---|---|---|---:|---:|---:|---:|"
+    if measured:
+        head += " loop fwd ms | loop bwd ms | grouped fwd ms | host µs / launch |"
+        sep += "---:|---:|---:|---:|"
+    lines = [head, sep]
+    for r in results:
+        line = (
+            f"| {r['id']} | {r['model']} | {r['precision']} | {r['local_experts']} | "
+            f"{r['rows_per_expert']:,} | {r['model_fwd_ms']:.3f} | {r['model_bwd_ms']:.3f} |"
+        )
+        if measured:
+            g = r.get("grouped_fwd_ms")
+            line += (
+                f" {r['loop_fwd_ms']:.3f} | {r['loop_bwd_ms']:.3f} | "
+                f"{'n/a' if g is None else f'{g:.3f}'} | {r['host_us_per_launch']:.1f} |"
+            )
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_results_arg(ap)
+    ap.add_argument("--model-only", action="store_true", help="the model's figures alone")
+    args = ap.parse_args()
+    measured = not args.model_only
+    if measured:
+        import torch
+
+        if not torch.cuda.is_available():
+            print("moe_expert_gemms.py needs a CUDA GPU (or --model-only)", file=sys.stderr)
+            return 2
+    results = []
+    for row_id in ROWS:
+        s = shapes(row_id)
+        fwd, bwd = model_ms(s)
+        r = {k: v for k, v in s.items() if k != "spec"}
+        r.update(model_fwd_ms=fwd, model_bwd_ms=bwd)
+        if measured:
+            r.update(measure(s))
+        results.append(r)
+    data: dict[str, Any] = {"machine": machine(), "rows": results}
+    if measured:
+        import torch
+
+        data["device"] = torch.cuda.get_device_name()
+    note = (
+        "Model figures are for each row's own GPU; measured columns for the GPU this ran on "
+        f"({data.get('device', 'none: --model-only')}), compare rows of that GPU only."
+    )
+    save("moe_expert_gemms", data, table(results, measured) + "\n\n" + note, args.results)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
