@@ -35,7 +35,7 @@
 # 8. The routed experts' GEMMs of the small-expert MoE rows (H08, H09, H12, H13: 8-16 local
 #    experts, one launch each, eager; priced 37-54% fast): the per-expert loop forward and
 #    backward in the row's precision, one grouped GEMM beside it, and the host's issue time per
-#    launch, each next to the model's figure (moe_expert_gemms.py). Are the experts' GEMMs or the
+#    expert GEMM, each next to the model's figure (moe_expert_gemms.py). Are the experts' GEMMs or the
 #    eager host the miss?
 # Each writes <name>.json and <name>.md (6: a JSON only); docs/performance-model.md (I08, I09, the
 # CP exchange) and docs/moe.md say what each outcome would mean.

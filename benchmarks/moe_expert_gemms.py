@@ -6,19 +6,21 @@
 The MoE development set's worst rows (moe_runs.csv: H08, H13 GPT-OSS-120B, H09 Qwen3-30B-A3B,
 H12 Qwen3-235B-A22B) run eager Megatron-Core layers whose routed experts are one GEMM launch per
 local expert (Transformer Engine's GroupedLinear, ``moe_expert_gemm = per_expert``), with 8 or 16
-local experts and 2,048-8,192 rows each; the model prices them 37-54% fast. This times, for each
+local experts and 1,024-4,096 rows each; the model prices them 37-54% fast. This times, for each
 row's shape on one GPU, what the model prices one layer's routed experts at:
 
 - the per-expert loop as the row runs it, forward (fc1 then fc2) and backward (input and weight
   gradient of each), on one stream, in the row's precision (FP8: each expert's input cast to e4m3
   with its own amax before its ``torch._scaled_mm``, as current scaling does);
 - the same products as one ``torch._grouped_mm`` per projection (BF16; where torch has it);
-- the host's issue time per launch of the loop, with the GPU kept busy so the host never waits.
+- the host's issue time per expert GEMM of the loop (with its casts), the GPU kept busy so the
+  host never waits.
 
 Beside each, the model's figure (perf/compute.py ``gemm_time_s`` and perf/moe_kernels.py
 ``expert_gemm_time_s`` at the rows per expert the plan gives). Where the loop measures well above
 the model, the experts' GEMMs are the miss; where the loop matches and the host's issue time per
-launch is well above ``kernel_overhead_s``, the miss is the eager host (perf/moe_host.py).
+GEMM is well above what perf/moe_host.py prices (``kernel_overhead_s`` a launch, plus
+``host_eager_op_s`` per Python-issued op under FP8), the miss is the eager host.
 ``--model-only`` prints the model's side alone (no GPU needed). Writes moe_expert_gemms.json/.md.
 """
 
@@ -80,30 +82,69 @@ def model_ms(s: dict[str, Any]) -> tuple[float, float]:
     return fwd * 1e3, bwd * 1e3
 
 
-def _gpu_tensors(s: dict[str, Any]):
+def _cast(t):
+    """An FP8 (e4m3) copy of a 2-D operand with its own amax scale: (copy, float32 scale)."""
     import torch
 
-    out = []
-    for m, n, k in s["projections"]:
-        e = s["local_experts"]
-        x = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(e)]
-        w = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(e)]
-        dy = [torch.randn(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(e)]
-        out.append((x, w, dy))
-    return out
+    scale = t.abs().amax().float().clamp(min=1e-12) / 448.0
+    return (t / scale).to(torch.float8_e4m3fn), scale
 
 
-def _mm(a, b, fp8: bool):
-    """a @ b; FP8: a cast with its own amax (current scaling), b's cast kept (a weight's)."""
+def layer_fns(projections: list[tuple[int, int, int]], local: int, fp8: bool, device: str):
+    """(forward, backward, grouped forward or None) of the local experts' products of each
+    projection, one launch per expert; each returns its outputs. FP8: the activation or
+    gradient operand is cast per expert and call with its own amax (current scaling), the
+    other operand's FP8 copy is made once (the weight's, and the forward input's transposed
+    copy Transformer Engine keeps for the weight gradient)."""
     import torch
 
-    if not fp8:
-        return a @ b
-    scale = a.abs().amax().float().clamp(min=1e-12) / 448.0
-    a8 = (a / scale).to(torch.float8_e4m3fn)
-    b8 = b.t().contiguous().to(torch.float8_e4m3fn).t()
-    one = torch.ones((), device="cuda")
-    return torch._scaled_mm(a8, b8, scale_a=scale, scale_b=one, out_dtype=torch.bfloat16)
+    bf16 = torch.bfloat16
+
+    def mm(a, b):  # b: (k, n) as a bf16 view, or an (FP8 column-major copy, scale) pair
+        if not fp8:
+            return a @ b
+        a8, sa = _cast(a)
+        b8, sb = b
+        return torch._scaled_mm(a8, b8, scale_a=sa, scale_b=sb, out_dtype=bf16)
+
+    def keep(b):  # the kept operand: FP8 column-major copy with its scale, or the bf16 view
+        if not fp8:
+            return b
+        b8, sb = _cast(b.t().contiguous())
+        return b8.t(), sb
+
+    ops = []
+    for m, n, k in projections:
+        x = [torch.randn(m, k, device=device, dtype=bf16) for _ in range(local)]
+        w = [torch.randn(n, k, device=device, dtype=bf16) / k**0.5 for _ in range(local)]
+        dy = [torch.randn(m, n, device=device, dtype=bf16) for _ in range(local)]
+        fwd_b = [keep(we.t()) for we in w]
+        dgrad_b = [keep(we) for we in w]
+        wgrad_b = [keep(xe) for xe in x]
+        ops.append((x, dy, fwd_b, dgrad_b, wgrad_b, w))
+
+    def fwd() -> list:
+        return [mm(xe, b) for x, _, fb, _, _, _ in ops for xe, b in zip(x, fb, strict=True)]
+
+    def bwd() -> list:
+        out = []
+        for _, dy, _, db, wb, _ in ops:
+            for de, b_d, b_w in zip(dy, db, wb, strict=True):
+                out.append(mm(de, b_d))  # input gradient, contracts over n
+                out.append(mm(de.t(), b_w))  # weight gradient, contracts over the rows
+        return out
+
+    if fp8 or not hasattr(torch, "_grouped_mm"):
+        return fwd, bwd, None
+    grouped = []
+    for x, _, _, _, _, w in ops:
+        rows = torch.arange(1, local + 1, device=device, dtype=torch.int32) * x[0].shape[0]
+        grouped.append((torch.cat(x), torch.stack([we.t() for we in w]), rows))
+
+    def grouped_fwd() -> list:
+        return [torch._grouped_mm(xs, ws, offs=offs, out_dtype=bf16) for xs, ws, offs in grouped]
+
+    return fwd, bwd, grouped_fwd
 
 
 def _timed_ms(fn, repeats: int = 7) -> float:
@@ -122,16 +163,17 @@ def _timed_ms(fn, repeats: int = 7) -> float:
     return statistics.median(samples)
 
 
-def _host_us_per_launch(fn, launches: int) -> float:
-    """CPU microseconds to issue ``fn`` per kernel it launches, the GPU kept busy meanwhile."""
+def _host_us_per_gemm(fn, gemms: int) -> float:
+    """CPU microseconds to issue ``fn`` per expert GEMM (with its casts), the GPU kept busy
+    meanwhile so that the host never waits on it."""
     import torch
 
     samples = []
     for _ in range(5):
-        torch.cuda._sleep(200_000_000)  # keeps the GPU busy: the host never waits on it
+        torch.cuda._sleep(200_000_000)
         t0 = time.perf_counter()
         fn()
-        samples.append((time.perf_counter() - t0) * 1e6 / launches)
+        samples.append((time.perf_counter() - t0) * 1e6 / gemms)
         torch.cuda.synchronize()
     return statistics.median(samples)
 
@@ -139,40 +181,16 @@ def _host_us_per_launch(fn, launches: int) -> float:
 def measure(s: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    fp8 = s["precision"] == "fp8"
-    t = _gpu_tensors(s)
-
-    def fwd() -> None:
-        for x, w, _ in t:
-            for xe, we in zip(x, w, strict=True):
-                _mm(xe, we.t(), fp8)
-
-    def bwd() -> None:
-        for x, w, dy in t:
-            for xe, we, de in zip(x, w, dy, strict=True):
-                _mm(de, we, fp8)  # input gradient, contracts over n
-                _mm(de.t(), xe, fp8)  # weight gradient, contracts over the rows
-
+    local = s["local_experts"]
+    fwd, bwd, grouped = layer_fns(s["projections"], local, s["precision"] == "fp8", "cuda")
     out = {"loop_fwd_ms": _timed_ms(fwd), "loop_bwd_ms": _timed_ms(bwd)}
-    kernels_per_gemm = 4 if fp8 else 1  # amax, divide, cast, GEMM
-    out["host_us_per_launch"] = _host_us_per_launch(fwd, 2 * s["local_experts"] * kernels_per_gemm)
-    if fp8 or not hasattr(torch, "_grouped_mm"):
-        return out
-    try:
-        grouped = []
-        for x, w, _ in t:
-            xs = torch.cat(x)
-            ws = torch.stack([we.t() for we in w])  # (experts, k, n)
-            offs = torch.arange(1, len(x) + 1, device="cuda", dtype=torch.int32) * x[0].shape[0]
-            grouped.append((xs, ws, offs))
-
-        def grouped_fwd() -> None:
-            for xs, ws, offs in grouped:
-                torch._grouped_mm(xs, ws, offs=offs, out_dtype=torch.bfloat16)
-
-        out["grouped_fwd_ms"] = _timed_ms(grouped_fwd)
-    except (RuntimeError, TypeError) as exc:  # not on this GPU / torch build
-        out["grouped_error"] = str(exc).splitlines()[0]
+    out["host_us_per_gemm"] = _host_us_per_gemm(fwd, len(s["projections"]) * local)
+    if grouped is not None:
+        try:
+            out["grouped_fwd_ms"] = _timed_ms(grouped)
+        except (RuntimeError, TypeError) as exc:  # not on this GPU / torch build
+            out["grouped_error"] = str(exc).splitlines()[0]
+    torch.cuda.empty_cache()
     return out
 
 
@@ -182,7 +200,7 @@ def table(results: list[dict[str, Any]], measured: bool) -> str:
     )
     sep = "|---|---|---|---:|---:|---:|---:|"
     if measured:
-        head += " loop fwd ms | loop bwd ms | grouped fwd ms | host µs / launch |"
+        head += " loop fwd ms | loop bwd ms | grouped fwd ms | host µs / GEMM |"
         sep += "---:|---:|---:|---:|"
     lines = [head, sep]
     for r in results:
@@ -194,7 +212,7 @@ def table(results: list[dict[str, Any]], measured: bool) -> str:
             g = r.get("grouped_fwd_ms")
             line += (
                 f" {r['loop_fwd_ms']:.3f} | {r['loop_bwd_ms']:.3f} | "
-                f"{'n/a' if g is None else f'{g:.3f}'} | {r['host_us_per_launch']:.1f} |"
+                f"{'n/a' if g is None else f'{g:.3f}'} | {r['host_us_per_gemm']:.1f} |"
             )
         lines.append(line)
     return "\n".join(lines)

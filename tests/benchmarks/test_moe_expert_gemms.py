@@ -62,3 +62,32 @@ def test_without_a_gpu_it_refuses_with_exit_2(tmp_path: Path) -> None:
     )
     assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def _layer_fns(fp8: bool):
+    """The script's timed closures on CPU tensors, tiny shapes (its GPU path, run here)."""
+    torch = pytest.importorskip("torch")
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import moe_expert_gemms
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    torch.manual_seed(0)
+    return torch, moe_expert_gemms.layer_fns([(32, 48, 16), (32, 16, 32)], 3, fp8, "cpu")
+
+
+def test_the_timed_loop_grouped_and_fp8_products_are_the_experts_products() -> None:
+    torch, (fwd, bwd, grouped) = _layer_fns(fp8=False)
+    loop = fwd()
+    assert [tuple(t.shape) for t in loop] == [(32, 48)] * 3 + [(32, 16)] * 3
+    assert [tuple(t.shape) for t in bwd()] == [(32, 16), (48, 16)] * 3 + [(32, 32), (16, 32)] * 3
+    # one grouped GEMM per projection gives each expert's rows the loop's product
+    assert grouped is not None
+    for g, per_expert in zip(grouped(), (loop[:3], loop[3:]), strict=True):
+        torch.testing.assert_close(g, torch.cat(per_expert), rtol=1e-2, atol=1e-2)
+    _, (fwd8, bwd8, grouped8) = _layer_fns(fp8=True)
+    assert grouped8 is None  # BF16 only
+    # same seed, same operands: FP8 products within e4m3's rounding of the BF16 ones
+    for a, b in zip(fwd8() + bwd8(), loop + bwd(), strict=True):
+        err = (a.float() - b.float()).norm() / b.float().norm()
+        assert err < 0.08, err
