@@ -58,6 +58,21 @@ def test_block_equals_the_formula_written_out(score):
         assert (a - b).abs().max() < 1e-13
 
 
+@pytest.mark.parametrize("compute", ["loop", "grouped_mm"])
+def test_a_training_step_of_the_block_reads_the_host_twice(compute):
+    """What a GPU would wait for in one MoE block's training forward and backward (counted on
+    the CPU: tests/sync_count.py): the dispatch's input check and its grouping counts, which
+    the per-expert split needs; the router's load count and the loop's weights take none."""
+    from sync_count import host_syncs
+
+    block = _block(expert_compute=compute, aux_loss_coeff=0.01, expert_ffn_dim=8).float()
+    x = torch.randn(2, 5, 8, requires_grad=True)
+    with host_syncs() as syncs:
+        block(x).sum().backward()
+    assert syncs == {"reads": 2}, syncs
+    assert block.router.load is not None and int(block.router.load.sum()) == 2 * 5 * 2
+
+
 def test_softmax_gate_is_a_softmax_over_the_top_k_logits():
     """Mixtral's gate: softmax over the k chosen logits = normalised softmax scores."""
     router = Router(CFG).double()
