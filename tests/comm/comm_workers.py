@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from aihpc.bench.dist import init_distributed
 from aihpc.comm import MoEDispatcher, build_ep_groups
+from sync_count import host_syncs
 
 HIDDEN = 5
 
@@ -124,7 +125,9 @@ def _check_case(disp, seed, rank, world, experts, k, skew=False) -> dict[str, An
     )
     # 3. outputs and gradients against the single-process reference, float64
     mats = expert_mats(seed, experts, f64)
-    got = _ep_forward(disp, inp, mats, per_rank, rank)
+    with host_syncs() as syncs:  # what a GPU would wait for in one EP forward and backward
+        got = _ep_forward(disp, inp, mats, per_rank, rank)
+    res["syncs"], res["checked_ids"] = dict(syncs), inp["idx"].numel() > 0
     ref = _reference(inputs, mats, rank, per_rank)
     res["max_err"] = max(_max_err(g, r) for g, r in zip(got[:4], ref, strict=True))
     res["out"], res["grads"] = got[0], got[1:4]

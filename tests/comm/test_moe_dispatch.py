@@ -82,3 +82,15 @@ def test_hierarchical_crosses_nodes_once_per_node(results):
             r = res[f"hier{seed}"]
             assert r["inter_node_rows"] == r["expected_inter_node_rows"], (rank, seed)
             assert r["inter_node_rows"] <= r["expected_flat_send_rows"], (rank, seed)
+
+
+def test_the_host_reads_once_per_route_and_for_the_input_check(results):
+    """What a GPU would wait for in one EP forward and backward (counted on gloo: sync_count):
+    one host read per route (each stage's count exchange, the local grouping's counts) and one
+    for the input check's min / max; no data-sized op (nonzero, boolean masks, bincount)."""
+    _, ranks = results
+    for rank, res in enumerate(ranks):
+        for case in _cases(res):
+            routes = 3 if case.startswith("hier") else 2
+            want = routes + (1 if res[case]["checked_ids"] else 0)
+            assert res[case]["syncs"] == {"reads": want}, (rank, case, res[case]["syncs"])

@@ -189,7 +189,11 @@ class MoEDispatcher:
         """Route rows one level on; the count exchange carries tokens per expert behind each
         peer."""
         dest, lo, width, group, peers = self._level(meta[:, :k], level)
-        hist = torch.bincount(meta[:, :k][dest >= 0] - lo, minlength=peers * width)
+        # pairs per expert behind each peer, without a host sync (no bincount or mask)
+        sent = dest >= 0
+        slot_expert = torch.where(sent, meta[:, :k] - lo, 0).flatten()
+        hist = torch.zeros(peers * width, dtype=torch.long, device=meta.device)
+        hist.scatter_add_(0, slot_expert, sent.flatten().long())
         route = plan_route(dest, peers, group, expert_counts=hist.view(peers, width))
         x_out, w_out, meta_out = dispatch_stage(x, w, meta, route)
         return x_out, w_out, meta_out, route
@@ -239,7 +243,7 @@ class MoEDispatcher:
             counts = [sum(c) for c in zip(*routes[-1].recv_expert_counts or [], strict=True)]
             recv_rows: int | torch.Tensor = routes[-1].num_received
         else:
-            counts = torch.bincount(local_e[mine], minlength=self.experts_per_rank).tolist()
+            counts = local.send_counts  # read in the local route's one host sync
             recv_rows = mine.any(dim=1).sum()  # read only if asked (no host sync per layer)
         inter_rows = routes[0].num_sent if self.groups.hierarchical and routes else 0
         routes.append(local)
