@@ -73,3 +73,22 @@ def save(name: str, data: dict, markdown: str, results: Path = DEFAULT_RESULTS) 
         f"({data['machine']}).\n\n{markdown}\n"
     )
     print(markdown)
+
+
+def catalog_gpu() -> str:
+    """The catalog id of the machine's GPU (H100 / H200 / A100 / B200 by name)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("no CUDA GPU visible")
+    name = torch.cuda.get_device_name().lower()
+    for key, gpu in (("h200", "h200"), ("h100", "h100-sxm"), ("h800", "h800"), ("b200", "b200")):
+        if key in name:
+            return gpu
+    if "a100" in name:
+        return (
+            "a100-80gb"
+            if torch.cuda.get_device_properties(0).total_memory > 50e9
+            else ("a100-40gb")
+        )
+    raise SystemExit(f"{name!r} is not in the GPU catalog (aihpc gpus)")

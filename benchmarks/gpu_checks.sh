@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # The measurements the performance model still waits for that one GPU can make, as one script
 # for a session that is lent a GPU (about 7 minutes on an H100/H200). Run from the repository
-# root after installing the package with torch:
+# root, with the package installed or not (a checkout's src/ is put on PYTHONPATH if aihpc does
+# not import):
 #
 #   bash benchmarks/gpu_checks.sh [OUT_DIR]      # default: ./benchmark-results
+#   GPU_CHECKS_STEPS="8 9 3" GPU_CHECKS_BUDGET_S=300 bash benchmarks/gpu_checks.sh OUT
+#
+# Steps run in GPU_CHECKS_STEPS's order (default: the MoE steps first), each under its own time
+# cap and none started past GPU_CHECKS_BUDGET_S seconds (default 3600); a step that fails or
+# times out is reported and the next one runs. Output goes to OUT_DIR/gpu_checks.log too; the
+# exit status is 1 if any step failed or was skipped.
 #
 # 1. One ring-attention rank at both ends of the ring (ranks 0 and cp - 1 run blocks of one shape
 #    each; the exchanges keep ranks in step, so the slower end sets the pace) for CP 2, 4, 8:
@@ -37,36 +44,103 @@
 #    backward in the row's precision, one grouped GEMM beside it, and the host's issue time per
 #    expert GEMM, each next to the model's figure (moe_expert_gemms.py). Are the experts' GEMMs or the
 #    eager host the miss?
+# 9. The whole routed part of one of those rows' MoE layers as an eager PyTorch program (the
+#    trainer's own block: router over all experts, our permute with its host-read counts, the
+#    local experts per launch and grouped, the weighted unpermute; forward and backward; BF16):
+#    wall time, GPU kernel time and the GPU's idle time beside the model's GPU time for the same
+#    work (moe_layer_eager.py). Does eager plumbing at these shapes cost what the model prices?
 # Each writes <name>.json and <name>.md (6: a JSON only); docs/performance-model.md (I08, I09, the
 # CP exchange) and docs/moe.md say what each outcome would mean.
-set -euo pipefail
+set -uo pipefail
 out=${1:-benchmark-results}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-python - <<'PY'
+exec > >(tee -a "$out/gpu_checks.log") 2>&1
+py=${PYTHON:-$(command -v python3 || command -v python)}
+repo=$(cd "$(dirname "$0")/.." && pwd)
+if ! "$py" -c 'import aihpc' 2>/dev/null; then
+    export PYTHONPATH="$repo/src${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONUNBUFFERED=1
+"$py" - <<'PY' || exit 2
 import sys
 
 import torch
 
+import aihpc
+
 if not torch.cuda.is_available():
     sys.exit("gpu_checks.sh: no CUDA GPU visible; these checks measure one")
-print(torch.cuda.get_device_name(), torch.__version__, torch.version.cuda)
+print(torch.cuda.get_device_name(), "torch", torch.__version__, "CUDA", torch.version.cuda)
+print("grouped_mm:", hasattr(torch.nn.functional, "grouped_mm"), "aihpc:", aihpc.__file__)
 PY
-cd "$(dirname "$0")"
-python ring_attention_rank.py --cp 2 4 8 --ranks extremes --out "$out/ring_attention_ranks_extremes"
-python ring_attention_rank.py --cp 2 4 8 --gather --slack 0.05 --out "$out/ring_attention_rank_gather_pressure"
-PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True" \
-    python ring_attention_rank.py --cp 2 4 8 --gather --slack 0.05 \
-    --out "$out/ring_attention_rank_gather_pressure_expandable"
-ngpu=$(python -c 'import torch; print(torch.cuda.device_count())')
-python moe_dispatch.py --nproc "$ngpu" --tokens 1024,4096,16384 --hidden 7168 --experts 256 \
-    --iters 10 --reps 3 --tag "gpu_${ngpu}x" --results "$out"
-python -m pytest -q -m gpu ../tests/comm/test_moe_dispatch_gpu.py ../tests/runtime/test_moe.py \
-    | tee "$out/moe_gpu_tests.txt"
-python predicted_vs_measured.py --gpu --steps 20 --results "$out"
-python kernel_efficiency.py --backward --out "$out/kernel_efficiency"
-python moe_expert_gemms.py --results "$out"
-if [ "$ngpu" -ge 2 ]; then
-    NCCL_MAX_CTAS=1 python -m aihpc bench comm -C send_recv --nproc-per-node "$ngpu" \
-        -b 64M -e 1G -d bfloat16 --json > "$out/p2p_one_channel.json"
+cd "$repo/benchmarks"
+budget=${GPU_CHECKS_BUDGET_S:-3600}
+ngpu=$("$py" -c 'import torch; print(torch.cuda.device_count())')
+failed=()
+
+# run_step NAME CAP_S COMMAND...: COMMAND under min(CAP_S, the budget left), its status noted
+run_step() {
+    local name=$1 cap=$2 left rc t0=$SECONDS
+    shift 2
+    left=$((budget - SECONDS))
+    if ((left < 15)); then
+        echo "== step $name: skipped, the budget of ${budget}s is spent"
+        failed+=("$name:skipped")
+        return
+    fi
+    ((cap > left)) && cap=$left
+    echo "== step $name (at most ${cap}s): $*"
+    timeout --signal=INT --kill-after=15 "$cap" "$@"
+    rc=$?
+    echo "== step $name: exit $rc after $((SECONDS - t0))s"
+    ((rc == 0)) || failed+=("$name:exit$rc")
+}
+
+step1() {
+    run_step 1 240 "$py" ring_attention_rank.py --cp 2 4 8 --ranks extremes \
+        --out "$out/ring_attention_ranks_extremes"
+}
+step2() {
+    run_step 2 240 "$py" ring_attention_rank.py --cp 2 4 8 --gather --slack 0.05 \
+        --out "$out/ring_attention_rank_gather_pressure"
+    run_step 2x 240 env PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True" \
+        "$py" ring_attention_rank.py --cp 2 4 8 --gather --slack 0.05 \
+        --out "$out/ring_attention_rank_gather_pressure_expandable"
+}
+step3() {
+    run_step 3 180 "$py" moe_dispatch.py --nproc "$ngpu" --tokens 1024,4096,16384 --hidden 7168 \
+        --experts 256 --iters 10 --reps 3 --tag "gpu_${ngpu}x" --results "$out"
+}
+step4() {
+    run_step 4 240 "$py" -m pytest -q -p no:cacheprovider -m gpu \
+        ../tests/comm/test_moe_dispatch_gpu.py ../tests/runtime/test_moe.py \
+        --junitxml "$out/moe_gpu_tests.xml"
+}
+step5() { run_step 5 420 "$py" predicted_vs_measured.py --gpu --steps 20 --results "$out"; }
+step6() {
+    if ((ngpu >= 2)); then
+        run_step 6 180 env NCCL_MAX_CTAS=1 "$py" -m aihpc bench comm -C send_recv \
+            --nproc-per-node "$ngpu" -b 64M -e 1G -d bfloat16 --json \
+            --output "$out/p2p_one_channel.json"
+    else
+        echo "== step 6: skipped, one GPU (it measures NVLink between two)"
+    fi
+}
+step7() { run_step 7 300 "$py" kernel_efficiency.py --backward --out "$out/kernel_efficiency"; }
+step8() { run_step 8 150 "$py" moe_expert_gemms.py --results "$out"; }
+step9() { run_step 9 180 "$py" moe_layer_eager.py --results "$out"; }
+
+steps=${GPU_CHECKS_STEPS:-8 9 3 4 7 1 2 5 6}
+for n in $steps; do
+    if ! declare -F "step$n" >/dev/null; then
+        echo "gpu_checks.sh: GPU_CHECKS_STEPS: no step '$n' (steps are 1 to 9)" >&2
+        exit 2
+    fi
+done
+for n in $steps; do "step$n"; done
+if ((${#failed[@]})); then
+    echo "gpu_checks.sh: not done: ${failed[*]} (log: $out/gpu_checks.log)"
+    exit 1
 fi
+echo "gpu_checks.sh: all steps done in ${SECONDS}s; results in $out"

@@ -11,7 +11,10 @@ row's shape on one GPU, what the model prices one layer's routed experts at:
 
 - the per-expert loop as the row runs it, forward (fc1 then fc2) and backward (input and weight
   gradient of each), on one stream, in the row's precision (FP8: each expert's input cast to e4m3
-  with its own amax before its ``torch._scaled_mm``, as current scaling does);
+  with its own amax before its ``torch._scaled_mm``, as current scaling does), timed twice: as
+  issued from Python (where the host is slower than the kernels, the host's time: the FP8 casts
+  here are Python ops, where Transformer Engine issues them from C++) and queued behind a GPU
+  sleep (the GPU's own time, which is what the model prices);
 - the same products as one ``torch._grouped_mm`` per projection (BF16; where torch has it);
 - the host's issue time per expert GEMM of the loop (with its casts), the GPU kept busy so the
   host never waits.
@@ -33,13 +36,14 @@ import sys
 import time
 from typing import Any
 
-from _common import add_results_arg, machine, save
+from _common import add_results_arg, catalog_gpu, machine, save
 
 from aihpc.perf.compute import gemm_bwd_s, gemm_time_s, routed_tokens
 from aihpc.perf.moe_kernels import expert_gemm_time_s
 from aihpc.perf.params import DEFAULT_PARAMS
 from aihpc.perf.runs_csv import row_runspec
 from aihpc.perf.validate import data_file
+from aihpc.spec.cluster import gpu_from_id
 
 ROWS = ("H08", "H09", "H12", "H13")
 
@@ -68,10 +72,12 @@ def shapes(row_id: str) -> dict[str, Any]:
     }
 
 
-def model_ms(s: dict[str, Any]) -> tuple[float, float]:
-    """(forward, backward) ms the model gives the layer's routed-expert GEMMs."""
+def model_ms(s: dict[str, Any], gpu_id: str | None = None) -> tuple[float, float]:
+    """(forward, backward) ms the model gives the layer's routed-expert GEMMs on the row's own
+    GPU, or on the catalog part ``gpu_id`` (the GPU a measurement ran on)."""
     spec, p = s["spec"], DEFAULT_PARAMS
-    gpu, prec = spec.cluster.gpu, s["precision"]
+    gpu = spec.cluster.gpu if gpu_id is None else gpu_from_id(gpu_id)
+    prec = s["precision"]
 
     def experts(m: float, n: float, k: float) -> float:
         one = gemm_time_s(m, n, k, gpu, prec, p)
@@ -130,8 +136,16 @@ def layer_fns(projections: list[tuple[int, int, int]], local: int, fp8: bool, de
         out = []
         for _, dy, _, db, wb, _ in ops:
             for de, b_d, b_w in zip(dy, db, wb, strict=True):
-                out.append(mm(de, b_d))  # input gradient, contracts over n
-                out.append(mm(de.t(), b_w))  # weight gradient, contracts over the rows
+                if not fp8:
+                    out.append(de @ b_d)  # input gradient, contracts over n
+                    out.append(de.t() @ b_w)  # weight gradient, contracts over the rows
+                    continue
+                # the gradient cast once per expert, its row-major transpose for the weight
+                # gradient made from the FP8 copy (cuBLASLt takes FP8 A row-major only;
+                # Transformer Engine's cast writes both copies in one kernel)
+                d8, sd = _cast(de)
+                for a8, (b8, sb) in ((d8, b_d), (d8.t().contiguous(), b_w)):
+                    out.append(torch._scaled_mm(a8, b8, scale_a=sd, scale_b=sb, out_dtype=bf16))
         return out
 
     if fp8 or not hasattr(torch, "_grouped_mm"):
@@ -147,7 +161,11 @@ def layer_fns(projections: list[tuple[int, int, int]], local: int, fp8: bool, de
     return fwd, bwd, grouped_fwd
 
 
-def _timed_ms(fn, repeats: int = 7) -> float:
+def _timed_ms(fn, repeats: int = 7, queued: bool = False) -> float:
+    """Median ms between CUDA events around ``fn``: as issued (the GPU runs each kernel when
+    the host has issued it, so a host slower than the kernels sets the time), or ``queued``:
+    behind a GPU sleep long enough for the host to issue every kernel first, so the events
+    time the GPU's own work."""
     import torch
 
     fn()
@@ -155,6 +173,8 @@ def _timed_ms(fn, repeats: int = 7) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     samples = []
     for _ in range(repeats):
+        if queued:
+            torch.cuda._sleep(400_000_000)  # ~0.2 s at 2 GHz: longer than any layer's issue
         start.record()
         fn()
         end.record()
@@ -184,6 +204,8 @@ def measure(s: dict[str, Any]) -> dict[str, Any]:
     local = s["local_experts"]
     fwd, bwd, grouped = layer_fns(s["projections"], local, s["precision"] == "fp8", "cuda")
     out = {"loop_fwd_ms": _timed_ms(fwd), "loop_bwd_ms": _timed_ms(bwd)}
+    out["loop_fwd_gpu_ms"] = _timed_ms(fwd, queued=True)
+    out["loop_bwd_gpu_ms"] = _timed_ms(bwd, queued=True)
     out["host_us_per_gemm"] = _host_us_per_gemm(fwd, len(s["projections"]) * local)
     if grouped is not None:
         try:
@@ -200,8 +222,12 @@ def table(results: list[dict[str, Any]], measured: bool) -> str:
     )
     sep = "|---|---|---|---:|---:|---:|---:|"
     if measured:
-        head += " loop fwd ms | loop bwd ms | grouped fwd ms | host µs / GEMM |"
-        sep += "---:|---:|---:|---:|"
+        head += (
+            " model here fwd / bwd ms | loop fwd / bwd ms as issued | loop fwd / bwd ms GPU |"
+            " loop GPU / model here (fwd+bwd) |"
+            " grouped fwd ms | host µs / GEMM |"
+        )
+        sep += "---:|---:|---:|---:|---:|---:|"
     lines = [head, sep]
     for r in results:
         line = (
@@ -210,9 +236,13 @@ def table(results: list[dict[str, Any]], measured: bool) -> str:
         )
         if measured:
             g = r.get("grouped_fwd_ms")
+            here = r["here_fwd_ms"] + r["here_bwd_ms"]
             line += (
-                f" {r['loop_fwd_ms']:.3f} | {r['loop_bwd_ms']:.3f} | "
-                f"{'n/a' if g is None else f'{g:.3f}'} | {r['host_us_per_gemm']:.1f} |"
+                f" {r['here_fwd_ms']:.3f} / {r['here_bwd_ms']:.3f} |"
+                f" {r['loop_fwd_ms']:.3f} / {r['loop_bwd_ms']:.3f} |"
+                f" {r['loop_fwd_gpu_ms']:.3f} / {r['loop_bwd_gpu_ms']:.3f} |"
+                f" {(r['loop_fwd_gpu_ms'] + r['loop_bwd_gpu_ms']) / here:.2f} |"
+                f" {'n/a' if g is None else f'{g:.3f}'} | {r['host_us_per_gemm']:.1f} |"
             )
         lines.append(line)
     return "\n".join(lines)
@@ -230,6 +260,7 @@ def main() -> int:
         if not torch.cuda.is_available():
             print("moe_expert_gemms.py needs a CUDA GPU (or --model-only)", file=sys.stderr)
             return 2
+    here_gpu = catalog_gpu() if measured else None
     results = []
     for row_id in ROWS:
         s = shapes(row_id)
@@ -237,6 +268,8 @@ def main() -> int:
         r = {k: v for k, v in s.items() if k != "spec"}
         r.update(model_fwd_ms=fwd, model_bwd_ms=bwd)
         if measured:
+            here = model_ms(s, here_gpu)
+            r.update(here_gpu=here_gpu, here_fwd_ms=here[0], here_bwd_ms=here[1])
             r.update(measure(s))
         results.append(r)
     data: dict[str, Any] = {"machine": machine(), "rows": results}
@@ -245,8 +278,9 @@ def main() -> int:
 
         data["device"] = torch.cuda.get_device_name()
     note = (
-        "Model figures are for each row's own GPU; measured columns for the GPU this ran on "
-        f"({data.get('device', 'none: --model-only')}), compare rows of that GPU only."
+        "Model fwd/bwd: each row's own GPU. Measured columns: the GPU this ran on "
+        f"({data.get('device', 'none: --model-only')}); 'model here': the same GEMMs priced "
+        f"for that GPU's catalog entry ({here_gpu}), the figure to compare them with."
     )
     save("moe_expert_gemms", data, table(results, measured) + "\n\n" + note, args.results)
     return 0

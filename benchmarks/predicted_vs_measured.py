@@ -43,8 +43,10 @@ import tempfile
 import tomllib
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import add_results_arg, machine, save
+from _common import add_results_arg, catalog_gpu, machine, save
 
 from aihpc.spec.tomlw import dumps_toml
 
@@ -94,25 +96,6 @@ GPU_PLANS = [
     ("mbs 2, recompute full", 1, 'micro_batch_size = 2\nrecompute = "full"'),
     ("mbs 4, recompute full", 1, 'micro_batch_size = 4\nrecompute = "full"'),
 ]
-
-
-def catalog_gpu() -> str:
-    """The catalog id of the machine's GPU (H100 / H200 / A100 / B200 by name)."""
-    import torch
-
-    if not torch.cuda.is_available():
-        raise SystemExit("--gpu: no CUDA GPU visible")
-    name = torch.cuda.get_device_name().lower()
-    for key, gpu in (("h200", "h200"), ("h100", "h100-sxm"), ("h800", "h800"), ("b200", "b200")):
-        if key in name:
-            return gpu
-    if "a100" in name:
-        return (
-            "a100-80gb"
-            if torch.cuda.get_device_properties(0).total_memory > 50e9
-            else ("a100-40gb")
-        )
-    raise SystemExit(f"--gpu: {name!r} is not in the GPU catalog (aihpc gpus)")
 
 
 def spearman(a: list[float], b: list[float]) -> float:
@@ -166,8 +149,11 @@ def calibrate(folder: Path, nproc: int) -> Path:
     return folder / f"base{nproc}.local.toml"
 
 
-def train(folder: Path, tag: str, text: str, nproc: int, name: str) -> tuple[dict, list[float]]:
-    """Train one plan; its summary's `performance` and the step times after the first."""
+def train(
+    folder: Path, tag: str, text: str, nproc: int, name: str, data: Path | None = None
+) -> tuple[dict, list[float]]:
+    """Train one plan (on ``data``, a token array, else the built-in text); its summary's
+    `performance` and the step times after the first."""
     spec = folder / f"plan{tag}.toml"
     spec.write_text(text)
     run = folder / f"run{tag}"
@@ -175,6 +161,8 @@ def train(folder: Path, tag: str, text: str, nproc: int, name: str) -> tuple[dic
         sys.executable, "-m", "aihpc", "train", str(spec), "--run-dir", str(run),
         "--nproc-per-node", str(nproc), "--json",
     ]  # fmt: skip
+    if data is not None:
+        cmd += ["--data", str(data)]
     r = subprocess.run(cmd, cwd=folder, capture_output=True, text=True, timeout=1800, env=ENV)
     if r.returncode:
         raise SystemExit(f"{name}: aihpc train failed: {r.stderr.strip()[-400:]}")
@@ -227,9 +215,14 @@ def run_rounds(args: argparse.Namespace, folder: Path) -> tuple[list[dict], list
     prediction is the median over the rounds: one calibration is noisy (one transient load
     during a calibration moved the 1-rank prediction by 35%, 250 -> 340 ms, between two runs of
     the same code), in both directions."""
+    data = None
     if args.gpu:
         plans, model, batch = select(GPU_PLANS, args.plans), GPU_MODEL, "global_batch_size = 8"
         gpu_cluster = {1: {"cluster": {"gpu": catalog_gpu(), "num_gpus": 1, "gpus_per_node": 1}}}
+        # random token ids for the model's 32,000-entry vocabulary (the built-in text is bytes)
+        data = folder / "tokens.npy"
+        rng = np.random.default_rng(0)
+        np.save(data, rng.integers(0, 32000, size=1 << 20, dtype=np.int32))
     else:
         plans, model = select(PLANS, args.plans), MODEL
         batch = "micro_batch_size = 4\nglobal_batch_size = 8"
@@ -248,7 +241,7 @@ def run_rounds(args: argparse.Namespace, folder: Path) -> tuple[list[dict], list
                 + f"\n[parallel]\n{par}\n{batch}\n"
                 + TRAIN.format(steps=args.steps)
             )
-            perf, steps = train(folder, f"{i}-{rnd}", text, nproc, name)
+            perf, steps = train(folder, f"{i}-{rnd}", text, nproc, name, data)
             times[name] += steps
             preds[name].append(perf["predicted_step_time_s"])
             print(

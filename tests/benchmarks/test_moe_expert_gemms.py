@@ -87,7 +87,21 @@ def test_the_timed_loop_grouped_and_fp8_products_are_the_experts_products() -> N
         torch.testing.assert_close(g, torch.cat(per_expert), rtol=1e-2, atol=1e-2)
     _, (fwd8, bwd8, grouped8) = _layer_fns(fp8=True)
     assert grouped8 is None  # BF16 only
+    # cuBLASLt (CUDA's _scaled_mm) takes FP8 A row-major and B column-major only; the CPU
+    # kernel takes any layout, so the layouts are checked here
+    scaled_mm, layouts = torch._scaled_mm, []
+
+    def checked(a, b, **kw):
+        layouts.append((a.is_contiguous(), b.t().is_contiguous()))
+        return scaled_mm(a, b, **kw)
+
+    torch._scaled_mm = checked
+    try:
+        products = fwd8() + bwd8()
+    finally:
+        torch._scaled_mm = scaled_mm
+    assert len(layouts) == 18 and all(a and b for a, b in layouts), layouts
     # same seed, same operands: FP8 products within e4m3's rounding of the BF16 ones
-    for a, b in zip(fwd8() + bwd8(), loop + bwd(), strict=True):
+    for a, b in zip(products, loop + bwd(), strict=True):
         err = (a.float() - b.float()).norm() / b.float().norm()
         assert err < 0.08, err
