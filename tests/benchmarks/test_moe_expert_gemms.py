@@ -48,14 +48,15 @@ def test_model_only_prices_the_rows_experts_as_the_estimate_does(tmp_path: Path)
         )
 
 
-def test_without_a_gpu_it_refuses_with_exit_2(tmp_path: Path) -> None:
+@pytest.mark.parametrize("script", [SCRIPT, SCRIPT.with_name("moe_layer_eager.py")])
+def test_without_a_gpu_it_refuses_with_exit_2(tmp_path: Path, script: Path) -> None:
     pytest.importorskip("torch")
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the script measures")
     r = subprocess.run(
-        [sys.executable, str(SCRIPT), "--results", str(tmp_path)],
+        [sys.executable, str(script), "--results", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=120,
