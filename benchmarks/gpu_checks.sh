@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The measurements the performance model still waits for that one GPU can make, as one script
-# for a session that is lent a GPU (about 7 minutes on an H100/H200). Run from the repository
+# for a session that is lent a GPU. On an H200 (2026-12-04) steps 1-4 and 7-9 took 3.5 minutes
+# together; step 5 trains six plans and needs 5 minutes or more. Run from the repository
 # root, with the package installed or not (a checkout's src/ is put on PYTHONPATH if aihpc does
 # not import):
 #
