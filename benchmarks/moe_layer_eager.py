@@ -240,11 +240,11 @@ def main() -> int:
             r.update(tokens=tokens_per_gpu(s), model_fwd_ms=fwd, model_bwd_ms=bwd)
             try:
                 r.update(measure(s, compute, args.iters))
-                torch.cuda.empty_cache()
             except (RuntimeError, TypeError, AttributeError) as exc:  # e.g. no grouped_mm
                 print(f"{row_id} {compute}: {exc}", file=sys.stderr)
-                torch.cuda.empty_cache()
                 continue
+            finally:
+                torch.cuda.empty_cache()
             results.append(r)
             print(table(results[-1:]).splitlines()[-1], flush=True)
     device = torch.cuda.get_device_name()

@@ -78,14 +78,15 @@ PLANS = [
 
 # --gpu: one-GPU plans of a model large enough to keep an H100 busy (about 1.2 B parameters,
 # seq 2048), priced for the catalog GPU the machine has; no calibration (the catalog's figures).
-GPU_MODEL = """[model]
+GPU_VOCAB = 32000
+GPU_MODEL = f"""[model]
 preset = "tiny-llama"
 num_layers = 16
 hidden_size = 2048
 num_attention_heads = 16
 num_kv_heads = 8
 ffn_hidden_size = 7168
-vocab_size = 32000
+vocab_size = {GPU_VOCAB}
 seq_length = 2048
 """
 GPU_PLANS = [
@@ -219,10 +220,10 @@ def run_rounds(args: argparse.Namespace, folder: Path) -> tuple[list[dict], list
     if args.gpu:
         plans, model, batch = select(GPU_PLANS, args.plans), GPU_MODEL, "global_batch_size = 8"
         gpu_cluster = {1: {"cluster": {"gpu": catalog_gpu(), "num_gpus": 1, "gpus_per_node": 1}}}
-        # random token ids for the model's 32,000-entry vocabulary (the built-in text is bytes)
+        # random token ids for the model's vocabulary (the built-in text is bytes)
         data = folder / "tokens.npy"
         rng = np.random.default_rng(0)
-        np.save(data, rng.integers(0, 32000, size=1 << 20, dtype=np.int32))
+        np.save(data, rng.integers(0, GPU_VOCAB, size=1 << 20, dtype=np.int32))
     else:
         plans, model = select(PLANS, args.plans), MODEL
         batch = "micro_batch_size = 4\nglobal_batch_size = 8"
