@@ -23,8 +23,8 @@ from pathlib import Path
 
 from _common import add_results_arg  # benchmarks/, this script's folder
 
-from aihpc.perf.runs_fit import fit_runs, load_runs
-from aihpc.perf.validate import data_file, source_key
+from aihpc.perf.fit.runs_fit import fit_runs, load_runs
+from aihpc.perf.fit.validate import data_file, source_key
 
 COMMAND = " ".join(["python", "benchmarks/calibrate_split.py", *sys.argv[1:]])
 

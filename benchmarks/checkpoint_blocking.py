@@ -24,12 +24,12 @@ import torch.nn.functional as F
 from _common import add_results_arg, machine, save
 
 from aihpc.resilience import CheckpointManager, ModelOptimizerState, RNGState
+from aihpc.runspec import TrainingSpec
 from aihpc.runtime import init_distributed
+from aihpc.runtime.job import build_optimizer
 from aihpc.runtime.mesh import Parallel, ParallelDims
 from aihpc.runtime.model import LlamaConfig
 from aihpc.runtime.parallelize import build_parallel_model
-from aihpc.runtime.train import build_optimizer
-from aihpc.spec import TrainingSpec
 
 
 def main() -> None:

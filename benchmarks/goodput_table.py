@@ -15,10 +15,10 @@ from pathlib import Path
 
 from _common import add_results_arg  # benchmarks/, this script's folder
 
-from aihpc.perf.goodput import ettr, goodput_model, lost_time_fractions, optimal_interval_s
-from aihpc.perf.goodput_plot import FAST_RESTART, with_scale
-from aihpc.perf.goodput_sim import simulate
-from aihpc.spec import load_runspec
+from aihpc.goodput.ettr import ettr, goodput_model, lost_time_fractions, optimal_interval_s
+from aihpc.goodput.plot import FAST_RESTART, with_scale
+from aihpc.goodput.simulator import simulate
+from aihpc.runspec import load_runspec
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "llama3-405b-16k.toml"
@@ -58,7 +58,7 @@ def rows(spec):  # type: ignore[no-untyped-def]
 
 
 def grid_errors(spec) -> list[float]:  # type: ignore[no-untyped-def]
-    """The grid of tests/perf/test_goodput_sim.py: relative sim-vs-analytic ETTR differences."""
+    """The grid of tests/goodput/test_goodput_sim.py: relative sim-vs-analytic ETTR differences."""
     errs = []
     for n in (1000, 4096, 16384, 50000, 100000):
         for strategy in ("sync", "async"):

@@ -7,7 +7,7 @@ SwiGLU) in bf16 on one GPU, eager and under ``torch.compile``, with SDPA forced 
 backend (FlashAttention-2) and to its cuDNN backend, and the output layer with
 ``F.cross_entropy`` on fp32-upcast logits (torchtitan's 2024 loss), forward and forward +
 backward. Beside each it prints the model's figure for the same shapes from
-``aihpc.perf.compute`` (``attention = "flash2"`` / ``"flash"``; ``fused_kernels`` false for
+``aihpc.perf.step.compute`` (``attention = "flash2"`` / ``"flash"``; ``fused_kernels`` false for
 eager, true for compiled; ``cross_entropy = "eager"``) on the catalog part that matches the GPU.
 Without a GPU it prints the predictions only; ``--measured FILE`` re-prices a saved GPU run
 with today's model. Writes <out>.json and <out>.md.
@@ -23,9 +23,9 @@ from pathlib import Path
 
 from _common import add_results_arg, median_ms
 
-from aihpc.perf import compute
-from aihpc.perf.params import DEFAULT_PARAMS
-from aihpc.spec import runspec_from_dict
+from aihpc.perf.step import compute
+from aihpc.perf.step.params import DEFAULT_PARAMS
+from aihpc.runspec import runspec_from_dict
 
 BACKENDS = {"flash2": "FLASH_ATTENTION", "flash": "CUDNN_ATTENTION"}  # aihpc name -> SDPA backend
 
@@ -61,8 +61,8 @@ def measure(preset: str, seq: int, batch: int, device: str = "cuda") -> dict:
     import torch
     import torch.nn.functional as F
 
+    from aihpc.runspec.model import model_from_table
     from aihpc.runtime.model import Block, LlamaConfig, RMSNorm, rope_tables
-    from aihpc.spec.model import model_from_table
 
     cfg = LlamaConfig.from_spec(model_from_table({"preset": preset, "seq_length": seq}))
     dev, bf16 = torch.device(device), torch.bfloat16

@@ -19,10 +19,10 @@ row's shape on one GPU, what the model prices one layer's routed experts at:
 - the host's issue time per expert GEMM of the loop (with its casts), the GPU kept busy so the
   host never waits.
 
-Beside each, the model's figure (perf/compute.py ``gemm_time_s`` and perf/moe_kernels.py
+Beside each, the model's figure (perf/step/gemm.py ``gemm_time_s`` and perf/step/moe_kernels.py
 ``expert_gemm_time_s`` at the rows per expert the plan gives). Where the loop measures well above
 the model, the experts' GEMMs are the miss; where the loop matches and the host's issue time per
-GEMM is well above what perf/moe_host.py prices (``kernel_overhead_s`` a launch, plus
+GEMM is well above what perf/step/moe_host.py prices (``kernel_overhead_s`` a launch, plus
 ``host_eager_op_s`` per Python-issued op under FP8), the miss is the eager host.
 ``--model-only`` prints the model's side alone (no GPU needed). Writes moe_expert_gemms.json/.md.
 """
@@ -38,12 +38,12 @@ from typing import Any
 
 from _common import add_results_arg, catalog_gpu, machine, save
 
-from aihpc.perf.compute import gemm_bwd_s, gemm_time_s, routed_tokens
-from aihpc.perf.moe_kernels import expert_gemm_time_s
-from aihpc.perf.params import DEFAULT_PARAMS
-from aihpc.perf.runs_csv import row_runspec
-from aihpc.perf.validate import data_file
-from aihpc.spec.cluster import gpu_from_id
+from aihpc.perf.fit.runs_csv import row_runspec
+from aihpc.perf.fit.validate import data_file
+from aihpc.perf.step.gemm import gemm_bwd_s, gemm_time_s
+from aihpc.perf.step.moe_kernels import expert_gemm_time_s, routed_tokens
+from aihpc.perf.step.params import DEFAULT_PARAMS
+from aihpc.runspec.cluster import gpu_from_id
 
 ROWS = ("H08", "H09", "H12", "H13")
 

@@ -37,9 +37,10 @@ from typing import Any
 from _common import add_results_arg, catalog_gpu, machine, save
 from moe_expert_gemms import ROWS, shapes
 
-from aihpc.perf.compute import routed_expert_gemms, stream_time_s
-from aihpc.perf.params import DEFAULT_PARAMS
-from aihpc.spec.cluster import gpu_from_id
+from aihpc.perf.step.gemm import stream_time_s
+from aihpc.perf.step.moe_kernels import routed_expert_gemms
+from aihpc.perf.step.params import DEFAULT_PARAMS
+from aihpc.runspec.cluster import gpu_from_id
 
 COMPUTE = {"loop": "per_expert", "grouped_mm": "grouped"}  # ours -> training.moe_expert_gemm
 

@@ -48,7 +48,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import add_results_arg, catalog_gpu, machine, save
 
-from aihpc.spec.tomlw import dumps_toml
+from aihpc.runspec.tomlw import dumps_toml
 
 MODEL = """[model]
 preset = "tiny-llama-small"

@@ -172,7 +172,7 @@ def _targets(med: dict[str, dict[str, float]]) -> dict[str, object]:
 
 
 # this script's paths under the names `aihpc goodput --strategy compare --measured` reads
-# (aihpc.perf.strategies.MEASURED_KEYS); restart_s is the rebuild: respawn + init for the agent,
+# (aihpc.goodput.strategies.MEASURED_KEYS); restart_s is the rebuild: respawn + init for the agent,
 # teardown + re-formed groups + model rebuild in-process
 STRATEGY_PATHS = {
     "agent_storage": "kill",

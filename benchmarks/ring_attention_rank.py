@@ -39,9 +39,9 @@ from pathlib import Path
 
 from _common import add_results_arg, median_ms
 
-from aihpc.perf import compute
-from aihpc.perf.params import DEFAULT_PARAMS
-from aihpc.spec import runspec_from_dict
+from aihpc.perf.step import compute
+from aihpc.perf.step.params import DEFAULT_PARAMS
+from aihpc.runspec import runspec_from_dict
 
 HEADS, HEAD_DIM = 32, 128  # Llama 3 8B, K/V repeated to every query head (torchtitan 2024)
 

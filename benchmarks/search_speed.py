@@ -88,9 +88,9 @@ def sample_evenly(items: list, n: int) -> list:
 
 
 def aihpc_half(repeats: int, n_sample: int) -> tuple[dict, list]:
-    from aihpc.perf.estimate import estimate_plan
-    from aihpc.perf.search import candidate_plans, search
-    from aihpc.spec import runspec_from_dict
+    from aihpc.perf.search.ranking import candidate_plans, search
+    from aihpc.perf.step.estimate import estimate_plan
+    from aihpc.runspec import runspec_from_dict
 
     spec = runspec_from_dict(SPEC)
     search(spec, top=10)  # warm: first-call costs (lazy imports, caches) are not the search's
@@ -254,9 +254,9 @@ def llm_analysis_half(sample: list, model: dict, repeats: int) -> dict | None:
 
 
 def sweep_row(spec_dict: dict, repeats: int) -> dict:
-    from aihpc.perf.candidates import candidate_batch
-    from aihpc.perf.search import search
-    from aihpc.spec import runspec_from_dict
+    from aihpc.perf.search.candidates import candidate_batch
+    from aihpc.perf.search.ranking import search
+    from aihpc.runspec import runspec_from_dict
 
     spec = runspec_from_dict(spec_dict)
     search(spec, top=10)

@@ -17,11 +17,11 @@ from pathlib import Path
 
 from _common import add_results_arg, machine, save  # benchmarks/, this script's folder
 
-from aihpc.perf.goodput import GoodputParams
-from aihpc.perf.goodput_sim import simulate
-from aihpc.perf.reliability import components
-from aihpc.perf.strategies import STRATEGIES, compare_strategies, measured_figures
-from aihpc.spec import load_runspec
+from aihpc.goodput.ettr import GoodputParams
+from aihpc.goodput.failures import components
+from aihpc.goodput.simulator import simulate
+from aihpc.goodput.strategies import STRATEGIES, compare_strategies, measured_figures
+from aihpc.runspec import load_runspec
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "llama3-405b-16k.toml"

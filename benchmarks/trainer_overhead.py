@@ -69,9 +69,9 @@ def minimal_loop(steps: int) -> list[float]:
     import torch
     import torch.nn.functional as F
 
+    from aihpc.runspec import load_runspec
     from aihpc.runtime import LlamaConfig, load_tokens
     from aihpc.runtime.model import Llama
-    from aihpc.spec import load_runspec
 
     spec = load_runspec(os.environ["BENCH_SPEC"])
     t = spec.training
@@ -115,12 +115,12 @@ def minimal_parallel_loop(steps: int) -> list[float]:
     import torch.nn.functional as F
     from torch.distributed.tensor.parallel import loss_parallel
 
+    from aihpc.runspec import load_runspec
     from aihpc.runtime import LlamaConfig
     from aihpc.runtime.distributed import init_distributed
     from aihpc.runtime.mesh import Parallel, ParallelDims
     from aihpc.runtime.parallelize import build_parallel_model
     from aihpc.runtime.pp import build_schedule
-    from aihpc.spec import load_runspec
 
     spec = load_runspec(os.environ["BENCH_SPEC"])
     t, plan = spec.training, spec.plan()

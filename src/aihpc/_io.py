@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from aihpc.spec.errors import SpecError
+from aihpc.runspec.errors import SpecError
 
 __all__ = ["atomic_target", "check_output_path", "json_safe", "to_json", "write_atomic"]
 

@@ -13,7 +13,7 @@ pytest.importorskip("torch")
 from typer.testing import CliRunner
 
 from aihpc.cli import app
-from aihpc.spec.calibration import load_calibration
+from aihpc.runspec.calibration import load_calibration
 
 
 def _cli(*args, cwd=None, timeout=180):

@@ -17,12 +17,12 @@ import pytest
 
 from aihpc.bench.calibrate import CommPoint, fit_comm, fit_regime
 from aihpc.bench.collectives import busbw_factor
-from aihpc.spec.calibration import (
+from aihpc.runspec.calibration import (
     calibration_from_dict,
     calibration_to_toml,
     load_calibration,
 )
-from aihpc.spec.errors import SpecError
+from aihpc.runspec.errors import SpecError
 
 DATA = Path(__file__).parent / "data"
 
@@ -104,7 +104,7 @@ def test_fit_of_real_format_sample_beats_one_line():
 
 def test_toml_round_trip_and_strict_keys():
     rep = fit_comm(_synthetic([(2**21, 25.0, 110.0), (math.inf, 60.0, 470.0)]), 2)
-    from aihpc.spec.calibration import Calibration, GemmFit
+    from aihpc.runspec.calibration import Calibration, GemmFit
 
     cal = Calibration(
         comm={("all_reduce", "scale_up"): rep.fit},

@@ -43,7 +43,7 @@ def test_local_calibration_prices_the_spec_on_this_host(tmp_path: Path) -> None:
     for key in ("attention_fwd_efficiency", "attention_bwd_efficiency"):
         assert 0 < cluster["gpu_spec"][key] <= 1
     # measured at the spec model's own calls, with this device's fall-off at half the length
-    from aihpc.spec import load_runspec
+    from aihpc.runspec import load_runspec
 
     model = load_runspec(spec).model
     assert cluster["gpu_spec"]["attention_tokens"] == model.seq_length

@@ -15,7 +15,7 @@ from aihpc.bench.collectives import (
     parse_size,
     size_sweep,
 )
-from aihpc.spec.errors import SpecError
+from aihpc.runspec.errors import SpecError
 
 # hand-computed from doc/PERFORMANCE.md: 2(n-1)/n, (n-1)/n, 1
 HAND = {

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from aihpc.cli import app
-from aihpc.spec.calibration import Calibration, calibration_to_toml, load_calibration
+from aihpc.runspec.calibration import Calibration, calibration_to_toml, load_calibration
 
 DATA = Path(__file__).parent / "data"
 RUN = """

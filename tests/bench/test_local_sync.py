@@ -16,12 +16,12 @@ from aihpc.bench.local_sync import (
     interleaved_call_cost,
     with_call_cost,
 )
-from aihpc.perf.attention_kernels import kernel_efficiency
-from aihpc.perf.estimate import estimate_plan
-from aihpc.perf.params import DEFAULT_PARAMS
-from aihpc.spec import runspec_from_dict
-from aihpc.spec.calibration import calibration_from_dict, calibration_to_toml
-from aihpc.spec.errors import SpecError
+from aihpc.perf.step.attention_kernels import kernel_efficiency
+from aihpc.perf.step.estimate import estimate_plan
+from aihpc.perf.step.params import DEFAULT_PARAMS
+from aihpc.runspec import runspec_from_dict
+from aihpc.runspec.calibration import calibration_from_dict, calibration_to_toml
+from aihpc.runspec.errors import SpecError
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 

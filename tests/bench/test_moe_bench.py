@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 from aihpc.bench.dist import launch_local  # noqa: E402
 from aihpc.bench.moe import MoEBenchConfig, run_in_new_group  # noqa: E402
 from aihpc.cli import app  # noqa: E402
-from aihpc.spec.calibration import load_calibration  # noqa: E402
+from aihpc.runspec.calibration import load_calibration  # noqa: E402
 
 pytestmark = pytest.mark.slow
 runner = CliRunner()

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from aihpc.bench.nccl_log import parse_nccl_tests, read_nccl_tests_log
-from aihpc.spec.errors import SpecError
+from aihpc.runspec.errors import SpecError
 
 DATA = Path(__file__).parent / "data"
 ONE_NODE = DATA / "all_reduce_perf_8xH100_1node.txt"

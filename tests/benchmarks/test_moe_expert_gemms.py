@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from aihpc.perf.compute import gemm_bwd_s, gemm_time_s, routed_expert_gemms
-from aihpc.perf.params import DEFAULT_PARAMS
-from aihpc.perf.runs_csv import row_runspec
-from aihpc.perf.validate import data_file
+from aihpc.perf.fit.runs_csv import row_runspec
+from aihpc.perf.fit.validate import data_file
+from aihpc.perf.step.gemm import gemm_bwd_s, gemm_time_s
+from aihpc.perf.step.moe_kernels import routed_expert_gemms
+from aihpc.perf.step.params import DEFAULT_PARAMS
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "moe_expert_gemms.py"
 

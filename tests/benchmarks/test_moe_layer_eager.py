@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from aihpc.perf.compute import routed_expert_gemms, stream_time_s
-from aihpc.perf.params import DEFAULT_PARAMS
-from aihpc.spec.cluster import gpu_from_id
+from aihpc.perf.step.gemm import stream_time_s
+from aihpc.perf.step.moe_kernels import routed_expert_gemms
+from aihpc.perf.step.params import DEFAULT_PARAMS
+from aihpc.runspec.cluster import gpu_from_id
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "moe_layer_eager.py"
 

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from aihpc.cli import app
-from aihpc.perf.validate import data_file
+from aihpc.perf.fit.validate import data_file
 
 SPEC = """
 [model]

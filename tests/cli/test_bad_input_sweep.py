@@ -14,11 +14,11 @@ import pytest
 from typer.testing import CliRunner
 
 from aihpc.cli import app
-from aihpc.spec.cluster import GPUSpec
-from aihpc.spec.model import ModelSpec
-from aihpc.spec.parallel import PartialPlan
-from aihpc.spec.reliability import ReliabilitySpec
-from aihpc.spec.training import CheckpointSpec, TrainingSpec
+from aihpc.runspec.cluster import GPUSpec
+from aihpc.runspec.model import ModelSpec
+from aihpc.runspec.parallel import PartialPlan
+from aihpc.runspec.reliability import ReliabilitySpec
+from aihpc.runspec.training import CheckpointSpec, TrainingSpec
 
 BASE = {
     "model": {"preset": "tiny-llama"},

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from aihpc.cli import app
-from aihpc.spec import gpu_catalog, model_presets
+from aihpc.runspec import gpu_catalog, model_presets
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -209,8 +209,8 @@ def test_goodput_table_reads_as_words_with_thousands_separators() -> None:
 
 
 def test_goodput_plot_names_the_run_and_keeps_overlapping_lines_apart() -> None:
-    from aihpc.perf.goodput_plot import goodput_curves, goodput_figure
-    from aihpc.spec import load_runspec
+    from aihpc.goodput.plot import goodput_curves, goodput_figure
+    from aihpc.runspec import load_runspec
 
     spec = load_runspec(ROOT / "examples" / "llama3-405b-16k.toml")
     counts = [1024, 16384]

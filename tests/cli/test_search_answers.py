@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from aihpc.cli import app
-from aihpc.spec.tomlw import dumps_toml
+from aihpc.runspec.tomlw import dumps_toml
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()

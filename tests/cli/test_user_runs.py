@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from aihpc.cli import app
-from aihpc.perf.runs_csv import template_text
+from aihpc.perf.fit.runs_csv import template_text
 
 RUNNER = CliRunner()
 

@@ -26,7 +26,7 @@ from ring_workers import CASES, ring_checks  # noqa: E402
 
 from aihpc.bench.dist import launch_local  # noqa: E402
 from aihpc.comm.ring import load_balanced_layout, load_balanced_positions, ring_attention  # noqa: E402
-from aihpc.spec import SpecError  # noqa: E402
+from aihpc.runspec import SpecError  # noqa: E402
 
 WORLD = 4
 TOL = {"torch.float64": 1e-12, "torch.float32": 1e-5}
@@ -66,7 +66,7 @@ def test_messages_per_layer(results, name):
     """cp - 1 K/V messages forward; cp backward (Transformer Engine's p2p ring): K/V alone, then
     K/V with the previous block's dK/dV accumulator (compute precision) in one message, then the
     last accumulator alone, which lands on the rank the block belongs to (no hop home). What
-    perf/batch_shapes.py's cp_exchange_s prices for cp_exchange = "ring"."""
+    perf/step/batch_shapes.py's cp_exchange_s prices for cp_exchange = "ring"."""
     for res in results:
         r = res[name]
         cp, kv = r["cp"], r["kv_bytes"]

@@ -26,11 +26,11 @@ from aihpc.interop import (
     import_megatron,
     import_torchtitan,
 )
-from aihpc.interop.deepspeed import hf_config, hf_model_shape
+from aihpc.interop.hf import hf_config, hf_model_shape
 from aihpc.interop.megatron import parse_flags
 from aihpc.interop.shell import command_tokens
-from aihpc.perf.estimate import estimate
-from aihpc.spec import SpecError, load_runspec, runspec_from_dict
+from aihpc.perf.step.estimate import estimate
+from aihpc.runspec import SpecError, load_runspec, runspec_from_dict
 
 DATA = Path(__file__).parent / "data"
 T = TypeVar("T")
@@ -398,12 +398,12 @@ def test_torchtitan_config_manager_reads_export(preset: str, tmp_path: Path) -> 
 
 def test_torchtitan_scheduler_runs_the_run_specs_schedule(tmp_path: Path) -> None:
     """torchtitan's own build_lr_schedulers, from the config its ConfigManager reads out of the
-    export, follows the run spec's schedule (aihpc.runtime.train.lr_lambda)."""
+    export, follows the run spec's schedule (aihpc.runtime.job.lr_lambda)."""
     manager = _framework(frameworks.torchtitan_config_manager)
     import torch
     from torchtitan.components.lr_scheduler import build_lr_schedulers  # type: ignore
 
-    from aihpc.runtime.train import lr_lambda
+    from aihpc.runtime.job import lr_lambda
 
     spec = runspec_from_dict(
         {
@@ -452,13 +452,13 @@ def test_deepspeed_config_class_reads_export(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_deepspeed_scheduler_runs_the_run_specs_schedule() -> None:
     """DeepSpeed's own WarmupCosineLR, built from the exported params as its engine builds it,
-    follows the run spec's schedule (aihpc.runtime.train.lr_lambda): linear warmup, cosine decay
+    follows the run spec's schedule (aihpc.runtime.job.lr_lambda): linear warmup, cosine decay
     to min_lr_ratio; a warmup DeepSpeed cannot run is refused naming the field."""
     _framework(frameworks.deepspeed_config)
     import torch
     from deepspeed.runtime.lr_schedules import WarmupCosineLR  # type: ignore[import-not-found]
 
-    from aihpc.runtime.train import lr_lambda
+    from aihpc.runtime.job import lr_lambda
 
     spec = runspec_from_dict(
         {

@@ -21,9 +21,9 @@ from aihpc.interop import (
 )
 from aihpc.interop import megatron as mg
 from aihpc.interop import torchtitan as tt
-from aihpc.perf.estimate import estimate
-from aihpc.perf.search import search
-from aihpc.spec import RunSpec, SpecError, TrainingSpec, model_presets, runspec_from_dict
+from aihpc.perf.search.ranking import search
+from aihpc.perf.step.estimate import estimate
+from aihpc.runspec import RunSpec, SpecError, TrainingSpec, model_presets, runspec_from_dict
 
 BIG = {"gpt3-175b", "llama2-70b", "llama3-70b", "llama3-405b", "nemotron4-340b"}
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from aihpc.interop.slurm import SlurmOptions, sbatch_script
-from aihpc.spec import SpecError, runspec_from_dict
+from aihpc.runspec import SpecError, runspec_from_dict
 
 
 def _spec(gpu: str = "h100-sxm", num_gpus: int = 1024, **cluster) -> object:

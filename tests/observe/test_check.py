@@ -19,8 +19,8 @@ from aihpc.observe.check import (
     ib_checks,
     parse_ibstat,
 )
-from aihpc.perf.comm import collective_time_s
-from aihpc.spec.calibration import (
+from aihpc.perf.step.comm import collective_time_s
+from aihpc.runspec.calibration import (
     Calibration,
     CommFit,
     CommRegime,
@@ -28,7 +28,7 @@ from aihpc.spec.calibration import (
     busbw_factor,
     calibration_to_toml,
 )
-from aihpc.spec.cluster import cluster_from_table, gpu_from_id
+from aihpc.runspec.cluster import cluster_from_table, gpu_from_id
 
 # nvidia-smi --query-gpu=index,name,pci.bus_id,memory.total,
 #   ecc.errors.uncorrected.volatile.total,remapped_rows.pending,remapped_rows.failure

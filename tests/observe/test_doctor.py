@@ -17,7 +17,7 @@ from aihpc.cli import app
 from aihpc.observe.doctor import diagnose
 from aihpc.observe.flight_recorder import read_dump
 from aihpc.observe.signatures import SIGNATURES
-from aihpc.spec import load_runspec
+from aihpc.runspec import load_runspec
 
 CORPUS = Path(__file__).with_name("corpus")
 CASES = tomllib.loads((CORPUS / "cases.toml").read_text())
@@ -55,7 +55,7 @@ def test_oom_is_set_against_the_plans_estimated_memory():
     d = diagnose([CORPUS / "cuda-oom"], spec)
     assert "aihpc estimate prices this plan at" in d.action
     assert "against 79.1 GiB" in d.action  # the GPU's capacity from the allocator's message
-    from aihpc.perf import estimate
+    from aihpc.perf.step import estimate
 
     total = estimate(spec).memory.gib()["total"]
     assert f"{total:.1f} GiB per GPU" in d.action

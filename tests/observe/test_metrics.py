@@ -9,7 +9,7 @@ import json
 import pytest
 
 from aihpc.observe.metric_names import METRICS
-from aihpc.spec import runspec_from_dict
+from aihpc.runspec import runspec_from_dict
 from conftest import INTERVAL, TRAIN_STEPS, Run, spec_text
 
 pytestmark = pytest.mark.slow

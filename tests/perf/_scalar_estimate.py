@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from aihpc.perf import comm, compute, tp_overlap
-from aihpc.perf.attention_kernels import FUSED_KERNELS, head_dim_factor, kernel_tokens
-from aihpc.perf.estimate import Estimate
-from aihpc.perf.flops import (
+from aihpc.perf.step import comm, compute, tp_overlap
+from aihpc.perf.step.attention_kernels import FUSED_KERNELS, head_dim_factor, kernel_tokens
+from aihpc.perf.step.estimate import Estimate
+from aihpc.perf.step.flops import (
     embedding_params,
     expert_params_per_layer,
     layer_flops,
@@ -28,7 +28,7 @@ from aihpc.perf.flops import (
     params_per_layer,
     persistent_tensors_per_layer,
 )
-from aihpc.perf.memory import (
+from aihpc.perf.step.memory import (
     MOMENTS,
     GiB,
     MemoryBreakdown,
@@ -39,13 +39,13 @@ from aihpc.perf.memory import (
     offload_split,
     zero3_keeps_unsharded,
 )
-from aihpc.perf.params import DEFAULT_PARAMS, ModelParams
-from aihpc.spec.calibration import Calibration
-from aihpc.spec.cluster import ClusterSpec, GPUSpec
-from aihpc.spec.errors import SpecError
-from aihpc.spec.model import ModelSpec
-from aihpc.spec.parallel import ParallelPlan, validate_plan
-from aihpc.spec.training import DTYPE_BYTES, TrainingSpec
+from aihpc.perf.step.params import DEFAULT_PARAMS, ModelParams
+from aihpc.runspec.calibration import Calibration
+from aihpc.runspec.cluster import ClusterSpec, GPUSpec
+from aihpc.runspec.errors import SpecError
+from aihpc.runspec.model import ModelSpec
+from aihpc.runspec.parallel import ParallelPlan, validate_plan
+from aihpc.runspec.training import DTYPE_BYTES, TrainingSpec
 
 __all__ = ["estimate_plan", "layer_times", "memory_breakdown"]
 
@@ -166,7 +166,7 @@ def estimate_plan(
 
     # --- tensor parallel: 2 all-reduces forward, 2 backward per layer (AG + RS pairs with SP);
     # full recompute repeats the forward ones. Changed on purpose (issue 21 item 3): the share
-    # hidden behind the linears' GEMMs is priced by perf/tp_overlap.py for the framework's
+    # hidden behind the linears' GEMMs is priced by perf/step/tp_overlap.py for the framework's
     # training.tp_comm_overlap, no longer a fixed tp_overlap_fraction of it.
     act_bytes = tokens_mb * model.hidden_size * 2.0
     tp_mb = 0.0

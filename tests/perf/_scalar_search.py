@@ -17,15 +17,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from aihpc.perf.estimate import Estimate, estimate_plan
-from aihpc.perf.memory import GiB, activation_bytes_per_layer
-from aihpc.perf.params import DEFAULT_PARAMS, ModelParams
-from aihpc.spec.cluster import ClusterSpec
-from aihpc.spec.errors import SpecError
-from aihpc.spec.model import ModelSpec
-from aihpc.spec.parallel import RECOMPUTE, ParallelPlan, PartialPlan, plan_problem
-from aihpc.spec.runspec import RunSpec
-from aihpc.spec.training import TrainingSpec
+from aihpc.perf.step.estimate import Estimate, estimate_plan
+from aihpc.perf.step.memory import GiB, activation_bytes_per_layer
+from aihpc.perf.step.params import DEFAULT_PARAMS, ModelParams
+from aihpc.runspec.cluster import ClusterSpec
+from aihpc.runspec.errors import SpecError
+from aihpc.runspec.model import ModelSpec
+from aihpc.runspec.parallel import RECOMPUTE, ParallelPlan, PartialPlan, plan_problem
+from aihpc.runspec.runspec import RunSpec
+from aihpc.runspec.training import TrainingSpec
 
 __all__ = ["Rejected", "SearchResult", "candidate_plans", "search"]
 

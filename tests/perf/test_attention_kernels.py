@@ -11,19 +11,19 @@ import numpy as np
 import pytest
 
 from aihpc.interop.megatron import export_megatron
-from aihpc.perf.attention_kernels import (
+from aihpc.perf.step.attention_kernels import (
     KERNELS,
     REFERENCE_TOKENS,
     kernel_efficiency,
     kernel_tokens,
     length_factor,
 )
-from aihpc.perf.compute import layer_times
-from aihpc.perf.estimate import estimate_plan
-from aihpc.perf.params import DEFAULT_PARAMS
-from aihpc.spec import runspec_from_dict
-from aihpc.spec.errors import SpecError
-from aihpc.spec.training import ATTENTION, TrainingSpec
+from aihpc.perf.step.compute import layer_times
+from aihpc.perf.step.estimate import estimate_plan
+from aihpc.perf.step.params import DEFAULT_PARAMS
+from aihpc.runspec import runspec_from_dict
+from aihpc.runspec.errors import SpecError
+from aihpc.runspec.training import ATTENTION, TrainingSpec
 
 LENGTHS = [512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0, 131072.0, 1048576.0]
 HOPPER = ((0.65, 0.50), (0.35, 0.28))  # h100-sxm's best kernel and FlashAttention-2
@@ -190,7 +190,7 @@ FA3_PAPER = {
 
 @pytest.mark.parametrize("kernel", ["flash", "flash2"])
 def test_head_dim_64_runs_at_the_published_share_of_head_dim_128(kernel: str) -> None:
-    from aihpc.perf.attention_kernels import head_dim_factor
+    from aihpc.perf.step.attention_kernels import head_dim_factor
 
     fwd, bwd = head_dim_factor(kernel, 64)
     for got, pairs in ((fwd, FA3_PAPER[kernel]["fwd"]), (bwd, FA3_PAPER[kernel]["bwd"])):
@@ -206,12 +206,12 @@ def test_head_dim_64_runs_at_the_published_share_of_head_dim_128(kernel: str) ->
 def test_head_dim_prices_full_layers_and_spares_calibrated_parts() -> None:
     import dataclasses
 
-    from aihpc.perf.compute import _Kernels, attention_times
-    from aihpc.perf.params import DEFAULT_PARAMS
-    from aihpc.spec.cluster import gpu_from_id
-    from aihpc.spec.model import ModelSpec
-    from aihpc.spec.parallel import ParallelPlan
-    from aihpc.spec.training import TrainingSpec
+    from aihpc.perf.step.compute import _Kernels, attention_times
+    from aihpc.perf.step.params import DEFAULT_PARAMS
+    from aihpc.runspec.cluster import gpu_from_id
+    from aihpc.runspec.model import ModelSpec
+    from aihpc.runspec.parallel import ParallelPlan
+    from aihpc.runspec.training import TrainingSpec
 
     def attn(head_dim: int, gpu) -> tuple[float, float]:
         # the same FLOPs at both head dims: heads x head_dim fixed

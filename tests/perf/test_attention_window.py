@@ -8,17 +8,17 @@ import dataclasses
 
 import pytest
 
-from aihpc.perf.attention_kernels import window_keys
-from aihpc.perf.compute import _Kernels, attention_times
-from aihpc.perf.estimate import estimate_plan
-from aihpc.perf.flops import counted_keys, layer_flops, model_flops_per_token
-from aihpc.perf.params import DEFAULT_PARAMS
-from aihpc.spec import runspec_from_dict
-from aihpc.spec.cluster import gpu_from_id
-from aihpc.spec.errors import SpecError
-from aihpc.spec.model import ModelSpec, model_from_table
-from aihpc.spec.parallel import ParallelPlan
-from aihpc.spec.training import TrainingSpec
+from aihpc.perf.step.attention_kernels import window_keys
+from aihpc.perf.step.compute import _Kernels, attention_times
+from aihpc.perf.step.estimate import estimate_plan
+from aihpc.perf.step.flops import counted_keys, layer_flops, model_flops_per_token
+from aihpc.perf.step.params import DEFAULT_PARAMS
+from aihpc.runspec import runspec_from_dict
+from aihpc.runspec.cluster import gpu_from_id
+from aihpc.runspec.errors import SpecError
+from aihpc.runspec.model import ModelSpec, model_from_table
+from aihpc.runspec.parallel import ParallelPlan
+from aihpc.runspec.training import TrainingSpec
 
 
 def _model(window: int | None, seq: int, heads: int = 64, kv: int = 8, every: int = 0):
@@ -101,7 +101,7 @@ def test_every_nth_layer_full() -> None:
 
 
 def test_the_search_prices_windowed_layers_as_estimate_does() -> None:
-    from aihpc.perf.search import search
+    from aihpc.perf.search.ranking import search
 
     spec = runspec_from_dict(
         {

@@ -2,11 +2,11 @@
 
 import pytest
 
-from aihpc.perf.comm import busbw_factor, collective_time_s, group_tiers, p2p_time_s
-from aihpc.perf.params import ModelParams
-from aihpc.spec import runspec_from_dict
-from aihpc.spec.calibration import calibration_from_dict
-from aihpc.spec.errors import SpecError
+from aihpc.perf.step.comm import busbw_factor, collective_time_s, group_tiers, p2p_time_s
+from aihpc.perf.step.params import ModelParams
+from aihpc.runspec import runspec_from_dict
+from aihpc.runspec.calibration import calibration_from_dict
+from aihpc.runspec.errors import SpecError
 
 
 def cluster(n=64, gpu="h100-sxm"):

@@ -1,4 +1,4 @@
-"""Eager DTensor's host time (perf/dtensor_host.py): the op counts it prices are the trainer's
+"""Eager DTensor's host time (perf/step/dtensor_host.py): the op counts it prices are the trainer's
 own, counted on a real one-rank gloo mesh; the estimate adds exactly counted ops x the cost per
 op where the host is the device, hides it behind a GPU's kernels where they take longer, and
 leaves every spec without ``dtensor_dispatch = "eager"`` alone."""
@@ -9,13 +9,13 @@ import dataclasses
 
 import pytest
 
-from aihpc.perf import dtensor_host as dh
-from aihpc.perf.estimate import estimate_plan
-from aihpc.perf.params import DEFAULT_PARAMS
-from aihpc.spec import runspec_from_dict
-from aihpc.spec.calibration import calibration_from_dict, calibration_to_toml, load_calibration
-from aihpc.spec.cluster import GPUSpec
-from aihpc.spec.errors import SpecError
+from aihpc.perf.step import dtensor_host as dh
+from aihpc.perf.step.estimate import estimate_plan
+from aihpc.perf.step.params import DEFAULT_PARAMS
+from aihpc.runspec import runspec_from_dict
+from aihpc.runspec.calibration import calibration_from_dict, calibration_to_toml, load_calibration
+from aihpc.runspec.cluster import GPUSpec
+from aihpc.runspec.errors import SpecError
 
 CPU = GPUSpec(1.0, 64.0, 10.0, 1.0, 2, 1.0, fp32_tflops=1.0, host_is_device=True)
 GPU = dataclasses.replace(CPU, host_is_device=False)
@@ -136,7 +136,7 @@ def test_the_calibration_carries_the_measurement(tmp_path) -> None:
 @pytest.mark.parametrize("gpu", ["h100-sxm", "local cpu"])
 def test_the_search_prices_eager_dtensor_as_estimate_does(gpu: str) -> None:
     # every plan the array search prices (tp, FSDP2, DDP, pp, cp mixed) at estimate_plan's step
-    from aihpc.perf.search import search
+    from aihpc.perf.search.ranking import search
 
     cluster = {"gpu": "h100-sxm"} if gpu == "h100-sxm" else {"gpu_spec": dataclasses.asdict(CPU)}
     spec = runspec_from_dict(

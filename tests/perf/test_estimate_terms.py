@@ -20,13 +20,13 @@ from _scalar_estimate import estimate_plan as scalar_estimate_plan
 from _scalar_estimate import layer_times as scalar_layer_times
 from test_search_fast import SPECS
 
-from aihpc.perf import compute
-from aihpc.perf.estimate import estimate_plan
-from aihpc.perf.params import DEFAULT_PARAMS
-from aihpc.perf.search import _valid_batch
-from aihpc.spec import load_runspec, runspec_from_dict
-from aihpc.spec.errors import SpecError
-from aihpc.spec.parallel import MOE_A2A_OVERLAPS, RECOMPUTE, ParallelPlan, validate_plan
+from aihpc.perf.search.ranking import _valid_batch
+from aihpc.perf.step import compute
+from aihpc.perf.step.estimate import estimate_plan
+from aihpc.perf.step.params import DEFAULT_PARAMS
+from aihpc.runspec import load_runspec, runspec_from_dict
+from aihpc.runspec.errors import SpecError
+from aihpc.runspec.parallel import MOE_A2A_OVERLAPS, RECOMPUTE, ParallelPlan, validate_plan
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from aihpc.perf.flops import model_flops_per_token, num_params
-from aihpc.spec.model import model_from_table
+from aihpc.perf.step.flops import model_flops_per_token, num_params
+from aihpc.runspec.model import model_from_table
 
 
 @pytest.mark.parametrize(

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from aihpc.perf.compute import (
+from aihpc.perf.step.gemm import (
     GEMM_REFERENCE_K,
     contraction_factor,
     gemm_bwd_s,
     gemm_efficiency,
     gemm_time_s,
 )
-from aihpc.perf.params import DEFAULT_PARAMS
-from aihpc.spec.cluster import gpu_from_id
+from aihpc.perf.step.params import DEFAULT_PARAMS
+from aihpc.runspec.cluster import gpu_from_id
 
 TABLE = Path(__file__).resolve().parents[2] / "benchmarks/results/kernel_efficiency_h200.json"
 

@@ -2,9 +2,10 @@
 
 import pytest
 
-from aihpc.perf.memory import GiB, activation_bytes_per_layer, memory_breakdown
-from aihpc.perf.validate import validate
-from aihpc.spec import runspec_from_dict
+from aihpc.perf.fit.validate import validate
+from aihpc.perf.step.batch_memory import memory_breakdown
+from aihpc.perf.step.memory import GiB, activation_bytes_per_layer
+from aihpc.runspec import runspec_from_dict
 
 
 def spec(
@@ -79,7 +80,7 @@ def test_zero_stage_state_bytes(zero: int, bytes_per_param: float) -> None:
     """Megatron/ZeRO: 18 B/param unsharded; 6 + 12/d (ZeRO-1); 2 + 16/d (ZeRO-2)."""
     r = spec(tp=1, zero=zero, dp=8, recompute="full")
     mb = memory_breakdown(r.model, r.cluster, r.plan(), r.training)
-    from aihpc.perf.flops import num_params
+    from aihpc.perf.step.flops import num_params
 
     states = mb.weights + mb.gradients + mb.optimizer
     assert states == pytest.approx(num_params(r.model) * bytes_per_param, rel=1e-6)
@@ -95,7 +96,7 @@ def test_bf16_gradients_and_optimizer_states_halve_their_bytes(
         tp=1, zero=zero, dp=8, recompute="full", grad_reduce_dtype="bf16", optimizer_dtype="bf16"
     )
     mb = memory_breakdown(r.model, r.cluster, r.plan(), r.training)
-    from aihpc.perf.flops import num_params
+    from aihpc.perf.step.flops import num_params
 
     states = mb.weights + mb.gradients + mb.optimizer
     assert states == pytest.approx(num_params(r.model) * bytes_per_param, rel=1e-6)
@@ -227,7 +228,7 @@ def test_lazy_gradient_points_of_a_small_interleaved_schedule() -> None:
     then chunk 0. (held, with gradients, a last-chunk micro-batch held): (4, 0, 1) after the
     forwards, (3, 1, 1) after the first backward, (1, 2, 0) after the third; the others are
     beaten by one of these. The last rank (1F1B) runs each forward's backward at once."""
-    from aihpc.perf.memory import lazy_grad_points
+    from aihpc.perf.step.memory import lazy_grad_points
 
     assert sorted(lazy_grad_points(2, 2, 2)) == [(1, 2, 0), (3, 1, 1), (4, 0, 1)]
     # 1F1B with m = p: p forwards, then backwards only
@@ -244,7 +245,7 @@ def test_the_dominance_sweep_keeps_exactly_the_unbeaten_points() -> None:
     random sets of (held, gradients, logits flag) points."""
     import random
 
-    from aihpc.perf.memory import _dominated
+    from aihpc.perf.step.memory import _dominated
 
     rng = random.Random(7)
     for _ in range(500):
@@ -262,7 +263,7 @@ def test_lazy_gradient_points_hold_at_most_the_in_flight_chunks(p, v, m) -> None
     """The most chunks held is the schedule's in-flight count: min(p, m) micro-batches under
     1F1B, p v + p - 1 chunks (at most all m v) interleaved. With enough micro-batches for a
     forward after every chunk's first backward, that count and every gradient coexist."""
-    from aihpc.perf.memory import lazy_grad_points
+    from aihpc.perf.step.memory import lazy_grad_points
 
     points = lazy_grad_points(p, v, m)
     in_flight = min(p, m) if v == 1 else min(m * v, p * v + p - 1)
@@ -283,7 +284,7 @@ def test_fsdp_under_pp_peaks_before_all_gradients_exist() -> None:
     """
     from dataclasses import replace
 
-    from aihpc.perf.memory import DTYPE_BYTES, _layer_params_local
+    from aihpc.perf.step.memory import DTYPE_BYTES, _layer_params_local
 
     base = spec(tp=8, pp=4, mbs=1, gbs=8, dp=2, zero=3, recompute="full")
     plan = base.plan()
@@ -316,7 +317,7 @@ def test_fsdp_without_pp_has_no_gradients_beside_a_single_micro_batch() -> None:
     DeepSpeed 0.3's ZeRO-3 keeps a preallocated gradient partition: always counted."""
     from dataclasses import replace
 
-    from aihpc.perf.memory import DTYPE_BYTES, _layer_params_local
+    from aihpc.perf.step.memory import DTYPE_BYTES, _layer_params_local
 
     one = spec(tp=1, mbs=1, dp=8, zero=3, gbs=8)
     two = spec(tp=1, mbs=1, dp=8, zero=3, gbs=16)
@@ -358,7 +359,7 @@ def test_lazy_gradient_walk_may_stop_early(p: int, v: int, rounds: int, last_ran
     """The walk stops once every chunk has gradients and a forward follows; every point of the
     whole step's walk (written out here without the stop) must still be covered by a returned
     point that is at least as high in both activations and gradients."""
-    from aihpc.perf.memory import lazy_grad_points
+    from aihpc.perf.step.memory import lazy_grad_points
 
     m, rank = p * rounds, p - 1 if last_rank else 0
     total = m * v
@@ -406,7 +407,7 @@ def test_lazy_gradient_walk_does_not_list_a_huge_step() -> None:
     """A global batch of 2**63 - 1 sequences is bad input for a trainer but a valid question
     for the estimate: the walk must stop early instead of building the step's op list (it
     once ran the machine out of memory)."""
-    from aihpc.perf.memory import lazy_grad_points
+    from aihpc.perf.step.memory import lazy_grad_points
 
     huge = 2**62
     assert lazy_grad_points(8, 2, huge) == ((23, 2, 1),)

@@ -1,16 +1,16 @@
 """An eager MoE layer runs no faster than its host issues it (``training.cuda_graphs = "none"``,
-perf/moe_host.py): the segment math, the op count's structure, and where the term applies."""
+perf/step/moe_host.py): the segment math, the op count's structure, and where the term applies."""
 
 from dataclasses import replace
 
 import pytest
 
-from aihpc.perf.compute import layer_times
-from aihpc.perf.moe_host import host_bound_s, moe_host_excess_s, moe_host_ops, moe_host_syncs
-from aihpc.perf.params import DEFAULT_PARAMS
-from aihpc.spec.errors import SpecError
-from aihpc.spec.runspec import runspec_from_dict
-from aihpc.spec.training import TrainingSpec
+from aihpc.perf.step.compute import layer_times
+from aihpc.perf.step.moe_host import host_bound_s, moe_host_excess_s, moe_host_ops, moe_host_syncs
+from aihpc.perf.step.params import DEFAULT_PARAMS
+from aihpc.runspec.errors import SpecError
+from aihpc.runspec.runspec import runspec_from_dict
+from aihpc.runspec.training import TrainingSpec
 
 
 def test_a_segment_takes_the_slower_of_gpu_and_host() -> None:

@@ -1,5 +1,5 @@
 """The routed experts' GEMMs by how the framework launches them (``training.moe_expert_gemm``,
-perf/moe_kernels.py): one grouped kernel per projection, or one cuBLAS launch per local expert
+perf/step/moe_kernels.py): one grouped kernel per projection, or one cuBLAS launch per local expert
 (Transformer Engine's GroupedLinear on its cuBLAS path, as Megatron-Core's TEGroupedMLP runs it)."""
 
 from __future__ import annotations
@@ -8,14 +8,15 @@ import csv
 
 import pytest
 
-from aihpc.perf.compute import gemm_time_s, layer_times, routed_expert_gemms
-from aihpc.perf.estimate import estimate_plan
-from aihpc.perf.moe_kernels import expert_gemm_time_s
-from aihpc.perf.params import DEFAULT_PARAMS
-from aihpc.perf.validate import data_file
-from aihpc.spec.errors import SpecError
-from aihpc.spec.runspec import runspec_from_dict
-from aihpc.spec.training import TrainingSpec
+from aihpc.perf.fit.validate import data_file
+from aihpc.perf.step.compute import layer_times
+from aihpc.perf.step.estimate import estimate_plan
+from aihpc.perf.step.gemm import gemm_time_s
+from aihpc.perf.step.moe_kernels import expert_gemm_time_s, routed_expert_gemms
+from aihpc.perf.step.params import DEFAULT_PARAMS
+from aihpc.runspec.errors import SpecError
+from aihpc.runspec.runspec import runspec_from_dict
+from aihpc.runspec.training import TrainingSpec
 
 LAUNCH = DEFAULT_PARAMS.kernel_overhead_s
 

@@ -10,9 +10,12 @@ from typing import Any
 
 import pytest
 
-from aihpc.perf import comm
-from aihpc.perf.estimate import estimate_plan
-from aihpc.perf.flops import (
+from aihpc.perf.fit.validate import validate
+from aihpc.perf.search.ranking import search_plans
+from aihpc.perf.step import comm
+from aihpc.perf.step.batch_memory import memory_breakdown
+from aihpc.perf.step.estimate import estimate_plan
+from aihpc.perf.step.flops import (
     active_params,
     attention_params,
     embedding_params,
@@ -21,13 +24,11 @@ from aihpc.perf.flops import (
     model_flops_per_token,
     num_params,
 )
-from aihpc.perf.memory import GiB, layer_params_split, memory_breakdown
-from aihpc.perf.search import search_plans
-from aihpc.perf.validate import validate
-from aihpc.spec.errors import SpecError
-from aihpc.spec.model import model_from_table
-from aihpc.spec.parallel import ParallelPlan, plan_problem
-from aihpc.spec.runspec import RunSpec, runspec_from_dict
+from aihpc.perf.step.memory import GiB, layer_params_split
+from aihpc.runspec.errors import SpecError
+from aihpc.runspec.model import model_from_table
+from aihpc.runspec.parallel import ParallelPlan, plan_problem
+from aihpc.runspec.runspec import RunSpec, runspec_from_dict
 
 
 def spec(model: str, gpu: str, gpus: int, parallel: dict[str, Any], **training: Any) -> RunSpec:
@@ -350,7 +351,7 @@ def test_docs_quote_the_moe_validation_table_of_this_commit(moe_report) -> None:
     """docs/performance-model.md must show exactly what `aihpc validate --moe` prints today."""
     from pathlib import Path
 
-    from aihpc.cli.plan import validation_table
+    from aihpc.cli.validate import validation_table
 
     docs = Path(__file__).resolve().parents[2] / "docs" / "performance-model.md"
     assert validation_table(moe_report) in docs.read_text(encoding="utf-8")
@@ -404,7 +405,7 @@ def test_recompute_modules_trade_memory_for_time() -> None:
 def test_an_all_to_all_calibration_prices_the_dispatch() -> None:
     """A measured all_to_all fit (aihpc bench moe -> aihpc calibrate) replaces the NVLink
     tier's bandwidth and latency."""
-    from aihpc.spec.calibration import Calibration, CommFit, CommRegime
+    from aihpc.runspec.calibration import Calibration, CommFit, CommRegime
 
     c = spec("mixtral-8x7b", "h100-sxm", 8, {"tp": 1}).cluster
     fit = CommFit("all_to_all", "scale_up", (CommRegime(12.0, 100.0),), num_ranks=8)

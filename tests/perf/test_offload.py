@@ -4,11 +4,12 @@ from dataclasses import replace
 
 import pytest
 
-from aihpc.perf.estimate import estimate_plan
-from aihpc.perf.memory import GiB, activation_bytes_per_layer, memory_breakdown
-from aihpc.perf.search import search
-from aihpc.perf.validate import data_file, row_runspec
-from aihpc.spec import SpecError, runspec_from_dict
+from aihpc.perf.fit.validate import data_file, row_runspec
+from aihpc.perf.search.ranking import search
+from aihpc.perf.step.batch_memory import memory_breakdown
+from aihpc.perf.step.estimate import estimate_plan
+from aihpc.perf.step.memory import GiB, activation_bytes_per_layer
+from aihpc.runspec import SpecError, runspec_from_dict
 
 # Llama 3 70B under FSDP on 64 GB200s, micro-batch 2: without recompute its activations do not
 # fit in 186 GiB, the case NVIDIA's Megatron-Bridge recipe offloads 40 of 80 layers for.

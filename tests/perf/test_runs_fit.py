@@ -17,20 +17,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aihpc.perf.compute import gemm_efficiency
-from aihpc.perf.estimate import estimate_plan
-from aihpc.perf.params import DEFAULT_PARAMS
-from aihpc.perf.runs_fit import SCALE_BOUNDS, fit_runs, load_runs, parse_fit_names, predict
-from aihpc.perf.validate import data_file
-from aihpc.spec.calibration import (
+from aihpc.perf.fit.runs_fit import SCALE_BOUNDS, fit_runs, load_runs, parse_fit_names, predict
+from aihpc.perf.fit.validate import data_file
+from aihpc.perf.step.estimate import estimate_plan
+from aihpc.perf.step.gemm import gemm_efficiency
+from aihpc.perf.step.params import DEFAULT_PARAMS
+from aihpc.runspec.calibration import (
     Calibration,
     EfficiencyScales,
     calibration_from_dict,
     calibration_to_toml,
     load_calibration,
 )
-from aihpc.spec.cluster import gpu_from_id
-from aihpc.spec.errors import SpecError
+from aihpc.runspec.cluster import gpu_from_id
+from aihpc.runspec.errors import SpecError
 
 # Runs that exercise every constant: long-sequence FlashAttention-2 on one node (I06), FSDP over
 # 16 nodes (I04), TP 4 x PP 4 over 8 nodes (G07), TP 4 and DP 48 (D03), one node in FP8 (G05),

@@ -1,8 +1,8 @@
 """Search: fixed fields stay fixed, every plan is valid, ranking is by throughput."""
 
-from aihpc.perf.estimate import estimate_plan
-from aihpc.perf.search import search
-from aihpc.spec import plan_problem, runspec_from_dict
+from aihpc.perf.search.ranking import search
+from aihpc.perf.step.estimate import estimate_plan
+from aihpc.runspec import plan_problem, runspec_from_dict
 
 
 def spec(parallel):
@@ -97,7 +97,7 @@ def test_pipeline_split_decides_which_interleavings_are_searched() -> None:
 def test_even_split_refuses_a_plan_that_does_not_divide() -> None:
     import pytest
 
-    from aihpc.spec import SpecError
+    from aihpc.runspec import SpecError
 
     s = llama405("even")
     plan = s.plan()

@@ -15,11 +15,11 @@ import pytest
 from _scalar_estimate import estimate_plan as scalar_estimate_plan
 from _scalar_search import search as scalar_search
 
-from aihpc.perf.batch import price_batch
-from aihpc.perf.params import DEFAULT_PARAMS
-from aihpc.perf.search import _valid_batch, candidate_plans, search
-from aihpc.spec import load_runspec, runspec_from_dict
-from aihpc.spec.parallel import PartialPlan
+from aihpc.perf.search.ranking import _valid_batch, candidate_plans, search
+from aihpc.perf.step.batch import price_batch
+from aihpc.perf.step.params import DEFAULT_PARAMS
+from aihpc.runspec import load_runspec, runspec_from_dict
+from aihpc.runspec.parallel import PartialPlan
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -43,7 +43,7 @@ def calibrated():
 
 def run_fitted():
     """Efficiency scales fitted to measured runs (aihpc calibrate --runs), no measured fits."""
-    from aihpc.spec.calibration import Calibration, EfficiencyScales
+    from aihpc.runspec.calibration import Calibration, EfficiencyScales
 
     spec = preset("llama3-70b", "h100-sxm", 128, {"global_batch_size": 128})
     scales = EfficiencyScales(gemm=0.9, attention=1.1, scale_up=0.8, scale_out=0.7)
@@ -209,7 +209,7 @@ def test_candidate_plans_are_the_searched_ones_in_order() -> None:
 
 
 def test_group_numbers_distinct_rows_even_when_the_key_would_overflow() -> None:
-    from aihpc.perf.plan_batch import group
+    from aihpc.perf.step.plan_batch import group
 
     rng = np.random.default_rng(0)
     cols = [rng.integers(0, 3, 200) * (1 << 40) + rng.integers(0, 2, 200) for _ in range(4)]

@@ -4,10 +4,10 @@ from dataclasses import replace
 
 import pytest
 
-from aihpc.perf import comm, compute
-from aihpc.perf.estimate import estimate_plan
-from aihpc.perf.params import DEFAULT_PARAMS
-from aihpc.spec import runspec_from_dict
+from aihpc.perf.step import comm, compute
+from aihpc.perf.step.estimate import estimate_plan
+from aihpc.perf.step.params import DEFAULT_PARAMS
+from aihpc.runspec import runspec_from_dict
 
 
 def gpt(overlap: bool, heads: int = 48):
@@ -47,7 +47,7 @@ def test_gradients_reduced_after_the_backward_are_fully_exposed() -> None:
     late, early = gpt(False), gpt(True)
     t_late = estimate_plan(late.model, late.cluster, late.plan(), late.training).time_s
     t_early = estimate_plan(early.model, early.cluster, early.plan(), early.training).time_s
-    from aihpc.perf.flops import embedding_params, params_per_layer
+    from aihpc.perf.step.flops import embedding_params, params_per_layer
 
     embeddings = 1 if late.model.tied_embeddings else 2  # input embedding and output layer
     grads = 4.0 * (24 * params_per_layer(late.model) + embeddings * embedding_params(late.model))
@@ -72,7 +72,7 @@ def test_embedding_bucket_reduction_is_exposed_even_with_overlap() -> None:
     """Megatron-Core's distributed optimizer gives the embedding a bucket of its own; its
     gradients are ready only when the backward ends and its parameters are needed before the
     first layer, so that reduce-scatter and all-gather stay on the critical path."""
-    from aihpc.perf.flops import embedding_params
+    from aihpc.perf.step.flops import embedding_params
 
     spec = gpt(True)
     plan = replace(spec.plan(), zero_stage=1)
@@ -171,7 +171,7 @@ def test_fp8_parameter_gathers_move_the_layer_weights_in_one_byte() -> None:
     the ZeRO-1 parameter all-gather carries the layers' weights at 1 byte; the embeddings stay
     16-bit. On a step too short to hide the gather the saving is exactly the difference of the
     two all-gathers; nothing else moves."""
-    from aihpc.perf.flops import embedding_params, params_per_layer
+    from aihpc.perf.step.flops import embedding_params, params_per_layer
 
     bf16, fp8 = llama_fp8(False), llama_fp8(True)
     a = estimate_plan(bf16.model, bf16.cluster, bf16.plan(), bf16.training)
@@ -192,7 +192,7 @@ def test_fp8_parameter_gathers_move_the_layer_weights_in_one_byte() -> None:
 
 
 def test_fp8_parameter_gathers_need_fp8_precision() -> None:
-    from aihpc.spec import SpecError
+    from aihpc.runspec import SpecError
 
     with pytest.raises(SpecError) as err:
         llama_fp8(True, precision="bf16")

@@ -1,4 +1,4 @@
-"""Tensor-parallel communication overlap (perf/tp_overlap.py, training.tp_comm_overlap): the
+"""Tensor-parallel communication overlap (perf/step/tp_overlap.py, training.tp_comm_overlap): the
 chunked-overlap arithmetic behaves as a schedule must (more GEMM time never exposes more, more
 communication never exposes less, the last reduce-scatter chunk always waits), the modes order
 as the frameworks' mechanisms do (none >= backward >= userbuffers exposed), and the run fact
@@ -14,11 +14,11 @@ import pytest
 from typer.testing import CliRunner
 
 from aihpc.cli import app
-from aihpc.perf import compute, tp_overlap
-from aihpc.perf.comm import collective_time_s
-from aihpc.perf.estimate import estimate_plan
-from aihpc.perf.params import DEFAULT_PARAMS
-from aihpc.perf.tp_overlap import (
+from aihpc.perf.step import compute, tp_overlap
+from aihpc.perf.step.comm import collective_time_s
+from aihpc.perf.step.estimate import estimate_plan
+from aihpc.perf.step.params import DEFAULT_PARAMS
+from aihpc.perf.step.tp_overlap import (
     TPGemms,
     bulk_exposed_s,
     layer_tp_comm_s,
@@ -28,10 +28,10 @@ from aihpc.perf.tp_overlap import (
     ring_exposed_s,
     tp_gemms,
 )
-from aihpc.spec import runspec_from_dict
-from aihpc.spec.errors import SpecError
-from aihpc.spec.model import model_from_table
-from aihpc.spec.training import TP_COMM_OVERLAPS, TrainingSpec
+from aihpc.runspec import runspec_from_dict
+from aihpc.runspec.errors import SpecError
+from aihpc.runspec.model import model_from_table
+from aihpc.runspec.training import TP_COMM_OVERLAPS, TrainingSpec
 
 COMMS = [0.0, 1e-4, 5e-4, 1e-3, 4e-3]
 GEMMS = [0.0, 1e-4, 3e-4, 1e-3, 5e-3, 2e-2]

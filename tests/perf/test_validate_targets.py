@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from aihpc.cli.plan import validation_table
-from aihpc.perf.validate import (
+from aihpc.cli.validate import validation_table
+from aihpc.perf.fit.validate import (
     TARGET_MAPE,
     TARGET_MAX_ERROR,
     TARGET_TORCHTITAN,

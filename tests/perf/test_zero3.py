@@ -2,10 +2,10 @@
 
 import pytest
 
-from aihpc.perf.estimate import estimate_plan
-from aihpc.perf.flops import param_tensors_per_layer, persistent_tensors_per_layer
-from aihpc.perf.params import DEFAULT_PARAMS
-from aihpc.spec import SpecError, runspec_from_dict
+from aihpc.perf.step.estimate import estimate_plan
+from aihpc.perf.step.flops import param_tensors_per_layer, persistent_tensors_per_layer
+from aihpc.perf.step.params import DEFAULT_PARAMS
+from aihpc.runspec import SpecError, runspec_from_dict
 
 
 def gpt3(num_gpus: int, gather: str, mbs: int = 1):
@@ -85,7 +85,7 @@ def test_python_partition_loops_cost_host_time_per_rank() -> None:
 
 
 def test_per_tensor_keeps_one_tensor_gathered_not_two_layers() -> None:
-    from aihpc.perf.memory import memory_breakdown
+    from aihpc.perf.step.batch_memory import memory_breakdown
 
     per_tensor, bucketed = gpt3(384, "per_tensor"), gpt3(384, "bucketed")
     a = memory_breakdown(
@@ -106,7 +106,7 @@ def test_unknown_gather_kind_is_refused() -> None:
 def test_per_tensor_zero3_refuses_pipelining_and_search_skips_it() -> None:
     """DeepSpeed's ZeRO-3 has no pipeline engine: estimating such a plan is bad input, and the
     search leaves those combinations out with the reason counted."""
-    from aihpc.perf.search import search
+    from aihpc.perf.search.ranking import search
 
     spec = runspec_from_dict(
         {

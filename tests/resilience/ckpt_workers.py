@@ -17,13 +17,13 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from aihpc.resilience import CheckpointManager, ModelOptimizerState, RNGState, state_sha256
+from aihpc.runspec import TrainingSpec
 from aihpc.runtime import TokenLoader, init_distributed
 from aihpc.runtime.distributed import DistContext, free_port
+from aihpc.runtime.job import build_optimizer
 from aihpc.runtime.mesh import Parallel, ParallelDims
 from aihpc.runtime.model import LlamaConfig
 from aihpc.runtime.parallelize import build_parallel_model
-from aihpc.runtime.train import build_optimizer
-from aihpc.spec import TrainingSpec
 
 CFG = LlamaConfig(
     dim=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_dim=64, vocab_size=256, max_seq_len=16

@@ -11,7 +11,7 @@ import pytest
 
 from aihpc.resilience import Watchdog, parse_fault
 from aihpc.resilience.inprocess import Interrupter, RestartRequested
-from aihpc.spec import SpecError
+from aihpc.runspec import SpecError
 
 
 def test_watchdog_offers_a_stall_once_then_tears_down(tmp_path):

@@ -17,9 +17,9 @@ import traceback
 from pathlib import Path
 
 from aihpc.resilience import Watchdog
+from aihpc.runspec import runspec_from_dict
 from aihpc.runtime.distributed import init_distributed
 from aihpc.runtime.train import TrainOptions, train
-from aihpc.spec import runspec_from_dict
 
 
 def main() -> None:

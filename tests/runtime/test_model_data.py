@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from aihpc.resilience import Watchdog, parse_fault
+from aihpc.runspec import SpecError, model_presets
 from aihpc.runtime import ByteTokenizer, Llama, LlamaConfig, TokenLoader, load_tokens
-from aihpc.spec import SpecError, model_presets
 
 CFG = LlamaConfig(
     dim=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_dim=64, vocab_size=256, max_seq_len=16

@@ -10,10 +10,10 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 from torch.utils.checkpoint import checkpoint  # noqa: E402
 
-from aihpc.perf.flops import num_params  # noqa: E402
+from aihpc.perf.step.flops import num_params  # noqa: E402
+from aihpc.runspec import ModelSpec, SpecError  # noqa: E402
 from aihpc.runtime.model import Llama, LlamaConfig  # noqa: E402
 from aihpc.runtime.moe import MoE, MoEConfig, Router, update_expert_bias  # noqa: E402
-from aihpc.spec import ModelSpec, SpecError  # noqa: E402
 
 CFG = MoEConfig(dim=8, num_experts=6, top_k=2, expert_ffn_dim=5, num_shared_experts=1)
 
@@ -249,8 +249,8 @@ def test_grouped_mm_on_gpu_equals_the_loop_in_bf16():
 def test_spec_router_fields_reach_the_block():
     """The planner's [model] router fields (group-limited routing, layer frequency) configure
     the trainer's block; 0 groups (the spec's "no group limit") is one group of every expert."""
+    from aihpc.runspec.model import model_from_table
     from aihpc.runtime.moe import moe_config_from_spec
-    from aihpc.spec.model import model_from_table
 
     base = {"preset": "tiny-llama", "num_experts": 8, "moe_top_k": 2, "moe_ffn_hidden_size": 32}
     plain = moe_config_from_spec(model_from_table(base))

@@ -33,9 +33,9 @@ import torch
 from test_nd_parity import _toml, losses, model_params
 from train_cli import train as run_train
 
+from aihpc.runspec import SpecError, runspec_from_dict
 from aihpc.runtime.checks import check_plan
 from aihpc.runtime.distributed import free_port
-from aihpc.spec import SpecError, runspec_from_dict
 
 # the module's fixture trains every plan in one torchrun (bounded by its own 600 s): the
 # first test that needs it waits for all of them, so the per-test bound is above that one

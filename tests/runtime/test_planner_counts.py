@@ -12,10 +12,10 @@ torch = pytest.importorskip("torch")
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from aihpc.perf.flops import model_flops_per_token, num_params  # noqa: E402
+from aihpc.perf.step.flops import model_flops_per_token, num_params  # noqa: E402
+from aihpc.runspec import ModelSpec  # noqa: E402
+from aihpc.runspec.model import model_from_table  # noqa: E402
 from aihpc.runtime.model import Llama, LlamaConfig  # noqa: E402
-from aihpc.spec import ModelSpec  # noqa: E402
-from aihpc.spec.model import model_from_table  # noqa: E402
 
 CASES = {
     "tiny-llama (GQA)": {"preset": "tiny-llama"},

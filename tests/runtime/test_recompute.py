@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from aihpc.runspec import SpecError
 from aihpc.runtime.model import Llama, LlamaConfig
-from aihpc.spec import SpecError
 
 LAYERS = 3
 CFG = LlamaConfig(

@@ -65,7 +65,7 @@ def test_gpu_step_time_is_priced_for_the_gpu_at_hand(tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import predicted_vs_measured as pvm
 
-    from aihpc.spec.tomlw import dumps_toml
+    from aihpc.runspec.tomlw import dumps_toml
 
     cluster = {"cluster": {"gpu": pvm.catalog_gpu(), "num_gpus": 1, "gpus_per_node": 1}}
     spec = tmp_path / "run.toml"

@@ -65,9 +65,9 @@ def test_summary_sets_measured_beside_predicted(ref1):
     spec's peak, beside aihpc estimate's figures for the same spec."""
     import statistics
 
-    from aihpc.perf import estimate
-    from aihpc.perf.flops import model_flops_per_token
-    from aihpc.spec import load_runspec
+    from aihpc.perf.step import estimate
+    from aihpc.perf.step.flops import model_flops_per_token
+    from aihpc.runspec import load_runspec
 
     summary, _, d = ref1
     perf, run, spec = summary["performance"], d / "run", load_runspec(d / "run.toml")
@@ -76,7 +76,7 @@ def test_summary_sets_measured_beside_predicted(ref1):
     median = statistics.median(r["step_time_s"] for r in rows[1:])
     assert perf["measured_step_time_s"] == pytest.approx(median, rel=1e-12)
     # priced with the trainer's own software: eager element-wise ops and loss
-    from aihpc.runtime.train import as_trained
+    from aihpc.runtime.summary import as_trained
 
     trained = as_trained(spec)
     assert not trained.training.fused_kernels and trained.training.cross_entropy == "eager"

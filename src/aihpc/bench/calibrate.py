@@ -27,8 +27,8 @@ import numpy as np
 
 from aihpc.bench.collectives import busbw_factor
 from aihpc.bench.nccl_log import NcclTest, read_nccl_tests_log
-from aihpc.spec.calibration import TIERS, Calibration, CommFit, CommRegime, GemmFit
-from aihpc.spec.errors import SpecError
+from aihpc.runspec.calibration import TIERS, Calibration, CommFit, CommRegime, GemmFit
+from aihpc.runspec.errors import SpecError
 
 __all__ = [
     "CommPoint",

@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from aihpc.spec.calibration import COLLECTIVES, busbw_factor
-from aihpc.spec.errors import SpecError
+from aihpc.runspec.calibration import COLLECTIVES, busbw_factor
+from aihpc.runspec.errors import SpecError
 
 __all__ = [
     "COLLECTIVES",

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from aihpc.bench.collectives import COLLECTIVES, DTYPE_NAMES, REDOPS
-from aihpc.spec.errors import SpecError
+from aihpc.runspec.errors import SpecError
 
 __all__ = ["GROUPS", "CommConfig", "group_layout", "validate_comm_config"]
 

@@ -1,4 +1,4 @@
-"""DTensor's host cost on this machine, for ``aihpc calibrate --local`` (perf/dtensor_host.py
+"""DTensor's host cost on this machine, for ``aihpc calibrate --local`` (perf/step/dtensor_host.py
 prices it under ``training.dtensor_dispatch = "eager"``).
 
 Two measurements of aihpc's own trainer on a one-rank gloo mesh (a fresh process, so no process
@@ -91,9 +91,9 @@ def _pass(model: Any, tokens: Any, parallel: bool) -> tuple[Any, Any]:
 
 
 def _counts(cfg: Any, sp: bool, tokens: Any) -> dict[str, int]:
+    from aihpc.runspec.training import TrainingSpec
+    from aihpc.runtime.job import build_optimizer
     from aihpc.runtime.step import clip_grad_norm
-    from aihpc.runtime.train import build_optimizer
-    from aihpc.spec.training import TrainingSpec
 
     _, model = _models(cfg, sp)
     opt, _ = build_optimizer(model, TrainingSpec())

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aihpc.spec.errors import SpecError
+from aihpc.runspec.errors import SpecError
 
 if TYPE_CHECKING:  # torch is imported where a GEMM runs, so flags are checked without it
     import torch

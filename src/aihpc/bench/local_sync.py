@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from aihpc.spec.calibration import Calibration, CommFit, CommRegime
+from aihpc.runspec.calibration import Calibration, CommFit, CommRegime
 
 __all__ = ["CallCost", "call_cost_fit", "interleaved_call_cost", "with_call_cost"]
 

@@ -53,7 +53,7 @@ from aihpc.bench.collectives import DTYPE_BYTES, DTYPE_NAMES, busbw_factor, floa
 from aihpc.bench.comm import TORCH_DTYPES
 from aihpc.bench.dist import DistContext, init_distributed, run_facts
 from aihpc.comm import MoEDispatcher, build_ep_groups
-from aihpc.spec.errors import SpecError
+from aihpc.runspec.errors import SpecError
 
 __all__ = [
     "IMPLS",

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from aihpc.bench.collectives import COLLECTIVES, NCCL_TESTS_BINARIES, NCCL_TESTS_COLUMNS
-from aihpc.spec.errors import SpecError
+from aihpc.runspec.errors import SpecError
 
 __all__ = [
     "NcclRow",

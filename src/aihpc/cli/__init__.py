@@ -24,9 +24,11 @@ __all__ = ["COMMAND_AREAS", "app", "build_app", "main"]
 # (module, its registering function), in the order ``aihpc --help`` lists their commands.
 _AREAS = (
     ("plan", "register"),
+    ("validate", "register"),
     ("train", "register"),
     ("goodput", "register"),
     ("bench", "register"),
+    ("calibrate", "register"),
     ("catalog", "register"),
     ("observe", "register"),
     ("interop", "register"),
@@ -35,14 +37,16 @@ _AREAS = (
 # The top-level commands each area registers (tests/cli/test_cli_areas.py checks it against
 # the whole tree).
 COMMAND_AREAS: dict[str, tuple[str, str]] = {
-    **dict.fromkeys(("estimate", "search", "validate"), _AREAS[0]),
-    "train": _AREAS[1],
-    "goodput": _AREAS[2],
-    **dict.fromkeys(("bench", "calibrate"), _AREAS[3]),
-    **dict.fromkeys(("presets", "gpus"), _AREAS[4]),
-    **dict.fromkeys(("doctor", "check", "dashboard"), _AREAS[5]),
-    **dict.fromkeys(("import", "export"), _AREAS[6]),
-    "launch": _AREAS[7],
+    **dict.fromkeys(("estimate", "search"), _AREAS[0]),
+    "validate": _AREAS[1],
+    "train": _AREAS[2],
+    "goodput": _AREAS[3],
+    "bench": _AREAS[4],
+    "calibrate": _AREAS[5],
+    **dict.fromkeys(("presets", "gpus"), _AREAS[6]),
+    **dict.fromkeys(("doctor", "check", "dashboard"), _AREAS[7]),
+    **dict.fromkeys(("import", "export"), _AREAS[8]),
+    "launch": _AREAS[9],
 }
 
 
@@ -105,6 +109,6 @@ def _one_blas_thread() -> None:
 
 def main() -> None:
     command = _command_of(sys.argv[1:])
-    if COMMAND_AREAS.get(command or "") == _AREAS[0]:  # estimate, search, validate
+    if COMMAND_AREAS.get(command or "") in _AREAS[:2]:  # estimate, search, validate
         _one_blas_thread()
     build_app(command)()

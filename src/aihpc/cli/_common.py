@@ -18,7 +18,7 @@ import typer
 from typer.core import TyperArgument, TyperGroup, TyperOption
 
 from aihpc._io import to_json
-from aihpc.spec.errors import SpecError
+from aihpc.runspec.errors import SpecError
 
 if TYPE_CHECKING:
     from rich.console import Console

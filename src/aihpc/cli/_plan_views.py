@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 from aihpc._io import write_atomic
 from aihpc.cli import _common
-from aihpc.spec import RunSpec
-from aihpc.spec.tomlw import dumps_toml
+from aihpc.runspec import RunSpec
+from aihpc.runspec.tomlw import dumps_toml
 
 if TYPE_CHECKING:
-    from aihpc.perf.calibration_use import CalibrationUse
-    from aihpc.perf.estimate import Estimate
+    from aihpc.perf.fit.calibration_use import CalibrationUse
+    from aihpc.perf.step.estimate import Estimate
 
 __all__ = [
     "goodput_columns",
@@ -101,7 +101,7 @@ def goodput_columns(
     ETTR (and throughput x ETTR, what ``--rank-by goodput`` sorts on) whenever it was asked for;
     with a token budget, the days and GPU-hours to train it, failures and checkpoints included.
     """
-    from aihpc.perf.goodput import goodput_report
+    from aihpc.goodput.ettr import goodput_report
 
     extra: list[dict[str, Any]] = []
     for e in plans:

@@ -9,20 +9,20 @@ from typing import Any
 
 import typer
 
-from aihpc.cli._common import guarded
-from aihpc.cli.bench import (
+from aihpc.cli._bench_common import (
     AS_JSON,
     CHECK,
     NPROC_PER_NODE,
     OUTPUT,
     RANKS_PER_NODE,
     TIMEOUT,
-    _progress,
     launch_plan,
+    progress,
     publish,
     run_workers,
 )
-from aihpc.spec.errors import SpecError
+from aihpc.cli._common import guarded
+from aihpc.runspec.errors import SpecError
 
 __all__ = ["register"]
 
@@ -45,7 +45,7 @@ def _moe_worker(cfg: Any, as_json: bool, timeout_s: float, output: str | None) -
             devices = device_lines(ctx)
             rows: list[Any] = []
             total = len(cfg.tokens) * len(cfg.impls)
-            with _progress(total, lead and not as_json) as bar:
+            with progress(total, lead and not as_json) as bar:
 
                 def on_result(r: Any) -> None:
                     if bar is not None:

@@ -1,5 +1,5 @@
 """``aihpc calibrate --runs``: fit the model's efficiency constants to measured runs and write
-them as a calibration TOML. Parse, call aihpc.perf.runs_fit, render."""
+them as a calibration TOML. Parse, call aihpc.perf.fit.runs_fit, render."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from rich.table import Table
 
 from aihpc._io import write_atomic
 from aihpc.cli._common import console, err_console, print_json
-from aihpc.spec.errors import SpecError
+from aihpc.runspec.errors import SpecError
 
 __all__ = ["FIT_OPTION", "RUNS_CHECK_OPTION", "RUNS_OPTION", "calibrate_runs"]
 
@@ -52,8 +52,8 @@ def calibrate_runs(
 ) -> None:
     """Fit, write ``output``, then report the three errors (and the check set's, if given).
     ``others``: the command also got INPUTS, --local or --spec, which --runs does not take."""
-    from aihpc.perf.runs_fit import fit_runs, load_runs, parse_fit_names
-    from aihpc.spec.calibration import calibration_to_toml
+    from aihpc.perf.fit.runs_fit import fit_runs, load_runs, parse_fit_names
+    from aihpc.runspec.calibration import calibration_to_toml
 
     if runs is None:
         flag = "--fit" if fit is not None else "--check"

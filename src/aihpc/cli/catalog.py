@@ -23,9 +23,9 @@ def _short_source(text: str) -> str:
 
 def preset_rows() -> list[dict[str, Any]]:
     """Every model preset as it resolves (the ModelSpec fields) with its parameter count."""
-    from aihpc.perf.flops import num_params
-    from aihpc.spec import model_presets
-    from aihpc.spec.model import model_from_table
+    from aihpc.perf.step.flops import num_params
+    from aihpc.runspec import model_presets
+    from aihpc.runspec.model import model_from_table
 
     rows = []
     for name in sorted(model_presets()):
@@ -52,9 +52,9 @@ def preset_rows() -> list[dict[str, Any]]:
 
 def gpu_rows() -> list[dict[str, Any]]:
     """Every GPU of the catalog with its peaks, memory and links (GPUSpec fields)."""
-    from aihpc.spec import gpu_catalog
-    from aihpc.spec._table import to_table
-    from aihpc.spec.cluster import gpu_from_id
+    from aihpc.runspec import gpu_catalog
+    from aihpc.runspec._table import to_table
+    from aihpc.runspec.cluster import gpu_from_id
 
     return [{"gpu": gid, **to_table(gpu_from_id(gid))} for gid in sorted(gpu_catalog())]
 

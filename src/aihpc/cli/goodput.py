@@ -11,7 +11,7 @@ import typer
 
 from aihpc.cli import _common
 from aihpc.cli._common import RUNSPEC_HELP, guarded, print_json
-from aihpc.spec import SpecError, load_runspec
+from aihpc.runspec import SpecError, load_runspec
 
 __all__ = ["parse_count", "register"]
 
@@ -42,7 +42,7 @@ def _step_time_s(spec, step_time: float | None) -> float:  # type: ignore[no-unt
     if step_time is not None:
         return step_time
     try:
-        from aihpc.perf.estimate import estimate
+        from aihpc.perf.step.estimate import estimate
     except ImportError as err:  # the performance model is not installed in this build
         raise SpecError("--step-time", None, "required: seconds per optimizer step") from err
     return estimate(spec).step_time_s
@@ -142,7 +142,7 @@ def _compare(
         read_measured,
         render_compare,
     )
-    from aihpc.perf.strategies import DEFAULT_GPU_COUNTS, compare_strategies
+    from aihpc.goodput.strategies import DEFAULT_GPU_COUNTS, compare_strategies
 
     counts = parse_gpu_counts(gpus) or DEFAULT_GPU_COUNTS
     if corr is not None and not (0.0 <= corr <= 1.0):
@@ -202,7 +202,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
         """Goodput at scale: MTBF, optimal checkpoint interval, ETTR and time-to-train."""
-        from aihpc.perf.goodput_plot import _check_plot_path
+        from aihpc.goodput.plot import _check_plot_path
 
         if days is not None and not (math.isfinite(days) and days > 0):
             raise SpecError("--days", days, "must be a number of days > 0")
@@ -239,12 +239,12 @@ def _one_strategy(
     as_json: bool,
 ) -> None:
     """The goodput report of the spec's checkpoint strategy (or --strategy's), and its plot."""
-    from aihpc.perf.goodput import goodput_report
-    from aihpc.perf.goodput_plot import plot_goodput
+    from aihpc.goodput.ettr import goodput_report
+    from aihpc.goodput.plot import plot_goodput
 
     spec = load_runspec(runspec)
     if strategy is not None:
-        from aihpc.spec.reliability import CHECKPOINT_STRATEGIES
+        from aihpc.runspec.reliability import CHECKPOINT_STRATEGIES
 
         if strategy not in CHECKPOINT_STRATEGIES:
             raise SpecError("--strategy", strategy, "allowed: " + " | ".join(CHECKPOINT_STRATEGIES))

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from aihpc.cli._common import console
-from aihpc.spec import SpecError
+from aihpc.runspec import SpecError
 
 __all__ = ["compare_json", "parse_gpu_counts", "read_measured", "render_compare"]
 
@@ -39,10 +39,10 @@ def parse_gpu_counts(text: str | None) -> tuple[int, ...] | None:
 
 
 def read_measured(path: Path | None) -> dict[str, Any] | None:
-    """The measured figures of a recovery_time.json (see aihpc.perf.strategies)."""
+    """The measured figures of a recovery_time.json (see aihpc.goodput.strategies)."""
     if path is None:
         return None
-    from aihpc.perf.strategies import measured_figures
+    from aihpc.goodput.strategies import measured_figures
 
     try:
         doc = json.loads(path.read_text())
@@ -57,7 +57,7 @@ def read_measured(path: Path | None) -> dict[str, Any] | None:
 
 def compare_json(results: dict, measured: Path | None, correlated: float | None) -> dict[str, Any]:
     """The --json object: results by GPU count and strategy, and every figure's source."""
-    from aihpc.perf.strategies import mixes_sources, recovery_path_defaults
+    from aihpc.goodput.strategies import mixes_sources, recovery_path_defaults
 
     corr = correlated
     if corr is None:

@@ -10,7 +10,7 @@ import typer
 
 from aihpc._io import write_atomic
 from aihpc.cli._common import RUNSPEC_HELP, err_console, guarded, print_json
-from aihpc.spec import SpecError, load_runspec
+from aihpc.runspec import SpecError, load_runspec
 
 __all__ = ["register"]
 

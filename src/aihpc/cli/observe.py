@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from aihpc.cli._common import guarded, print_json
-from aihpc.spec.errors import SpecError
+from aihpc.runspec.errors import SpecError
 
 if TYPE_CHECKING:  # prometheus_client is imported only by the commands that serve metrics
     from aihpc.observe.metrics import MetricsConfig
@@ -150,7 +150,7 @@ def _register_doctor(app: typer.Typer) -> None:
     ) -> None:
         """Find the first failure in a failed or hung job's logs, what it caused, what to do."""
         from aihpc.observe.doctor import diagnose
-        from aihpc.spec import load_runspec
+        from aihpc.runspec import load_runspec
 
         for p in logs:
             if not p.exists():
@@ -221,8 +221,8 @@ def _register_check(app: typer.Typer) -> None:
         """Node acceptance test: GPUs and NICs present and healthy, GEMM and all-reduce at the
         expected speed. Exit 1 with one line per failed check."""
         from aihpc.observe import check as chk
-        from aihpc.spec.calibration import load_calibration
-        from aihpc.spec.cluster import gpu_from_id
+        from aihpc.runspec.calibration import load_calibration
+        from aihpc.runspec.cluster import gpu_from_id
 
         if not 0 < min_ratio <= 1:
             raise SpecError("--min-ratio", min_ratio, "a fraction in (0, 1]")

@@ -27,7 +27,7 @@ import typer
 
 from aihpc.cli._common import RUNSPEC_HELP, console, fail, guarded, print_json, require_torch
 from aihpc.cli.observe import metrics_args, metrics_config
-from aihpc.spec import RunSpec, SpecError, load_runspec
+from aihpc.runspec import RunSpec, SpecError, load_runspec
 
 __all__ = ["register"]
 
@@ -121,7 +121,8 @@ def _check_host_memory(spec: RunSpec, local_ranks: int) -> None:
     times the ranks on this host exceeds the memory available, before anything is allocated."""
     import torch
 
-    from aihpc.perf.memory import GiB, memory_breakdown
+    from aihpc.perf.step.batch_memory import memory_breakdown
+    from aihpc.perf.step.memory import GiB
 
     if torch.cuda.is_available():
         return

@@ -47,7 +47,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from aihpc.spec.errors import SpecError
+from aihpc.runspec.errors import SpecError
 
 __all__ = ["load_balanced_layout", "load_balanced_positions", "ring_attention"]
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from aihpc.spec import ModelSpec, RunSpec, SpecError, model_presets, runspec_from_dict
-from aihpc.spec._table import from_table
-from aihpc.spec.model import model_from_table
-from aihpc.spec.tomlw import dumps_toml
+from aihpc.runspec import ModelSpec, RunSpec, SpecError, model_presets, runspec_from_dict
+from aihpc.runspec._table import from_table
+from aihpc.runspec.model import model_from_table
+from aihpc.runspec.tomlw import dumps_toml
 
 __all__ = ["Imported", "model_fields", "model_table", "not_carried"]
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aihpc.spec import RunSpec, SpecError
+from aihpc.runspec import RunSpec, SpecError
 
 __all__ = ["JobState", "SlurmOptions", "follow_job", "job_state", "sbatch_script", "submit"]
 

@@ -1,7 +1,7 @@
 """Around the trainer: Prometheus metrics, a Grafana dashboard, failed-job diagnosis
 (``aihpc doctor``) and a node health check (``aihpc check``).
 
-Imports ``aihpc.spec`` and ``aihpc.perf`` only, never torch: the runtime imports
+Imports ``aihpc.runspec`` and ``aihpc.perf`` only, never torch: the runtime imports
 ``aihpc.observe.metrics`` to export its metrics, and the benchmarks that ``aihpc check`` runs are
 started by the CLI, which hands their JSON to ``aihpc.observe.check``.
 """

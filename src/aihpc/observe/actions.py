@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aihpc.observe.signatures import signal_name
-from aihpc.spec import RunSpec, SpecError
+from aihpc.runspec import RunSpec, SpecError
 
 if TYPE_CHECKING:
-    from aihpc.observe.doctor import Diagnosis
+    from aihpc.observe.diagnosis import Diagnosis
 
 __all__ = ["IBV_WC_STATUS", "action_for", "summary_for", "xid_info"]
 
@@ -170,7 +170,7 @@ def _oom_action(d: Diagnosis, spec: RunSpec | None) -> str:
 
 
 def _plan_memory(spec: RunSpec, device_bytes: float | None) -> str:
-    from aihpc.perf import estimate
+    from aihpc.perf.step import estimate
 
     try:
         est = estimate(spec)

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from aihpc.spec.calibration import Calibration, busbw_factor
-from aihpc.spec.cluster import GPUSpec, cluster_from_table, gpu_catalog, gpu_from_id
+from aihpc.runspec.calibration import Calibration, busbw_factor
+from aihpc.runspec.cluster import GPUSpec, cluster_from_table, gpu_catalog, gpu_from_id
 
 __all__ = [
     "NVIDIA_SMI_QUERY",
@@ -238,7 +238,7 @@ class Expectations:
             r = fit.regime(size_bytes)
             seconds = r.latency_us * 1e-6 + size_bytes * factor / (r.busbw_GBps * 1e9)
         elif self.gpu is not None and tier == "scale_up":
-            from aihpc.perf.comm import collective_time_s
+            from aihpc.perf.step.comm import collective_time_s
 
             cluster = cluster_from_table({"gpu": self.gpu.id, "num_gpus": n, "gpus_per_node": n})
             seconds = collective_time_s(cluster, collective, size_bytes, n)

@@ -13,64 +13,20 @@ nothing answer it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from aihpc.observe.actions import action_for, summary_for
+from aihpc.observe.diagnosis import Diagnosis
 from aihpc.observe.flight_recorder import StuckCollective, stuck_collectives
 from aihpc.observe.logread import LogEvent, LogSet, read_logs
-from aihpc.spec import RunSpec
+from aihpc.runspec import RunSpec
 
 __all__ = ["Diagnosis", "diagnose", "diagnose_logs"]
 
 _FAILURE_TIERS = ("cause", "symptom", "follow_on")
 _WEAK_CAUSES = ("killed",)
 _WAITING = ("nccl_timeout", "collective_timeout", "hang", "heartbeat_timeout", "aborted")
-
-
-@dataclass
-class Diagnosis:
-    cause: LogEvent | None
-    cls: str
-    summary: str
-    action: str
-    not_joined: list[int] = field(default_factory=list)
-    stuck: list[StuckCollective] = field(default_factory=list)
-    follow_on: list[dict[str, Any]] = field(default_factory=list)
-    recovered: bool = False
-    ranks_seen: list[int] = field(default_factory=list)
-    files: int = 0
-    lines: int = 0
-    timeline: list[LogEvent] = field(default_factory=list)
-    frozen: bool = False  # every rank's last enqueued collective is -1
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "class": self.cls,
-            "summary": self.summary,
-            "action": self.action,
-            "first_failure": self.cause.to_json() if self.cause else None,
-            "not_joined": self.not_joined,
-            "stuck_collectives": [
-                {
-                    "process_group": s.pg,
-                    "seq": s.seq,
-                    "op": s.op,
-                    "entered": list(s.entered),
-                    "not_joined": list(s.missing),
-                    "called_from": s.frame,
-                }
-                for s in self.stuck
-            ],
-            "follow_on": self.follow_on,
-            "recovered": self.recovered,
-            "frozen_before_first_collective": self.frozen,
-            "ranks_seen": self.ranks_seen,
-            "files_read": self.files,
-            "lines_read": self.lines,
-            "timeline": [e.to_json() for e in self.timeline],
-        }
 
 
 def _key(e: LogEvent) -> tuple[float, int]:

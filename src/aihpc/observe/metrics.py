@@ -4,7 +4,7 @@ node-exporter's textfile collector.
 The trainer calls a few methods (``loaded``, ``step``, ``checkpoint``, ``hang``, ``close``);
 everything else (the prediction for the same spec, restarts and hangs of earlier attempts, the
 launch's start time, checkpoint commit times and sizes) the exporter works out itself. No torch
-here: the runtime may import this module (prometheus-client, ``aihpc.spec`` and ``aihpc.perf``).
+here: the runtime may import this module (prometheus-client, ``aihpc.runspec`` and ``aihpc.perf``).
 
 Naming follows Prometheus's conventions (prometheus.io/docs/practices/naming): one prefix, base
 units in the name (``_seconds``, ``_bytes``, ``_ratio`` for 0-1), ``_total`` on counters, and the
@@ -39,7 +39,7 @@ from prometheus_client import (
 )
 
 from aihpc.observe.metric_names import LABELS, METRICS, MetricDef
-from aihpc.spec import RunSpec, SpecError
+from aihpc.runspec import RunSpec, SpecError
 
 __all__ = [
     "MetricsConfig",
@@ -88,9 +88,9 @@ class RunPrediction:
 
 def predict(spec: RunSpec) -> RunPrediction | None:
     """The performance model's figures for ``spec`` (None when the model cannot price it)."""
-    from aihpc.perf import estimate
-    from aihpc.perf.flops import model_flops_per_token
-    from aihpc.perf.goodput import goodput_report
+    from aihpc.goodput.ettr import goodput_report
+    from aihpc.perf.step import estimate
+    from aihpc.perf.step.flops import model_flops_per_token
 
     try:
         est = estimate(spec)

@@ -3,10 +3,11 @@
 Pure Python (no torch): a user can plan a 16,384-GPU job on a laptop.
 """
 
-from aihpc.perf.estimate import Estimate, estimate, estimate_plan
-from aihpc.perf.memory import MemoryBreakdown, checkpoint_bytes, memory_breakdown
-from aihpc.perf.params import DEFAULT_PARAMS, ModelParams
-from aihpc.perf.search import SearchResult, search
+from aihpc.perf.search.ranking import SearchResult, search
+from aihpc.perf.step.batch_memory import memory_breakdown
+from aihpc.perf.step.estimate import Estimate, estimate, estimate_plan
+from aihpc.perf.step.memory import MemoryBreakdown, checkpoint_bytes
+from aihpc.perf.step.params import DEFAULT_PARAMS, ModelParams
 
 __all__ = [
     "DEFAULT_PARAMS",

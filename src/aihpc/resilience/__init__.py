@@ -1,5 +1,5 @@
 """Resilience for any PyTorch training loop: checkpoints that survive crashes, a hang watchdog,
-fault injection. Never imported by aihpc.spec or aihpc.perf.
+fault injection. Never imported by aihpc.runspec or aihpc.perf.
 
 Only the checkpoint manager needs torch; it is imported when first used, so the launcher can
 parse ``--inject``, hold the run directory and check manifests before paying for torch.

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aihpc.resilience.fsops import watch_fs_ops
-from aihpc.spec import SpecError
+from aihpc.runspec import SpecError
 
 __all__ = [
     "KINDS",

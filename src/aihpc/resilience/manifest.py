@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aihpc.spec import SpecError
+from aihpc.runspec import SpecError
 
 __all__ = [
     "MANIFEST",

@@ -1,7 +1,7 @@
 """The PyTorch runtime: a Llama-style decoder, any plan of the planner (DDP / FSDP2 / HSDP, tensor
 + sequence parallel, pipeline schedules, context parallel), resumable data, the trainer.
 
-Imports torch; never imported by aihpc.spec or aihpc.perf. Names load on first use (PEP 562): the
+Imports torch; never imported by aihpc.runspec or aihpc.perf. Names load on first use (PEP 562): the
 launcher checks a spec and starts its agent without the model, DTensor and pipeline code its
 workers import.
 """
@@ -20,7 +20,7 @@ _WHERE = {
     "Parallel": "mesh",
     "ParallelDims": "mesh",
     "TokenLoader": "data",
-    "TrainOptions": "train",
+    "TrainOptions": "job",
     "build_parallel_model": "parallelize",
     "check_plan": "checks",
     "check_trainable": "checks",

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from aihpc.runspec import RunSpec, SpecError
 from aihpc.runtime.config import LlamaConfig
 from aihpc.runtime.data import ByteTokenizer, token_count, token_vocab_needed
 from aihpc.runtime.mesh import ParallelDims
-from aihpc.spec import RunSpec, SpecError
 
 __all__ = ["check_plan", "check_trainable"]
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from aihpc.spec import ModelSpec, SpecError
-from aihpc.spec._table import check_choice
+from aihpc.runspec import ModelSpec, SpecError
+from aihpc.runspec._table import check_choice
 
 __all__ = [
     "EXPERT_COMPUTE",

@@ -31,8 +31,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
 from aihpc.comm import EPGroups, MoEDispatcher
+from aihpc.runspec import SpecError
 from aihpc.runtime.moe import MoE
-from aihpc.spec import SpecError
 
 __all__ = ["allreduce_gradients", "apply_ep", "clip_grad_norm_", "expert_parameters"]
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from aihpc.spec import ParallelPlan, SpecError
+from aihpc.runspec import ParallelPlan, SpecError
 
 __all__ = ["PIPELINE_SCHEDULES", "Parallel", "ParallelDims"]
 

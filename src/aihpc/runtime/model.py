@@ -34,10 +34,10 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
+from aihpc.runspec._table import check_choice
+from aihpc.runspec.parallel import RECOMPUTE
 from aihpc.runtime.config import LlamaConfig
 from aihpc.runtime.moe import MoE
-from aihpc.spec._table import check_choice
-from aihpc.spec.parallel import RECOMPUTE
 
 __all__ = ["Llama", "LlamaConfig"]
 

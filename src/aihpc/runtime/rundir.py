@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from aihpc._io import to_json
-from aihpc.spec import RunSpec
-from aihpc.spec.model import ModelSpec
+from aihpc.runspec import RunSpec
+from aihpc.runspec.model import ModelSpec
 
 __all__ = [
     "ERROR_LOG_ATTR",

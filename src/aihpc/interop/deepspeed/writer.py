@@ -1,0 +1,155 @@
+"""Run spec → DeepSpeed: the config JSON plain DeepSpeed (data parallel, ZeRO 0-3) runs for the
+plan, its batch, precision, optimizer and schedule, with the model as a Hugging Face config.json
+beside it; a plan DeepSpeed cannot express is refused, naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aihpc.interop._common import (
+    not_carried,
+)
+from aihpc.interop.deepspeed.defaults import FIXED, FRAMEWORK, MODEL_CODE
+from aihpc.interop.hf.writer import hf_config
+from aihpc.runspec import CheckpointSpec, RunSpec, SpecError, TrainingSpec
+
+__all__ = ["export_deepspeed"]
+
+
+def _scheduler_json(t: TrainingSpec) -> dict[str, Any] | None:
+    """WarmupCosineLR for the run spec's linear warmup and cosine decay; None (no scheduler) for
+    a constant learning rate. DeepSpeed 0.19.8 refuses warmup_num_steps 0 and warms up for at
+    least 2 steps (WarmupCosineLR.__init__), so 0 or 1 warmup steps with a decay has no form."""
+    if t.warmup_steps == 0 and t.min_lr_ratio == 1.0:
+        return None
+    if t.warmup_steps < 2:
+        raise SpecError(
+            "training.warmup_steps",
+            t.warmup_steps,
+            "DeepSpeed's WarmupCosineLR warms up for at least 2 steps: >= 2"
+            " (or 0 with min_lr_ratio = 1, a constant learning rate)",
+        )
+    params = {
+        "total_num_steps": t.train_steps,
+        "warmup_num_steps": t.warmup_steps,
+        "warmup_type": "linear",
+        "cos_min_ratio": t.min_lr_ratio,
+    }
+    return {"type": "WarmupCosineLR", "params": params}
+
+
+def export_deepspeed(spec: RunSpec) -> tuple[str, str, list[str]]:
+    """(the DeepSpeed config JSON, the model as a HF config.json, fields not carried); a plan
+    plain DeepSpeed cannot run raises SpecError naming the field."""
+    _refuse_inexpressible(spec)
+    data = _config_json(spec)
+    dropped = _export_not_carried(spec, "scheduler" in data)
+    return json.dumps(data, indent=2) + "\n", json.dumps(hf_config(spec), indent=2) + "\n", dropped
+
+
+def _refuse_inexpressible(spec: RunSpec) -> None:
+    """SpecError naming the first field plain DeepSpeed (or a config.json) cannot express."""
+    m, p, t = spec.model, spec.plan(), spec.training
+    for name in ("tp", "pp", "cp", "ep"):
+        if getattr(p, name) > 1:
+            raise SpecError(
+                f"parallel.{name}",
+                getattr(p, name),
+                "DeepSpeed's engine is data parallel (ZeRO) only: 1",
+            )
+    if p.recompute in ("selective", "op"):
+        raise SpecError(
+            "parallel.recompute", p.recompute, "DeepSpeed checkpoints layers: none | full"
+        )
+    if p.offload_layers:
+        raise SpecError(
+            "parallel.offload_layers",
+            p.offload_layers,
+            "DeepSpeed offloads states, not activations: 0",
+        )
+    if p.etp > 1:
+        raise SpecError("parallel.etp", p.etp, "DeepSpeed's engine is data parallel only: 1")
+    if p.moe_a2a_overlap != "none":
+        raise SpecError(
+            "parallel.moe_a2a_overlap", p.moe_a2a_overlap, "DeepSpeed (ep = 1) has none: none"
+        )
+    if p.recompute_modules:
+        raise SpecError(
+            "parallel.recompute_modules",
+            list(p.recompute_modules),
+            "DeepSpeed checkpoints whole layers: []",
+        )
+    # MoE fields a config.json has no key for (no Hugging Face MoE config names them)
+    if m.moe_capacity_factor is not None:
+        raise SpecError(
+            "model.moe_capacity_factor", m.moe_capacity_factor, "a config.json says none: unset"
+        )
+    if m.moe_router_bias_update_rate:
+        raise SpecError(
+            "model.moe_router_bias_update_rate",
+            m.moe_router_bias_update_rate,
+            "a config.json says none: 0",
+        )
+    if m.position_embedding == "learned":
+        raise SpecError(
+            "model.position_embedding", "learned", "the config.json written is Llama-style: rope"
+        )
+    if t.precision == "fp8":
+        raise SpecError("training.precision", "fp8", "DeepSpeed's config trains bf16 | fp16")
+    if p.dp_shard is not None and p.dp_shard != p.dp and p.zero_stage != 3:
+        raise SpecError("parallel.dp_shard", p.dp_shard, "DeepSpeed's hpZ groups need zero_stage 3")
+
+
+def _config_json(spec: RunSpec) -> dict[str, Any]:
+    """The DeepSpeed config of the plan: batch, precision, ZeRO, optimizer, scheduler."""
+    p, t = spec.plan(), spec.training
+    zero: dict[str, Any] = {"stage": p.zero_stage, "overlap_comm": t.grad_reduce_overlap}
+    if p.zero_stage == 3 and p.dp_shard is not None and p.dp_shard != p.dp:
+        zero["zero_hpz_partition_size"] = p.dp_shard
+    data: dict[str, Any] = {
+        "train_batch_size": p.global_batch_size,
+        "train_micro_batch_size_per_gpu": p.micro_batch_size,
+        "gradient_accumulation_steps": p.num_microbatches,
+        "gradient_clipping": t.grad_clip,
+        "steps_per_print": t.log_interval,
+        "bf16": {"enabled": t.precision == "bf16"},
+        "fp16": {"enabled": t.precision == "fp16"},
+        "communication_data_type": t.grad_reduce_dtype,
+        "zero_optimization": zero,
+        "optimizer": {
+            "type": {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}[t.optimizer],
+            "params": {
+                "lr": t.learning_rate,
+                "betas": [t.adam_beta1, t.adam_beta2],
+                "weight_decay": t.weight_decay,
+                **({"adam_w_mode": False} if t.optimizer == "adam" else {}),
+            },
+        },
+    }
+    if t.optimizer == "sgd":
+        del data["optimizer"]["params"]["betas"]
+    scheduler = _scheduler_json(t)
+    if scheduler is not None:
+        data["scheduler"] = scheduler
+    if p.recompute == "full":
+        data["activation_checkpointing"] = {"partition_activations": False}
+    return data
+
+
+def _export_not_carried(spec: RunSpec, has_scheduler: bool) -> list[str]:
+    """Fields set away from their defaults that the DeepSpeed config does not carry."""
+    t = spec.training
+    dropped = not_carried(spec, FIXED, FRAMEWORK)
+    defaults = TrainingSpec()
+    dropped += [
+        f"training.{k} = {getattr(t, k)!r} (DeepSpeed: the model code decides)"
+        for k in MODEL_CODE
+        if getattr(t, k) != getattr(defaults, k)
+    ]
+    if not has_scheduler and t.train_steps != defaults.train_steps:
+        dropped.append("training.train_steps (DeepSpeed: no scheduler, the training script stops)")
+    if spec.checkpoint.interval_steps != CheckpointSpec().interval_steps:
+        dropped.append("checkpoint.interval_steps (DeepSpeed: the training script saves)")
+    return dropped

@@ -1,0 +1,190 @@
+"""DeepSpeed → run spec: a DeepSpeed config JSON (+ the model, which DeepSpeed's config does not
+describe) read with DeepSpeed's own defaults.
+
+Keys and defaults are DeepSpeed v0.19.8's (``deepspeed/runtime/config.py``, ``zero/config.py``,
+``engine.py``, ``lr_schedules.py``; the "DeepSpeed Configuration JSON" docs): train_batch_size =
+train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size, any two given
+(gradient_accumulation_steps defaults to 1); zero_optimization.stage 0; overlap_comm false
+(true at stage 3); gradient_clipping 0 (off); steps_per_print 10; fp16 / bf16 off (fp32
+training); gradients reduced in the training dtype unless communication_data_type says
+otherwise (``engine.communication_data_type``); WarmupCosineLR warms up for warmup_num_steps
+1000, logarithmically (warmup_type log) from warmup_min_ratio 0, and decays to cos_min_ratio
+0.0001. Plain DeepSpeed is data parallel only (tp = pp = cp = ep = 1). The model comes from
+``--model``: a preset name or a Hugging Face ``config.json`` (interop/hf).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aihpc.runspec import SpecError
+
+__all__ = ["HF_MLA", "hf_model_shape", "sliding_layers"]
+
+
+_HF_ACT = {
+    "silu": "swiglu",
+    "swiglu": "swiglu",
+    "gelu": "gelu",
+    "gelu_new": "gelu",
+    "relu2": "relu2",
+}
+
+
+# The config.json keys read as counts, and those read as numbers: checked once, before any is
+# used, so a bad value is one line naming its key (int("abc") deep in the reading was a
+# traceback).
+_HF_INTS = (
+    "hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size",
+    "num_key_value_heads", "head_dim", "max_position_embeddings", "n_positions",
+    "num_nextn_predict_layers", "sliding_window", "sliding_window_pattern",
+    "moe_intermediate_size", "num_experts_per_tok", "first_k_dense_replace", "n_shared_experts",
+    "n_group", "topk_group", "shared_expert_intermediate_size",
+)  # fmt: skip
+
+
+_HF_FLOATS = ("routed_scaling_factor", "aux_loss_alpha")
+
+
+def _check_hf_numbers(config: dict[str, Any]) -> None:
+    """SpecError naming the first key whose value is not a number (a count: an integer)."""
+    ints = (*_HF_INTS, *_HF_EXPERTS, *_HF_FREQ, *HF_MLA)
+    for key in (*ints, *_HF_FLOATS):
+        value = config.get(key)
+        if value is None:
+            continue
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or (key in ints and value != int(value)):
+            kind = "an integer" if key in ints else "a number"
+            raise SpecError(f"--model {key}", value, f"expected {kind}")
+
+
+def hf_model_shape(config: dict[str, Any], seq_length: int | None) -> dict[str, Any]:
+    """A Hugging Face config.json (Llama-style keys) → run-spec model fields."""
+    _check_hf_numbers(config)
+    try:
+        h = int(config["hidden_size"])
+        heads = int(config["num_attention_heads"])
+        shape: dict[str, Any] = {
+            "num_layers": int(config["num_hidden_layers"]),
+            "hidden_size": h,
+            "num_attention_heads": heads,
+            "ffn_hidden_size": int(config["intermediate_size"]),
+            "vocab_size": int(config["vocab_size"]),
+        }
+    except KeyError as err:
+        raise SpecError(f"--model {err.args[0]}", None, "required in config.json") from None
+    act = config.get("hidden_act", "silu")
+    if act not in _HF_ACT:
+        raise SpecError("--model hidden_act", act, "allowed: " + " | ".join(_HF_ACT))
+    shape["ffn_activation"] = _HF_ACT[act]
+    shape["tied_embeddings"] = bool(config.get("tie_word_embeddings", False))
+    shape["position_embedding"] = "learned" if "n_positions" in config else "rope"
+    kv = config.get("num_key_value_heads")
+    if kv is not None and kv != heads:
+        shape["num_kv_heads"] = int(kv)
+    head_dim = config.get("head_dim")
+    if head_dim is not None and head_dim * heads != h:
+        shape["head_dim"] = int(head_dim)
+    seq = seq_length or config.get("max_position_embeddings") or config.get("n_positions")
+    if seq is None:
+        raise SpecError("--seq-length", None, "the model gives no length: pass --seq-length N")
+    shape["seq_length"] = int(seq)
+    shape.update(_hf_moe(config, shape["ffn_hidden_size"]))
+    if config.get("kv_lora_rank") is not None:  # DeepseekV3Config's multi-latent attention
+        for key, name in HF_MLA.items():
+            if config.get(key) is not None:
+                shape[name] = int(config[key])
+    mtp = config.get("num_nextn_predict_layers") or 0
+    if mtp:
+        shape["mtp_layers"] = int(mtp)
+    shape.update(_hf_window(config, shape["num_layers"]))
+    return shape
+
+
+def _hf_window(config: dict[str, Any], layers: int) -> dict[str, int]:
+    """Sliding-window attention from a config.json: ``sliding_window`` keys per query (its own
+    included, as transformers' masks count it), on the layers ``layer_types`` marks
+    "sliding_attention" (GPT-OSS, Gemma 3), one full layer every ``sliding_window_pattern``
+    (Gemma 3's older key), every other layer for a Gemma 2 config without ``layer_types``, or
+    every layer (Mistral 7B v0.1); ``use_sliding_window`` false (Qwen2/3) turns it off. A
+    layer pattern other than every n-th layer full is refused."""
+    window = config.get("sliding_window")
+    if window is None or config.get("use_sliding_window") is False:
+        return {}
+    out = {"attention_window": int(window)}
+    types = config.get("layer_types")
+    if types is not None:
+        sliding = [t == "sliding_attention" for t in types]
+        every = next((i + 1 for i, win in enumerate(sliding) if not win), 0)
+        if sliding != sliding_layers(layers, every):
+            full = [i + 1 for i, win in enumerate(sliding) if not win]
+            shown = f"{len(types)} layers, full at {full[:6]}{' ...' if len(full) > 6 else ''}"
+            raise SpecError(
+                "--model layer_types",
+                shown,
+                f"{layers} entries, every n-th layer full attention and the others sliding",
+            )
+        out["full_attention_every"] = every
+    elif config.get("sliding_window_pattern"):
+        out["full_attention_every"] = int(config["sliding_window_pattern"])
+    elif config.get("model_type") == "gemma2":  # its modelling code alternates, banded first
+        out["full_attention_every"] = 2
+    return out
+
+
+def sliding_layers(layers: int, every: int) -> list[bool]:
+    """Which layers are windowed when every ``every``-th one is full (0: none is)."""
+    return [not (every and (i + 1) % every == 0) for i in range(layers)]
+
+
+# Hugging Face config.json keys of a mixture of experts → run-spec fields. The expert count is
+# num_local_experts (MixtralConfig), n_routed_experts (DeepseekV3Config) or num_experts
+# (Qwen3MoeConfig); the rest are DeepseekV3Config's (transformers v4.57, configuration_deepseek_v3
+# .py), with Llama 4's interleave_moe_layer_step / Qwen's decoder_sparse_step read as the MoE
+# layer frequency and Qwen2-MoE's shared_expert_intermediate_size as shared experts.
+_HF_EXPERTS = ("num_local_experts", "n_routed_experts", "num_experts")
+
+
+_HF_FREQ = ("moe_layer_freq", "interleave_moe_layer_step", "decoder_sparse_step")
+
+
+HF_MLA = {
+    "q_lora_rank": "q_lora_rank",
+    "kv_lora_rank": "kv_lora_rank",
+    "qk_nope_head_dim": "qk_nope_head_dim",
+    "qk_rope_head_dim": "qk_rope_head_dim",
+    "v_head_dim": "v_head_dim",
+}
+
+
+def _hf_moe(config: dict[str, Any], ffn: int) -> dict[str, Any]:
+    experts = next((config[k] for k in _HF_EXPERTS if config.get(k)), 0)
+    if not experts:
+        return {}
+    moe_ffn = int(config.get("moe_intermediate_size") or ffn)
+    out: dict[str, Any] = {
+        "num_experts": int(experts),
+        "moe_top_k": int(config.get("num_experts_per_tok", 2)),
+        "first_dense_layers": int(config.get("first_k_dense_replace") or 0),
+        "moe_layer_freq": int(next((config[k] for k in _HF_FREQ if config.get(k)), 1)),
+        "num_shared_experts": int(config.get("n_shared_experts") or 0),
+        "moe_router_groups": int(config.get("n_group") or 0),
+        "moe_router_group_topk": int(config.get("topk_group") or 0),
+        "moe_router_score_function": str(config.get("scoring_func", "softmax")),
+        "moe_router_topk_scaling_factor": float(config.get("routed_scaling_factor") or 1.0),
+    }
+    if moe_ffn != ffn:
+        out["moe_ffn_hidden_size"] = moe_ffn
+    shared = int(config.get("shared_expert_intermediate_size") or 0)
+    if shared:
+        if shared % moe_ffn:
+            raise SpecError(
+                "--model shared_expert_intermediate_size",
+                shared,
+                f"a multiple of the expert FFN size {moe_ffn} (aihpc counts whole shared experts)",
+            )
+        out["num_shared_experts"] = shared // moe_ffn
+    if config.get("seq_aux", True) and config.get("aux_loss_alpha"):
+        out["moe_aux_loss_coeff"] = float(config["aux_loss_alpha"])
+    return out

@@ -1,0 +1,115 @@
+"""Megatron-LM's launch words → flags: the pretrain_gpt.py arguments of a launch script or an
+arguments file, torchrun's node and process counts, and ``Args``, which records the flags an
+import read (the rest are named as not priced).
+
+Flag names and defaults are Megatron-LM's at commit d98e8a6 (main, Aug 2026, after
+core_v0.15.0): ``megatron/training/arguments.py`` and the dataclass defaults it exposes from
+``megatron/core/transformer/transformer_config.py`` and ``model_parallel_config.py``
+(hidden_dropout = attention_dropout = 0.1, moe_router_topk = 2, moe_token_dispatcher_type
+allgather, expert_tensor_parallel_size = tp, recompute_modules ["core_attn"], weight_decay
+0.01, adam_beta2 0.999, clip_grad 1.0, min_lr 0, make_vocab_size_divisible_by 128, position
+embeddings learned_absolute, no sequence parallel, no recompute, no distributed optimizer). The
+training-loop defaults read here (seed 1234, log_interval 100) are those of arguments.py since
+Megatron-LM v2 and unchanged through core_r0.12.0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aihpc.interop._common import (
+    as_float,
+    as_int,
+)
+from aihpc.interop.shell import command_tokens, expand_script
+from aihpc.runspec import SpecError
+
+__all__ = ["FIXED", "FRAMEWORK", "Args", "launcher_counts", "parse_flags", "source_words"]
+
+
+FRAMEWORK = "Megatron-LM"
+
+
+# [training] fields Megatron-LM does not let a launch choose: what it runs.
+FIXED: dict[str, Any] = {
+    "pipeline_split": "even",  # arguments.py asserts num_layers % (pp [* vpp]) == 0
+    "fp8_saved_inputs": "fp8",  # Transformer Engine keeps the FP8 cast for the backward
+    "kv_repeat": False,
+    "fused_kernels": True,  # bias-gelu / bias-dropout / softmax fusions are on by default
+    "zero3_gather": "bucketed",
+}
+
+
+def parse_flags(words: list[str]) -> dict[str, Any]:
+    """``--flag value...`` words → {"--flag": "value" | [values] | True}, in order; ``_`` in a
+    flag's name reads as ``-`` (argparse accepts both spellings only for some; we read both)."""
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if not w.startswith("--"):
+            i += 1
+            continue
+        name, eq, value = w.partition("=")
+        name = "--" + name[2:].replace("_", "-")
+        if eq:
+            out[name] = value
+            i += 1
+            continue
+        values = []
+        i += 1
+        while i < len(words) and not (words[i].startswith("--") and len(words[i]) > 2):
+            values.append(words[i])
+            i += 1
+        out[name] = True if not values else values[0] if len(values) == 1 else values
+    return out
+
+
+class Args:
+    """The flags, with a record of which ones the import read."""
+
+    def __init__(self, flags: dict[str, Any]) -> None:
+        self.flags = flags
+        self.read: set[str] = set()
+
+    def get(self, name: str, default: Any = None) -> Any:
+        self.read.add(name)
+        return self.flags.get(name, default)
+
+    def flag(self, name: str) -> bool:
+        return self.get(name) is not None and self.get(name) is not False
+
+    def int(self, name: str, default: int | None = None) -> int | None:
+        v = self.get(name)
+        return default if v is None else as_int(v, name)
+
+    def float(self, name: str, default: float | None = None) -> float | None:
+        v = self.get(name)
+        return default if v is None else as_float(v, name)
+
+    def unread(self) -> list[str]:
+        return [f for f in self.flags if f not in self.read]
+
+
+def source_words(text: str) -> tuple[list[str], list[str]]:
+    """(launcher words, Megatron arguments) of a launch script, or ([], words) of a file of
+    arguments."""
+    found = command_tokens(text, "pretrain_gpt.py")
+    if found is not None:
+        return found
+    words = [w for cmd in expand_script(text) for w in cmd]
+    if not any(w.startswith("--") for w in words):
+        raise SpecError(
+            "SOURCE", text[:40], "expected a script running pretrain_gpt.py or its --arguments"
+        )
+    return [], words
+
+
+def launcher_counts(words: list[str]) -> tuple[int | None, int | None]:
+    """(nodes, processes per node) from torchrun's / python -m torch.distributed.run's words."""
+    flags = parse_flags(words)
+    nproc = flags.get("--nproc-per-node")
+    nnodes = flags.get("--nnodes")
+    nodes = as_int(str(nnodes).split(":")[-1], "--nnodes") if nnodes else None
+    per_node = as_int(nproc, "--nproc-per-node") if nproc and str(nproc).isdigit() else None
+    return nodes, per_node

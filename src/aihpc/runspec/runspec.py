@@ -1,0 +1,113 @@
+"""RunSpec: one TOML file with ``[model]``, ``[cluster]``, ``[parallel]``, ``[training]``.
+
+Both engines read it: ``aihpc.perf`` (estimate, search, goodput) and ``aihpc.runtime`` (train).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aihpc.runspec._table import from_table
+from aihpc.runspec.calibration import load_calibration
+from aihpc.runspec.cluster import ClusterSpec, cluster_from_table
+from aihpc.runspec.errors import SpecError
+from aihpc.runspec.model import ModelSpec, model_from_table
+from aihpc.runspec.parallel import ParallelPlan, PartialPlan, partial_from_table, resolve_plan
+from aihpc.runspec.reliability import ReliabilitySpec
+from aihpc.runspec.training import COMM_CTA_CAPS, CheckpointSpec, TrainingSpec
+
+__all__ = ["RunSpec", "load_runspec", "runspec_from_dict"]
+
+SECTIONS = ("model", "cluster", "parallel", "training", "checkpoint", "reliability")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    model: ModelSpec
+    cluster: ClusterSpec
+    parallel: PartialPlan
+    training: TrainingSpec = field(default_factory=TrainingSpec)
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    reliability: ReliabilitySpec = field(default_factory=ReliabilitySpec)
+    path: str = ""
+
+    def __post_init__(self) -> None:
+        if self.cluster.gpu.p2p_channel_bw_GBps is None:
+            for cap in COMM_CTA_CAPS:
+                if getattr(self.training, cap):
+                    raise SpecError(
+                        f"training.{cap}",
+                        getattr(self.training, cap),
+                        f"GPU {self.cluster.gpu.id!r} has no p2p_channel_bw_GBps (what one NCCL "
+                        "channel moves over its scale-up links): set it in [cluster.gpu_spec], "
+                        "or use 0",
+                    )
+
+    def plan(self) -> ParallelPlan:
+        """The complete plan ``estimate`` evaluates (given fields, defaults for the rest)."""
+        return resolve_plan(self.parallel, self.cluster)
+
+
+def _table(data: dict[str, Any], key: str) -> dict[str, Any]:
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        raise SpecError(key, value, "expected a table")
+    return value
+
+
+def runspec_from_dict(
+    data: dict[str, Any], base_dir: Path | None = None, path: str = ""
+) -> RunSpec:
+    for key, value in data.items():
+        if key not in SECTIONS:
+            raise SpecError(
+                key,
+                value if not isinstance(value, dict) else "[table]",
+                "unknown section; allowed: " + ", ".join(SECTIONS),
+            )
+    if "model" not in data:
+        raise SpecError("model", None, 'required: a [model] table (preset = "..." or the shape)')
+    if "cluster" not in data:
+        raise SpecError("cluster", None, "required: a [cluster] table (gpu, num_gpus)")
+    cluster_table = _table(data, "cluster")
+    calibration = None
+    if "calibration" in cluster_table:
+        cal = cluster_table["calibration"]
+        if not isinstance(cal, str) or not cal:
+            raise SpecError("cluster.calibration", cal, "expected the path of a calibration TOML")
+        cal_path = Path(cal)
+        if not cal_path.is_absolute() and base_dir is not None:
+            cal_path = base_dir / cal_path
+        calibration = load_calibration(cal_path)
+    return RunSpec(
+        model=model_from_table(_table(data, "model")),
+        cluster=cluster_from_table(cluster_table, calibration),
+        parallel=partial_from_table(_table(data, "parallel")),
+        training=from_table(TrainingSpec, _table(data, "training"), "training"),
+        checkpoint=from_table(CheckpointSpec, _table(data, "checkpoint"), "checkpoint"),
+        reliability=from_table(ReliabilitySpec, _table(data, "reliability"), "reliability"),
+        path=path,
+    )
+
+
+def load_runspec(path: str | Path) -> RunSpec:
+    """Read and validate a run spec; bad input raises SpecError (one line)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")  # a UTF-8 BOM (Windows editors) is dropped
+    except FileNotFoundError as err:
+        raise SpecError("RUNSPEC", str(path), "file not found") from err
+    except IsADirectoryError as err:
+        raise SpecError("RUNSPEC", str(path), "is a directory; expected a .toml file") from err
+    except UnicodeDecodeError as err:
+        raise SpecError("RUNSPEC", str(path), "not a text file; expected a .toml file") from err
+    except OSError as err:  # no permission, a device, ...
+        raise SpecError("RUNSPEC", str(path), f"cannot read ({err.strerror})") from err
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise SpecError("RUNSPEC", str(path), f"not valid TOML: {err}") from err
+    return runspec_from_dict(data, base_dir=path.parent, path=str(path))
