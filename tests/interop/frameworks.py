@@ -110,8 +110,9 @@ def install(target: Path) -> str:
     missing = _missing_from_environment()
     if missing:
         raise RuntimeError(
-            f"{', '.join(missing)} not installed: install aihpc first "
-            "(pip install torch==2.13.0 && pip install -e '.[torch,test]')"
+            f"{', '.join(missing)} not importable by {sys.executable}: pyproject.toml's "
+            "'torch' and 'test' extras bring them (pip install torch==2.13.0, then pip install "
+            "-e '.[torch,test]' with this same python)"
         )
     staging = target.with_name(target.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
