@@ -21,7 +21,9 @@ __all__ = ["checkpoint", "progress_bar", "run_loop", "snapshot"]
 
 
 @contextmanager
-def progress_bar(enabled: bool, total: int, done: int) -> Iterator[Callable[[int, str, bool], None]]:
+def progress_bar(
+    enabled: bool, total: int, done: int
+) -> Iterator[Callable[[int, str, bool], None]]:
     """Yield ``report(step, info, log)``: a rich bar on a terminal; ``log`` lines always (through
     the bar's console, so they print above the bar instead of through it)."""
     if not enabled:
