@@ -112,6 +112,20 @@ def test_presets_and_gpus_list_every_name_with_figures_and_sources() -> None:
     assert all(name in runner.invoke(app, ["presets"]).stdout for name in model_presets())
 
 
+def test_presets_show_the_experts_own_width_and_the_active_parameters() -> None:
+    """An MoE preset's expert FFN width is its own (DeepSeek-V3: 2,048, not the dense layers'
+    18,432); a model whose every layer is MoE has no dense FFN to show."""
+    presets = json.loads(runner.invoke(app, ["presets", "--json"]).stdout)["presets"]
+    ds = next(p for p in presets if p["preset"] == "deepseek-v3")
+    assert (ds["ffn_hidden_size"], ds["expert_ffn_hidden_size"]) == (18432, 2048)
+    assert 36e9 < ds["active_params"] < 38e9  # the report's 37B activated
+    table = CliRunner(env={"COLUMNS": "250"}).invoke(app, ["presets"]).stdout
+    row = next(line for line in table.splitlines() if line.startswith(" deepseek-v3 "))
+    assert "256 x 2,048 top 8 +1" in row and "18,432" in row and "37.55 B" in row
+    mixtral = next(line for line in table.splitlines() if line.startswith(" mixtral-8x7b "))
+    assert "8 x 14,336 top 2" in mixtral and "14,336 │" not in mixtral.split("8 x")[0]
+
+
 @pytest.mark.parametrize(
     ("gpu", "answer"),
     [

@@ -59,7 +59,17 @@ def check_plan(spec: Any, plan: Any, check: bool = True) -> None:
         return
     new = estimate_plan(*args, check=check).to_json()
     json.dumps(new)  # plain Python numbers, as the CLI prints them
-    assert_same(new, old.to_json(), str(plan))
+    assert_same(_priced(new), _priced(old.to_json()), str(plan))
+
+
+# What the estimate reports beyond the frozen reference's figures (issue 34): the parameter
+# counts, the communication hidden behind compute and the peak MFU is quoted on. None of them
+# changes a priced figure; tests/perf/test_estimate_reports.py checks each.
+REPORTED_SINCE = ("params", "hidden_s", "mfu_peak", "mfu_bf16_peak")
+
+
+def _priced(out: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in out.items() if k not in REPORTED_SINCE}
 
 
 @pytest.mark.parametrize(

@@ -47,3 +47,25 @@ def test_planner_counts_equal_the_trainers_model(table: dict) -> None:
         logits.float().sum().backward()
     measured = counter.get_total_flops() / (batch * seq)
     assert measured == pytest.approx(model_flops_per_token(spec), rel=1e-12)
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+def test_the_planners_stage_parameters_are_the_trainers_stages(pp: int) -> None:
+    """``aihpc estimate``'s per-stage parameters equal the trainer's model cut into pp stages of
+    whole layers: the embedding with the first, the final norm and output layer with the last."""
+    from dataclasses import replace
+
+    from aihpc.perf.step.param_counts import param_counts
+    from aihpc.runspec.parallel import ParallelPlan
+
+    spec = model_from_table({"preset": "tiny-llama-small"})  # 4 layers
+    model = _model(spec)
+    plan = ParallelPlan(pp=pp, dp=1, global_batch_size=pp, micro_batch_size=1)
+    per = spec.num_layers // pp
+    layer = [sum(p.numel() for p in model.layers[str(i)].parameters()) for i in range(per)]
+    first = sum(layer) + model.tok_embeddings.weight.numel()
+    last = sum(layer) + model.norm.weight.numel() + model.output.weight.numel()
+    counts = param_counts(spec, plan)
+    assert (counts.first_stage, counts.last_stage) == (first, last)
+    assert counts.per_gpu == first  # tp 1: the first stage's rank holds all of it
+    assert param_counts(spec, replace(plan, pp=1)).per_gpu == num_params(spec)

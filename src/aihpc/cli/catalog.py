@@ -23,7 +23,7 @@ def _short_source(text: str) -> str:
 
 def preset_rows() -> list[dict[str, Any]]:
     """Every model preset as it resolves (the ModelSpec fields) with its parameter count."""
-    from aihpc.perf.step.flops import num_params
+    from aihpc.perf.step.flops import active_params, num_params
     from aihpc.runspec import model_presets
     from aihpc.runspec.model import model_from_table
 
@@ -34,6 +34,7 @@ def preset_rows() -> list[dict[str, Any]]:
             {
                 "preset": name,
                 "params": num_params(m),
+                "active_params": active_params(m),
                 "num_layers": m.num_layers,
                 "hidden_size": m.hidden_size,
                 "num_attention_heads": m.num_attention_heads,
@@ -44,6 +45,10 @@ def preset_rows() -> list[dict[str, Any]]:
                 "seq_length": m.seq_length,
                 "num_experts": m.num_experts,
                 "moe_top_k": m.moe_top_k,
+                # the routed experts' FFN width (the dense layers' is ffn_hidden_size)
+                "expert_ffn_hidden_size": m.expert_ffn_hidden_size if m.is_moe else None,
+                "num_shared_experts": m.num_shared_experts,
+                "dense_layers": m.num_layers - m.num_moe_layers,  # what ffn_hidden_size is for
                 "source": m.source,
             }
         )
@@ -57,6 +62,19 @@ def gpu_rows() -> list[dict[str, Any]]:
     from aihpc.runspec.cluster import gpu_from_id
 
     return [{"gpu": gid, **to_table(gpu_from_id(gid))} for gid in sorted(gpu_catalog())]
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:,.2f} B" if n >= 1e8 else f"{n:,}"
+
+
+def _experts(r: dict[str, Any]) -> str:
+    """The routed experts and their own FFN width (the ffn column is the dense layers'), top-k,
+    and the shared experts: "256 x 2,048 top 8 +1"."""
+    if not r["num_experts"]:
+        return "-"
+    shared = f" +{r['num_shared_experts']}" if r["num_shared_experts"] else ""
+    return f"{r['num_experts']} x {r['expert_ffn_hidden_size']:,} top {r['moe_top_k']}{shared}"
 
 
 def _num(value: float | None, fmt: str = ",.0f") -> str:
@@ -75,22 +93,22 @@ def register(app: typer.Typer) -> None:
             print_json({"presets": rows})
             return
         t = Table(title=escape("Model presets: [model] preset = NAME"), show_edge=False)
-        cols = ("preset", "params", "layers", "hidden", "heads", "kv", "ffn", "vocab", "seq")
-        for col in (*cols, "experts", "source"):
+        cols = ("preset", "params", "active", "layers", "hidden", "heads", "kv", "ffn", "vocab")
+        for col in (*cols, "seq", "experts x ffn", "source"):
             t.add_column(col, justify="left" if col in ("preset", "source") else "right")
         for r in rows:
-            experts = f"{r['num_experts']} (top {r['moe_top_k']})" if r["num_experts"] else "-"
             t.add_row(
                 r["preset"],
-                f"{r['params'] / 1e9:,.2f} B" if r["params"] >= 1e8 else f"{r['params']:,}",
+                _count(r["params"]),
+                _count(r["active_params"]) if r["num_experts"] else "-",
                 str(r["num_layers"]),
                 f"{r['hidden_size']:,}",
                 str(r["num_attention_heads"]),
                 str(r["num_kv_heads"]),
-                f"{r['ffn_hidden_size']:,}",
+                f"{r['ffn_hidden_size']:,}" if r["dense_layers"] else "-",
                 f"{r['vocab_size']:,}",
                 f"{r['seq_length']:,}",
-                experts,
+                _experts(r),
                 escape(_short_source(r["source"])),
             )
         console.print(t)

@@ -1,8 +1,10 @@
-"""Planning commands: estimate and search (validate is in validate.py). Parse, call aihpc.perf,
-render."""
+"""Planning commands: estimate and search (validate is in validate.py, the estimate's text in
+_estimate_view.py). Parse, call aihpc.perf, render.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,35 +15,22 @@ import typer
 from aihpc._io import check_output_path
 from aihpc.cli import _common
 from aihpc.cli._common import RUNSPEC_HELP, guarded, print_json
+from aihpc.cli._estimate_view import plan_line, render_estimate, yes_no
 from aihpc.cli._plan_views import (
     goodput_columns,
-    render_calibration,
     warn_calibration,
     write_plan,
 )
 from aihpc.cli.goodput import parse_count
 from aihpc.runspec import RunSpec, SpecError, load_runspec
 
+__all__ = ["register", "with_headroom"]
+
+
 if TYPE_CHECKING:  # the planner modules and rich load lazily, inside the commands
     from rich.table import Table
 
-    from aihpc.perf.fit.calibration_use import CalibrationUse
     from aihpc.perf.step.estimate import Estimate
-
-__all__ = ["register"]
-
-TIME_LABELS = {
-    "compute": "compute (forward + backward)",
-    "recompute": "activation recompute",
-    "tp_comm": "tensor-parallel comm (exposed)",
-    "cp_comm": "context-parallel comm (exposed)",
-    "ep_comm": "expert-parallel all-to-all (exposed)",
-    "pp_comm": "pipeline p2p (exposed)",
-    "dp_comm": "data-parallel comm (exposed)",
-    "pipeline_bubble": "pipeline bubble",
-    "optimizer": "optimizer step",
-    "offload": "activation offload copies (exposed)",
-}
 
 
 def _goodput_json(spec: RunSpec, step_time_s: float) -> dict[str, Any]:
@@ -50,136 +39,27 @@ def _goodput_json(spec: RunSpec, step_time_s: float) -> dict[str, Any]:
     return goodput_report(spec, step_time_s).to_json()
 
 
-def _yes_no(flag: bool) -> str:
-    """How every table and plan line shows an on/off plan field (sequence parallelism)."""
-    return "y" if flag else "n"
+HEADROOM = typer.Option(
+    None,
+    "--headroom-gib",
+    help="GiB per GPU a plan must leave free (default: [cluster] memory_headroom_gib, else 0).",
+)
 
 
-def _plan_line(plan: dict) -> str:
-    return (
-        f"tp {plan['tp']} · pp {plan['pp']} · vpp {plan['vpp']} · cp {plan['cp']} · "
-        f"dp {plan['dp']}"
-        + (f" · ep {plan['ep']}" if plan.get("ep", 1) > 1 else "")
-        + (f" · etp {plan['etp']}" if plan.get("etp", 1) > 1 else "")
-        + (
-            f" · a2a overlap {plan['moe_a2a_overlap']}"
-            if plan.get("moe_a2a_overlap", "none") != "none"
-            else ""
-        )
-        + f" · zero {plan['zero_stage']} · sp {_yes_no(plan['sequence_parallel'])}"
-        f" · recompute {plan['recompute']}"
-        + "".join(f"+{m}" for m in plan.get("recompute_modules", ()))
-        + f" · mbs {plan['micro_batch_size']} · "
-        f"gbs {plan['global_batch_size']}"
-        + (f" · offload {plan['offload_layers']} layers" if plan.get("offload_layers") else "")
-    )
+def _kept(spec: RunSpec) -> str:
+    kept = spec.cluster.memory_headroom_gib
+    return f" ({kept:g} GiB of each GPU kept free)" if kept else ""
 
 
-def _ctas(n: int) -> str:
-    return f"{n} CTA" + ("s" if n > 1 else "")
-
-
-def _software_line(spec: RunSpec, est: Estimate) -> str:
-    """The [training] facts the estimate priced, so a reader sees what was assumed."""
-    tr = spec.training
-    parts = [
-        f"attention {tr.attention}",
-        f"element-wise {'fused' if tr.fused_kernels else 'eager'}",
-        f"cross-entropy {tr.cross_entropy}",
-        f"gradients {tr.grad_reduce_dtype}"
-        + (" reduced during backward" if tr.grad_reduce_overlap else " reduced after backward"),
-        f"optimizer states {tr.optimizer_dtype}",
-    ]
-    if est.plan.zero_stage == 3:
-        parts.append(f"ZeRO-3 gathers {tr.zero3_gather}")
-    if est.plan.tp > 1:
-        parts.append(f"TP overlap {tr.tp_comm_overlap}")
-    if est.plan.cp > 1:
-        parts.append(
-            f"CP K/V {tr.cp_exchange}"
-            + (" (heads repeated)" if tr.kv_repeat else "")
-            + (f" on {_ctas(tr.cp_comm_ctas)}" if tr.cp_comm_ctas else "")
-        )
-    if est.plan.pp > 1:
-        parts.append(
-            f"pipeline chunks {tr.pipeline_split}"
-            + (f", sends on {_ctas(tr.pp_comm_ctas)}" if tr.pp_comm_ctas else "")
-        )
-    if est.moe and (est.plan.ep > 1 or est.plan.etp > 1):
-        parts.append(
-            f"MoE dispatch {tr.moe_dispatcher} in {tr.moe_dispatch_dtype}"
-            + (f", busiest rank {tr.moe_imbalance:g}x balanced" if tr.moe_imbalance > 1 else "")
-            + (", one GEMM launch per expert" if tr.moe_expert_gemm == "per_expert" else "")
-        )
-    if tr.precision == "fp8":
-        parts.append(f"FP8 linear inputs kept in {tr.fp8_saved_inputs}")
-        if tr.fp8_param_gather:
-            parts.append("parameters gathered in FP8")
-    return " · ".join(parts)
-
-
-def render_estimate(spec: RunSpec, est: Estimate, use: CalibrationUse | None = None) -> None:
-    from rich.table import Table
-
-    out = est.to_json()
-    m = spec.model
-    gbs = out["plan"]["global_batch_size"]
-    _common.console.print(
-        f"[bold]{m.name}[/] on {spec.cluster.num_gpus} × {spec.cluster.gpu.id} "
-        f"({spec.training.precision}) · seq {m.seq_length:,} · "
-        f"{gbs * m.seq_length:,} tokens per step ({gbs:,} sequences)"
-    )
-    _common.console.print(f"plan: {_plan_line(out['plan'])}")
-    # pp_schedule follows vpp and dp_shard follows dp (full sharding): derived; recompute_modules
-    # is not searched; the expert fields mean nothing for a dense model
-    skip = {"pp_schedule", "dp_shard", "recompute_modules"}
-    if not m.is_moe:
-        skip |= {"ep", "etp", "moe_a2a_overlap"}
-    given = spec.parallel.given()
-    defaulted = [k for k in out["plan"] if k not in given and k not in skip]
-    if defaulted:
-        _common.console.print(
-            f"[dim]defaults used for: {', '.join(defaulted)} "
-            "(`aihpc search` chooses them instead)[/]"
-        )
-    _common.console.print(f"[dim]software: {_software_line(spec, est)} (set in \\[training])[/]")
-    render_calibration(use)
-    t = Table(title="Step time", show_edge=False)
-    t.add_column("part")
-    t.add_column("seconds", justify="right")
-    t.add_column("share", justify="right")
-    if use is not None:  # which rows the calibration file changed
-        t.add_column("calibrated")
-    for key, value in out["time_s"].items():
-        if value > 0:
-            mark = ["yes" if key in use.terms else ""] if use is not None else []
-            t.add_row(
-                TIME_LABELS.get(key, key), f"{value:.3f}", f"{value / est.step_time_s:.1%}", *mark
-            )
-    t.add_row("[bold]step[/]", f"[bold]{est.step_time_s:.3f}[/]", "100%")
-    _common.console.print(t)
-    mt = Table(title=f"Memory per GPU ({est.memory.stage} stage, GiB)", show_edge=False)
-    mt.add_column("part")
-    mt.add_column("GiB", justify="right")
-    for key, value in out["memory_gib"].items():
-        if key != "total":
-            mt.add_row(key, f"{value:.1f}")
-    fit = "[green]fits[/]" if est.fits else "[red]does NOT fit[/]"
-    mt.add_row(
-        "[bold]total[/]", f"[bold]{est.memory.total / 2**30:.1f}[/] of {est.hbm_gib:.0f} ({fit})"
-    )
-    if est.memory.offloaded:
-        host = f" of {est.host_mem_gib:.0f}" if est.host_mem_gib else ""
-        mt.add_row("offloaded to host memory", f"{out['host_offload_gib']:.1f}{host}")
-    if out["gradients_after_peak_gib"] >= 0.05:
-        # FSDP2 creates gradients in the backward, after the peak: not part of the total
-        mt.add_row("gradients made after the peak", f"{out['gradients_after_peak_gib']:.1f}")
-    _common.console.print(mt)
-    _common.console.print(
-        f"tokens/s/GPU [bold]{est.tokens_per_s_per_gpu:,.0f}[/] · model TFLOP/s/GPU "
-        f"{est.model_tflops_per_gpu:.0f} · MFU [bold]{est.mfu:.1%}[/] · HFU {est.hfu:.1%}"
-    )
-    _common.console.print(f"[bold]Bottleneck:[/] {est.bottleneck}")
+def with_headroom(spec: RunSpec, headroom_gib: float | None) -> RunSpec:
+    """``spec`` keeping ``headroom_gib`` of each GPU free (None: as the spec says)."""
+    if headroom_gib is None:
+        return spec
+    hbm = spec.cluster.gpu.hbm_gib
+    if not 0 <= headroom_gib < hbm:
+        raise SpecError("--headroom-gib", headroom_gib, f"GiB >= 0 and below the GPU's {hbm:g}")
+    cluster = dataclasses.replace(spec.cluster, memory_headroom_gib=headroom_gib)
+    return dataclasses.replace(spec, cluster=cluster)
 
 
 def register(app: typer.Typer) -> None:
@@ -196,6 +76,7 @@ def _register_estimate(app: typer.Typer) -> None:
         goodput: bool = typer.Option(
             True, help="Include the goodput figures (failures, checkpoints, restarts)."
         ),
+        headroom: float | None = HEADROOM,
     ) -> None:
         """Estimate memory, step time, MFU and tokens/s of the run spec's plan.
 
@@ -204,7 +85,7 @@ def _register_estimate(app: typer.Typer) -> None:
         from aihpc.perf.fit.calibration_use import calibration_use
         from aihpc.perf.step.estimate import estimate as run_estimate
 
-        spec = load_runspec(runspec)
+        spec = with_headroom(load_runspec(runspec), headroom)
         est = run_estimate(spec)
         use = calibration_use(spec)
         warn_calibration(use)
@@ -247,6 +128,7 @@ def _register_search(app: typer.Typer) -> None:
         output: Path | None = typer.Option(
             None, "--output", "-o", help="Write the best plan here as a runnable run spec (.toml)."
         ),
+        headroom: float | None = HEADROOM,
     ) -> None:
         r"""Search every valid plan; \[parallel] fields given in the run spec stay fixed."""
         if rank_by not in ("throughput", "goodput"):
@@ -254,7 +136,7 @@ def _register_search(app: typer.Typer) -> None:
         n_tokens = parse_count("--tokens", tokens)
         if output is not None:
             check_output_path(output, "--output", ".toml")
-        spec = load_runspec(runspec)
+        spec = with_headroom(load_runspec(runspec), headroom)
         result = _run_search(spec, top, rank_by, explain, quiet=json_out)
         shown = result.plans[:top]
         cols, extra = (
@@ -276,7 +158,7 @@ def _register_search(app: typer.Typer) -> None:
             return
         _common.console.print(
             f"{spec.model.name} on {spec.cluster.num_gpus} × {spec.cluster.gpu.id}: "
-            f"{result.evaluated:,} valid plans evaluated, {result.feasible:,} fit, "
+            f"{result.evaluated:,} valid plans evaluated, {result.feasible:,} fit{_kept(spec)}, "
             f"{result.elapsed_s:.2f} s"
         )
         _common.console.print(_search_table(spec, result.plans[:top], cols))
@@ -314,17 +196,15 @@ def _run_search(spec: RunSpec, top: int, rank_by: str, explain: bool, quiet: boo
     that fits, is one line naming the rule or the memory it needs."""
     from aihpc.perf.search.ranking import search as run_search
 
-    key = None
-    if rank_by == "goodput":
+    weight = None
+    if rank_by == "goodput":  # throughput x ETTR, ETTR a function of the step time alone
         from aihpc.goodput.ettr import ettr_of_step_time
 
-        ettr_at = ettr_of_step_time(spec)
-
-        def key(e: Estimate) -> float:
-            return e.tokens_per_s_per_gpu * ettr_at(e.step_time_s)
-
+        weight = ettr_of_step_time(spec)
     with _search_bar(quiet) as progress:
-        result = run_search(spec, top=top, key=key, explain=5 if explain else 0, progress=progress)
+        result = run_search(
+            spec, top=top, weight=weight, explain=5 if explain else 0, progress=progress
+        )
     refusal = result.refusal()
     if refusal is not None:  # no combination is valid: say which rule refused, not "no fit"
         raise refusal
@@ -336,7 +216,7 @@ def _run_search(spec: RunSpec, top: int, rank_by: str, explain: bool, quiet: boo
         raise SpecError(
             "cluster.num_gpus",
             spec.cluster.num_gpus,
-            f"no plan fits in {spec.cluster.gpu.hbm_gib:.0f} GiB per GPU"
+            f"no plan fits in {spec.cluster.usable_hbm_gib:.0f} GiB per GPU{_kept(spec)}"
             f"{hint}; add GPUs or use a part with more memory",
         )
     return result
@@ -393,7 +273,7 @@ def _search_table(spec: RunSpec, plans: list[Estimate], cols: list) -> Table:
             str(p.dp),
             *((str(p.ep), str(p.etp), p.moe_a2a_overlap) if moe_cols else ()),
             str(p.zero_stage),
-            _yes_no(p.sequence_parallel),
+            yes_no(p.sequence_parallel),
             p.recompute + (f" +offload {p.offload_layers}" if p.offload_layers else ""),
             str(p.micro_batch_size),
             f"{e.tokens_per_s_per_gpu:,.1f}",
@@ -409,7 +289,7 @@ def _explain_search(result: Any) -> None:
         _common.console.print("[bold]Faster-looking plans that were rejected:[/]")
         for r in result.rejected_best:
             _common.console.print(
-                f"  {_plan_line(r.estimate.plan.as_dict())}: "
+                f"  {plan_line(r.estimate.plan.as_dict())}: "
                 f"{r.estimate.tokens_per_s_per_gpu:,.1f} tok/s/GPU — {r.reason}"
             )
     else:

@@ -191,6 +191,9 @@ class ClusterSpec:
     storage_write_bw_GBps: float | None = None  # aggregate checkpoint write bandwidth of the job
     storage_read_bw_GBps: float | None = None
     calibration: Calibration | None = None
+    # GiB per GPU a plan must leave free (allocator spikes, a framework's own buffers, margin):
+    # the estimate fits a plan, and the search ranks only plans, within hbm_gib minus this
+    memory_headroom_gib: float = 0.0
 
     def __post_init__(self) -> None:
         for f in (
@@ -203,6 +206,13 @@ class ClusterSpec:
             "storage_read_bw_GBps",
         ):
             check_positive(f"cluster.{f}", getattr(self, f))
+        check_positive("cluster.memory_headroom_gib", self.memory_headroom_gib, allow_zero=True)
+        if self.memory_headroom_gib >= self.gpu.hbm_gib:
+            raise SpecError(
+                "cluster.memory_headroom_gib",
+                self.memory_headroom_gib,
+                f"must leave memory to use: below the GPU's {self.gpu.hbm_gib:g} GiB",
+            )
         if self.scale_up_domain % self.gpus_per_node and self.gpus_per_node % self.scale_up_domain:
             raise SpecError(
                 "cluster.scale_up_domain",
@@ -215,6 +225,11 @@ class ClusterSpec:
                 self.num_gpus,
                 f"must be a multiple of gpus_per_node {self.gpus_per_node}",
             )
+
+    @property
+    def usable_hbm_gib(self) -> float:
+        """GPU memory a plan may fill: the part's, less the headroom the spec keeps free."""
+        return self.gpu.hbm_gib - self.memory_headroom_gib
 
     @property
     def num_nodes(self) -> int:
@@ -237,6 +252,7 @@ _CLUSTER_KEYS = (
     "storage_write_bw_GBps",
     "storage_read_bw_GBps",
     "calibration",
+    "memory_headroom_gib",
 )
 
 

@@ -170,6 +170,21 @@ class ParallelPlan:
         return out
 
 
+def _derived_dp_error(g: dict, cluster: ClusterSpec, dp: int, mbs: int) -> SpecError:
+    """The batch does not divide over a dp the spec did not give: say where dp came from (the
+    defaults of the degrees left out) and what chooses them instead."""
+    degrees = ", ".join(
+        f"{k} {g.get(k, 1)}" + ("" if k in g else " by default") for k in ("tp", "pp", "cp")
+    )
+    return SpecError(
+        "parallel.global_batch_size",
+        g["global_batch_size"],
+        f"must be a multiple of dp x micro_batch_size = {dp * mbs}; dp {dp} is num_gpus "
+        f"{cluster.num_gpus} / ({degrees}): set [parallel] tp / pp / cp / dp, or let "
+        "`aihpc search RUN.toml -o plan.toml` choose them",
+    )
+
+
 def resolve_plan(partial: PartialPlan, cluster: ClusterSpec) -> ParallelPlan:
     """Fill the fields ``estimate`` needs from the given ones (defaults in RUN_SPEC.md)."""
     g = partial.given()
@@ -187,6 +202,8 @@ def resolve_plan(partial: PartialPlan, cluster: ClusterSpec) -> ParallelPlan:
             None,
             "required: sequences per optimizer step (a multiple of dp x micro_batch_size)",
         )
+    if "dp" not in g and g["global_batch_size"] % (dp * mbs):
+        raise _derived_dp_error(g, cluster, dp, mbs)
     plan = ParallelPlan(
         tp=tp,
         pp=pp,

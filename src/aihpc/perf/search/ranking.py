@@ -141,7 +141,7 @@ def _offload_to_fit(
     """For the plans that do not fit: the fewest offloaded layers that make each fit GPU memory
     (0 where offloading cannot apply: pipeline parallelism, full recompute, or the double buffer
     would leave under two layers on the GPU), and the priced offloaded plans."""
-    excess = times.memory_total - cluster.gpu.hbm_gib * GiB
+    excess = times.memory_total - cluster.usable_hbm_gib * GiB
     # Every resident layer also carries the allocator's fragmentation share (memory.py).
     per_layer = times.act_layer * (1 + params.allocator_fragmentation)
     can = ~times.fits & (b.pp == 1) & (b.rec != FULL)
@@ -161,10 +161,24 @@ def search(
     key: Callable[[Estimate], float] | None = None,
     progress: Callable[[int], None] | None = None,
     explain: int = 0,
+    weight: Callable[[float], float] | None = None,
 ) -> SearchResult:
-    """Estimate every valid completion of ``spec.parallel``; best first among those that fit."""
+    """Estimate every valid completion of ``spec.parallel``; best first among those that fit.
+
+    Ranked by tokens/s/GPU; by that times ``weight(step time)`` (goodput: throughput x ETTR,
+    over the arrays of plans), or by ``key`` of each plan's estimate (every plan estimated on
+    its own: slower)."""
     return search_plans(
-        spec.model, spec.cluster, spec.parallel, spec.training, top, params, key, progress, explain
+        spec.model,
+        spec.cluster,
+        spec.parallel,
+        spec.training,
+        top,
+        params,
+        key,
+        progress,
+        explain,
+        weight,
     )
 
 
@@ -178,6 +192,7 @@ def search_plans(
     key: Callable[[Estimate], float] | None = None,
     progress: Callable[[int], None] | None = None,
     explain: int = 0,
+    weight: Callable[[float], float] | None = None,
 ) -> SearchResult:
     start = time.perf_counter()
     invalid: Counter[str] = Counter()
@@ -186,6 +201,7 @@ def search_plans(
     times = price_batch(model, cluster, batch, training, params)
     evaluated = len(batch)
     fits, score = times.fits.copy(), times.tokens_per_s_per_gpu.copy()
+    step = times.step_time_s.copy()
     offload = batch.offload.copy()
     # A plan that does not fit may offload activations instead (the fewest layers that make it
     # fit), unless the run spec fixes offload_layers or the GPU has no host-link figure.
@@ -195,10 +211,12 @@ def search_plans(
             evaluated += int(moved.fits.sum())  # an offloaded plan that still fails is dropped
             ok = tried[moved.fits]
             fits[ok], score[ok] = True, moved.tokens_per_s_per_gpu[moved.fits]
-            offload[ok] = sub.offload[moved.fits]
+            step[ok], offload[ok] = moved.step_time_s[moved.fits], sub.offload[moved.fits]
     batch = batch.with_offload(offload)
     if progress is not None:
         progress(evaluated)
+    if weight is not None:  # one call per plan of a cheap scalar function of the step time
+        score = score * np.fromiter(map(weight, step.tolist()), float, len(step))
     fitting, rejected = _rank(
         model, cluster, training, params, batch, fits, score, top, key, explain
     )

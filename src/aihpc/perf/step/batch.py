@@ -60,7 +60,7 @@ def price_batch(
     step = st.step_time()
     tokens_step = b.global_batch_size * model.seq_length
     total, offloaded, act_layer = memory_total(model, training, params, b, shapes)
-    fits = total <= cluster.gpu.hbm_gib * GiB
+    fits = total <= cluster.usable_hbm_gib * GiB
     if cluster.gpu.host_mem_gib is not None:
         fits &= offloaded <= cluster.gpu.host_mem_gib * GiB
     return BatchTimes(

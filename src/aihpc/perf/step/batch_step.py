@@ -75,6 +75,13 @@ class StepTerms(StepState):
         step = step + (bubble + pp_time + dp_time + opt)
         values = (compute_total, m * recompute_mb, m * tp_mb, m * cp_mb, m * ep_mb, pp_time)
         values += (dp_time, bubble, opt, m * offload_mb)
+        # what each kind of communication hid behind compute, per step (not in the step time)
+        self.hidden_s = {
+            "tp_comm": m * hidden_tp,
+            "cp_comm": m * hidden_cp,
+            "ep_comm": m * hidden_ep,
+            "dp_comm": hidden,
+        }
         return dict(zip(TIME_KEYS, values, strict=True)), step
 
     def step_time(self) -> Any:

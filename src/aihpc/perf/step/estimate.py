@@ -9,7 +9,7 @@ of plans, here on one plan's numbers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aihpc.perf.step.batch_memory import memory_breakdown
@@ -23,6 +23,7 @@ from aihpc.perf.step.flops import (
     op_sac_saved,
 )
 from aihpc.perf.step.memory import GiB, MemoryBreakdown
+from aihpc.perf.step.param_counts import ParamCounts, param_counts
 from aihpc.perf.step.params import DEFAULT_PARAMS, ModelParams
 from aihpc.perf.step.plan_batch import PlanBatch
 from aihpc.runspec.cluster import ClusterSpec
@@ -49,12 +50,22 @@ class Estimate:
     hbm_gib: float
     moe: bool = False
     host_mem_gib: float | None = None  # host memory per GPU, for offloaded activations
+    precision: str = "bf16"  # the run's; MFU is over the part's dense peak at it
+    peak_tflops: float = 0.0  # that peak
+    bf16_peak_tflops: float = 0.0  # the part's BF16 dense peak, on which Megatron and NeMo quote
+    hidden_s: dict[str, float] = field(default_factory=dict)  # communication hidden, per step
+    params: ParamCounts | None = None
+    headroom_gib: float = 0.0  # GPU memory the plan must leave free ([cluster] / --headroom-gib)
 
     @property
     def bottleneck(self) -> str:
         """The step's largest loss (or why the plan does not fit), in one sentence."""
         text = _bottleneck(
-            self.time_s, self.step_time_s, self.memory, self.hbm_gib, self.host_mem_gib
+            self.time_s,
+            self.step_time_s,
+            self.memory,
+            self.hbm_gib - self.headroom_gib,
+            self.host_mem_gib,
         )
         return text
 
@@ -72,7 +83,16 @@ class Estimate:
             "time_s": dict(self.time_s),
             "plan": self.plan.as_dict(),
             "bottleneck": self.bottleneck,
+            # the peak MFU is over, and MFU over the BF16 peak (FP8 runs; Megatron's and NeMo's
+            # convention), so a reader never compares an FP8-peak MFU with a BF16-peak one
+            "mfu_peak": {"precision": self.precision, "tflops": self.peak_tflops},
+            "mfu_bf16_peak": self.model_tflops_per_gpu / self.bf16_peak_tflops
+            if self.bf16_peak_tflops
+            else None,
+            "hidden_s": dict(self.hidden_s),
         }
+        if self.params is not None:
+            out["params"] = self.params.to_json()
         return out
 
 
@@ -96,8 +116,12 @@ def estimate_plan(
     """
     if check:
         _check(model, cluster, plan, training)
-    time_s, step = step_terms(model, cluster, plan, training, params, memo)
-    return _estimate(model, cluster, plan, training, params, time_s, step, memo)
+    terms = _terms(model, cluster, plan, training, params, memo)
+    raw, step_raw = terms.terms()
+    time_s, step = {k: float(v) for k, v in raw.items()}, float(step_raw)
+    est = _estimate(model, cluster, plan, training, params, time_s, step, memo)
+    hidden = {k: float(v) for k, v in terms.hidden_s.items()}
+    return replace(est, hidden_s=hidden, params=param_counts(model, plan))
 
 
 def step_terms(
@@ -110,10 +134,21 @@ def step_terms(
 ) -> tuple[dict[str, float], float]:
     """(the step's terms, as ``Estimate.time_s``; the step time) of one plan, unchecked: the
     step time alone, for callers that need no memory (fits to measured runs)."""
+    time_s, step = _terms(model, cluster, plan, training, params, memo).terms()
+    return {k: float(v) for k, v in time_s.items()}, float(step)
+
+
+def _terms(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: ParallelPlan,
+    training: TrainingSpec,
+    params: ModelParams,
+    memo: dict[tuple, Any] | None,
+) -> StepTerms:
     b = PlanBatch.of(plan)
     shapes = Shapes(b, model, cluster, training, params, memo)
-    time_s, step = StepTerms(model, cluster, training, params, b, shapes, memo).terms()
-    return {k: float(v) for k, v in time_s.items()}, float(step)
+    return StepTerms(model, cluster, training, params, b, shapes, memo)
 
 
 def tokens_per_s_per_gpu(
@@ -172,7 +207,7 @@ def _estimate(
     host_ok = host is None or mem.offloaded <= host * GiB
     return Estimate(
         plan=plan,
-        fits=mem.total <= hbm * GiB and host_ok,
+        fits=mem.total <= cluster.usable_hbm_gib * GiB and host_ok,
         step_time_s=step,
         tokens_per_s_per_gpu=tokens_per_s_per_gpu(model, cluster, plan, step),
         model_tflops_per_gpu=per_gpu / 1e12,
@@ -183,6 +218,10 @@ def _estimate(
         hbm_gib=hbm,
         moe=model.is_moe,
         host_mem_gib=host,
+        precision=training.precision,
+        peak_tflops=peak / 1e12,
+        bf16_peak_tflops=gpu.bf16_tflops or 0.0,
+        headroom_gib=cluster.memory_headroom_gib,
     )
 
 
