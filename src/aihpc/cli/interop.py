@@ -1,5 +1,6 @@
 """``aihpc import FRAMEWORK SOURCE`` and ``aihpc export RUN.toml --to FRAMEWORK``: a plan in and
-out of Megatron-LM, torchtitan and DeepSpeed."""
+out of Megatron-LM, torchtitan and DeepSpeed, and a model in and out of a Hugging Face
+config.json."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from aihpc.runspec import SpecError, load_runspec
 
 __all__ = ["register"]
 
-FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
+FRAMEWORKS = ("megatron", "torchtitan", "deepspeed", "hf")
 
 
 def _read(path: Path, field: str) -> str:
@@ -41,11 +42,11 @@ def _register_import(app: typer.Typer) -> None:
     @app.command("import")
     @guarded
     def import_(
-        framework: str = typer.Argument(..., help="megatron | torchtitan | deepspeed"),
+        framework: str = typer.Argument(..., help="megatron | torchtitan | deepspeed | hf"),
         source: Path = typer.Argument(
             ...,
             help="Megatron: pretrain_gpt.py launch script or file of its arguments; torchtitan: "
-            "job TOML; DeepSpeed: config JSON.",
+            "job TOML; DeepSpeed: config JSON; hf: a Hugging Face config.json.",
         ),
         model: str | None = typer.Option(
             None, "--model", help="DeepSpeed: a preset name or a Hugging Face config.json."
@@ -59,14 +60,22 @@ def _register_import(app: typer.Typer) -> None:
             None, "--vocab-size", help="Megatron: the tokenizer's size, where no flag gives it."
         ),
         seq_length: int | None = typer.Option(
-            None, "--seq-length", help="DeepSpeed: training sequence length (default: the model's)."
+            None,
+            "--seq-length",
+            help="DeepSpeed, hf: training sequence length (default: the model's).",
+        ),
+        global_batch_size: int | None = typer.Option(
+            None,
+            "--global-batch-size",
+            help="hf: sequences per step (default: about 4M tokens).",
         ),
         output: Path | None = typer.Option(None, "-o", "--output", help="Write the run spec here."),
         as_json: bool = typer.Option(False, "--json", help="Print tables and warnings as JSON."),
     ) -> None:
-        """Read a Megatron-LM, torchtitan or DeepSpeed config as a run spec: every field aihpc
-        prices is carried, the framework's defaults applied; the rest is named in a warning."""
-        from aihpc.interop import import_deepspeed, import_megatron, import_torchtitan
+        """Read a Megatron-LM, torchtitan or DeepSpeed config (or a Hugging Face config.json) as
+        a run spec: every field aihpc prices is carried, the framework's defaults applied; the
+        rest is named in a warning."""
+        from aihpc.interop import import_deepspeed, import_hf, import_megatron, import_torchtitan
 
         if framework not in FRAMEWORKS:
             raise SpecError("FRAMEWORK", framework, "allowed: " + " | ".join(FRAMEWORKS))
@@ -76,6 +85,14 @@ def _register_import(app: typer.Typer) -> None:
             imported = import_megatron(text, vocab_size=vocab_size, **cluster)
         elif framework == "torchtitan":
             imported = import_torchtitan(text, **cluster)
+        elif framework == "hf":
+            imported = import_hf(
+                text,
+                str(source),
+                seq_length=seq_length,
+                global_batch_size=global_batch_size,
+                **cluster,
+            )
         else:
             model_text = None
             if model is not None and Path(model).is_file():
@@ -114,7 +131,7 @@ def _register_export(app: typer.Typer) -> None:
     @guarded
     def export(
         runspec: Path = typer.Argument(..., help=RUNSPEC_HELP),
-        to: str = typer.Option(..., "--to", help="megatron | torchtitan | deepspeed"),
+        to: str = typer.Option(..., "--to", help="megatron | torchtitan | deepspeed | hf"),
         output: Path | None = typer.Option(None, "-o", "--output", help="Write the config here."),
         model_out: Path | None = typer.Option(
             None, "--model-out", help="DeepSpeed: also write the model as a HF config.json."
@@ -124,8 +141,9 @@ def _register_export(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Write the run spec's plan as a Megatron-LM launch script, a torchtitan job TOML or a
-        DeepSpeed config JSON; a plan the framework cannot run is refused, naming the field."""
-        from aihpc.interop import export_deepspeed, export_megatron, export_torchtitan
+        DeepSpeed config JSON (or its model as a Hugging Face config.json); a plan the framework
+        cannot run is refused, naming the field."""
+        from aihpc.interop import export_deepspeed, export_hf, export_megatron, export_torchtitan
 
         if to not in FRAMEWORKS:
             raise SpecError("--to", to, "allowed: " + " | ".join(FRAMEWORKS))
@@ -134,6 +152,8 @@ def _register_export(app: typer.Typer) -> None:
             text, dropped = export_megatron(spec, str(runspec))
         elif to == "torchtitan":
             text, dropped = export_torchtitan(spec, str(runspec))
+        elif to == "hf":
+            text, dropped = export_hf(spec)
         else:
             text, model_json, dropped = export_deepspeed(spec)
             if model_out is not None:

@@ -1,25 +1,20 @@
-"""DeepSpeed → run spec: a DeepSpeed config JSON (+ the model, which DeepSpeed's config does not
-describe) read with DeepSpeed's own defaults.
-
-Keys and defaults are DeepSpeed v0.19.8's (``deepspeed/runtime/config.py``, ``zero/config.py``,
-``engine.py``, ``lr_schedules.py``; the "DeepSpeed Configuration JSON" docs): train_batch_size =
-train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size, any two given
-(gradient_accumulation_steps defaults to 1); zero_optimization.stage 0; overlap_comm false
-(true at stage 3); gradient_clipping 0 (off); steps_per_print 10; fp16 / bf16 off (fp32
-training); gradients reduced in the training dtype unless communication_data_type says
-otherwise (``engine.communication_data_type``); WarmupCosineLR warms up for warmup_num_steps
-1000, logarithmically (warmup_type log) from warmup_min_ratio 0, and decays to cos_min_ratio
-0.0001. Plain DeepSpeed is data parallel only (tp = pp = cp = ep = 1). The model comes from
-``--model``: a preset name or a Hugging Face ``config.json`` (interop/hf).
+"""Hugging Face ``config.json`` → the run spec's model: LlamaConfig-style keys, and MixtralConfig /
+Qwen3MoeConfig / DeepseekV3Config keys for a mixture of experts, multi-latent attention,
+multi-token prediction and sliding-window layers, as transformers' configuration classes name
+them. ``aihpc import hf`` reads one as a run spec; DeepSpeed's import reads one as its model.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import PurePath
 from typing import Any
 
+from aihpc.interop._common import Imported, cluster_table, model_table
 from aihpc.runspec import SpecError
+from aihpc.runspec.cluster import gpu_from_id
 
-__all__ = ["HF_MLA", "hf_model_shape", "sliding_layers"]
+__all__ = ["HF_MLA", "hf_model_name", "hf_model_shape", "import_hf", "sliding_layers"]
 
 
 _HF_ACT = {
@@ -46,7 +41,7 @@ _HF_INTS = (
 _HF_FLOATS = ("routed_scaling_factor", "aux_loss_alpha")
 
 
-def _check_hf_numbers(config: dict[str, Any]) -> None:
+def _check_hf_numbers(config: dict[str, Any], where: str) -> None:
     """SpecError naming the first key whose value is not a number (a count: an integer)."""
     ints = (*_HF_INTS, *_HF_EXPERTS, *_HF_FREQ, *HF_MLA)
     for key in (*ints, *_HF_FLOATS):
@@ -56,12 +51,15 @@ def _check_hf_numbers(config: dict[str, Any]) -> None:
         number = isinstance(value, int | float) and not isinstance(value, bool)
         if not number or (key in ints and value != int(value)):
             kind = "an integer" if key in ints else "a number"
-            raise SpecError(f"--model {key}", value, f"expected {kind}")
+            raise SpecError(f"{where} {key}", value, f"expected {kind}")
 
 
-def hf_model_shape(config: dict[str, Any], seq_length: int | None) -> dict[str, Any]:
-    """A Hugging Face config.json (Llama-style keys) → run-spec model fields."""
-    _check_hf_numbers(config)
+def hf_model_shape(
+    config: dict[str, Any], seq_length: int | None, where: str = "--model"
+) -> dict[str, Any]:
+    """A Hugging Face config.json (Llama-style keys) → run-spec model fields; ``where`` names the
+    config in an error (``--model`` for DeepSpeed's import, ``CONFIG`` for ``aihpc import hf``)."""
+    _check_hf_numbers(config, where)
     try:
         h = int(config["hidden_size"])
         heads = int(config["num_attention_heads"])
@@ -73,10 +71,10 @@ def hf_model_shape(config: dict[str, Any], seq_length: int | None) -> dict[str, 
             "vocab_size": int(config["vocab_size"]),
         }
     except KeyError as err:
-        raise SpecError(f"--model {err.args[0]}", None, "required in config.json") from None
+        raise SpecError(f"{where} {err.args[0]}", None, "required in config.json") from None
     act = config.get("hidden_act", "silu")
     if act not in _HF_ACT:
-        raise SpecError("--model hidden_act", act, "allowed: " + " | ".join(_HF_ACT))
+        raise SpecError(f"{where} hidden_act", act, "allowed: " + " | ".join(_HF_ACT))
     shape["ffn_activation"] = _HF_ACT[act]
     shape["tied_embeddings"] = bool(config.get("tie_word_embeddings", False))
     shape["position_embedding"] = "learned" if "n_positions" in config else "rope"
@@ -90,7 +88,7 @@ def hf_model_shape(config: dict[str, Any], seq_length: int | None) -> dict[str, 
     if seq is None:
         raise SpecError("--seq-length", None, "the model gives no length: pass --seq-length N")
     shape["seq_length"] = int(seq)
-    shape.update(_hf_moe(config, shape["ffn_hidden_size"]))
+    shape.update(_hf_moe(config, shape["ffn_hidden_size"], where))
     if config.get("kv_lora_rank") is not None:  # DeepseekV3Config's multi-latent attention
         for key, name in HF_MLA.items():
             if config.get(key) is not None:
@@ -98,11 +96,11 @@ def hf_model_shape(config: dict[str, Any], seq_length: int | None) -> dict[str, 
     mtp = config.get("num_nextn_predict_layers") or 0
     if mtp:
         shape["mtp_layers"] = int(mtp)
-    shape.update(_hf_window(config, shape["num_layers"]))
+    shape.update(_hf_window(config, shape["num_layers"], where))
     return shape
 
 
-def _hf_window(config: dict[str, Any], layers: int) -> dict[str, int]:
+def _hf_window(config: dict[str, Any], layers: int, where: str) -> dict[str, int]:
     """Sliding-window attention from a config.json: ``sliding_window`` keys per query (its own
     included, as transformers' masks count it), on the layers ``layer_types`` marks
     "sliding_attention" (GPT-OSS, Gemma 3), one full layer every ``sliding_window_pattern``
@@ -121,7 +119,7 @@ def _hf_window(config: dict[str, Any], layers: int) -> dict[str, int]:
             full = [i + 1 for i, win in enumerate(sliding) if not win]
             shown = f"{len(types)} layers, full at {full[:6]}{' ...' if len(full) > 6 else ''}"
             raise SpecError(
-                "--model layer_types",
+                f"{where} layer_types",
                 shown,
                 f"{layers} entries, every n-th layer full attention and the others sliding",
             )
@@ -158,7 +156,7 @@ HF_MLA = {
 }
 
 
-def _hf_moe(config: dict[str, Any], ffn: int) -> dict[str, Any]:
+def _hf_moe(config: dict[str, Any], ffn: int, where: str) -> dict[str, Any]:
     experts = next((config[k] for k in _HF_EXPERTS if config.get(k)), 0)
     if not experts:
         return {}
@@ -180,7 +178,7 @@ def _hf_moe(config: dict[str, Any], ffn: int) -> dict[str, Any]:
     if shared:
         if shared % moe_ffn:
             raise SpecError(
-                "--model shared_expert_intermediate_size",
+                f"{where} shared_expert_intermediate_size",
                 shared,
                 f"a multiple of the expert FFN size {moe_ffn} (aihpc counts whole shared experts)",
             )
@@ -188,3 +186,67 @@ def _hf_moe(config: dict[str, Any], ffn: int) -> dict[str, Any]:
     if config.get("seq_aux", True) and config.get("aux_loss_alpha"):
         out["moe_aux_loss_coeff"] = float(config["aux_loss_alpha"])
     return out
+
+
+FRAMEWORK = "Hugging Face"
+TOKENS_PER_STEP = 4 * 2**20  # the default batch: about 4M tokens a step (Llama 3 70B's 4M start)
+
+
+def hf_model_name(config: dict[str, Any], path: str) -> str:
+    """The model's name: the repository ``_name_or_path`` gives (transformers writes it), else
+    the folder holding config.json (a hub download's layout), else the architecture."""
+    named = config.get("_name_or_path")
+    if isinstance(named, str) and named.strip("/"):
+        return named.rstrip("/").rsplit("/", 1)[-1]
+    folder = PurePath(path).parent.name
+    if folder and folder not in (".", ""):
+        return folder
+    arch = config.get("architectures")
+    if isinstance(arch, list) and arch and isinstance(arch[0], str):
+        return arch[0].removesuffix("ForCausalLM")
+    return str(config.get("model_type") or "custom")
+
+
+def import_hf(
+    text: str,
+    path: str,
+    gpu: str = "h100-sxm",
+    num_gpus: int | None = None,
+    gpus_per_node: int | None = None,
+    seq_length: int | None = None,
+    global_batch_size: int | None = None,
+) -> Imported:
+    """A Hugging Face config.json → run spec: the model named from the config, the cluster
+    given (one node of ``gpu`` by default), a global batch (about 4M tokens a step by default)
+    and no other plan field, so that ``aihpc search`` chooses them."""
+    try:
+        config = json.loads(text)
+    except ValueError as err:
+        raise SpecError("CONFIG", path, f"not valid JSON: {err}") from None
+    if not isinstance(config, dict):
+        raise SpecError("CONFIG", path, "expected a JSON object (a config.json)")
+    notes: list[str] = []
+    shape = hf_model_shape(config, seq_length, "CONFIG")
+    if seq_length is None:
+        notes.append(
+            f"model.seq_length = {shape['seq_length']}: the longest the model takes "
+            "(max_position_embeddings); --seq-length sets the training length"
+        )
+    model = model_table(shape)
+    if "preset" not in model:
+        model = {"name": hf_model_name(config, path), **model, "source": f"config.json {path}"}
+    if num_gpus is None:
+        num_gpus = gpus_per_node or gpu_from_id(gpu).gpus_per_node
+        notes.append(f"cluster.num_gpus = {num_gpus}: one node; --num-gpus sets it")
+    if global_batch_size is None:
+        global_batch_size = max(1, round(TOKENS_PER_STEP / shape["seq_length"]))
+        notes.append(
+            f"parallel.global_batch_size = {global_batch_size}: about 4M tokens a step; "
+            "--global-batch-size sets it"
+        )
+    tables = {
+        "model": model,
+        "cluster": cluster_table(gpu, num_gpus, gpus_per_node),
+        "parallel": {"global_batch_size": global_batch_size},
+    }
+    return Imported(FRAMEWORK, tables, [], notes)

@@ -1,26 +1,19 @@
-"""DeepSpeed → run spec: a DeepSpeed config JSON (+ the model, which DeepSpeed's config does not
-describe) read with DeepSpeed's own defaults.
-
-Keys and defaults are DeepSpeed v0.19.8's (``deepspeed/runtime/config.py``, ``zero/config.py``,
-``engine.py``, ``lr_schedules.py``; the "DeepSpeed Configuration JSON" docs): train_batch_size =
-train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size, any two given
-(gradient_accumulation_steps defaults to 1); zero_optimization.stage 0; overlap_comm false
-(true at stage 3); gradient_clipping 0 (off); steps_per_print 10; fp16 / bf16 off (fp32
-training); gradients reduced in the training dtype unless communication_data_type says
-otherwise (``engine.communication_data_type``); WarmupCosineLR warms up for warmup_num_steps
-1000, logarithmically (warmup_type log) from warmup_min_ratio 0, and decays to cos_min_ratio
-0.0001. Plain DeepSpeed is data parallel only (tp = pp = cp = ep = 1). The model comes from
-``--model``: a preset name or a Hugging Face ``config.json`` (interop/hf).
+"""Run spec → a Hugging Face ``config.json`` of its model (LlamaConfig, or MixtralConfig /
+Qwen3MoeConfig / DeepseekV3Config keys for MoE, MLA and MTP), as transformers' configuration
+classes read it: what ``aihpc export --to hf`` and DeepSpeed's export (``--model-out``) write.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from aihpc.interop.hf.reader import HF_MLA, sliding_layers
+from aihpc.interop._common import model_fields
+from aihpc.interop.hf.reader import HF_MLA, hf_model_shape, sliding_layers
 from aihpc.runspec import RunSpec
+from aihpc.runspec.model import model_from_table
 
-__all__ = ["hf_config"]
+__all__ = ["export_hf", "hf_config"]
 
 
 def hf_config(spec: RunSpec) -> dict[str, Any]:
@@ -89,3 +82,18 @@ def _hf_moe_config(m: Any) -> dict[str, Any]:
         out.update(architectures=["MixtralForCausalLM"], model_type="mixtral")
         out["num_local_experts"] = m.num_experts
     return out
+
+
+def export_hf(spec: RunSpec) -> tuple[str, list[str]]:
+    """(the config.json text, the model fields it cannot carry): read back with
+    ``hf_model_shape``, every field that does not come back is named (a router's bias update
+    rate is a training setting, not a config key)."""
+    config = hf_config(spec)
+    back = model_fields(model_from_table(hf_model_shape(config, spec.model.seq_length)))
+    mine = model_fields(spec.model)
+    dropped = [
+        f"model.{k} = {v!r} (a config.json has no key for it)"
+        for k, v in mine.items()
+        if back.get(k) != v
+    ]
+    return json.dumps(config, indent=2) + "\n", dropped
