@@ -39,8 +39,7 @@ HF_CONFIG = '{"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 
         (["import", "megatron", "{tmp}/a.txt", "--num-gpus", "8"], {"a.txt": MINIMAL + " --micro-batch-size 1"}, "--vocab-size"),
         (["export", "examples/llama3-70b.toml", "--to", "nemo"], {}, "--to"),
         (["export", "examples/llama3-70b.toml", "--to", "deepspeed"], {}, "parallel.tp"),
-        (["launch", "examples/tiny-train.toml", "--run-dir", "{tmp}/r"], {}, "--slurm"),
-        (["launch", "examples/tiny-train.toml", "--slurm", "--run-dir", "{tmp}/r", "--env", "X"], {}, "--env"),
+        (["launch", "examples/tiny-train.toml", "--run-dir", "{tmp}/r", "--env", "X"], {}, "--env"),
     ],
 )  # fmt: skip
 def test_one_line_naming_the_field(

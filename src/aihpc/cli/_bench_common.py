@@ -73,7 +73,9 @@ NPROC_PER_NODE = typer.Option(
     "not used under torchrun / srun).",
 )
 TIMEOUT = typer.Option(300.0, "--timeout", help="Process-group timeout, s.")
-OUTPUT = typer.Option(None, "--output", help="Also write the JSON here.")
+OUTPUT = typer.Option(None, "-o", "--output", help="Also write the JSON here.")
+# nccl-tests' -o is the reduction: a run typing it would name the JSON file after one
+NCCL_TESTS_OPS = ("sum", "prod", "max", "min", "avg", "all")
 AS_JSON = typer.Option(False, "--json", help="Print one JSON object.")
 
 
@@ -86,6 +88,8 @@ def launch_plan(
     GPU, or 2 processes on a CPU."""
     if check not in (0, 1):
         raise SpecError("-c/--check", check, "allowed: 0 | 1")
+    if output in NCCL_TESTS_OPS:
+        raise SpecError("-o/--output", output, "a file for the JSON (nccl-tests' -o is --op here)")
     if output:
         check_output_path(Path(output), "--output")
     if nproc_per_node is not None and nproc_per_node < 1:

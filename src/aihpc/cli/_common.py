@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 __all__ = [
+    "OLD_OUTPUT",
     "RUNSPEC_HELP",
     "HelpGroup",
     "console",
@@ -31,6 +32,7 @@ __all__ = [
     "fail",
     "guarded",
     "print_json",
+    "renamed_output",
     "require_torch",
 ]
 
@@ -141,6 +143,21 @@ def guarded(func: F) -> F:
             raise typer.Exit(130) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+# Every command names the file it writes -o / --output; `calibrate` said -O until 0.2: the old
+# spelling is still read, unlisted, for one release.
+OLD_OUTPUT = typer.Option(None, "-O", hidden=True)
+
+
+def renamed_output(output: Any, old: Any) -> Any:
+    """``old`` (-O, given) in place of ``output``, with a warning that the spelling goes."""
+    if old is None:
+        return output
+    _console(stderr=True).print(
+        "warning: -O is now -o / --output; -O goes in the next release", highlight=False
+    )
+    return old
 
 
 def print_json(obj: Any) -> None:

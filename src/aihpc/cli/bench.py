@@ -133,7 +133,9 @@ def _register_comm(bench_app: typer.Typer) -> None:
         datatype: str = typer.Option(
             "float", "-d", "--datatype", help="float | half | bfloat16 | double | int32 | int64"
         ),
-        op: str = typer.Option("sum", "-o", "--op", help="sum | prod | max | min | avg"),
+        op: str = typer.Option(
+            "sum", "--op", help="sum | prod | max | min | avg (nccl-tests' -o)."
+        ),
         root: int = typer.Option(0, "-r", "--root", help="Root rank of broadcast."),
         check: int = CHECK,
         group: str = typer.Option(
@@ -205,7 +207,7 @@ def _register_gemm(bench_app: typer.Typer) -> None:
         ),
         iters: int = typer.Option(10, "-n", "--iters", help="Timed iterations per shape."),
         warmup: int = typer.Option(2, "-w", "--warmup-iters", help="Untimed iterations first."),
-        output: str | None = typer.Option(None, "--output", help="Also write the JSON here."),
+        output: str | None = OUTPUT,
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
         """Achieved TFLOP/s of torch.matmul against shape, at one precision."""

@@ -16,7 +16,15 @@ import typer
 from rich.table import Table
 
 from aihpc._io import check_output_path, write_atomic
-from aihpc.cli._common import console, err_console, guarded, print_json, require_torch
+from aihpc.cli._common import (
+    OLD_OUTPUT,
+    console,
+    err_console,
+    guarded,
+    print_json,
+    renamed_output,
+    require_torch,
+)
 from aihpc.cli.calibrate_runs import FIT_OPTION, RUNS_CHECK_OPTION, RUNS_OPTION, calibrate_runs
 from aihpc.runspec.errors import SpecError
 
@@ -112,8 +120,9 @@ def register(app: typer.Typer) -> None:
         fit: str | None = FIT_OPTION,
         check: Path | None = RUNS_CHECK_OPTION,
         output: str = typer.Option(
-            "calibration.toml", "--output", "-O", help="Calibration TOML to write."
+            "calibration.toml", "-o", "--output", help="Calibration TOML to write."
         ),
+        output_old: str | None = OLD_OUTPUT,
         tier: str | None = typer.Option(
             None,
             "--tier",
@@ -144,6 +153,8 @@ def register(app: typer.Typer) -> None:
         that a run spec names with \[cluster] calibration = "FILE"; or, with --runs, the
         model's efficiency constants to measured training runs."""
         from aihpc.runspec.calibration import COLLECTIVES
+
+        output = renamed_output(output, output_old)
 
         if collective is not None and collective not in COLLECTIVES:
             raise SpecError("--collective", collective, "allowed: " + " | ".join(COLLECTIVES))

@@ -247,7 +247,8 @@ def _one_strategy(
         from aihpc.runspec.reliability import CHECKPOINT_STRATEGIES
 
         if strategy not in CHECKPOINT_STRATEGIES:
-            raise SpecError("--strategy", strategy, "allowed: " + " | ".join(CHECKPOINT_STRATEGIES))
+            allowed = " | ".join((*CHECKPOINT_STRATEGIES, "compare"))
+            raise SpecError("--strategy", strategy, f"allowed: {allowed}")
         spec = replace(spec, reliability=replace(spec.reliability, checkpoint_strategy=strategy))
     rep = goodput_report(spec, _step_time_s(spec, step_time), days=days, tokens=n_tokens)
     if plot is not None:

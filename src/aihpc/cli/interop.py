@@ -184,7 +184,7 @@ def register_launch(app: typer.Typer) -> None:
     @guarded
     def launch(
         runspec: Path = typer.Argument(..., help=RUNSPEC_HELP),
-        slurm: bool = typer.Option(False, "--slurm", help="Write an sbatch script (required)."),
+        slurm: bool = typer.Option(True, "--slurm", hidden=True, help="Slurm (the default)."),
         run_dir: Path = typer.Option(..., "--run-dir", help="Checkpoints, metrics, job log."),
         output: Path | None = typer.Option(
             None, "-o", "--output", help="Script path (default: RUN_DIR/job.sbatch)."
@@ -211,14 +211,13 @@ def register_launch(app: typer.Typer) -> None:
             False, "--json", help="Print one JSON object at the end: script, job id, final state."
         ),
     ) -> None:
-        """Launch `aihpc train` for the run spec on a cluster: with --slurm, an sbatch script
-        (nodes and ranks from the plan, srun + torchrun rendezvous, requeue with a final
-        checkpoint on SIGUSR1 / SIGTERM); --submit submits it and follows the job."""
+        """Launch `aihpc train` for the run spec on a Slurm cluster: an sbatch script (nodes and
+        ranks from the plan, srun + torchrun rendezvous, requeue with a final checkpoint on
+        SIGUSR1 / SIGTERM); --submit submits it and follows the job."""
         from aihpc.interop.slurm import SlurmOptions, sbatch_script
         from aihpc.interop.slurm import submit as sbatch
 
-        if not slurm:
-            raise SpecError("--slurm", False, "required: the only launcher `aihpc launch` writes")
+        del slurm  # --slurm was required until 0.2; Slurm is the one launcher there is
         spec = load_runspec(runspec)
         opts = SlurmOptions(
             run_dir=run_dir,

@@ -208,8 +208,8 @@ def register(app: typer.Typer) -> None:
         ),
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     ) -> None:
-        """Train the run spec's model under its plan (DP / FSDP / HSDP, TP + SP, PP, CP),
-        checkpointing and resuming exactly."""
+        """Train the run spec's model under its plan (DP / FSDP / HSDP, TP + SP, PP, CP, EP
+        for MoE experts), checkpointing and resuming exactly."""
         # Flags first, without torch (a second at most), then what needs the runtime.
         spec = load_runspec(runspec)
         if data is not None and not data.is_file():

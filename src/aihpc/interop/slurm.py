@@ -1,4 +1,4 @@
-"""``aihpc launch RUN.toml --slurm``: the sbatch script that runs ``aihpc train`` for the plan,
+"""``aihpc launch RUN.toml``: the sbatch script that runs ``aihpc train`` for the plan,
 and (``--submit``) submitting it and following the job.
 
 One Slurm task per node runs torchrun, which starts the node's ranks and meets the other nodes
@@ -86,7 +86,7 @@ def sbatch_script(spec: RunSpec, runspec_path: Path, opts: SlurmOptions) -> str:
         "#!/bin/bash",
         f"# aihpc train {runspec_path} under Slurm: {spec.model.name} on {c.num_gpus} x "
         f"{c.gpu.id}, tp {plan.tp} pp {plan.pp} cp {plan.cp} dp {plan.dp}.",
-        "# Written by `aihpc launch --slurm`; one task per node runs torchrun for its ranks.",
+        "# Written by `aihpc launch`; one task per node runs torchrun for its ranks.",
         f"#SBATCH --job-name={opts.job_name}",
         f"#SBATCH --nodes={nodes}",
         "#SBATCH --ntasks-per-node=1",
