@@ -215,8 +215,10 @@ def search_plans(
     batch = batch.with_offload(offload)
     if progress is not None:
         progress(evaluated)
-    if weight is not None:  # one call per plan of a cheap scalar function of the step time
-        score = score * np.fromiter(map(weight, step.tolist()), float, len(step))
+    if weight is not None:  # a cheap scalar function of the step time, on the plans ranked
+        ranked = np.nonzero(fits if not explain else np.ones_like(fits))[0]
+        score = score.copy()
+        score[ranked] *= np.fromiter(map(weight, step[ranked].tolist()), float, len(ranked))
     fitting, rejected = _rank(
         model, cluster, training, params, batch, fits, score, top, key, explain
     )
