@@ -166,3 +166,14 @@ def test_a_batch_that_does_not_divide_over_the_default_dp_says_where_dp_came_fro
     assert "dp 8192 is num_gpus 16384 / (tp 2, pp 1 by default, cp 1 by default)" in text
     assert "aihpc search RUN.toml -o plan.toml" in text
     assert json.dumps(text)
+
+
+def test_a_plan_searched_with_headroom_keeps_it_in_the_file(tmp_path: Path) -> None:
+    out = tmp_path / "plan.toml"
+    spec = str(EXAMPLES / "llama3-70b-search.toml")
+    res = CliRunner().invoke(app, ["search", spec, "--headroom-gib", "12", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    written = load_runspec(out)
+    assert written.cluster.memory_headroom_gib == 12
+    assert estimate(written).memory.total / 2**30 <= written.cluster.usable_hbm_gib
+

@@ -141,6 +141,8 @@ def write_plan(spec: RunSpec, best: Estimate, path: Path, note: str) -> None:
     data = tomllib.loads(source.read_text())
     data["parallel"] = best.plan.as_dict()
     cluster = data.get("cluster", {})
+    if spec.cluster.memory_headroom_gib:  # --headroom-gib: the plan was chosen keeping it free
+        cluster["memory_headroom_gib"] = spec.cluster.memory_headroom_gib
     if isinstance(cluster.get("calibration"), str):
         cluster["calibration"] = _rebased(cluster["calibration"], source.parent, path.parent)
     header = (
