@@ -1,12 +1,15 @@
 """`aihpc launch --slurm` against a real Slurm (slurmctld + slurmd from Debian's slurm-wlm,
 started on this machine by tests/interop/slurm_cluster.py): a 2-rank job trains the tiny model;
-`scontrol requeue` makes the ranks checkpoint and the requeued job resumes from that checkpoint
-to the same final state as the uninterrupted job; `scancel` leaves every checkpoint intact."""
+`scontrol requeue` of a job `aihpc launch --submit` follows makes the ranks checkpoint, the
+requeued job resumes from that checkpoint to the same final state as the uninterrupted job, and
+its summary counts the requeue as the follower does; `scancel` leaves every checkpoint
+intact."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -133,26 +136,83 @@ def test_two_rank_job_trains(straight: dict) -> None:
     assert lines[-1].endswith("COMPLETED, exit code 0")
 
 
-def test_requeue_resumes_to_the_same_state(
-    slurm: dict[str, str], spec: Path, straight: dict, tmp_path: Path
-) -> None:
-    run_dir = tmp_path / "requeued"
-    job = _sbatch(slurm, _script(slurm, spec, run_dir, slurm_cluster.free_port()))
-    _running_past(slurm, job, run_dir, 7)
-    _scontrol(slurm, "requeue", job)
-    _wait(slurm, job, {"PENDING"})
-    # Slurm holds a requeued job back for two minutes (its BeginTime); start it now
-    _scontrol(slurm, "update", f"JobId={job}", "StartTime=now")
-    final = _wait(slurm, job, {"COMPLETED", "FAILED", "CANCELLED"})
-    assert final["JobState"] == "COMPLETED" and final["Restarts"] == "1"
+def _job_id(out: Path, timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = re.search(r"submitted job (\d+)", out.read_text())
+        if found:
+            return found.group(1)
+        time.sleep(0.2)
+    raise AssertionError(f"no job submitted: {out.read_text()[-2000:]}")
+
+
+def _resume(env: dict[str, str], job: str) -> None:
+    """Wait for the requeued job, and start it now: Slurm holds a requeued job back for two
+    minutes (its BeginTime)."""
+    _wait(env, job, {"PENDING"})
+    _scontrol(env, "update", f"JobId={job}", "StartTime=now")
+
+
+def _preempted_step(run_dir: Path) -> int:
     events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
     stopped = {e["step"] for e in events if e["event"] == "preempted"}
-    assert len(stopped) == 1  # every rank stopped at the same step, on SIGTERM
-    step = stopped.pop()
-    assert all(e["signal"] == 15 for e in events if e["event"] == "preempted")
-    summary = json.loads((run_dir / "summary.json").read_text())
+    assert len(stopped) == 1  # every rank stopped at the same step
+    assert all(e["signal"] == 15 for e in events if e["event"] == "preempted")  # SIGTERM
+    return stopped.pop()
+
+
+@pytest.fixture(scope="module")
+def requeued(slurm: dict[str, str], spec: Path, tmp_path_factory) -> dict:
+    """A job that `aihpc launch --submit` follows, requeued by `scontrol requeue` mid-run (as
+    preemption in requeue mode does)."""
+    run_dir = tmp_path_factory.mktemp("requeued")
+    out = run_dir.parent / f"{run_dir.name}.follow.txt"
+    with open(out, "w") as f:
+        follower = subprocess.Popen(
+            [sys.executable, "-m", "aihpc", "launch", str(spec), "--slurm", "--run-dir",
+             str(run_dir), "--no-gpus", "--rdzv-port", str(slurm_cluster.free_port()), "--submit"],
+            env=slurm, stdout=f, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+    try:
+        job = _job_id(out)
+        _running_past(slurm, job, run_dir, 7)
+        _scontrol(slurm, "requeue", job)
+        _resume(slurm, job)
+        code = follower.wait(timeout=240)
+    finally:
+        follower.kill()
+    follow = out.read_text()
+    assert code == 0, follow[-3000:]
+    return {
+        "job": job,
+        "run_dir": run_dir,
+        "follow": follow.splitlines(),
+        "log": (run_dir / f"slurm-{job}.log").read_text(),
+        "summary": json.loads((run_dir / "summary.json").read_text()),
+        "state": _state(slurm, job),
+    }
+
+
+def test_requeue_resumes_to_the_same_state(requeued: dict, straight: dict) -> None:
+    assert requeued["state"]["JobState"] == "COMPLETED" and requeued["state"]["Restarts"] == "1"
+    step = _preempted_step(requeued["run_dir"])
+    summary = requeued["summary"]
     assert summary["resumed_from_step"] == step >= 7
     assert summary["state_sha256"] == straight["summary"]["state_sha256"]
+
+
+def test_summary_and_follower_count_the_requeue_alike(requeued: dict) -> None:
+    """Slurm's count of requeues is the summary's `requeues`, in summary.json, in the line the
+    job prints and in the follower's lines; `restarts` (torchrun's restarts of the worker group
+    within the launch that finished) stays 0."""
+    job, summary, follow = requeued["job"], requeued["summary"], requeued["follow"]
+    assert summary["requeues"] == 1 and summary["restarts"] == 0
+    assert summary["slurm_job_id"] == job
+    trained = [ln for ln in follow if ln.startswith("  | trained ")]
+    assert len(trained) == 1 and ", restarts 0, requeues 1, resumed from step" in trained[0]
+    assert f"job {job}: RUNNING on localhost, requeues 1" in follow
+    assert follow[-1] == f"job {job} COMPLETED, requeues 1, exit code 0"
+    assert not [ln for ln in follow if re.search(r"\brestart \d", ln)]  # one word, one count
 
 
 def test_cancel_leaves_checkpoints_intact(

@@ -268,12 +268,15 @@ def _submit_and_follow(
     if last is None:
         raise SpecError("--submit", job_id, "Slurm no longer knows the job")
     code = last.exit_code or 0
-    result.update(job_id=job_id, state=last.state, final=last.final, exit_code=code)
+    result.update(
+        job_id=job_id, state=last.state, final=last.final, exit_code=code, requeues=last.restarts
+    )
     if as_json:
         print_json(result)
     if not last.final:
         _warn(f"job {job_id} still {last.state}; stopped following")
         return
-    _warn(f"job {job_id} {last.state}, exit code {code}")
+    again = f", requeues {last.restarts}" if last.restarts else ""
+    _warn(f"job {job_id} {last.state}{again}, exit code {code}")
     if last.state != "COMPLETED" or code:
         raise typer.Exit(code or 1)

@@ -49,6 +49,11 @@ def _render(summary: dict, finished_before: bool = False) -> None:
             f"[bold]trained[/] {summary['final_step']} steps on {summary['world_size']} rank(s): "
             f"final loss {loss_text}, restarts {summary['restarts']}, "
             + (
+                f"requeues {summary.get('requeues', 0)}, "
+                if summary.get("slurm_job_id") or summary.get("requeues")
+                else ""
+            )
+            + (
                 f"in-process restarts {summary['in_process_restarts']}, "
                 if summary.get("in_process_restarts")
                 else ""

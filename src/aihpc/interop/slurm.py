@@ -125,7 +125,7 @@ def sbatch_script(spec: RunSpec, runspec_path: Path, opts: SlurmOptions) -> str:
         launch.append(" ".join(shlex.quote(a) for a in opts.train_args))
     lines += [
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        'echo "aihpc: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0})'
+        'echo "aihpc: job $SLURM_JOB_ID (requeues ${SLURM_RESTART_COUNT:-0})'
         ' on $SLURM_JOB_NODELIST"',
         "",
         "# SIGUSR1 (the time limit is near): the ranks checkpoint and stop, then the job requeues.",
@@ -169,7 +169,7 @@ class JobState:
     reason: str
     exit_code: int | None
     signal: int | None
-    restarts: int
+    restarts: int  # Slurm's Restarts: how many times the job was requeued (SLURM_RESTART_COUNT)
     nodes: str
 
     @property
@@ -219,7 +219,7 @@ def follow_job(
             key = f"{label} {state.restarts}"
             if key != seen:
                 where = f" on {state.nodes}" if state.state == "RUNNING" and state.nodes else ""
-                again = f", restart {state.restarts}" if state.restarts else ""
+                again = f", requeues {state.restarts}" if state.restarts else ""
                 emit(f"job {job_id}: {label}{where}{again}")
                 seen = key
         if state is None or state.final:

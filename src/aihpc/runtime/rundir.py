@@ -138,11 +138,13 @@ def finished_summary(run_dir: Path, spec: RunSpec) -> dict[str, Any] | None:
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
     """Replace summary.json atomically; an extended run keeps the earlier sessions in
-    ``history`` (their final step, restarts and resume point)."""
+    ``history`` (their final step, restarts, requeues and resume point)."""
     previous = read_summary(run_dir)
     if previous and previous.get("final_step", -1) <= summary.get("resumed_from_step", -1):
         history = previous.pop("history", [])
-        keys = ("final_step", "restarts", "resumed_from_step", "world_size", "final_loss")
+        keys = (
+            "final_step", "restarts", "requeues", "resumed_from_step", "world_size", "final_loss"
+        )  # fmt: skip
         summary["history"] = [*history, {k: previous.get(k) for k in keys}]
     tmp = run_dir / "summary.json.tmp"
     tmp.write_text(to_json(summary, indent=2) + "\n")

@@ -1,11 +1,12 @@
 """What a launch reports at its end beside what it trained: the plan as laid out over the ranks,
-and the measured step time and MFU against ``aihpc estimate``'s prediction for the same spec with
-this trainer's software facts.
+the Slurm job it ran in and how often Slurm had requeued it, and the measured step time and MFU
+against ``aihpc estimate``'s prediction for the same spec with this trainer's software facts.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +15,7 @@ from aihpc.runspec import RunSpec
 if TYPE_CHECKING:
     from aihpc.runtime.mesh import Parallel
 
-__all__ = ["as_trained", "measured_vs_predicted", "plan_summary"]
+__all__ = ["as_trained", "measured_vs_predicted", "plan_summary", "slurm_job"]
 
 
 def as_trained(spec: RunSpec) -> RunSpec:
@@ -79,4 +80,17 @@ def plan_summary(par: Parallel) -> dict[str, Any]:
         "ep": d.ep,
         "sequence_parallel": d.sequence_parallel,
         "pp_schedule": d.pp_schedule if d.pp > 1 else None,
+    }
+
+
+def slurm_job(env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The Slurm job this launch ran in (``slurm_job_id``, None outside Slurm) and ``requeues``:
+    how many times Slurm had requeued it before this launch (``SLURM_RESTART_COUNT``, Slurm's
+    ``Restarts``, which ``aihpc launch --submit`` follows; preemption, ``scontrol requeue``, the
+    batch script's own requeue at the time limit, a node failure). 0 outside Slurm."""
+    env = os.environ if env is None else env
+    count = env.get("SLURM_RESTART_COUNT", "")
+    return {
+        "requeues": int(count) if count.isdigit() else 0,
+        "slurm_job_id": env.get("SLURM_JOB_ID") or None,
     }

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
@@ -56,7 +56,10 @@ from aihpc.runtime.rundir import (
     write_error_log,
     write_summary,
 )
-from aihpc.runtime.summary import measured_vs_predicted, plan_summary
+from aihpc.runtime.summary import measured_vs_predicted, plan_summary, slurm_job
+
+if TYPE_CHECKING:
+    from aihpc.runtime.mesh import Parallel
 
 __all__ = ["TrainOptions", "build_optimizer", "lr_lambda", "run", "train"]
 
@@ -149,29 +152,44 @@ def _train(
         16 * num_params / ctx.world_size, observe, memory,
     )  # fmt: skip
     result = run_loop(job, start, opts.progress)
-    watchdog.phase("final", bounds.final(manager.last_state_bytes or job.state_bytes_guess))
-    injector.fire(0, "final")
+    return _finish(job, result, start, source.get("source"), par, num_params)
+
+
+def _finish(
+    job: Job,
+    result: dict[str, Any],
+    start: int,
+    source: str | None,
+    par: Parallel,
+    num_params: int,
+) -> dict[str, Any]:
+    """After the last step: the final commit, the state hash, the memory tier freed, and the
+    summary of this launch."""
+    manager, memory, spec, ctx = job.manager, job.memory, job.spec, job.ctx
+    job.watchdog.phase("final", job.bounds.final(manager.last_state_bytes or job.state_bytes_guess))
+    job.injector.fire(0, "final")
     manager.close()
-    result["state_sha256"] = state_sha256(state)
+    result["state_sha256"] = state_sha256(job.state)
     if memory is not None:
         result["memory_checkpoint"] = memory.report()
         memory.discard()  # the run is over: its memory is freed
         memory.close()
-    result["restored_from"] = source.get("source")
+    result["restored_from"] = source
     plan = spec.plan()
     result.update(
-        restarts=watchdog.attempt,
+        restarts=job.watchdog.attempt,  # torchrun's restarts of the worker group in this launch
+        **slurm_job(),  # requeues: Slurm's of the job this launch ran in
         world_size=ctx.world_size,
         resumed_from_step=start,
         plan=plan_summary(par),
         zero_stage=plan.zero_stage,
         recompute=plan.recompute,
-        micro_batch_size=stepper.micro,
-        grad_accum_steps=plan.global_batch_size // (par.dims.dp * stepper.micro),
+        micro_batch_size=job.stepper.micro,
+        grad_accum_steps=plan.global_batch_size // (par.dims.dp * job.stepper.micro),
         num_params=num_params,
         performance=measured_vs_predicted(spec, job.step_times, ctx.world_size),
     )
-    events("done", step=result["final_step"])
+    job.events("done", step=result["final_step"])
     return result
 
 
