@@ -42,6 +42,13 @@ def test_nodes_tasks_and_rendezvous_from_the_plan(tmp_path: Path) -> None:
     assert "export NCCL_IB_TIMEOUT=22" in script  # 128 nodes: the scale-out fabric
     assert "NCCL_MNNVL_ENABLE" not in script  # an HGX node is its own NVLink domain
     assert 'scontrol requeue "$SLURM_JOB_ID"' in script
+    # torchrun's agent whose stop on a signal ends in one line; it waits for the last checkpoint
+    assert "-m aihpc.runtime.torchrun \\\n    --nnodes=" in script
+    assert "export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=120 " in script
+    # the time limit's SIGUSR1 reaches the ranks as SIGTERM through scancel, never through srun,
+    # which would kill its tasks at once
+    assert 'scancel --signal=TERM "$SLURM_JOB_ID"\' USR1' in script
+    assert "kill -TERM" not in script
     done = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
     assert done.returncode == 0, done.stderr
 

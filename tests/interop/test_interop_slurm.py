@@ -1,9 +1,10 @@
 """`aihpc launch --slurm` against a real Slurm (slurmctld + slurmd from Debian's slurm-wlm,
 started on this machine by tests/interop/slurm_cluster.py): a 2-rank job trains the tiny model;
 `scontrol requeue` of a job `aihpc launch --submit` follows makes the ranks checkpoint, the
-requeued job resumes from that checkpoint to the same final state as the uninterrupted job, and
-its summary counts the requeue as the follower does; `scancel` leaves every checkpoint
-intact."""
+preempted attempt ends its log with one line (no traceback), the requeued job resumes from that
+checkpoint to the same final state as the uninterrupted job, and its summary counts the requeue
+as the follower does; the time limit's warning (SIGUSR1 to the batch script) does the same
+through the script's own requeue; `scancel` leaves every checkpoint intact."""
 
 from __future__ import annotations
 
@@ -201,6 +202,22 @@ def test_requeue_resumes_to_the_same_state(requeued: dict, straight: dict) -> No
     assert summary["state_sha256"] == straight["summary"]["state_sha256"]
 
 
+def test_preempted_attempt_ends_in_one_line(requeued: dict) -> None:
+    """The attempt Slurm requeued stopped as designed: its log holds no traceback and its last
+    line of aihpc's says where the ranks stopped and what the requeued job resumes from."""
+    job, log = requeued["job"], requeued["log"]
+    assert "Traceback" not in log
+    first, sep, _ = log.partition(f"aihpc: job {job} (requeues 1) on ")
+    assert sep, log[-3000:]
+    step = _preempted_step(requeued["run_dir"])
+    ours = [ln for ln in first.splitlines() if ln.startswith("aihpc: ")]
+    assert ours[-1] == (
+        f"aihpc: stopped by SIGTERM after step {step} with its checkpoint committed; "
+        f"a requeued or resubmitted job resumes from step {step}"
+    ), first[-3000:]
+    assert "srun: error" not in first  # the node's task ended as designed, exit 0
+
+
 def test_summary_and_follower_count_the_requeue_alike(requeued: dict) -> None:
     """Slurm's count of requeues is the summary's `requeues`, in summary.json, in the line the
     job prints and in the follower's lines; `restarts` (torchrun's restarts of the worker group
@@ -213,6 +230,27 @@ def test_summary_and_follower_count_the_requeue_alike(requeued: dict) -> None:
     assert f"job {job}: RUNNING on localhost, requeues 1" in follow
     assert follow[-1] == f"job {job} COMPLETED, requeues 1, exit code 0"
     assert not [ln for ln in follow if re.search(r"\brestart \d", ln)]  # one word, one count
+
+
+def test_time_limit_warning_checkpoints_and_requeues(
+    slurm: dict[str, str], spec: Path, straight: dict, tmp_path: Path
+) -> None:
+    """`--signal=B:USR1@LEAD` warns the batch script before the time limit (sent here by
+    `scancel --batch --signal=USR1`): the ranks save the step in flight, the script requeues the
+    job, and the requeued job resumes from that step to the uninterrupted job's state."""
+    run_dir = tmp_path / "time-limit"
+    job = _sbatch(slurm, _script(slurm, spec, run_dir, slurm_cluster.free_port()))
+    _running_past(slurm, job, run_dir, 7)
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=slurm, check=True, timeout=30)
+    _resume(slurm, job)
+    final = _wait(slurm, job, {"COMPLETED", "FAILED", "CANCELLED"})
+    assert final["JobState"] == "COMPLETED" and final["Restarts"] == "1"
+    step = _preempted_step(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed_from_step"] == step >= 7 and summary["requeues"] == 1
+    assert summary["state_sha256"] == straight["summary"]["state_sha256"]
+    log = (run_dir / f"slurm-{job}.log").read_text()
+    assert "Traceback" not in log and f"aihpc: time limit near: requeueing job {job}" in log
 
 
 def test_cancel_leaves_checkpoints_intact(

@@ -1,13 +1,15 @@
 """``aihpc launch RUN.toml``: the sbatch script that runs ``aihpc train`` for the plan,
 and (``--submit``) submitting it and following the job.
 
-One Slurm task per node runs torchrun, which starts the node's ranks and meets the other nodes
-through a c10d rendezvous on the first node of the allocation. Preemption: ``--requeue`` lets
-Slurm requeue the job; ``--signal=B:USR1@LEAD`` warns the batch script LEAD seconds before the
-time limit, and it passes SIGTERM to the ranks (through srun and torchrun), which finish the
-step, checkpoint and exit (aihpc.resilience.preempt); the script then requeues the job, and the
-rerun resumes from that checkpoint. ``scancel`` and ``scontrol requeue`` send SIGTERM
-themselves, so they too leave a checkpoint of the step in flight.
+One Slurm task per node runs torchrun (``aihpc.runtime.torchrun``: torchrun's agent, whose stop
+on a signal ends in one line), which starts the node's ranks and meets the other nodes through a
+c10d rendezvous on the first node of the allocation. Preemption: ``--requeue`` lets Slurm
+requeue the job; ``scontrol requeue``, preemption and ``scancel`` send SIGTERM to every process
+of the job's steps, so the ranks finish the step, checkpoint and exit
+(aihpc.resilience.preempt), and a requeued job resumes from that checkpoint.
+``--signal=B:USR1@LEAD`` warns the batch script LEAD seconds before the time limit; it passes
+SIGTERM to the steps with ``scancel --signal`` (a signal to srun itself would make srun kill its
+tasks at once), waits for the checkpoint, then requeues the job.
 """
 
 from __future__ import annotations
@@ -87,6 +89,41 @@ def sbatch_script(spec: RunSpec, runspec_path: Path, opts: SlurmOptions) -> str:
         f"# aihpc train {runspec_path} under Slurm: {spec.model.name} on {c.num_gpus} x "
         f"{c.gpu.id}, tp {plan.tp} pp {plan.pp} cp {plan.cp} dp {plan.dp}.",
         "# Written by `aihpc launch`; one task per node runs torchrun for its ranks.",
+        *_directives(opts, nodes, per_node, run_dir),
+    ]
+    lines += ["", "set -uo pipefail"]
+    for name, value, why in nccl_env(spec):
+        lines.append(f"export {name}={shlex.quote(value)}  # {why}")
+    for name, value in opts.env:
+        lines.append(f"export {name}={shlex.quote(value)}")
+    lines.append(f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-{1 if per_node > 1 else 4}}}")
+    lines.append(
+        f"export TORCH_ELASTIC_SHUTDOWN_TIMEOUT={opts.signal_lead_s}"
+        "  # torchrun's wait for the ranks' last checkpoint (default 30 s)"
+    )
+    launch = [
+        f"{shlex.quote(opts.python)} -m aihpc.runtime.torchrun",
+        f"--nnodes=$SLURM_JOB_NUM_NODES --nproc-per-node={per_node}",
+        f'--rdzv-backend=c10d --rdzv-endpoint="$head_node:{opts.rdzv_port}"',
+        '--rdzv-id="$SLURM_JOB_ID"',
+        f"-m aihpc train {shlex.quote(str(runspec_path.resolve()))}",
+        f"--run-dir {shlex.quote(str(run_dir))}",
+    ]
+    if opts.train_args:
+        launch.append(" ".join(shlex.quote(a) for a in opts.train_args))
+    lines += [
+        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        'echo "aihpc: job $SLURM_JOB_ID (requeues ${SLURM_RESTART_COUNT:-0})'
+        ' on $SLURM_JOB_NODELIST"',
+        "",
+        *_stop_handling(launch),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _directives(opts: SlurmOptions, nodes: int, per_node: int, run_dir: Path) -> list[str]:
+    """The script's ``#SBATCH`` lines: the allocation, the log, requeue and the warning."""
+    lines = [
         f"#SBATCH --job-name={opts.job_name}",
         f"#SBATCH --nodes={nodes}",
         "#SBATCH --ntasks-per-node=1",
@@ -102,50 +139,37 @@ def sbatch_script(spec: RunSpec, runspec_path: Path, opts: SlurmOptions) -> str:
         f"#SBATCH --signal=B:USR1@{opts.signal_lead_s}",
     ]
     site = (("partition", opts.partition), ("account", opts.account), ("time", opts.time_limit))
-    for flag, value in site:
-        if value:
-            lines.append(f"#SBATCH --{flag}={value}")
+    lines += [f"#SBATCH --{flag}={value}" for flag, value in site if value]
     if opts.exclude:
         lines.append(f"#SBATCH --exclude={','.join(opts.exclude)}")
-    lines += ["", "set -uo pipefail"]
-    for name, value, why in nccl_env(spec):
-        lines.append(f"export {name}={shlex.quote(value)}  # {why}")
-    for name, value in opts.env:
-        lines.append(f"export {name}={shlex.quote(value)}")
-    lines.append(f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-{1 if per_node > 1 else 4}}}")
-    launch = [
-        f"{shlex.quote(opts.python)} -m torch.distributed.run",
-        f"--nnodes=$SLURM_JOB_NUM_NODES --nproc-per-node={per_node}",
-        f'--rdzv-backend=c10d --rdzv-endpoint="$head_node:{opts.rdzv_port}"',
-        '--rdzv-id="$SLURM_JOB_ID"',
-        f"-m aihpc train {shlex.quote(str(runspec_path.resolve()))}",
-        f"--run-dir {shlex.quote(str(run_dir))}",
-    ]
-    if opts.train_args:
-        launch.append(" ".join(shlex.quote(a) for a in opts.train_args))
-    lines += [
-        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        'echo "aihpc: job $SLURM_JOB_ID (requeues ${SLURM_RESTART_COUNT:-0})'
-        ' on $SLURM_JOB_NODELIST"',
-        "",
-        "# SIGUSR1 (the time limit is near): the ranks checkpoint and stop, then the job requeues.",
-        "# SIGTERM (scancel, scontrol requeue, preemption): the ranks checkpoint and stop.",
-        "requeue=0",
-        'trap \'requeue=1; echo "aihpc: time limit near: final checkpoint";'
-        ' kill -TERM "$srun_pid"\' USR1',
-        'trap \'echo "aihpc: SIGTERM: final checkpoint"; kill -TERM "$srun_pid"\' TERM',
+    return lines
+
+
+def _stop_handling(launch: list[str]) -> list[str]:
+    """The script's srun and what it does on SIGTERM and on the time limit's SIGUSR1."""
+    return [
+        "# SIGTERM (scontrol requeue, preemption, scancel): Slurm signals every process of the",
+        "# job's steps; the ranks finish their step, checkpoint and stop.",
+        "# SIGUSR1 (the time limit is near): the same SIGTERM to the steps (a signal to srun would",
+        "# make it kill its tasks at once), then the job requeues.",
+        'stop=""',
+        'trap \'stop=USR1; echo "aihpc: time limit near: final checkpoint";'
+        ' scancel --signal=TERM "$SLURM_JOB_ID"\' USR1',
+        "trap 'stop=TERM; echo \"aihpc: SIGTERM: final checkpoint\"' TERM",
         "srun --kill-on-bad-exit=1 --ntasks-per-node=1 \\",
         "    " + " \\\n    ".join(launch) + " &",
         "srun_pid=$!",
         'while :; do wait "$srun_pid"; rc=$?; kill -0 "$srun_pid" 2>/dev/null || break; done',
-        'if [ "$requeue" = 1 ]; then',
-        '    echo "aihpc: checkpoint taken; requeueing job $SLURM_JOB_ID"',
+        "# after a signal, exit 0 means the ranks stopped with their checkpoint committed (its",
+        "# one line is above); anything else is worth a line of its own",
+        'if [ -z "$stop" ] || [ "$rc" != 0 ]; then echo "aihpc: training exited $rc"; fi',
+        'if [ "$stop" = USR1 ]; then',
+        '    echo "aihpc: time limit near: requeueing job $SLURM_JOB_ID"',
+        "    trap - TERM",
         '    scontrol requeue "$SLURM_JOB_ID"',
         "fi",
-        'echo "aihpc: training exited $rc"',
         'exit "$rc"',
     ]
-    return "\n".join(lines) + "\n"
 
 
 def _run(cmd: list[str]) -> str:

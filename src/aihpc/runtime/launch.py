@@ -1,5 +1,7 @@
 """Start torchrun's elastic agent in this process, with the training command as its workers,
-and, when the job fails for good, say in one line what failed first and how to resume."""
+and, when the job fails for good, say in one line what failed first and how to resume; when a
+signal stops the job (Slurm's preemption, requeue or scancel), say in one line where the ranks
+stopped and what a rerun resumes from."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from aihpc.resilience.manifest import committed_checkpoints
 from aihpc.resilience.watchdog import HANG_EXIT_CODE, ORPHAN_EXIT_CODE
 from aihpc.runtime.distributed import free_port
 
-__all__ = ["describe_failure", "launch_elastic"]
+__all__ = ["describe_failure", "launch_elastic", "stop_report"]
 
 
 def launch_elastic(
@@ -89,11 +91,7 @@ def _cause(rank: int, failure: Any, run_dir: Path) -> str:
     if code < 0 and -code in _TEARDOWN_SIGNALS and logged is not None:
         return f"rank {rank} failed: {logged}"  # stopped while tearing down after its error
     if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"rank {rank} was killed by {name}"
+        return f"rank {rank} was killed by {_signal_name(-code)}"
     if code == HANG_EXIT_CODE:
         hang = _last_event(run_dir, "hang_detected")
         where = f" in phase {hang.get('phase')} after step {hang.get('step')}" if hang else ""
@@ -102,6 +100,13 @@ def _cause(rank: int, failure: Any, run_dir: Path) -> str:
         return f"rank {rank} lost its launcher"
     line = _last_error_line(run_dir, rank)
     return f"rank {rank} failed: {line}" if line else f"rank {rank} exited with code {code}"
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 # Ways a rank ends that follow from another rank's failure, not cause one: the agent's SIGTERM
@@ -158,6 +163,34 @@ def describe_failure(failures: dict[int, Any], run_dir: Path, max_restarts: int)
     return f"training failed after {max_restarts} restart(s): {cause}; {resume}"
 
 
+def stop_report(run_dir: Path, signum: int, since: float) -> tuple[int, str]:
+    """(exit code, one line) for an agent that ``signum`` stopped, from what the ranks recorded
+    after ``since`` (this launch's start): 0 when they stopped after a step whose checkpoint is
+    committed (aihpc.resilience.preempt: a preemption handled as designed), or when training
+    had finished; else 128 + ``signum``, naming the checkpoint a rerun resumes from."""
+    name = _signal_name(signum)
+    committed = [c.step for c in committed_checkpoints(run_dir / "checkpoints")[0]]
+    stopped = _last_event(run_dir, "preempted", since)
+    if stopped is not None and stopped.get("step") in committed:
+        step = stopped["step"]
+        return 0, (
+            f"aihpc: stopped by {name} after step {step} with its checkpoint committed; "
+            f"a requeued or resubmitted job resumes from step {step}"
+        )
+    done = _last_event(run_dir, "done", since)
+    if done is not None:
+        return 0, f"aihpc: {name} came after training finished at step {done.get('step')}"
+    resume = (
+        f"resumes from step {committed[-1]}, the newest committed checkpoint"
+        if committed
+        else "starts over: no checkpoint was committed"
+    )
+    return 128 + signum, (
+        f"aihpc: stopped by {name} before the ranks saved a final checkpoint; "
+        f"a requeued or resubmitted job {resume}"
+    )
+
+
 def _attempt_logs(run_dir: Path, rank: int) -> list[Path]:
     return sorted(
         (run_dir / "logs").glob(f"rank-{rank}.attempt-*.log"), key=lambda p: p.stat().st_mtime
@@ -194,7 +227,8 @@ def _logged_by(run_dir: Path, rank: int, failure: Any) -> str | None:
     return lines[-1][:300] if headers[-1] != lines[-1] else None
 
 
-def _last_event(run_dir: Path, name: str) -> dict[str, Any] | None:
+def _last_event(run_dir: Path, name: str, since: float = 0.0) -> dict[str, Any] | None:
+    """The last event ``name`` in events.jsonl recorded at ``since`` or later."""
     try:
         lines = (run_dir / "events.jsonl").read_text(errors="replace").splitlines()
     except OSError:
@@ -205,5 +239,7 @@ def _last_event(run_dir: Path, name: str) -> dict[str, Any] | None:
         except ValueError:
             continue
         if isinstance(event, dict) and event.get("event") == name:
-            return event
+            stamp = event.get("time_unix")
+            late = isinstance(stamp, int | float) and stamp >= since
+            return event if late or not since else None
     return None

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -82,6 +82,21 @@ def snapshot(job: Job, step: int) -> None:
     job.watchdog.beat(step)
 
 
+def _preempt(job: Job, step: int, signum: int, saved: bool) -> NoReturn:
+    """Checkpoint ``step`` (unless it just was), record the stop and exit 128 + ``signum``.
+
+    No rank leaves before rank 0 has committed the checkpoint (the other ranks of an async save
+    are done before that commit): a node whose ranks had left would report no checkpoint
+    (aihpc.runtime.torchrun), and ``srun --kill-on-bad-exit`` would end the others mid-commit."""
+    if not saved:
+        checkpoint(job, step)
+    job.manager.close()
+    job.events("preempted", step=step, signal=signum)
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+    raise Preempted(signum, step)
+
+
 def run_loop(job: Job, start: int, progress: bool) -> dict[str, Any]:
     ctx, spec, t, stepper = job.ctx, job.spec, job.spec.training, job.stepper
     tokens_per_step = spec.plan().global_batch_size * stepper.loader.seq_len
@@ -133,11 +148,7 @@ def run_loop(job: Job, start: int, progress: bool) -> dict[str, Any]:
                 snapshot(job, step)
             signum = preempt.agreed(device=ctx.device)  # SIGTERM / SIGUSR1: save, exit 128+sig
             if signum:
-                if not saved:
-                    checkpoint(job, step)
-                job.manager.close()
-                job.events("preempted", step=step, signal=signum)
-                raise Preempted(signum, step)
+                _preempt(job, step, signum, saved)
             if job.injector.due(step, "step", ("kill", "hang", "exception")):
                 kinds = [f.kind for f in job.injector.due(step, "step")]
                 job.events("fault", step=step, kinds=kinds)
