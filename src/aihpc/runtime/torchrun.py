@@ -2,7 +2,7 @@
 for ``aihpc train``, whose stop on a signal ends in one line instead of a traceback.
 
 Slurm sends SIGTERM to every process of a job's steps on ``scontrol requeue``, preemption and
-``scancel``, and the batch script ``aihpc launch --slurm`` writes passes the time limit's warning
+``scancel``, and the batch script ``aihpc launch`` writes passes the time limit's warning
 on the same way. torchrun's agent turns the signal into ``SignalException``: it signals its
 workers, which finish their step, checkpoint and exit (aihpc.resilience.preempt), then raises it
 again, so the log of every preempted attempt ended in a Python traceback and the node's task
