@@ -13,11 +13,12 @@ from aihpc.runspec import SpecError, runspec_from_dict
 
 
 def _spec(gpu: str = "h100-sxm", num_gpus: int = 1024, **cluster) -> object:
+    dp = num_gpus // (8 * 4)  # a batch the derived dp divides (1,152 GB200s: dp 36)
     return runspec_from_dict(
         {
             "model": {"preset": "llama3-70b"},
             "cluster": {"gpu": gpu, "num_gpus": num_gpus, **cluster},
-            "parallel": {"tp": 8, "pp": 4, "global_batch_size": 512},
+            "parallel": {"tp": 8, "pp": 4, "global_batch_size": 16 * dp},
         }
     )
 
