@@ -56,7 +56,7 @@ from aihpc.runtime.rundir import (
     write_error_log,
     write_summary,
 )
-from aihpc.runtime.summary import measured_vs_predicted, plan_summary
+from aihpc.runtime.summary import device_label, measured_vs_predicted, plan_summary
 
 __all__ = ["TrainOptions", "build_optimizer", "lr_lambda", "run", "train"]
 
@@ -169,7 +169,9 @@ def _train(
         micro_batch_size=stepper.micro,
         grad_accum_steps=plan.global_batch_size // (par.dims.dp * stepper.micro),
         num_params=num_params,
-        performance=measured_vs_predicted(spec, job.step_times, ctx.world_size),
+        performance=measured_vs_predicted(
+            spec, job.step_times, ctx.world_size, device_label(ctx.device)
+        ),
     )
     events("done", step=result["final_step"])
     return result
