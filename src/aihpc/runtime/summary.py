@@ -100,7 +100,7 @@ def spec_for_this_machine(
     return None, (
         f"no prediction for this machine ({device}, {world_size} rank(s)): {why}; `aihpc "
         f"calibrate --local --nproc {world_size} --spec {src}` measures this host and writes "
-        f"{name}, which aihpc train then compares with"
+        f"{name}, which the next `aihpc train` compares with"
     )
 
 
