@@ -80,7 +80,7 @@ def test_comm_table_json_file_then_calibrate(tmp_path):
         assert int(row[0]) == r["size_bytes"]
         assert abs(float(row[5]) - r["time_us"]) <= half_digit * (1 + 1e-9), (row[5], r["time_us"])
     out = tmp_path / "cal.toml"
-    res = _cli("calibrate", str(tmp_path / "comm.json"), "-O", str(out), "--regimes", "2")
+    res = _cli("calibrate", str(tmp_path / "comm.json"), "-o", str(out), "--regimes", "2")
     assert res.returncode == 0, res.stderr
     cal = load_calibration(out)
     for coll in ("all_reduce", "all_gather", "broadcast"):
@@ -140,7 +140,7 @@ def test_gemm_cli_and_calibrate(tmp_path):
         assert r["gflop"] == pytest.approx(2 * r["m"] * r["n"] * r["k"] / 1e9)
         assert r["tflops"] == pytest.approx(r["gflop"] / 1e3 / (r["time_us"] * 1e-6))
     res = CliRunner().invoke(
-        app, ["calibrate", str(tmp_path / "gemm.json"), "-O", str(tmp_path / "g.toml")]
+        app, ["calibrate", str(tmp_path / "gemm.json"), "-o", str(tmp_path / "g.toml")]
     )
     assert res.exit_code == 0, res.output
     g = load_calibration(tmp_path / "g.toml").gemm["fp32"]

@@ -162,7 +162,7 @@ def test_calibrate_cli_from_nccl_tests_logs(tmp_path):
             "all_gather_perf_2x8xH100_ib.txt",
         )
     ]
-    res = _cli("calibrate", *map(str, logs), "-O", str(out), "--json")
+    res = _cli("calibrate", *map(str, logs), "-o", str(out), "--json")
     assert res.returncode == 0, res.stderr
     summary = json.loads(res.stdout)
     keys = {(c["collective"], c["tier"], c["num_ranks"]) for c in summary["comm"]}
@@ -235,7 +235,7 @@ def test_calibrate_cli_bad_input_exit_2(tmp_path, monkeypatch, args, needle):
         (DATA / "all_reduce_perf_8xH100_1node.txt").read_text()
     )
     monkeypatch.chdir(tmp_path)
-    res = CliRunner().invoke(app, ["calibrate", *args, "-O", "out.toml"])
+    res = CliRunner().invoke(app, ["calibrate", *args, "-o", "out.toml"])
     assert res.exit_code == 2, res.output
     assert needle in res.stderr and "Traceback" not in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
@@ -252,12 +252,12 @@ def test_calibrate_output_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     # a folder in the way: one line, exit 2, nothing left behind
     (tmp_path / "taken").mkdir()
-    res = CliRunner().invoke(app, ["calibrate", log, "-O", "taken"])
+    res = CliRunner().invoke(app, ["calibrate", log, "-o", "taken"])
     assert res.exit_code == 2 and "--output" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
     # a folder that does not exist is not created (a typo would hide the file): one line, exit 2
-    res = CliRunner().invoke(app, ["calibrate", log, "-O", "new/cal.toml"])
+    res = CliRunner().invoke(app, ["calibrate", log, "-o", "new/cal.toml"])
     assert res.exit_code == 2 and "folder 'new' does not exist" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
@@ -266,7 +266,7 @@ def test_calibrate_output_path(tmp_path, monkeypatch):
     (tmp_path / "new").mkdir()
     old = os.umask(0o022)
     try:
-        res = CliRunner().invoke(app, ["calibrate", log, "-O", "new/cal.toml"])
+        res = CliRunner().invoke(app, ["calibrate", log, "-o", "new/cal.toml"])
     finally:
         os.umask(old)
     assert res.exit_code == 0, res.output
@@ -357,7 +357,7 @@ def test_calibrate_says_which_regime_it_capped(tmp_path):
         ],
     }
     (tmp_path / "bench.json").write_text(json.dumps(doc))
-    args = ["calibrate", str(tmp_path / "bench.json"), "-O", str(tmp_path / "cal.toml")]
+    args = ["calibrate", str(tmp_path / "bench.json"), "-o", str(tmp_path / "cal.toml")]
     res = CliRunner().invoke(app, [*args, "--regimes", "2"])
     assert res.exit_code == 0, res.output
     assert "regime 1: its sizes fit a busbw of" in res.stderr and "best measured" in res.stderr

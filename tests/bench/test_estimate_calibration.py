@@ -57,7 +57,7 @@ def test_calibrated_bandwidth_drives_estimate(tmp_path):
         str(DATA / "all_reduce_perf_8xH100_1node.txt"),
         str(DATA / "all_reduce_perf_2x8xH100_ib.txt"),
     ]
-    res = CliRunner().invoke(app, ["calibrate", *logs, "-O", str(tmp_path / "cal.toml")])
+    res = CliRunner().invoke(app, ["calibrate", *logs, "-o", str(tmp_path / "cal.toml")])
     assert res.exit_code == 0, res.output
     cal = load_calibration(tmp_path / "cal.toml")
     (tmp_path / "half.toml").write_text(calibration_to_toml(_scaled(cal, 0.5)))
@@ -79,7 +79,7 @@ def test_calibrated_bandwidth_drives_estimate(tmp_path):
 
 
 def _calibrate(tmp_path: Path, log: str, name: str) -> None:
-    res = CliRunner().invoke(app, ["calibrate", str(DATA / log), "-O", str(tmp_path / name)])
+    res = CliRunner().invoke(app, ["calibrate", str(DATA / log), "-o", str(tmp_path / name)])
     assert res.exit_code == 0, res.output
 
 

@@ -71,7 +71,7 @@ def test_results_calibrate_the_all_to_all(doc, tmp_path):
         ("all_to_all", "scale_out", 4)
     }
     out = tmp_path / "c.toml"
-    res = runner.invoke(app, ["calibrate", str(path), "-O", str(out), "--regimes", "1"])
+    res = runner.invoke(app, ["calibrate", str(path), "-o", str(out), "--regimes", "1"])
     assert res.exit_code == 0, res.output
     fit = load_calibration(out).comm_fit("all_to_all", "scale_out")
     assert fit is not None and fit.num_ranks == 4 and fit.ranks_per_domain == 2

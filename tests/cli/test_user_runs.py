@@ -82,18 +82,21 @@ def test_bad_cell_is_one_line_naming_row_column_value(
         writer.writeheader()
         writer.writerows(rows)
     _one_line_exit_2(_run("validate", "--runs", str(template)), *words)
-    _one_line_exit_2(_run("calibrate", "--runs", str(template), "-O", "x.toml"), *words)
+    _one_line_exit_2(_run("calibrate", "--runs", str(template), "-o", "x.toml"), *words)
 
 
 def test_calibrate_runs_writes_what_estimate_and_validate_use(
     template: Path, tmp_path: Path
 ) -> None:
     cal = tmp_path / "cal.toml"
-    r = _run("calibrate", "--runs", str(template), "--fit", "gemm", "-O", str(cal), "--json")
+    r = _run("calibrate", "--runs", str(template), "--fit", "gemm", "-o", str(cal), "--json")
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["fitted"] == ["gemm"] and out["num_runs"] == 2
     assert {"default_mape", "fitted_mape", "loo_mape"} <= set(out)
+    # the template's two runs: the fit to one prices the other worse than the defaults do
+    assert out["loo_beats_default"] is (out["loo_mape"] < out["default_mape"]) is False
+    assert len(out["warnings"]) == 1 and "out of sample" in r.stderr
     assert [row["id"] for row in out["rows"]] == ["llama8b-fsdp", "mcore-1.7b"]
     table = tomllib.loads(cal.read_text())["efficiency"]
     assert table["gemm"] == pytest.approx(out["scales"]["gemm"]) and table["num_runs"] == 2
@@ -128,4 +131,71 @@ def test_calibrate_runs_writes_what_estimate_and_validate_use(
 )
 def test_calibrate_runs_refuses_bad_flags(template: Path, args: list[str], words) -> None:
     args = [str(template) if a == "RUNS" else a for a in args]
-    _one_line_exit_2(_run("calibrate", *args, "-O", "x.toml"), *words)
+    _one_line_exit_2(_run("calibrate", *args, "-o", "x.toml"), *words)
+
+
+def _published(tmp_path: Path, name: str, ids: tuple[str, ...]) -> Path:
+    """A runs CSV of the published rows ``ids`` (the runs CSV reads the published columns)."""
+    from aihpc.perf.fit.validate import data_file
+
+    with open(data_file("published_runs.csv"), newline="") as fh:
+        reader = csv.DictReader(fh)
+        rows = [r for r in reader if r["id"] in ids]
+        columns = reader.fieldnames
+    path = tmp_path / name
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def test_calibrate_runs_warns_when_the_fit_loses_out_of_sample(tmp_path: Path) -> None:
+    """Four runs of two clusters and three multipliers: the fit lowers its own error, but each
+    run priced by a fit to the other three is further off than at the default constants. The
+    calibration is written (asked for), with the warning on stderr, in --json and in the file."""
+    runs = _published(tmp_path, "few.csv", ("A03", "B02", "B08", "A14"))
+    cal = tmp_path / "few-cal.toml"
+    r = _run("calibrate", "--runs", str(runs), "-o", str(cal), "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert len(out["fitted"]) == 3 and out["num_runs"] == 4
+    assert out["fitted_mape"] < out["default_mape"] <= out["loo_mape"]
+    assert out["loo_beats_default"] is False
+    [warning] = out["warnings"]
+    for figure in (out["loo_mape"], out["default_mape"]):
+        assert f"{figure:.1%}" in warning
+    assert "warning: the fit does not beat the default constants out of sample" in r.stderr
+    assert f"leave-one-out MAPE {out['loo_mape']:.1%}" in r.stderr
+    text = cal.read_text()
+    assert f"# WARNING: {warning}" in text
+    assert tomllib.loads(text)["efficiency"]["loo_mape"] == pytest.approx(out["loo_mape"])
+    # the table's output ends with the warning, after the line saying what was written
+    table = _run("calibrate", "--runs", str(runs), "-o", str(cal))
+    assert table.exit_code == 0 and "wrote" in table.stdout
+    assert table.stderr.strip().splitlines()[-1].startswith("warning: the fit does not beat")
+
+
+def test_calibrate_runs_is_quiet_when_the_fit_helps_out_of_sample(tmp_path: Path) -> None:
+    """Megatron-Core's nine rows and the GEMM multiplier: leave-one-out well under the
+    defaults' error (docs/performance-model.md), so no warning anywhere."""
+    runs = _published(tmp_path, "mcore.csv", tuple(f"D0{i}" for i in range(1, 10)))
+    cal = tmp_path / "mcore-cal.toml"
+    r = _run("calibrate", "--runs", str(runs), "--fit", "gemm", "-o", str(cal), "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["num_runs"] == 9 and out["loo_mape"] < out["default_mape"]
+    assert out["loo_beats_default"] is True and out["warnings"] == []
+    assert "warning" not in r.stderr and "WARNING" not in cal.read_text()
+
+
+def test_check_set_no_better_than_the_defaults_is_warned(tmp_path: Path) -> None:
+    """The four-run fit carried to Megatron-Core's rows prices them worse than the defaults."""
+    runs = _published(tmp_path, "few.csv", ("A03", "B02", "B08", "A14"))
+    check = _published(tmp_path, "mcore.csv", tuple(f"D0{i}" for i in range(1, 10)))
+    cal = str(tmp_path / "x.toml")
+    r = _run("calibrate", "--runs", str(runs), "--check", str(check), "-o", cal, "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["check"]["calibrated_mape"] >= out["check"]["default_mape"]
+    assert len(out["warnings"]) == 2 and out["warnings"][1].startswith("on the --check runs")

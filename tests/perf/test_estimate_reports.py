@@ -176,4 +176,3 @@ def test_a_plan_searched_with_headroom_keeps_it_in_the_file(tmp_path: Path) -> N
     written = load_runspec(out)
     assert written.cluster.memory_headroom_gib == 12
     assert estimate(written).memory.total / 2**30 <= written.cluster.usable_hbm_gib
-

@@ -60,11 +60,16 @@ def ref1(tmp_path_factory):
     return summary, losses(d / "run"), d
 
 
-def test_summary_sets_measured_beside_predicted(ref1):
-    """The run's median step time (steps after the first, from metrics.jsonl) and MFU over the
-    spec's peak, beside aihpc estimate's figures for the same spec."""
+def test_summary_sets_measured_beside_predicted(ref1, tmp_path):
+    """The run's median step time (steps after the first, from metrics.jsonl) and MFU beside
+    aihpc estimate's figures for the same spec, on the machine the run ran on. The spec is an
+    H100's and this is a CPU: with no copy of the spec for this host, no prediction and a line
+    saying how to get one (it read "-100%", issue 34); with the copy `aihpc calibrate --local
+    --spec` writes beside the spec, the prediction for this host."""
+    import dataclasses
     import statistics
 
+    from aihpc.cli.train import _performance_line
     from aihpc.perf.step import estimate
     from aihpc.perf.step.flops import model_flops_per_token
     from aihpc.runspec import load_runspec
@@ -75,23 +80,63 @@ def test_summary_sets_measured_beside_predicted(ref1):
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     median = statistics.median(r["step_time_s"] for r in rows[1:])
     assert perf["measured_step_time_s"] == pytest.approx(median, rel=1e-12)
-    # priced with the trainer's own software: eager element-wise ops and loss
-    from aihpc.runtime.summary import as_trained
-
-    trained = as_trained(spec)
-    assert not trained.training.fused_kernels and trained.training.cross_entropy == "eager"
-    assert trained.training.tp_comm_overlap == "none"
-    assert trained.model == spec.model and trained.plan() == spec.plan()
-    est = estimate(trained)
-    assert est.step_time_s > estimate(spec).step_time_s  # the eager bytes are priced
-    assert perf["predicted_step_time_s"] == pytest.approx(est.step_time_s, rel=1e-12)
-    assert perf["predicted_mfu"] == pytest.approx(est.mfu, rel=1e-12)
+    assert perf["device"] == "cpu" and perf["prediction_for"] is None
+    assert perf["predicted_step_time_s"] is perf["step_time_error"] is None
+    assert perf["no_prediction"].startswith("no prediction for this machine (cpu, 1 rank(s))")
+    assert "aihpc calibrate --local --nproc 1 --spec" in perf["no_prediction"]
+    assert "no prediction for this machine" in _performance_line(perf)
     tokens = spec.plan().global_batch_size * spec.model.seq_length
     peak = spec.cluster.gpu.peak_tflops(spec.training.precision) * 1e12
     mfu = model_flops_per_token(spec.model) * tokens / (median * peak)
-    assert perf["measured_mfu"] == pytest.approx(mfu, rel=1e-9)
+    assert perf["measured_mfu"] == pytest.approx(mfu, rel=1e-9)  # over the spec's H100
+
+    # the same run with this host's copy of the spec beside it
+    write_spec(tmp_path / "run.toml")
+    local = HOST_COPY.format(n=1)
+    (tmp_path / "run.local.toml").write_text(local)
+    perf = ok(train(tmp_path / "run.toml", tmp_path / "run"))["performance"]
+    assert perf["prediction_for"] == str(tmp_path / "run.local.toml")
+    host = load_runspec(tmp_path / "run.local.toml").cluster
+    priced = dataclasses.replace(spec, cluster=host)
+    # priced with the trainer's own software: eager element-wise ops and loss
+    from aihpc.runtime.summary import as_trained
+
+    trained = as_trained(priced)
+    assert not trained.training.fused_kernels and trained.training.cross_entropy == "eager"
+    assert trained.training.tp_comm_overlap == "none"
+    assert trained.model == spec.model and trained.plan() == priced.plan()
+    est = estimate(trained)
+    assert est.step_time_s > estimate(priced).step_time_s  # the eager bytes are priced
+    assert perf["predicted_step_time_s"] == pytest.approx(est.step_time_s, rel=1e-12)
+    assert perf["predicted_mfu"] == pytest.approx(est.mfu, rel=1e-12)
     err = perf["predicted_step_time_s"] / perf["measured_step_time_s"] - 1
     assert perf["step_time_error"] == pytest.approx(err, rel=1e-12)
+    assert perf["no_prediction"] is None
+
+
+# [cluster] as `aihpc calibrate --local --nproc N` wrote it on the 2-core CI host
+HOST_COPY = """
+[model]
+preset = "tiny-llama"
+[cluster]
+num_gpus = {n}
+gpus_per_node = {n}
+[cluster.gpu_spec]
+name = "CPU x86_64 (1 threads) as {n} rank(s)"
+bf16_tflops = 0.0951
+fp32_tflops = 0.0951
+hbm_gib = 11.8
+hbm_bw_GBps = 19.6
+scale_up_bw_GBps = 1.39
+scale_up_domain = {n}
+scale_out_bw_GBps = 1.39
+gpus_per_node = {n}
+gemm_efficiency = 1.0
+attention_fwd_efficiency = 0.164
+attention_bwd_efficiency = 0.188
+attention_tokens = 64
+host_is_device = true
+"""
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,10 @@ Measures what the model needs to price a plan on this host, with the project's o
   gives each of N local ranks ``OMP_NUM_THREADS=1`` when N > 1; one rank keeps every core);
 * the collectives the trainer uses, on N local ranks of this host's backend (``aihpc bench
   comm``: gloo on CPUs, NCCL on GPUs), fitted as ``aihpc calibrate`` fits any measurement;
-* memory bandwidth (a large tensor copy: read + write bytes over time) for the memory-bound
-  terms (optimizer step, elementwise work);
+* memory bandwidth (a large tensor copy: read + write bytes over time; on a CPU also over the
+  copying thread's CPU time, which other jobs on the host do not stretch) for the memory-bound
+  terms (optimizer step, elementwise work), measured first and refused when no memory of the
+  device's kind could give it (``check_memory_bandwidth``);
 * on a CPU, the host time DTensor's dispatch adds to one op of the trainer's tensor-parallel
   decoder (bench/dtensor_host.py), which the model prices under eager DTensor;
 * causal scaled-dot-product attention forward and backward, as fractions of the best GEMM rate
@@ -34,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,11 +46,16 @@ from aihpc.bench.local_sync import CallCost
 __all__ = [
     "AttentionCurve",
     "LocalMeasurement",
+    "MeasurementError",
+    "PLAUSIBLE_MEM_BW_GBps",
     "attention_curve",
     "attention_shape",
+    "check_memory_bandwidth",
     "half_tokens",
+    "load_warning",
     "local_gpu_spec",
     "measure_local",
+    "memory_bandwidth_GBps",
 ]
 
 # Square GEMMs spanning a tiny model's layer shapes (dim 64 .. 1024 x tokens 256 .. 4096).
@@ -81,22 +89,80 @@ def _threads(nproc: int) -> int:
     return max(1, os.cpu_count() or 1) if nproc == 1 else 1
 
 
-def _memory_bandwidth_GBps(device: Any) -> float:
-    """Best of five copies of 64 MiB: bytes read + written over time."""
+_COPY_BYTES = 64 << 20  # beyond any last-level cache a rank sees
+_COPIES = 5
+# What a copy of _COPY_BYTES reaches, bytes read + written, on any device of its kind: the floor
+# a DDR3 channel or a phone's LPDDR clears with one core (this 2-core host: 18-26 GB/s on one
+# thread), a GPU's a GDDR card's; the ceiling beyond a socket's DRAM (HBM Xeons: ~1 TB/s) and a
+# B200's 8 TB/s. A figure outside is a measurement gone wrong, not a fact of the host.
+PLAUSIBLE_MEM_BW_GBps = {"cpu": (1.0, 2000.0), "cuda": (20.0, 20000.0)}
+
+
+class MeasurementError(RuntimeError):
+    """A figure ``calibrate --local`` measured is not one the device can have: nothing is
+    written (exit 1), where a wrong figure would price every plan on this host wrongly."""
+
+
+def _best_seconds(copy: Any, clock: Any, sync: Any) -> float:
+    """The fastest of _COPIES timings of ``copy()`` on ``clock`` (inf when the clock never
+    moved: a clock coarser than one copy)."""
+    best = float("inf")
+    for _ in range(_COPIES):
+        sync()
+        t0 = clock()
+        copy()
+        sync()
+        if (dt := clock() - t0) > 0:
+            best = min(best, dt)
+    return best
+
+
+def memory_bandwidth_GBps(device: Any) -> float:
+    """One rank's memory bandwidth: the best of five copies of 64 MiB at the rank's thread
+    count, bytes read + written over the time the copy ran.
+
+    On a CPU the copy is also timed on one thread's own CPU time (``time.thread_time``), and
+    the larger figure kept (each is a floor of the rank's: one thread's of its threads', a
+    descheduled wall clock's of its own). The wall clock alone measures the share of a core
+    the scheduler gave the copy: with 15 busy processes on the copy's core it gave 0.86 GB/s
+    where the thread's CPU time gave 18.6 (this 2-core host), and issue 34's host, at load
+    10-30, wrote 0.30 GB/s. The destination is touched once first: page faults are not
+    bandwidth (the first copy ran at a fifth of the others)."""
     import torch
 
-    a = torch.empty(16 << 20, dtype=torch.float32, device=device).fill_(1.0)
-    b = torch.empty_like(a)
-    best = float("inf")
-    for _ in range(5):
-        if device.type == "cuda":
+    a = torch.empty(_COPY_BYTES // 4, dtype=torch.float32, device=device).fill_(1.0)
+    b = torch.empty_like(a).copy_(a)
+    nbytes = 2 * _COPY_BYTES
+    cuda = device.type == "cuda"
+
+    def sync() -> None:
+        if cuda:
             torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        b.copy_(a)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * a.numel() * a.element_size() / best / 1e9
+
+    best = nbytes / _best_seconds(lambda: b.copy_(a), time.perf_counter, sync)
+    if not cuda:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            cpu = nbytes / _best_seconds(lambda: b.copy_(a), time.thread_time, sync)
+        finally:
+            torch.set_num_threads(threads)
+        best = max(best, cpu)
+    return best / 1e9
+
+
+def check_memory_bandwidth(device_type: str, GBps: float) -> None:
+    """Raise MeasurementError when ``GBps`` is outside what a memory of the device's kind
+    gives (PLAUSIBLE_MEM_BW_GBps), naming the figure, the range and why."""
+    low, high = PLAUSIBLE_MEM_BW_GBps.get(device_type, PLAUSIBLE_MEM_BW_GBps["cuda"])
+    if low <= GBps <= high:
+        return
+    raise MeasurementError(
+        f"memory bandwidth measured {GBps:.3g} GB/s per rank (a 64 MiB copy, bytes read + "
+        f"written), outside the {low:g}-{high:g} GB/s any {device_type.upper()} memory gives: "
+        "the copy was not timed as it ran (a host swapping or throttled?), and the figure "
+        "would price every memory-bound term on this host; nothing written"
+    )
 
 
 # The attention shape measured when no run spec names one: batch 4, 8 heads of 64, 512 tokens.
@@ -181,59 +247,97 @@ def _host_mem_gib() -> float:
         return 16.0
 
 
+class _Phases:
+    """Announces each measurement phase through ``report``: i of n, the time since the first,
+    and what it measures (a run takes one to two minutes on an idle 2-core host, ten on a
+    loaded one; it should not look hung)."""
+
+    def __init__(self, total: int, report: Callable[[str], None] | None) -> None:
+        self.total, self.report, self.done = total, report, 0
+        self.start = time.perf_counter()
+
+    def __call__(self, what: str) -> None:
+        self.done += 1
+        if self.report is not None:
+            m, sec = divmod(int(time.perf_counter() - self.start), 60)
+            self.report(f"[{self.done}/{self.total}] {m}:{sec:02d} {what}")
+
+
+def _gemms(device: Any, iters: int) -> dict[str, Any]:
+    """`aihpc bench gemm --json` of _GEMM_SIZES, best of three timings per shape: on a shared
+    host the run least slowed by other work (the benchmark compares with a step's fastest time
+    too). Measured on the loaded 2-core host: one timing per shape gave 10-16 GFLOP/s for
+    512^3..1024^3 where the same GEMMs reach about 88 GFLOP/s undisturbed, and predicted a
+    1-rank step 2.6x too slow."""
+    from aihpc.bench.gemm import GemmConfig, gemm_json, run_gemm_bench
+
+    precision = "bf16" if device.type == "cuda" else "fp32"
+    cfg = GemmConfig(shapes=tuple((s, s, s) for s in _GEMM_SIZES), precision=precision, iters=iters)
+    runs = [run_gemm_bench(cfg, device) for _ in range(3)]
+    return gemm_json([max(rs, key=lambda r: r.tflops) for rs in zip(*runs, strict=True)], device)
+
+
+def _collectives(nproc: int, iters: int) -> dict[str, Any]:
+    """`aihpc bench comm --json` on ``nproc`` local ranks, without its values check (the
+    calibration reads times only; the check cost a third of the benchmark's CPU time)."""
+    with tempfile.TemporaryDirectory(prefix="aihpc-local-") as tmp:
+        out = Path(tmp) / "comm.json"
+        cmd = [
+            sys.executable, "-m", "aihpc", "bench", "comm", "-C", _COLLECTIVES,
+            "-b", "1K", "-e", "16M", "-f", "4", "-n", str(iters), "-c", "0",
+            "--nproc-per-node", str(nproc), "--output", str(out),
+        ]  # fmt: skip
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        if r.returncode != 0 or not out.exists():
+            tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise RuntimeError(f"aihpc bench comm failed: {tail[0]}")
+        return json.loads(out.read_text())
+
+
 def measure_local(
-    nproc: int, iters: int = 10, attention: tuple[int, ...] = DEFAULT_ATTENTION_SHAPE
+    nproc: int,
+    iters: int = 10,
+    attention: tuple[int, ...] = DEFAULT_ATTENTION_SHAPE,
+    progress: Callable[[str], None] | None = None,
 ) -> LocalMeasurement:
-    """Run the GEMM, memory, attention and collective measurements for ``nproc`` local ranks;
-    ``attention``: the shape of the model's attention calls (``attention_shape``)."""
+    """Run the memory, GEMM, attention and collective measurements for ``nproc`` local ranks;
+    ``attention``: the shape of the model's attention calls (``attention_shape``); each phase
+    announced through ``progress``. The memory bandwidth comes first and is checked
+    (``check_memory_bandwidth``) before minutes of the rest."""
     import torch
 
-    from aihpc.bench.gemm import GemmConfig, device_name, gemm_json, run_gemm_bench
+    from aihpc.bench.gemm import device_name
+    from aihpc.bench.local_sync import interleaved_call_cost
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    threads = _threads(nproc)
+    cpu, several, threads = device.type == "cpu", nproc > 1, _threads(nproc)
+    phase = _Phases(3 + several + (cpu and several) + cpu, progress)
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        precision = "bf16" if device.type == "cuda" else "fp32"
-        cfg = GemmConfig(
-            shapes=tuple((s, s, s) for s in _GEMM_SIZES), precision=precision, iters=iters
-        )
-        # Best of three timings per shape: on a shared host the run least slowed by other work
-        # (the benchmark compares with a step's fastest time too). Measured on the loaded
-        # 2-core host: one timing per shape gave 10-16 GFLOP/s for 512^3..1024^3 where the same
-        # GEMMs reach about 88 GFLOP/s undisturbed, and predicted a 1-rank step 2.6x too slow.
-        runs = [run_gemm_bench(cfg, device) for _ in range(3)]
-        gemm = gemm_json(
-            [max(rs, key=lambda r: r.tflops) for rs in zip(*runs, strict=True)], device
-        )
-        name = device_name(device)
-        mem_bw = _memory_bandwidth_GBps(device)
+        phase(f"memory bandwidth: {_COPIES} copies of 64 MiB at {threads} thread(s)")
+        mem_bw = memory_bandwidth_GBps(device)
+        check_memory_bandwidth(device.type, mem_bw)
+        phase(f"GEMMs: {len(_GEMM_SIZES)} shapes x 3 timings at {threads} thread(s)")
+        gemm, name = _gemms(device, iters), device_name(device)
+        seq = attention[3]
+        phase(f"attention forward and backward at {seq} and {max(1, seq // 2)} tokens")
         curve = attention_curve(device, iters, attention)
     finally:
         torch.set_num_threads(old)
     comm: dict[str, Any] = {}
-    if nproc > 1:
-        with tempfile.TemporaryDirectory(prefix="aihpc-local-") as tmp:
-            out = Path(tmp) / "comm.json"
-            cmd = [
-                sys.executable, "-m", "aihpc", "bench", "comm", "-C", _COLLECTIVES,
-                "-b", "1K", "-e", "16M", "-f", "4", "-n", str(iters),
-                "--nproc-per-node", str(nproc), "--output", str(out),
-            ]  # fmt: skip
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-            if r.returncode != 0 or not out.exists():
-                tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
-                raise RuntimeError(f"aihpc bench comm failed: {tail[0]}")
-            comm = json.loads(out.read_text())
-    from aihpc.bench.local_sync import interleaved_call_cost
-
-    cpu = device.type == "cpu"
+    if several:
+        kinds = len(_COLLECTIVES.split(","))
+        phase(f"collectives: {kinds} kinds x 8 sizes on {nproc} ranks (aihpc bench comm)")
+        comm = _collectives(nproc, iters)
+    if cpu and several:
+        phase(f"an all-gather's cost between and beside GEMMs on {nproc} ranks")
     call = interleaved_call_cost(nproc) if cpu else None
     dtensor = None
     if cpu:
         from aihpc.bench.dtensor_host import measure_dtensor_op_us
 
+        phase("DTensor's host time per op: a tensor-parallel decoder on a one-rank mesh")
         dtensor = float(f"{measure_dtensor_op_us(attention):.4g}")
     return LocalMeasurement(
         nproc, threads, name, gemm, comm, mem_bw, _host_mem_gib(), curve, call, device.type,
@@ -241,9 +345,26 @@ def measure_local(
     )  # fmt: skip
 
 
+def load_warning() -> str | None:
+    """A sentence when other work shares this host's cores (the 1-minute load average above
+    the core count), else None."""
+    try:
+        load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    except (OSError, AttributeError):  # no load average on this platform
+        return None
+    if load <= cores:
+        return None
+    return (
+        f"load average {load:.1f} on {cores} cores: other work shares this host, so the "
+        "measurement takes longer (each phase waits for its share of the cores) and its "
+        "wall-clock figures (GEMMs, attention, collectives) may price the host as loaded; "
+        "the memory bandwidth is timed on CPU time and holds either way"
+    )
+
+
 def local_gpu_spec(m: LocalMeasurement) -> dict[str, Any]:
     """A ``[cluster.gpu_spec]`` table for this host as N ranks: the best GEMM rate measured is
-    the peak (the calibration's GEMM table prices each shape), memory bandwidth measured, and
+    the peak (the calibration's GEMM table prices each shape), one rank's memory bandwidth, and
     the best point-to-point bus bandwidth measured as the link (scale-up and scale-out alike:
     one host)."""
     best_tflops = max(r["tflops"] for r in m.gemm["results"])
@@ -266,7 +387,11 @@ def local_gpu_spec(m: LocalMeasurement) -> dict[str, Any]:
         "bf16_tflops": sig(best_tflops),
         "fp32_tflops": sig(best_tflops),
         "hbm_gib": sig(m.host_mem_gib / m.nproc),
-        "hbm_bw_GBps": sig(m.mem_bw_GBps / m.nproc),
+        # a rank's own: measured at a rank's thread count (one thread, one core, for N > 1
+        # ranks), not the host's total, so not divided by N. Measured here: two single-thread
+        # copies at once each reached 18.6 and 20.3 GB/s, one alone 21.9. (Divided by N, the
+        # figure was halved for 2 ranks: 0.30 GB/s of issue 34 was 0.6 on a loaded host.)
+        "hbm_bw_GBps": sig(m.mem_bw_GBps),
         "scale_up_bw_GBps": sig(link),
         "scale_up_domain": m.nproc,
         "scale_out_bw_GBps": sig(link),

@@ -113,6 +113,10 @@ def _worker(rank: int, nproc: int, init: str, out: str) -> None:
     import torch
     import torch.distributed as dist
 
+    # torch 2.13's name (the old one warns on every call, through calibrate's output), as
+    # bench/comm.py does
+    _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=nproc)
     a, b = torch.randn(512, 256), torch.randn(256, 704)  # one tiny-model FFN GEMM
@@ -126,7 +130,7 @@ def _worker(rank: int, nproc: int, init: str, out: str) -> None:
         x, gathered = torch.randn(n), torch.empty(nproc * n)
 
         def gather(x: Any = x, out: Any = gathered, async_op: bool = False) -> Any:
-            return dist.all_gather_into_tensor(out, x, async_op=async_op)
+            return _all_gather(out, x, async_op=async_op)
 
         costs.append(_extra_per_call(compute, gather))
         if n == _SIZES[1]:

@@ -20,6 +20,7 @@ from aihpc.cli._common import (
     OLD_OUTPUT,
     console,
     err_console,
+    fail,
     guarded,
     print_json,
     renamed_output,
@@ -59,19 +60,35 @@ def _local_spec_target(spec_path: str | None, local: bool, nproc: int) -> tuple 
     return spec_path, target, attention_shape(spec.model, mbs)
 
 
-def _measure_local(nproc: int, target: tuple | None) -> tuple[list, dict, dict, tuple]:
+def _measure_local(nproc: int, target: tuple | None, quiet: bool) -> tuple[list, dict, dict, tuple]:
     """This host's measurements as calibration points (GEMMs for fp32 and, as the CPU
     runtime trains bf16 specs in fp32, for bf16 too), its gpu_spec table, and (a collective's
     cost inside a step, DTensor's host time per op); the attention kernel and the DTensor
-    decoder at the shape of ``target``'s model (``_local_spec_target``), else a default one."""
+    decoder at the shape of ``target``'s model (``_local_spec_target``), else a default one.
+    Each phase is a line on stderr unless ``quiet``; a figure no device could give is exit 1."""
     import tempfile
+    import time
 
     from aihpc.bench.calibrate import load_measurements
-    from aihpc.bench.local import DEFAULT_ATTENTION_SHAPE, local_gpu_spec, measure_local
+    from aihpc.bench.local import (
+        DEFAULT_ATTENTION_SHAPE,
+        MeasurementError,
+        local_gpu_spec,
+        measure_local,
+    )
 
     shape = target[2] if target else DEFAULT_ATTENTION_SHAPE
-    with err_console.status(f"measuring this host as {nproc} rank(s)"):
-        m = measure_local(nproc, attention=shape)
+
+    def say(line: str) -> None:
+        err_console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+    t0 = time.perf_counter()
+    try:
+        m = measure_local(nproc, attention=shape, progress=None if quiet else say)
+    except MeasurementError as err:
+        fail(str(err), code=1)
+    if not quiet:
+        say(f"measured in {time.perf_counter() - t0:.0f} s")
     with tempfile.TemporaryDirectory(prefix="aihpc-local-") as tmp:
         files = [Path(tmp) / "gemm.json"]
         files[0].write_text(json.dumps(m.gemm))
@@ -194,9 +211,16 @@ def _calibrate_measurements(
     from aihpc.runspec.calibration import calibration_to_toml
 
     local_spec = _local_spec_target(spec_path, local, nproc)
+    warnings: list[str] = []
     if local:
         require_torch("calibrate --local")
-        comm_pts, gemm_pts, device, (call, dtensor_op_us) = _measure_local(nproc, local_spec)
+        from aihpc.bench.local import load_warning
+
+        warnings += [w for w in (load_warning(),) if w]
+        _warn(warnings)  # before the minutes it explains
+        comm_pts, gemm_pts, device, (call, dtensor_op_us) = _measure_local(
+            nproc, local_spec, as_json
+        )
         source = f"aihpc calibrate --local --nproc {nproc}"
     else:
         comm_pts, gemm_pts = load_measurements(inputs or [], tier, collective, column)
@@ -217,34 +241,42 @@ def _calibrate_measurements(
     write_atomic(Path(output), calibration_to_toml(cal, header))
     if local_spec is not None:
         _write_local_spec(local_spec, Path(output), device, nproc)
-    _warn_fits(reports)
-    _report_calibration(output, cal, reports, as_json)
+    fits = _fit_warnings(reports)
+    _warn(fits)
+    _report_calibration(output, cal, reports, as_json, warnings + fits)
 
 
-def _warn_fits(reports: list) -> None:
+def _warn(warnings: list[str]) -> None:
+    for w in warnings:
+        err_console.print(f"warning: {w}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _fit_warnings(reports: list) -> list[str]:
     """Fits that miss a measured size, and regimes capped at the best measured busbw."""
     from aihpc.bench.calibrate import MAX_BUSBW_OVER_MEASURED
 
+    out = []
     for r in reports:
         if r.max_rel_error > _WARN_REL_ERROR:
-            err_console.print(
-                f"warning: {r.collective}/{r.tier} fit misses a measured size by "
-                f"{r.max_rel_error:.0%}; measure more sizes or try --regimes 4",
-                highlight=False,
+            out.append(
+                f"{r.collective}/{r.tier} fit misses a measured size by "
+                f"{r.max_rel_error:.0%}; measure more sizes or try --regimes 4"
             )
         for i, fitted in r.capped:
-            err_console.print(
-                f"warning: {r.collective}/{r.tier} regime {i + 1}: its sizes fit a busbw of "
+            out.append(
+                f"{r.collective}/{r.tier} regime {i + 1}: its sizes fit a busbw of "
                 f"{fitted:.4g} GB/s, over {MAX_BUSBW_OVER_MEASURED:g}x the best measured "
                 f"({r.best_measured_busbw_GBps:.4g} GB/s), which no link gives; written as "
-                "the best measured (marked * below). Measure larger sizes in that regime.",
-                highlight=False,
-                soft_wrap=True,
+                "the best measured (marked * below). Measure larger sizes in that regime."
             )
+    return out
 
 
-def _report_calibration(output: str, cal: Any, reports: list, as_json: bool) -> None:
-    """What `aihpc calibrate` fitted: one JSON object, or a table of regimes and the GEMM span."""
+def _report_calibration(
+    output: str, cal: Any, reports: list, as_json: bool, warnings: list[str]
+) -> None:
+    """What `aihpc calibrate` fitted: one JSON object (with the warnings printed on stderr), or
+    a table of regimes and the GEMM span."""
     summary = {
         "output": output,
         "comm": [
@@ -273,6 +305,7 @@ def _report_calibration(output: str, cal: Any, reports: list, as_json: bool) -> 
         ],
         "overlap_compute_penalty": cal.overlap_compute_penalty,
         "dtensor_op_us": cal.dtensor_op_us,
+        "warnings": warnings,
     }
     if as_json:
         print_json(summary)

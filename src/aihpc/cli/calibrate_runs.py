@@ -70,12 +70,52 @@ def calibrate_runs(
     with _status(f"fitting {len(cases)} runs, and each run left out", as_json):
         result = fit_runs(cases, names)
     cal = result.calibration(f"aihpc calibrate --runs {runs.name} ({len(cases)} runs)")
-    write_atomic(Path(output), calibration_to_toml(cal, HEADER))
     checked = result.check(held) if held is not None else None
+    warnings = out_of_sample_warnings(result, checked)
+    # Written all the same: the user asked for it, the file records its errors, and --check
+    # or more runs may yet show it useful; the warning says loudly what it is worth, and the
+    # file's header carries the warning to whoever names it in a run spec.
+    header = "\n".join([HEADER, *(f"WARNING: {w}" for w in warnings)])
+    write_atomic(Path(output), calibration_to_toml(cal, header))
     if as_json:
-        print_json({"output": output, **result.to_json(), "check": checked})
-        return
-    _render(result, checked, output)
+        print_json({"output": output, **result.to_json(), "check": checked, "warnings": warnings})
+    else:
+        _render(result, checked, output)
+    for w in warnings:  # last, after the table: what the user reads before using the file
+        err_console.print(f"[bold yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
+
+
+def out_of_sample_warnings(result: Any, checked: dict[str, Any] | None) -> list[str]:
+    """What the fit is worth on runs it did not see, where that is no better than the default
+    constants: its leave-one-out error (each run priced by a fit to the others), and the
+    --check set's error. (A fit of no constant, none exercised, is the defaults themselves.)"""
+    out = []
+    if result.names and not result.beats_default:
+        n, runs = len(result.names), len(result.cases)
+        follow = (
+            f"{n} multipliers on {runs} runs follow"
+            if n != 1
+            else f"1 multiplier on {runs} runs follows"
+        )
+        fewer = (
+            f"fit fewer constants (--fit {max(result.names, key=result.sensitivity.get)}) or "
+            "give more runs"
+            if n > 1
+            else "give more runs, or leave it out of the run spec"
+        )
+        out.append(
+            f"the fit does not beat the default constants out of sample: leave-one-out MAPE "
+            f"{result.loo_mape:.1%} against {result.default_mape:.1%} at the defaults on these "
+            f"{runs} runs (fitted {result.fitted_mape:.1%}: {follow} their scatter). A run "
+            f"spec naming this calibration is likely priced worse than with none; {fewer}."
+        )
+    if checked is not None and not checked["calibrated_mape"] < checked["default_mape"]:
+        out.append(
+            f"on the --check runs the calibration is no better than the default constants: "
+            f"MAPE {checked['calibrated_mape']:.1%} with it, {checked['default_mape']:.1%} "
+            "without."
+        )
+    return out
 
 
 def _status(text: str, quiet: bool) -> AbstractContextManager[Any]:

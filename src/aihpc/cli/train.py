@@ -64,21 +64,26 @@ def _render(summary: dict, finished_before: bool = False) -> None:
             soft_wrap=True,
         )
     perf = summary.get("performance") or {}
-    if (
-        not finished_before
-        and perf.get("measured_step_time_s")
-        and perf.get("predicted_step_time_s")
-    ):
-        console.print(
-            f"step time {perf['measured_step_time_s'] * 1e3:.1f} ms measured (median of "
-            f"{perf['measured_steps']}), {perf['predicted_step_time_s'] * 1e3:.1f} ms predicted "
-            f"by aihpc estimate ({perf['step_time_error']:+.0%}); MFU "
-            f"{perf['measured_mfu']:.2e} measured, {perf['predicted_mfu']:.1%} predicted "
-            "(both over the spec's GPU peak)",
-            highlight=False,
-            soft_wrap=True,
-        )
+    if not finished_before and perf.get("measured_step_time_s"):
+        console.print(_performance_line(perf), highlight=False, soft_wrap=True)
     console.print(f"state_sha256 {summary['state_sha256']}", highlight=False, soft_wrap=True)
+
+
+def _performance_line(perf: dict) -> str:
+    """Measured step time beside the prediction for the machine the run ran on, or the reason
+    there is none (a CPU run of an H100 spec read "-100%")."""
+    measured = (
+        f"step time {perf['measured_step_time_s'] * 1e3:.1f} ms measured (median of "
+        f"{perf['measured_steps']})"
+    )
+    if not perf.get("predicted_step_time_s"):
+        return f"{measured}; {perf.get('no_prediction') or 'no prediction'}"
+    return (
+        f"{measured}, {perf['predicted_step_time_s'] * 1e3:.1f} ms predicted by aihpc estimate "
+        f"on {perf.get('prediction_for') or 'the spec'} ({perf['step_time_error']:+.0%}); MFU "
+        f"{perf['measured_mfu']:.1%} measured, {perf['predicted_mfu']:.1%} predicted (both "
+        "over its GPU peak)"
+    )
 
 
 def _check_run_dir(run_dir: Path) -> None:

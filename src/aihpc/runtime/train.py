@@ -56,7 +56,7 @@ from aihpc.runtime.rundir import (
     write_error_log,
     write_summary,
 )
-from aihpc.runtime.summary import measured_vs_predicted, plan_summary, slurm_job
+from aihpc.runtime.summary import device_label, measured_vs_predicted, plan_summary, slurm_job
 
 if TYPE_CHECKING:
     from aihpc.runtime.mesh import Parallel
@@ -187,7 +187,9 @@ def _finish(
         micro_batch_size=job.stepper.micro,
         grad_accum_steps=plan.global_batch_size // (par.dims.dp * job.stepper.micro),
         num_params=num_params,
-        performance=measured_vs_predicted(spec, job.step_times, ctx.world_size),
+        performance=measured_vs_predicted(
+            spec, job.step_times, ctx.world_size, device_label(ctx.device)
+        ),
     )
     job.events("done", step=result["final_step"])
     return result

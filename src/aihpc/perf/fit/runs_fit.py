@@ -15,7 +15,8 @@ moves no prediction) stays at 1 and is reported so.
 
 Over-fitting shows in the leave-one-out error: each run predicted by a fit to all the others
 (the better of the fits started from the full fit's multipliers and from the defaults), next to
-the error of the fit on every run.
+the error of the fit on every run; ``RunsFit.beats_default`` compares it with the default
+constants' error on the same runs (``aihpc calibrate --runs`` warns when it does not).
 """
 
 from __future__ import annotations
@@ -144,6 +145,14 @@ class RunsFit:
     def loo_mape(self) -> float:
         return _mape(self.loo, self.measured)
 
+    @property
+    def beats_default(self) -> bool:
+        """The fit predicts these runs better out of sample (leave-one-out) than the default
+        constants do. The fitted error always does (the fit starts from the defaults), so it
+        says nothing; a leave-one-out error at or above the defaults' says the multipliers
+        follow these runs' noise and would price a new run worse than no calibration."""
+        return self.loo_mape < self.default_mape
+
     def calibration(self, source: str) -> Calibration:
         eff = EfficiencyScales(
             **self.scales,
@@ -185,6 +194,7 @@ class RunsFit:
             "default_mape": self.default_mape,
             "fitted_mape": self.fitted_mape,
             "loo_mape": self.loo_mape,
+            "loo_beats_default": self.beats_default,
             "rows": [
                 {
                     "id": c.id,
