@@ -41,10 +41,10 @@ def validate_comm_config(cfg: CommConfig, world_size: int | None = None) -> Comm
     if cfg.dtype not in DTYPE_NAMES:
         raise SpecError("-d/--datatype", cfg.dtype, "allowed: " + " | ".join(DTYPE_NAMES))
     if cfg.op not in REDOPS:
-        raise SpecError("-o/--op", cfg.op, "allowed: " + " | ".join(REDOPS))
+        raise SpecError("--op", cfg.op, "allowed: " + " | ".join(REDOPS))
     dtype = DTYPE_NAMES[cfg.dtype]
     if cfg.op == "avg" and dtype in ("int32", "int64"):
-        raise SpecError("-o/--op", "avg", "needs a floating-point -d/--datatype")
+        raise SpecError("--op", "avg", "needs a floating-point -d/--datatype")
     if cfg.iters < 1:
         raise SpecError("-n/--iters", cfg.iters, "must be >= 1")
     if cfg.warmup < 0:
