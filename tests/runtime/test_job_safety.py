@@ -199,13 +199,18 @@ def test_hang_timeout_bounds_every_phase(tmp_path, phase, fault, extra, async_sa
     bound = 2.0
     t0 = time.time()
     hung = train(spec, run, "--hang-timeout", str(bound), "--inject", fault, *extra)
+    ended = time.time()
     assert hung.returncode == HANG_EXIT_CODE, hung.stderr[-2000:]
     found = events(run, "hang_detected")[-1]
     assert found["phase"] == phase, found
     limit = 3.0 if phase == "start-up" else bound + 1.0  # tiny checkpoints: ~the hang timeout
-    assert limit - 1.0 <= found["bound_s"] <= limit
+    assert limit - 1.0 <= found["bound_s"] <= limit  # not the old fixed 600 s
     assert found["stalled_s"] <= found["bound_s"] + 1.5
-    assert time.time() - t0 < 60  # not the old fixed 600 s
+    # and the job ended at the finding, with no fixed wait after it: its teardown took less than
+    # its start-up and the work before the stall (a fixed bound of seconds failed here on a
+    # loaded machine, where starting Python and torch alone can take tens of seconds)
+    stall_began = found["time_unix"] - found["stalled_s"]
+    assert ended - found["time_unix"] < stall_began - t0
 
 
 def test_a_failed_job_ends_with_one_line_naming_the_cause(tmp_path):
