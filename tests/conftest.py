@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from hang_bounds import load_stretch
+
 _FILE_SECONDS: dict[str, float] = defaultdict(float)
 _SUITE_START = [time.monotonic()]
 _FILE_LEFT: dict[str, int] = {}
@@ -46,16 +48,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     except (OSError, ValueError):
         return
     items.sort(key=lambda item: -float(seconds.get(item.nodeid.split("::", 1)[0], 0.0)))
-
-
-def load_stretch() -> float:
-    """How many times slower than alone a test runs now: the 1-minute load average per core,
-    at least 1."""
-    try:
-        load = os.getloadavg()[0]
-    except OSError:  # not available on this platform
-        return 1.0
-    return max(1.0, load / (os.cpu_count() or 1))
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -1,4 +1,6 @@
-"""A hang timeout for a drill, from the work a run of the same spec did on this machine.
+"""Hang bounds that hold on a loaded machine: a drill's hang timeout from the work a run of the
+same spec did here, and the suite's hang guards (subprocess timeouts, pytest-timeout's bound)
+stretched by the contention measured as they start.
 
 A drill stalls one rank and checks that the watchdog finds it. Its ``--hang-timeout`` also bounds
 every other phase of the run (docs/resilience.md, "Hangs"), so a timeout of a few seconds that is
@@ -12,8 +14,26 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from itertools import pairwise
 from pathlib import Path
+
+
+def load_stretch() -> float:
+    """How many times slower than alone work runs here now: the 1-minute load average per core,
+    at least 1 (a test that takes T alone takes about T x load / cores beside other work)."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # not available on this platform
+        return 1.0
+    return max(1.0, load / (os.cpu_count() or 1))
+
+
+def hang_guard_s(seconds: float) -> float:
+    """A hang guard sized for a machine that runs the suite alone (a subprocess's timeout),
+    stretched by the contention measured now: on a 2-core machine loaded 10-30 a run that takes
+    a minute alone takes ten, and a hung one still fails, at the stretched bound."""
+    return seconds * load_stretch()
 
 
 def _events(run_dir: Path, name: str) -> list[dict]:

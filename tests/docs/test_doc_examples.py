@@ -25,6 +25,7 @@ from doc_examples import (
 )
 
 from aihpc.cli import app
+from hang_bounds import hang_guard_s
 
 EXAMPLES = all_examples()
 # what a reader's checkout has at its top; the examples run in a scratch folder that links them,
@@ -64,7 +65,7 @@ def test_console_example(example: Example, workdir: tuple[Path, dict[str, str]])
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            timeout=example.timeout_s,
+            timeout=hang_guard_s(example.timeout_s),  # stretched by the load now
         )
         actual = r.stdout.splitlines()
         if not lines_match(cmd.expected, actual, example.volatile, cmd.abridged):

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from promserver import TARGETS_ENV, URL_ENV, Prometheus, free_port, start
 
-from hang_bounds import hang_timeout_s
+from hang_bounds import hang_guard_s, hang_timeout_s
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "tiny-train.toml"
@@ -102,7 +102,7 @@ def train(tmp: Path, name: str, prom: Prometheus | None, *extra: str, textfile: 
         args += ["--metrics-textfile", str(tmp / "textfile")]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "AIHPC_JOB": job}
     begin = time.time()
-    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=hang_guard_s(300))
     return Run(name, job, tmp / "run", proc, begin, time.time())
 
 
@@ -157,6 +157,9 @@ def fr_run(tmp_path_factory) -> tuple[Path, str]:
     args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--tee", "3"]
     args += ["--log-dir", str(out.parent / "fr_logs"), "--master-port", str(free_port())]
     args += [str(Path(__file__).with_name("fr_worker.py"))]
-    proc = subprocess.run([*args, str(out)], capture_output=True, text=True, env=env, timeout=120)
+    timeout = hang_guard_s(120)
+    proc = subprocess.run(
+        [*args, str(out)], capture_output=True, text=True, env=env, timeout=timeout
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, proc.stdout + proc.stderr
