@@ -7,7 +7,13 @@ Order: files run longest first (file_seconds.json, seconds per file of an earlie
 ``AIHPC_TEST_SECONDS_OUT=tests/file_seconds.json``), so that pytest-xdist's workers, which take
 files one at a time (``--dist loadfile``), do not end with one long file running alone while the
 other worker idles. A file missing from the table runs after those in it, in collection order;
-the table orders the run and decides nothing else."""
+the table orders the run and decides nothing else.
+
+Hang guard: pytest-timeout's bound (pyproject's ``timeout``, or a test's own ``timeout`` mark) is
+sized for a machine that runs the suite alone. Each test's bound is stretched by the contention
+measured as it starts (the 1-minute load average per core, when above 1): a test that takes T
+alone takes about T x load / cores beside other work, and a fixed 300 s failed a legitimate test
+on a 2-core machine loaded 10-30. A hung test still fails, at its stretched bound."""
 
 from __future__ import annotations
 
@@ -18,6 +24,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+
+from hang_bounds import load_stretch
 
 _FILE_SECONDS: dict[str, float] = defaultdict(float)
 _SUITE_START = [time.monotonic()]
@@ -40,6 +48,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     except (OSError, ValueError):
         return
     items.sort(key=lambda item: -float(seconds.get(item.nodeid.split("::", 1)[0], 0.0)))
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    # before pytest-timeout's own wrapper reads the bound: the closest mark wins
+    stretch = load_stretch()
+    if stretch > 1.0:
+        mark = item.get_closest_marker("timeout")
+        kwargs = dict(mark.kwargs) if mark is not None else {}
+        base = mark.args[0] if mark is not None and mark.args else kwargs.pop("timeout", None)
+        if base is None:
+            base = item.config.getoption("timeout", None) or item.config.getini("timeout")
+        if base and float(base) > 0:
+            item.add_marker(pytest.mark.timeout(float(base) * stretch, **kwargs), append=False)
+    return (yield)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

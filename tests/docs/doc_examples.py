@@ -15,7 +15,8 @@ The rules (docs/doc-examples.md says them for writers):
   ``<!-- example volatile: REGEX -->`` marks text that differs between runs (a timing, a process
   id): where REGEX matches the expected text, the actual text must match REGEX there;
   ``<!-- example exit: N -->`` the exit code the commands end with (default 0);
-  ``<!-- example timeout: S -->`` seconds per command (default 180);
+  ``<!-- example timeout: S -->`` seconds per command (default 180; stretched by the load,
+  tests/hang_bounds.py);
   ``<!-- example skip: REASON -->`` an example that cannot run in CI (needs a GPU or a cluster).
 """
 

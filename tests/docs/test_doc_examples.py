@@ -25,6 +25,7 @@ from doc_examples import (
 )
 
 from aihpc.cli import app
+from hang_bounds import hang_guard_s
 
 EXAMPLES = all_examples()
 # what a reader's checkout has at its top; the examples run in a scratch folder that links them,
@@ -64,7 +65,7 @@ def test_console_example(example: Example, workdir: tuple[Path, dict[str, str]])
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            timeout=example.timeout_s,
+            timeout=hang_guard_s(example.timeout_s),  # stretched by the load now
         )
         actual = r.stdout.splitlines()
         if not lines_match(cmd.expected, actual, example.volatile, cmd.abridged):
@@ -158,3 +159,26 @@ def test_matcher_rejects_what_differs() -> None:
     assert not lines_match(shown, [shown[1], shown[0], shown[2]], vol, True)
     assert lines_match(["x", "...", "y ... z"], ["x", "1", "2", "y 3 4 z"], [], False)
     assert lines_match(["━━━╇━━"], ["━━━━━━━╇━━━━"], [], False)
+
+
+def test_bench_comm_example_accepts_every_time_the_table_can_print() -> None:
+    """nccl-tests' columns keep as many decimals as fit (``float_str``): a time of 2466.66 us
+    prints as such, 12345.7 and 123457 as those. On a loaded machine a 1 KiB all-reduce can take
+    over 100 ms, so the README's volatile patterns must take every form; sizes, the #wrong
+    counts and the rest of the row stay exact."""
+    from aihpc.bench.collectives import float_str
+
+    example = next(e for e in EXAMPLES if e.commands[0].text.startswith("aihpc bench comm"))
+    rows = [x for x in example.commands[0].expected if normalize(x).startswith("1024 256 ")]
+    shown = normalize(rows[0]).split(" ")  # size count type redop root, then 2 x 4 columns
+    for time_us in (7.5, 2466.66, 12345.67, 123456.7, 1.23e7):
+        printed = float_str(time_us, 7).strip()
+        row = [*shown[:5], printed, *shown[6:9], printed, *shown[10:]]
+        assert lines_match([rows[0]], [" ".join(row)], example.volatile, False), printed
+    wrong = [*shown[:8], "1", *shown[9:]]  # an out-of-place #wrong of 1
+    bigger = ["2048", *shown[1:]]
+    for row in (wrong, bigger):
+        assert not lines_match([rows[0]], [" ".join(row)], example.volatile, False), row
+    footer = next(x for x in example.commands[0].expected if "Avg bus bandwidth" in x)
+    for avg in (0.213633, 0.0213633, 2.13633e-05, 1.0):
+        assert lines_match([footer], [f"# Avg bus bandwidth : {avg:g}"], example.volatile, False)

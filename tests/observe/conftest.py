@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from promserver import TARGETS_ENV, URL_ENV, Prometheus, free_port, start
 
+from hang_bounds import hang_guard_s, hang_timeout_s
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "tiny-train.toml"
 TRAIN_STEPS, INTERVAL = 12, 4
@@ -67,6 +69,7 @@ class Run:
     proc: subprocess.CompletedProcess
     begin: float
     end: float
+    hang_timeout_s: float | None = None  # --hang-timeout, where the run set one
 
     @property
     def summary(self) -> dict:
@@ -99,7 +102,7 @@ def train(tmp: Path, name: str, prom: Prometheus | None, *extra: str, textfile: 
         args += ["--metrics-textfile", str(tmp / "textfile")]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "AIHPC_JOB": job}
     begin = time.time()
-    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=hang_guard_s(300))
     return Run(name, job, tmp / "run", proc, begin, time.time())
 
 
@@ -113,8 +116,12 @@ def kill_run(tmp_path_factory, prometheus) -> Run:
 
 
 @pytest.fixture(scope="session")
-def hang_run(tmp_path_factory, prometheus) -> Run:
-    """Rank 1 SIGSTOPped after step 5; rank 0's watchdog fires after 3 s; one restart."""
+def hang_run(tmp_path_factory, prometheus, kill_run) -> Run:
+    """Rank 1 SIGSTOPped after step 5; rank 0's watchdog fires; one restart. The hang timeout
+    is 3 s, or more where the kill run (the same spec, just before) shows this machine slower
+    (tests/hang_bounds.py): a fixed 3 s fired during the restart's checkpoint load on a machine
+    loaded 10-30 on 2 cores, and the run then had no restart left."""
+    timeout_s = hang_timeout_s(kill_run.dir, floor_s=3.0)
     tmp = tmp_path_factory.mktemp("hang")
     run = train(
         tmp,
@@ -123,11 +130,12 @@ def hang_run(tmp_path_factory, prometheus) -> Run:
         "--max-restarts",
         "1",
         "--hang-timeout",
-        "3",
+        str(timeout_s),
         "--inject",
         "hang:step=5:rank=1",
     )
     assert run.proc.returncode == 0, run.proc.stderr[-3000:]
+    run.hang_timeout_s = timeout_s
     return run
 
 
@@ -149,6 +157,9 @@ def fr_run(tmp_path_factory) -> tuple[Path, str]:
     args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--tee", "3"]
     args += ["--log-dir", str(out.parent / "fr_logs"), "--master-port", str(free_port())]
     args += [str(Path(__file__).with_name("fr_worker.py"))]
-    proc = subprocess.run([*args, str(out)], capture_output=True, text=True, env=env, timeout=120)
+    timeout = hang_guard_s(120)
+    proc = subprocess.run(
+        [*args, str(out)], capture_output=True, text=True, env=env, timeout=timeout
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, proc.stdout + proc.stderr

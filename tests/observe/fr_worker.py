@@ -6,7 +6,6 @@ Run as: ``torchrun --nproc-per-node 2 fr_worker.py OUT`` (tests/observe/conftest
 
 import os
 import sys
-import time
 import traceback
 from datetime import timedelta
 
@@ -15,19 +14,28 @@ import torch._C._distributed_c10d as c10d
 import torch.distributed as dist
 
 out = sys.argv[1]
-dist.init_process_group("gloo", timeout=timedelta(seconds=3))
+# Start-up gets a long timeout: on a loaded machine one rank may finish importing torch many
+# seconds after the other, and only the 4th all_reduce is meant to run out.
+dist.init_process_group("gloo", timeout=timedelta(seconds=120))
 rank = dist.get_rank()
+store = dist.distributed_c10d._get_default_store()
 x = torch.ones(8)
 for _ in range(3):
     dist.all_reduce(x)
 if rank == 0:
+    dist.distributed_c10d._set_pg_timeout(timedelta(seconds=3))  # this rank's wait only
     try:
         dist.all_reduce(x)  # rank 1 never joins: gloo times out after 3 s
     except RuntimeError:
         traceback.print_exc()
 else:
-    time.sleep(4.5)  # busy elsewhere until rank 0 has given up
+    # busy elsewhere until rank 0 has given up and dumped (an event, not a sleep that a loaded
+    # machine can outlast: rank 1 leaving first would end rank 0's wait with a closed
+    # connection instead of the timeout)
+    store.wait(["rank0_gave_up"], timedelta(seconds=120))
 with open(os.path.join(out, f"fr_trace_rank_{rank}"), "wb") as f:
     f.write(c10d._dump_fr_trace())  # the file name ends with the rank, as PyTorch names dumps
+if rank == 0:
+    store.set("rank0_gave_up", "1")
 sys.stderr.flush()
 os._exit(0)  # the group is broken; destroying it would wait on rank 1's side

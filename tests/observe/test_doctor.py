@@ -122,7 +122,7 @@ def test_real_hang_names_the_silent_rank(hang_run):
     d = diagnose([hang_run.log])
     assert d.cls == "hang" and d.cause.rank == 0, d.summary  # rank 0's watchdog saw it
     assert d.not_joined == [1] and d.recovered
-    assert d.cause.details["step"] == 5 and d.cause.details["bound_s"] == 3.0
+    assert d.cause.details["step"] == 5 and d.cause.details["bound_s"] == hang_run.hang_timeout_s
 
 
 @pytest.mark.slow

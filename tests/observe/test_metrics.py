@@ -61,9 +61,15 @@ def test_steps_tokens_loss_and_lr_match_the_run(prometheus, kill_run):
 
 def test_restarts_are_counted_across_the_kill(prometheus, kill_run):
     assert last(prometheus, kill_run, "aihpc_train_restarts_total") == {"0": 1.0, "1": 1.0}
-    # the restarted processes loaded the checkpoint, and said how long it took
+    # the restarted processes loaded the checkpoint, and said how long it took: within the
+    # span their own events put around the load (a fixed bound in seconds is no check of that
+    # on a loaded machine, where a load of a few MiB can take as long as it likes)
     load = last(prometheus, kill_run, "aihpc_train_checkpoint_load_seconds")
-    assert set(load) == {"0", "1"} and all(0 < v < 30 for v in load.values())
+    assert set(load) == {"0", "1"}
+    ready = {e["rank"]: e["time_unix"] for e in kill_run.events("pg_ready") if e["attempt"] == 1}
+    loaded = {e["rank"]: e["time_unix"] for e in kill_run.events("loaded") if e["attempt"] == 1}
+    for rank, seconds in load.items():
+        assert 0 < seconds <= loaded[int(rank)] - ready[int(rank)], (rank, seconds)
 
 
 def test_checkpoint_bytes_and_commits_match_the_manifests(prometheus, kill_run):

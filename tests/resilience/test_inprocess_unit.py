@@ -12,24 +12,27 @@ import pytest
 from aihpc.resilience import Watchdog, parse_fault
 from aihpc.resilience.inprocess import Interrupter, RestartRequested
 from aihpc.runspec import SpecError
+from watchdog_clock import WAIT_S, WatchdogClock
 
 
-def test_watchdog_offers_a_stall_once_then_tears_down(tmp_path):
-    stalls, hangs = [], []
+def test_watchdog_offers_a_stall_once_then_tears_down(tmp_path, monkeypatch):
+    clock = WatchdogClock(monkeypatch)  # tests/watchdog_clock.py: ages set by the test
+    stalls, hangs, done = [], [], threading.Event()
     wd = Watchdog(
         tmp_path,
         0,
         timeout_s=0.3,
-        poll_s=0.05,
+        poll_s=0.01,
         exit_on_hang=False,
-        on_hang=hangs.append,
+        on_hang=lambda ev: (hangs.append(ev), done.set()),
         on_stall=lambda ev: stalls.append(ev) or True,
     ).start()
     try:
         wd.beat(1)
-        deadline = time.time() + 5
-        while not hangs and time.time() < deadline:
-            time.sleep(0.05)
+        clock.advance(0.31)
+        clock.checks()  # the stall is offered, and the restart phase's clock starts
+        clock.advance(0.31)
+        assert done.wait(WAIT_S)
     finally:
         wd.stop()
     assert len(stalls) == 1 and stalls[0]["phase"] == "step"
@@ -37,17 +40,23 @@ def test_watchdog_offers_a_stall_once_then_tears_down(tmp_path):
     assert len(hangs) == 1 and hangs[0]["phase"] == "restart"
 
 
-def test_a_beat_rearms_in_process_recovery(tmp_path):
+def test_a_beat_rearms_in_process_recovery(tmp_path, monkeypatch):
+    """A beat after a restart offers the next stall to in-process recovery again. The test
+    moves the clock (a real sleep on a loaded machine could also outlast the restart phase's
+    bound, and the watchdog would then tear down instead)."""
+    clock = WatchdogClock(monkeypatch)
     stalls = []
     wd = Watchdog(
-        tmp_path, 0, timeout_s=0.2, poll_s=0.02, exit_on_hang=False,
+        tmp_path, 0, timeout_s=0.2, poll_s=0.01, exit_on_hang=False,
         on_stall=lambda ev: stalls.append(ev) or True,
     ).start()  # fmt: skip
     try:
         wd.beat(1)
-        time.sleep(0.35)
+        clock.advance(0.25)
+        clock.checks()
         wd.beat(2)  # the restart worked: a new stall is offered again
-        time.sleep(0.35)
+        clock.advance(0.25)
+        clock.checks()
     finally:
         wd.stop()
     assert [s["step"] for s in stalls] == [1, 2]
@@ -57,10 +66,11 @@ def test_interrupter_breaks_a_blocking_wait_only_while_armed():
     gate = Interrupter()
     assert not gate.interrupt("not training")  # disarmed: nothing sent
     threading.Timer(0.2, gate.interrupt, args=("stalled",)).start()
-    start = time.time()
+    start = time.monotonic()
     with pytest.raises(RestartRequested, match="stalled"), gate.armed(0):
-        threading.Event().wait(10)  # the injected stall's wait
-    assert time.time() - start < 5
+        threading.Event().wait(WAIT_S)  # the injected stall's wait
+    # broken, not ended: a wait that ran its course and raised after would take WAIT_S
+    assert time.monotonic() - start < WAIT_S
 
 
 def test_node_loss_drill_parses_for_kill_only():

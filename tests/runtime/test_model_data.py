@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import threading
 
 import pytest
 import torch
@@ -10,6 +10,7 @@ import torch
 from aihpc.resilience import Watchdog, parse_fault
 from aihpc.runspec import SpecError, model_presets
 from aihpc.runtime import ByteTokenizer, Llama, LlamaConfig, TokenLoader, load_tokens
+from watchdog_clock import WAIT_S, WatchdogClock
 
 CFG = LlamaConfig(
     dim=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_dim=64, vocab_size=256, max_seq_len=16
@@ -123,24 +124,35 @@ def test_fault_spec_parses():
     assert parse_fault("corrupt-checkpoint:step=4:mode=truncate").mode == "truncate"
 
 
-def test_watchdog_fires_within_bound(tmp_path):
-    fired = []
+def test_watchdog_fires_within_bound(tmp_path, monkeypatch):
+    """Quiet while the beats come within the bound, and it fires at the first check after the
+    bound is exceeded. The clock is the test's (tests/watchdog_clock.py): on a loaded machine a
+    real sleep between beats may itself outlast the bound."""
+    clock = WatchdogClock(monkeypatch)
+    fired, done = [], threading.Event()
     wd = Watchdog(
-        tmp_path, 0, timeout_s=0.5, poll_s=0.05, exit_on_hang=False, on_hang=fired.append
+        tmp_path,
+        0,
+        timeout_s=0.5,
+        poll_s=0.01,
+        exit_on_hang=False,
+        on_hang=lambda ev: (fired.append(ev), done.set()),
     ).start()
     try:
         for step in range(5):  # beating keeps it quiet
             wd.beat(step)
-            time.sleep(0.1)
+            clock.advance(0.375)  # binary fractions: the ages below are exact
+            clock.checks()
+        clock.advance(0.125)  # 0.5 s since the last beat: the bound, not beyond it
+        clock.checks()
         assert not fired
-        t0 = time.time()
-        while not fired and time.time() - t0 < 5:
-            time.sleep(0.02)
-        detected = time.time() - t0
+        clock.advance(0.015625)
+        assert done.wait(WAIT_S)
     finally:
         wd.stop()
-    assert fired and fired[0]["step"] == 4
-    assert 0.4 <= detected <= 0.5 + 0.05 + 0.3
+    # found at the first check past the bound: the clock has not moved since
+    assert fired[0]["step"] == 4 and fired[0]["phase"] == "step"
+    assert fired[0]["stalled_s"] == 0.516 and fired[0]["bound_s"] == 0.5
 
 
 def test_launcher_env_from_torchrun_slurm_or_none():
