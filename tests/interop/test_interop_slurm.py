@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import slurm_cluster
 
 from aihpc.resilience.manifest import committed_checkpoints, verify_checkpoint
+from hang_bounds import hang_guard_s
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 24
@@ -65,7 +66,7 @@ def spec(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _aihpc(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "aihpc", *args], env=env, capture_output=True, text=True,
-        timeout=timeout,
+        timeout=hang_guard_s(timeout),
     )  # fmt: skip
 
 
@@ -88,7 +89,7 @@ def _state(env: dict[str, str], job: str) -> dict[str, str]:
 
 
 def _wait(env: dict[str, str], job: str, states: set[str], timeout: float = 240) -> dict:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + hang_guard_s(timeout)
     while time.monotonic() < deadline:
         s = _state(env, job)
         if s["JobState"] in states:
@@ -111,7 +112,7 @@ def _sbatch(env: dict[str, str], script: Path) -> str:
 
 
 def _running_past(env: dict[str, str], job: str, run_dir: Path, steps: int) -> None:
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + hang_guard_s(180)
     while _steps(run_dir) < steps and time.monotonic() < deadline:
         assert _state(env, job)["JobState"] in ("PENDING", "RUNNING"), _state(env, job)
         time.sleep(0.2)
@@ -138,7 +139,7 @@ def test_two_rank_job_trains(straight: dict) -> None:
 
 
 def _job_id(out: Path, timeout: float = 60) -> str:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + hang_guard_s(timeout)
     while time.monotonic() < deadline:
         found = re.search(r"submitted job (\d+)", out.read_text())
         if found:
@@ -179,7 +180,7 @@ def requeued(slurm: dict[str, str], spec: Path, tmp_path_factory) -> dict:
         _running_past(slurm, job, run_dir, 7)
         _scontrol(slurm, "requeue", job)
         _resume(slurm, job)
-        code = follower.wait(timeout=240)
+        code = follower.wait(timeout=hang_guard_s(240))
     finally:
         follower.kill()
     follow = out.read_text()
