@@ -37,7 +37,8 @@ def test_commands_that_need_torch_say_so_in_one_line(
     res = runner.invoke(app, [a.format(tmp=tmp_path) for a in args])
     assert res.exit_code == 2, res.output
     (line,) = res.stderr.strip().splitlines()
-    assert line.startswith("error: `aihpc ") and "pip install 'aihpc[torch]'" in line
+    assert line.startswith("error: `aihpc ") and "pip install -e '.[torch]'" in line
+    assert "download.pytorch.org/whl/cpu" in line  # not a CUDA build of several GB by default
     assert not (tmp_path / "run").exists()  # nothing was started
 
 

@@ -124,8 +124,10 @@ def require_torch(command: str) -> None:
     """
     if importlib.util.find_spec("torch") is None:
         fail(
-            f"`aihpc {command}` needs PyTorch, which is not installed: "
-            "pip install 'aihpc[torch]' (the torch extra)"
+            f"`aihpc {command}` needs PyTorch, which is not installed: in the aihpc checkout, "
+            "python3 -m pip install -e '.[torch]' (on a machine without a GPU, first "
+            "python3 -m pip install torch --index-url https://download.pytorch.org/whl/cpu, "
+            "the CPU build)"
         )
 
 
