@@ -1,4 +1,4 @@
-"""The sbatch script `aihpc launch --slurm` writes, read as Slurm and bash would read it."""
+"""The sbatch script `aihpc launch` writes, read as Slurm and bash would read it."""
 
 from __future__ import annotations
 

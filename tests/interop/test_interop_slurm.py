@@ -1,4 +1,4 @@
-"""`aihpc launch --slurm` against a real Slurm (slurmctld + slurmd from Debian's slurm-wlm,
+"""`aihpc launch` against a real Slurm (slurmctld + slurmd from Debian's slurm-wlm,
 started on this machine by tests/interop/slurm_cluster.py): a 2-rank job trains the tiny model;
 `scontrol requeue` of a job `aihpc launch --submit` follows makes the ranks checkpoint, the
 preempted attempt ends its log with one line (no traceback), the requeued job resumes from that
