@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -108,3 +109,12 @@ def test_the_folder_name_is_used_only_when_there_is_one(tmp_path: Path) -> None:
     assert hf_model_name({"model_type": "qwen3"}, "config.json") == "qwen3"
     assert hf_model_name({}, str(tmp_path / "Qwen3-8B" / "config.json")) == "Qwen3-8B"
     shutil.rmtree(tmp_path)
+
+
+def test_json_and_output_together_write_the_file_too(tmp_path: Path) -> None:
+    """-o names the file a command writes, --json what it prints: both at once do both."""
+    out = tmp_path / "run.toml"
+    src = str(DATA / "llama3_8b_config.json")
+    res = runner.invoke(app, ["import", "hf", src, "--json", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["runspec"] == tomllib.loads(out.read_text())

@@ -272,12 +272,9 @@ def _fit_warnings(reports: list) -> list[str]:
     return out
 
 
-def _report_calibration(
-    output: str, cal: Any, reports: list, as_json: bool, warnings: list[str]
-) -> None:
-    """What `aihpc calibrate` fitted: one JSON object (with the warnings printed on stderr), or
-    a table of regimes and the GEMM span."""
-    summary = {
+def _calibration_json(output: str, cal: Any, reports: list, warnings: list[str]) -> dict:
+    """What `aihpc calibrate` fitted, as --json prints it."""
+    return {
         "output": output,
         "comm": [
             {
@@ -307,8 +304,15 @@ def _report_calibration(
         "dtensor_op_us": cal.dtensor_op_us,
         "warnings": warnings,
     }
+
+
+def _report_calibration(
+    output: str, cal: Any, reports: list, as_json: bool, warnings: list[str]
+) -> None:
+    """What `aihpc calibrate` fitted: one JSON object (with the warnings printed on stderr), or
+    a table of regimes and the GEMM span."""
     if as_json:
-        print_json(summary)
+        print_json(_calibration_json(output, cal, reports, warnings))
         return
     from rich import box
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -75,55 +76,63 @@ def _register_import(app: typer.Typer) -> None:
         """Read a Megatron-LM, torchtitan or DeepSpeed config (or a Hugging Face config.json) as
         a run spec: every field aihpc prices is carried, the framework's defaults applied; the
         rest is named in a warning."""
-        from aihpc.interop import import_deepspeed, import_hf, import_megatron, import_torchtitan
-
         if framework not in FRAMEWORKS:
             raise SpecError("FRAMEWORK", framework, "allowed: " + " | ".join(FRAMEWORKS))
-        text = _read(source, "SOURCE")
         cluster = {"gpu": gpu, "num_gpus": num_gpus, "gpus_per_node": gpus_per_node}
-        if framework == "megatron":
-            imported = import_megatron(text, vocab_size=vocab_size, **cluster)
-        elif framework == "torchtitan":
-            imported = import_torchtitan(text, **cluster)
-        elif framework == "hf":
-            imported = import_hf(
-                text,
-                str(source),
-                seq_length=seq_length,
-                global_batch_size=global_batch_size,
-                **cluster,
-            )
-        else:
-            model_text = None
-            if model is not None and Path(model).is_file():
-                model_text = _read(Path(model), "--model")
-            imported = import_deepspeed(
-                text, model=model, model_text=model_text, seq_length=seq_length, **cluster
-            )
+        options = {"vocab_size": vocab_size, "seq_length": seq_length}
+        options["global_batch_size"] = global_batch_size
+        imported = _import(framework, source, model, cluster, options)
         imported.spec()  # validated: SpecError names the field
-        if as_json:
-            print_json(
-                {
-                    "runspec": imported.tables,
-                    "not_priced": imported.unpriced,
-                    "notes": imported.notes,
-                }
-            )
-        else:
-            toml = imported.toml(str(source))
-            if output is None:
-                sys.stdout.write(toml)
-            else:
-                write_atomic(output, toml, "--output")
-            for note in imported.notes:
-                _warn(f"note: {note}")
-            if imported.unpriced:
-                _warn(
-                    f"warning: not priced ({len(imported.unpriced)} set in the source): "
-                    + ", ".join(imported.unpriced)
-                )
-            if output is not None:
-                _warn(f"run spec written to {output}")
+        _report_import(imported, source, output, as_json)
+
+
+def _import(framework: str, source: Path, model: str | None, cluster: dict, options: dict) -> Any:
+    """The framework's reader on SOURCE (and, for DeepSpeed, the model --model names)."""
+    from aihpc.interop import import_deepspeed, import_hf, import_megatron, import_torchtitan
+
+    text = _read(source, "SOURCE")
+    if framework == "megatron":
+        return import_megatron(text, vocab_size=options["vocab_size"], **cluster)
+    if framework == "torchtitan":
+        return import_torchtitan(text, **cluster)
+    if framework == "hf":
+        return import_hf(
+            text,
+            str(source),
+            seq_length=options["seq_length"],
+            global_batch_size=options["global_batch_size"],
+            **cluster,
+        )
+    model_text = None
+    if model is not None and Path(model).is_file():
+        model_text = _read(Path(model), "--model")
+    return import_deepspeed(
+        text, model=model, model_text=model_text, seq_length=options["seq_length"], **cluster
+    )
+
+
+def _report_import(imported: Any, source: Path, output: Path | None, as_json: bool) -> None:
+    """The run spec written (-o) or printed, with its notes and what was not priced on stderr;
+    with --json, one object instead of the printed spec."""
+    toml = imported.toml(str(source))
+    if output is not None:
+        write_atomic(output, toml, "--output")
+    if as_json:
+        print_json(
+            {"runspec": imported.tables, "not_priced": imported.unpriced, "notes": imported.notes}
+        )
+        return
+    if output is None:
+        sys.stdout.write(toml)
+    for note in imported.notes:
+        _warn(f"note: {note}")
+    if imported.unpriced:
+        _warn(
+            f"warning: not priced ({len(imported.unpriced)} set in the source): "
+            + ", ".join(imported.unpriced)
+        )
+    if output is not None:
+        _warn(f"run spec written to {output}")
 
 
 def _register_export(app: typer.Typer) -> None:

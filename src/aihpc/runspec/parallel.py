@@ -228,8 +228,29 @@ def resolve_plan(partial: PartialPlan, cluster: ClusterSpec) -> ParallelPlan:
 
 def plan_problem(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> SpecError | None:
     """The first divisibility rule the plan breaks, or None. Rules are those Megatron-LM,
-    torchtitan and NeMo enforce at start-up (the search uses the same function)."""
+    torchtitan and NeMo enforce at start-up (the search uses the same function), checked in
+    this order."""
     p = plan
+    checks = (
+        lambda: _degree_problem(p, model, cluster),
+        lambda: _schedule_problem(p),
+        lambda: _shard_problem(p),
+        lambda: _sequence_problem(p, model),
+        lambda: _recompute_modules_problem(p, model),
+        lambda: _moe_problem(p, model),
+        lambda: _batch_problem(p),
+        lambda: _offload_problem(p, model, cluster) if p.offload_layers else None,
+        lambda: _interleave_problem(p),
+    )
+    for check in checks:
+        problem = check()
+        if problem is not None:
+            return problem
+    return None
+
+
+def _degree_problem(p: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> SpecError | None:
+    """The degrees against the cluster and the model's heads, FFN and layers."""
     if p.num_gpus != cluster.num_gpus:
         return SpecError(
             "parallel.dp",
@@ -261,12 +282,18 @@ def plan_problem(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> 
         )
     if p.vpp > 1 and p.pp == 1:
         return SpecError("parallel.vpp", p.vpp, "interleaving needs pp > 1")
-    schedule_problem = _schedule_problem(p)
-    if schedule_problem is not None:
-        return schedule_problem
+    return None
+
+
+def _shard_problem(p: ParallelPlan) -> SpecError | None:
     if p.dp_shard is not None and (p.dp % p.dp_shard or (p.zero_stage == 0 and p.dp_shard != p.dp)):
         allowed = f"must divide dp {p.dp}" if p.zero_stage else "HSDP shards state: zero_stage >= 1"
         return SpecError("parallel.dp_shard", p.dp_shard, allowed)
+    return None
+
+
+def _sequence_problem(p: ParallelPlan, model: ModelSpec) -> SpecError | None:
+    """The sequence split over context- and (with sequence parallelism) tensor-parallel ranks."""
     if model.seq_length % (2 * p.cp) and p.cp > 1:
         return SpecError(
             "parallel.cp",
@@ -280,6 +307,10 @@ def plan_problem(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> 
             p.tp,
             "must divide the per-CP-rank sequence length with sequence_parallel",
         )
+    return None
+
+
+def _recompute_modules_problem(p: ParallelPlan, model: ModelSpec) -> SpecError | None:
     if p.recompute_modules and p.recompute in ("full", "op"):
         return SpecError(
             "parallel.recompute_modules",
@@ -291,19 +322,20 @@ def plan_problem(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> 
         return SpecError("parallel.recompute_modules", "mla_up_proj", "needs an MLA model")
     if "moe_act" in p.recompute_modules and not model.is_moe:
         return SpecError("parallel.recompute_modules", "moe_act", "needs an MoE model")
-    moe_problem = _moe_problem(p, model)
-    if moe_problem is not None:
-        return moe_problem
+    return None
+
+
+def _batch_problem(p: ParallelPlan) -> SpecError | None:
     if p.global_batch_size % (p.dp * p.micro_batch_size):
         return SpecError(
             "parallel.global_batch_size",
             p.global_batch_size,
             f"must be a multiple of dp x micro_batch_size = {p.dp * p.micro_batch_size}",
         )
-    if p.offload_layers:
-        problem = _offload_problem(p, model, cluster)
-        if problem is not None:
-            return problem
+    return None
+
+
+def _interleave_problem(p: ParallelPlan) -> SpecError | None:
     if p.vpp > 1 and p.schedule != "zbv" and p.num_microbatches % p.pp:
         return SpecError(
             "parallel.vpp",
