@@ -5,6 +5,7 @@ from its own measurement (one that the node cannot reach, one that it must)."""
 from __future__ import annotations
 
 import json
+import stat
 
 import pytest
 from typer.testing import CliRunner
@@ -17,7 +18,9 @@ from aihpc.observe.check import (
     gemm_checks,
     gpu_checks,
     ib_checks,
+    leftover_process_checks,
     parse_ibstat,
+    slurm_job_gpu_count,
 )
 from aihpc.perf.step.comm import collective_time_s
 from aihpc.runspec.calibration import (
@@ -90,6 +93,77 @@ def test_missing_tools_are_skipped_with_a_reason():
     assert gpu_checks(None)[0].status == "skip" and "nvidia-smi" in gpu_checks(None)[0].detail
     assert ib_checks(None)[0].status == "skip" and "ibstat" in ib_checks(None)[0].detail
     assert gpu_checks("NVIDIA-SMI has failed", 9)[0].status == "fail"
+
+
+def test_missing_tools_fail_what_was_asked_for():
+    """Asked for GPUs or NIC ports the node's tools cannot show, the check fails: as a Slurm
+    prolog it must not pass a node whose driver or ibstat is gone."""
+    (gpu,) = gpu_checks(None, expected_count=8)
+    assert gpu.status == "fail" and gpu.expected == "8" and "nvidia-smi" in gpu.detail
+    (nic,) = ib_checks(None, min_rate_gbps=400)
+    assert nic.status == "fail" and "400 Gb/s" in nic.expected and "ibstat" in nic.detail
+    (nic,) = ib_checks(None, hcas=("mlx5_0",))
+    assert nic.status == "fail" and "mlx5_0" in nic.expected
+
+
+def _tool_path(tmp_path, tools: dict[str, str]) -> str:
+    """A PATH holding only these tools (shell scripts printing their documented output) and the
+    shell they run in, so the node's own nvidia-smi or ibstat can neither help nor hide."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    for name, body in tools.items():
+        exe = folder / name
+        exe.write_text(f"#!/bin/sh\n{body}\n")
+        exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    return str(folder)
+
+
+def test_cli_fails_a_node_without_the_tools_it_was_asked_about(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", _tool_path(tmp_path, {}))
+    args = ["check", "--gpus", "8", "--ib-rate", "400", "--skip-bench", "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1, result.output
+    doc = json.loads(result.stdout)
+    assert doc["failed"] == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines[0].startswith("FAIL gpu count: measured none visible; expected 8")
+    assert lines[1].startswith("FAIL nics: measured none visible")
+
+
+def test_slurm_gpu_count_from_the_prolog_environment():
+    assert slurm_job_gpu_count({"SLURM_JOB_GPUS": "0,1,2,3"}) == 4
+    assert slurm_job_gpu_count({"SLURM_JOB_GPUS": ""}) is None
+    assert slurm_job_gpu_count({}) is None
+
+
+def test_epilog_fails_on_a_process_left_on_a_gpu():
+    # nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader,nounits
+    left = "4121, /usr/bin/python3, 60211\n4188, /usr/bin/python3, 512\n"
+    (check,) = leftover_process_checks(left)
+    assert check.status == "fail" and check.measured == "2 left" and "PID 4121" in check.detail
+    assert leftover_process_checks("")[0].status == "pass"
+    assert leftover_process_checks(None)[0].status == "skip"
+
+
+@pytest.mark.parametrize("mode", ["prolog", "epilog"])
+def test_slurm_modes_end_to_end(tmp_path, monkeypatch, mode):
+    """As slurmd runs them: the job's GPU count from SLURM_JOB_GPUS (3 asked, 2 visible), no
+    benchmark, and an epilog that finds the job's process still on GPU 1."""
+    smi = (
+        'case "$1" in --query-compute-apps*) echo "4121, python3, 60211";; '
+        "*) printf '%s\\n%s\\n' "
+        '"0, NVIDIA H100 80GB HBM3, 00000000:18:00.0, 81559, 0, No, No" '
+        '"1, NVIDIA H100 80GB HBM3, 00000000:2A:00.0, 81559, 0, No, No";; esac'
+    )
+    monkeypatch.setenv("PATH", _tool_path(tmp_path, {"nvidia-smi": smi}) + ":/bin:/usr/bin")
+    monkeypatch.setenv("SLURM_JOB_GPUS", "0,1,2")
+    result = CliRunner().invoke(app, ["check", "--mode", mode, "--json"])
+    assert result.exit_code == 1, result.output
+    doc = json.loads(result.stdout)
+    assert doc["gemm"] == [] and doc["comm"] == []  # no benchmark in a prolog / epilog
+    failed = {c["name"]: c for c in doc["checks"] if c["status"] == "fail"}
+    assert failed["gpu count"]["measured"] == "2" and failed["gpu count"]["expected"] == "3"
+    assert ("gpu processes" in failed) == (mode == "epilog")
 
 
 def test_ibstat_ports():
@@ -172,7 +246,7 @@ def test_cpu_node_against_calibrations(tmp_path):
 
 
 def test_bad_input_exits_2(tmp_path):
-    for args in (["--min-ratio", "1.5"], ["--nproc-per-node", "0"]):
+    for args in (["--min-ratio", "1.5"], ["--nproc-per-node", "0"], ["--mode", "pre"]):
         result = CliRunner().invoke(app, ["check", *args])
         assert result.exit_code == 2 and args[0] in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1

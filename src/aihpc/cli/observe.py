@@ -216,10 +216,18 @@ def _register_check(app: typer.Typer) -> None:
         ),
         precision: str | None = typer.Option(None, "--precision", help="GEMM precision."),
         skip_bench: bool = typer.Option(False, "--skip-bench", help="Presence and health only."),
+        mode: str = typer.Option(
+            "full",
+            "--mode",
+            help="full | prolog | epilog: as a Slurm Prolog or Epilog, presence and health only "
+            "(seconds), --gpus from SLURM_JOB_GPUS; an epilog also fails on a process left on "
+            "a GPU. A non-zero exit makes Slurm drain the node.",
+        ),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
         """Node acceptance test: GPUs and NICs present and healthy, GEMM and all-reduce at the
-        expected speed. Exit 1 with one line per failed check."""
+        expected speed. Exit 1 with one line per failed check; a GPU count or NIC asked for that
+        the node's tools cannot show fails too."""
         from aihpc.observe import check as chk
         from aihpc.runspec.calibration import load_calibration
         from aihpc.runspec.cluster import gpu_from_id
@@ -228,12 +236,30 @@ def _register_check(app: typer.Typer) -> None:
             raise SpecError("--min-ratio", min_ratio, "a fraction in (0, 1]")
         if nproc_per_node is not None and nproc_per_node < 1:
             raise SpecError("--nproc-per-node", nproc_per_node, "a positive integer")
+        if mode not in ("full", "prolog", "epilog"):
+            raise SpecError("--mode", mode, "full, prolog or epilog")
+        if gpus is not None and gpus < 1:
+            raise SpecError("--gpus", gpus, "a positive integer")
+        if mode != "full":
+            skip_bench = True  # a prolog holds the job's start: seconds, not a benchmark
+            gpus = gpus if gpus is not None else chk.slurm_job_gpu_count(dict(os.environ))
         cal = load_calibration(calibration) if calibration is not None else None
         smi = chk.run_tool(
             ["nvidia-smi", f"--query-gpu={chk.NVIDIA_SMI_QUERY}", "--format=csv,noheader,nounits"]
         )
         ib = chk.run_tool(["ibstat"])
         results = chk.gpu_checks(smi[1] if smi else None, smi[0] if smi else 0, gpus)
+        if mode == "epilog":
+            apps = chk.run_tool(
+                [
+                    "nvidia-smi",
+                    f"--query-compute-apps={chk.NVIDIA_SMI_APPS_QUERY}",
+                    "--format=csv,noheader,nounits",
+                ]
+            )
+            results += chk.leftover_process_checks(
+                apps[1] if apps else None, apps[0] if apps else 0
+            )
         hcas = tuple(h.split(":")[0] for h in (ib_hca or "").split(",") if h)
         results += chk.ib_checks(ib[1] if ib else None, ib[0] if ib else 0, hcas, ib_rate)
         gpu_id = gpu

@@ -25,6 +25,7 @@ from aihpc.runspec.calibration import Calibration, busbw_factor
 from aihpc.runspec.cluster import GPUSpec, cluster_from_table, gpu_catalog, gpu_from_id
 
 __all__ = [
+    "NVIDIA_SMI_APPS_QUERY",
     "NVIDIA_SMI_QUERY",
     "CheckResult",
     "Expectations",
@@ -34,9 +35,11 @@ __all__ = [
     "gemm_checks",
     "gpu_checks",
     "ib_checks",
+    "leftover_process_checks",
     "parse_ibstat",
     "parse_nvidia_smi",
     "run_tool",
+    "slurm_job_gpu_count",
 ]
 
 # Large GEMMs only: the catalog's efficiency is what a big matmul sustains, not a small one.
@@ -45,6 +48,7 @@ NVIDIA_SMI_QUERY = (
     "index,name,pci.bus_id,memory.total,ecc.errors.uncorrected.volatile.total,"
     "remapped_rows.pending,remapped_rows.failure"
 )
+NVIDIA_SMI_APPS_QUERY = "pid,process_name,used_memory"
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,10 @@ def gpu_checks(
     """Presence (``nvidia-smi`` answers, the count), no uncorrectable ECC errors since boot, no
     pending or failed row remapping (NVIDIA: a pending remap needs a GPU reset; a failure,
     service) per GPU."""
+    if text is None and expected_count:
+        # Asked for GPUs it cannot see: a prolog must not pass a node whose driver is gone.
+        why = f"nvidia-smi is not installed: cannot see the {expected_count} GPU(s) asked for"
+        return [CheckResult("gpu count", "fail", "none visible", str(expected_count), why)]
     if text is None:
         return [CheckResult("gpus", "skip", detail="nvidia-smi is not installed (no NVIDIA GPU)")]
     if code != 0:
@@ -137,6 +145,30 @@ def detect_gpu_id(name: str, memory_mib: float | None = None) -> str | None:
         return matches[0]
     gib = memory_mib / 1024
     return min(matches, key=lambda gid: abs(gpu_from_id(gid).hbm_gib - gib))
+
+
+def slurm_job_gpu_count(env: dict[str, str]) -> int | None:
+    """GPUs Slurm gave the job on this node, from a prolog's or epilog's environment: slurmd sets
+    ``SLURM_JOB_GPUS`` (the allocated GPU indices, comma-separated) when the job has GPUs
+    (Slurm's Prolog and Epilog Guide); None when it does not say."""
+    gpus = env.get("SLURM_JOB_GPUS", "").strip()
+    return len([g for g in gpus.split(",") if g.strip()]) if gpus else None
+
+
+def leftover_process_checks(text: str | None, code: int = 0) -> list[CheckResult]:
+    """An epilog's check: no process still holds a GPU after the job ended (rows of
+    ``nvidia-smi --query-compute-apps=NVIDIA_SMI_APPS_QUERY --format=csv,noheader,nounits``).
+    A process that outlived its job keeps the GPU's memory, and the next job fails with an OOM."""
+    if text is None:
+        return [CheckResult("gpu processes", "skip", detail="nvidia-smi is not installed")]
+    if code != 0:
+        return [CheckResult("gpu processes", "fail", detail=f"nvidia-smi failed: {text[:200]}")]
+    rows = [[c.strip() for c in line.split(",")] for line in text.strip().splitlines()]
+    rows = [r for r in rows if len(r) >= 2 and r[0].isdigit()]
+    if not rows:
+        return [CheckResult("gpu processes", "pass", "none", "none")]
+    listed = ", ".join(f"PID {r[0]} ({r[1]})" for r in rows[:8])
+    return [CheckResult("gpu processes", "fail", f"{len(rows)} left", "none", listed)]
 
 
 # ---- InfiniBand / RoCE -------------------------------------------------------------------------
@@ -186,6 +218,13 @@ def ib_checks(
     text: str | None, code: int = 0, hcas: Sequence[str] = (), min_rate_gbps: float | None = None
 ) -> list[CheckResult]:
     """Every port (of ``hcas``, NCCL_IB_HCA's list, when given) Active and LinkUp at the rate."""
+    if text is None and (hcas or min_rate_gbps):
+        asked = ", ".join(
+            ([f"HCAs {','.join(hcas)}"] if hcas else [])
+            + ([f"ports at >= {min_rate_gbps:g} Gb/s"] if min_rate_gbps else [])
+        )
+        why = f"ibstat is not installed: cannot see the {asked} asked for"
+        return [CheckResult("nics", "fail", "none visible", asked, why)]
     if text is None:
         return [CheckResult("nics", "skip", detail="ibstat is not installed (no InfiniBand/RoCE)")]
     ports = [p for p in parse_ibstat(text) if not hcas or p.ca in hcas]
