@@ -130,3 +130,13 @@ def test_private_dir_closes_a_folder_of_ours_others_could_only_read(tmp_path):
     assert stat.S_IMODE(os.lstat(mine).st_mode) == 0o700
     (tmp_path / "file").write_text("x")
     assert private_dir(tmp_path / "file") == "is not a folder"
+
+
+def test_private_dir_refuses_a_parent_others_may_swap_it_in(tmp_path):
+    """Without the sticky bit, anyone who can write the parent can rename our folder away."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    assert "no sticky bit" in private_dir(shared / "aihpc-x")
+    shared.chmod(0o1777)  # as /dev/shm
+    assert private_dir(shared / "aihpc-x") is None

@@ -8,7 +8,8 @@ or, when it is there, opens it without following a link (``O_NOFOLLOW``) and che
 opened: a folder, owned by this user, that no one else can write. A folder of ours that
 others can only read is closed to them (0700); anything else is refused, with the reason.
 Once it passes, no one else can add, remove or swap anything in it: the sticky bit keeps the
-folder ours, its mode keeps its entries ours.
+folder ours (a parent others may write into without it is refused), its mode keeps its
+entries ours.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ def private_dir(path: Path, create: bool = True) -> str | None:
             pass  # someone's: checked below
         except OSError as err:
             return f"cannot be created ({err.strerror})"
+    parent = _swappable_parent(path.parent)
+    if parent is not None:
+        return parent
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError as err:
@@ -53,4 +57,18 @@ def private_dir(path: Path, create: bool = True) -> str | None:
             os.fchmod(fd, 0o700)  # ours, and no one else could write into it: close it
     finally:
         os.close(fd)
+    return None
+
+
+def _swappable_parent(parent: Path) -> str | None:
+    """Why another user could rename our folder away and put theirs in its place, if they
+    could: a parent they may write into without the sticky bit (``/dev/shm`` has it)."""
+    try:
+        st = os.stat(parent)
+    except OSError as err:
+        return f"is in {parent}, which cannot be read ({err.strerror})"
+    if st.st_mode & stat.S_ISVTX:
+        return None
+    if st.st_uid not in (0, os.getuid()) or st.st_mode & 0o022:
+        return f"is in {parent}, where others may replace it (writable, no sticky bit)"
     return None
