@@ -127,7 +127,8 @@ def sbatch_script(spec: RunSpec, runspec_path: Path, opts: SlurmOptions) -> str:
 # What a #SBATCH value may be: Slurm reads these lines itself (no shell quoting), so each value
 # is held to the plain form its option takes; anything else could add an option or a line.
 _NAME = r"[A-Za-z0-9_.+-]+"
-_TIME = r"(?:\d+(?::\d+){0,2}|\d+-\d+(?::\d+){0,2}|UNLIMITED|INFINITE)"  # sbatch(1), --time
+# sbatch(1) --time: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or no limit (ASCII digits only)
+_TIME = r"(?:[0-9]+(?::[0-9]+){0,2}|[0-9]+-[0-9]+(?::[0-9]+){0,2}|(?i:UNLIMITED|INFINITE))"
 _PATH = r"[^\s\"'\\]+"  # no whitespace, quotes or backslashes (nor newlines: \s)
 
 
