@@ -4,6 +4,7 @@ config.json."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -230,7 +231,7 @@ def register_launch(app: typer.Typer) -> None:
         spec = load_runspec(runspec)
         opts = SlurmOptions(
             run_dir=run_dir,
-            job_name=f"aihpc-{runspec.stem}",
+            job_name="aihpc-" + re.sub(r"[^A-Za-z0-9_.+-]", "_", runspec.stem),
             partition=partition,
             account=account,
             time_limit=time_limit,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 from pathlib import Path
@@ -20,10 +21,12 @@ __all__ = ["metrics_args", "metrics_config", "register"]
 
 
 def metrics_config(
-    port: int | None, textfile: Path | None, local_procs: int
+    port: int | None, textfile: Path | None, local_procs: int, host: str = "127.0.0.1"
 ) -> MetricsConfig | None:
-    """Validate ``aihpc train``'s ``--metrics-port`` / ``--metrics-textfile`` before any process
-    starts. Ranks on a node listen on ``port .. port + local_procs - 1``."""
+    """Validate ``aihpc train``'s ``--metrics-port`` / ``--metrics-host`` /
+    ``--metrics-textfile`` before any process starts. Ranks on a node listen on
+    ``host:port .. port + local_procs - 1``; ``host`` is the loopback address unless the user
+    opens the endpoint to the network (``0.0.0.0``, ``::`` or one of the node's addresses)."""
     if port is None and textfile is None:
         return None
     local = int(os.environ.get("LOCAL_WORLD_SIZE", local_procs))
@@ -32,9 +35,10 @@ def metrics_config(
             raise SpecError(
                 "--metrics-port", port, f"a TCP port in 1..{65536 - local} ({local} rank(s) here)"
             )
+        family = _listen_family(host)
         if "LOCAL_RANK" not in os.environ:  # the launching process: check the whole range now
             for p in range(port, port + local):
-                _check_free(p)
+                _check_free(family, host, p)
     if textfile is not None:
         if textfile.exists() and not textfile.is_dir():
             raise SpecError("--metrics-textfile", str(textfile), "exists and is not a folder")
@@ -48,17 +52,37 @@ def metrics_config(
             raise SpecError("--metrics-textfile", str(textfile), "is not writable")
     from aihpc.observe.metrics import MetricsConfig
 
-    return MetricsConfig(port=port, textfile_dir=textfile)
+    return MetricsConfig(port=port, textfile_dir=textfile, addr=host)
 
 
-def _check_free(port: int) -> None:
-    with socket.socket() as s:
+_HOST_ALLOWED = "an address of this host to listen on: 127.0.0.1 (the default), 0.0.0.0, :: or"
+_HOST_ALLOWED += " one of the node's addresses"
+
+
+def _listen_family(host: str) -> socket.AddressFamily:
+    """The address family to listen on ``host`` with (IPv4 or IPv6); a name that does not
+    resolve, or anything with spaces or control characters, is refused naming the flag."""
+    if not host or not host.isprintable() or any(ch.isspace() for ch in host):
+        raise SpecError("--metrics-host", host, _HOST_ALLOWED)
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError):
+        raise SpecError("--metrics-host", host, _HOST_ALLOWED) from None
+    return infos[0][0]
+
+
+def _check_free(family: socket.AddressFamily, host: str, port: int) -> None:
+    with socket.socket(family) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind(("0.0.0.0", port))
+            s.bind((host, port))
         except OSError as err:
+            if err.errno == errno.EADDRNOTAVAIL:
+                raise SpecError("--metrics-host", host, _HOST_ALLOWED) from None
             raise SpecError(
-                "--metrics-port", port, f"cannot listen there ({err.strerror}); pick a free port"
+                "--metrics-port",
+                port,
+                f"cannot listen there on {host} ({err.strerror}); pick a free port",
             ) from None
 
 
@@ -68,7 +92,7 @@ def metrics_args(config: MetricsConfig | None) -> list[str]:
         return []
     args: list[str] = []
     if config.port is not None:
-        args += ["--metrics-port", str(config.port)]
+        args += ["--metrics-port", str(config.port), "--metrics-host", config.addr]
     if config.textfile_dir is not None:
         args += ["--metrics-textfile", str(config.textfile_dir)]
     return args

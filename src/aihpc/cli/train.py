@@ -213,6 +213,12 @@ def register(app: typer.Typer) -> None:
         metrics_port: int | None = typer.Option(
             None, "--metrics-port", help="Prometheus endpoint: rank r serves on P + local rank."
         ),
+        metrics_host: str = typer.Option(
+            "127.0.0.1",
+            "--metrics-host",
+            help="Address the endpoint listens on (0.0.0.0: every interface, for a remote "
+            "Prometheus).",
+        ),
         metrics_textfile: Path | None = typer.Option(
             None, "--metrics-textfile", help="Folder for node-exporter's textfile collector."
         ),
@@ -242,7 +248,7 @@ def register(app: typer.Typer) -> None:
         world = int(env["WORLD_SIZE"]) if env else (nproc_per_node if agent else 1)
         check_trainable(spec, world, data)
         faults = _check_faults(spec, inject, world)
-        metrics = metrics_config(metrics_port, metrics_textfile, nproc_per_node or 1)
+        metrics = metrics_config(metrics_port, metrics_textfile, nproc_per_node or 1, metrics_host)
         if env is None:
             _check_host_memory(spec, world)
         _check_run_dir(run_dir)

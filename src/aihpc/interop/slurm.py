@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aihpc.interop._script import comment_text, directive_value, env_name, shell_word
 from aihpc.runspec import RunSpec, SpecError
 
 __all__ = ["JobState", "SlurmOptions", "follow_job", "job_state", "sbatch_script", "submit"]
@@ -80,37 +81,39 @@ def sbatch_script(spec: RunSpec, runspec_path: Path, opts: SlurmOptions) -> str:
         raise SpecError("cluster.num_gpus", c.num_gpus, f"a multiple of gpus_per_node {per_node}")
     if not 0 < opts.signal_lead_s < 3600:
         raise SpecError("--signal-lead", opts.signal_lead_s, "seconds in (0, 3600)")
-    for node in opts.exclude:
-        if not re.fullmatch(r"[A-Za-z0-9._\-\[\],]+", node):
-            raise SpecError("--exclude", node, "a node name or Slurm hostlist")
+    for flag, path in (("--run-dir", opts.run_dir), ("RUNSPEC", runspec_path)):
+        shell_word(flag, path)  # before resolve(): a NUL or a newline never reaches the OS
     run_dir = opts.run_dir.resolve()
+    spec_word = shell_word("RUNSPEC", runspec_path.resolve())
+    directives = _directives(opts, nodes, per_node, run_dir)  # validated before any line
     lines = [
         "#!/bin/bash",
-        f"# aihpc train {runspec_path} under Slurm: {spec.model.name} on {c.num_gpus} x "
-        f"{c.gpu.id}, tp {plan.tp} pp {plan.pp} cp {plan.cp} dp {plan.dp}.",
+        f"# aihpc train {comment_text(runspec_path)} under Slurm: {comment_text(spec.model.name)}"
+        f" on {c.num_gpus} x {comment_text(c.gpu.id)}, tp {plan.tp} pp {plan.pp} cp {plan.cp}"
+        f" dp {plan.dp}.",
         "# Written by `aihpc launch`; one task per node runs torchrun for its ranks.",
-        *_directives(opts, nodes, per_node, run_dir),
+        *directives,
     ]
     lines += ["", "set -uo pipefail"]
     for name, value, why in nccl_env(spec):
         lines.append(f"export {name}={shlex.quote(value)}  # {why}")
     for name, value in opts.env:
-        lines.append(f"export {name}={shlex.quote(value)}")
+        lines.append(f"export {env_name('--env', name)}={shell_word('--env', value)}")
     lines.append(f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-{1 if per_node > 1 else 4}}}")
     lines.append(
         f"export TORCH_ELASTIC_SHUTDOWN_TIMEOUT={opts.signal_lead_s}"
         "  # torchrun's wait for the ranks' last checkpoint (default 30 s)"
     )
     launch = [
-        f"{shlex.quote(opts.python)} -m aihpc.runtime.torchrun",
+        f"{shell_word('python', opts.python)} -m aihpc.runtime.torchrun",
         f"--nnodes=$SLURM_JOB_NUM_NODES --nproc-per-node={per_node}",
-        f'--rdzv-backend=c10d --rdzv-endpoint="$head_node:{opts.rdzv_port}"',
+        f'--rdzv-backend=c10d --rdzv-endpoint="$head_node:{int(opts.rdzv_port)}"',
         '--rdzv-id="$SLURM_JOB_ID"',
-        f"-m aihpc train {shlex.quote(str(runspec_path.resolve()))}",
-        f"--run-dir {shlex.quote(str(run_dir))}",
+        f"-m aihpc train {spec_word}",
+        f"--run-dir {shell_word('--run-dir', run_dir)}",
     ]
     if opts.train_args:
-        launch.append(" ".join(shlex.quote(a) for a in opts.train_args))
+        launch.append(" ".join(shell_word("train_args", a) for a in opts.train_args))
     lines += [
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         'echo "aihpc: job $SLURM_JOB_ID (requeues ${SLURM_RESTART_COUNT:-0})'
@@ -121,25 +124,55 @@ def sbatch_script(spec: RunSpec, runspec_path: Path, opts: SlurmOptions) -> str:
     return "\n".join(lines) + "\n"
 
 
+# What a #SBATCH value may be: Slurm reads these lines itself (no shell quoting), so each value
+# is held to the plain form its option takes; anything else could add an option or a line.
+_NAME = r"[A-Za-z0-9_.+-]+"
+# sbatch(1) --time: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or no limit (ASCII digits only)
+_TIME = r"(?:[0-9]+(?::[0-9]+){0,2}|[0-9]+-[0-9]+(?::[0-9]+){0,2}|(?i:UNLIMITED|INFINITE))"
+_PATH = r"[^\s\"'\\]+"  # no whitespace, quotes or backslashes (nor newlines: \s)
+
+
 def _directives(opts: SlurmOptions, nodes: int, per_node: int, run_dir: Path) -> list[str]:
-    """The script's ``#SBATCH`` lines: the allocation, the log, requeue and the warning."""
+    """The script's ``#SBATCH`` lines: the allocation, the log, requeue and the warning.
+    Every value is checked against the form Slurm takes; a bad one is refused naming its
+    flag."""
+    name = directive_value("job_name", opts.job_name, _NAME, "letters, digits and . _ + -")
+    log_dir = directive_value(
+        "--run-dir",
+        run_dir,
+        _PATH,
+        "a path without spaces, quotes, backslashes or control characters "
+        "(it goes into '#SBATCH --output')",
+    ).replace("%", "%%")  # Slurm expands %j and the like in --output; %% is a literal %
     lines = [
-        f"#SBATCH --job-name={opts.job_name}",
+        f"#SBATCH --job-name={name}",
         f"#SBATCH --nodes={nodes}",
         "#SBATCH --ntasks-per-node=1",
     ]
     if opts.gpus:
         lines.append(f"#SBATCH --gpus-per-node={per_node}")
     if opts.cpus_per_task:
-        lines.append(f"#SBATCH --cpus-per-task={opts.cpus_per_task}")
+        lines.append(f"#SBATCH --cpus-per-task={int(opts.cpus_per_task)}")
     lines += [
-        f"#SBATCH --output={run_dir}/slurm-%j.log",
+        f"#SBATCH --output={log_dir}/slurm-%j.log",
         "#SBATCH --open-mode=append",
         "#SBATCH --requeue",
-        f"#SBATCH --signal=B:USR1@{opts.signal_lead_s}",
+        f"#SBATCH --signal=B:USR1@{int(opts.signal_lead_s)}",
     ]
-    site = (("partition", opts.partition), ("account", opts.account), ("time", opts.time_limit))
-    lines += [f"#SBATCH --{flag}={value}" for flag, value in site if value]
+    site = (
+        ("partition", opts.partition, rf"{_NAME}(?:,{_NAME})*", "a partition name or a list"),
+        ("account", opts.account, _NAME, "an account name: letters, digits and . _ + -"),
+        ("time", opts.time_limit, _TIME, "a Slurm time: M, M:S, H:M:S, D-H, D-H:M or D-H:M:S"),
+    )
+    for flag, value, pattern, allowed in site:
+        if value:
+            lines.append(
+                f"#SBATCH --{flag}={directive_value(f'--{flag}', value, pattern, allowed)}"
+            )
+    for node in opts.exclude:
+        directive_value(
+            "--exclude", node, r"[A-Za-z0-9._\-\[\],]+", "a node name or Slurm hostlist"
+        )
     if opts.exclude:
         lines.append(f"#SBATCH --exclude={','.join(opts.exclude)}")
     return lines

@@ -60,7 +60,8 @@ _SAVE_BUCKETS = tuple(0.01 * 2**k for k in range(17))
 
 @dataclass(frozen=True)
 class MetricsConfig:
-    """Where to export. ``port``: rank r listens on ``port + local_rank``. ``textfile_dir``: each
+    """Where to export. ``port``: rank r listens on ``port + local_rank``, on ``addr`` only
+    (the loopback interface unless ``--metrics-host`` says otherwise). ``textfile_dir``: each
     rank writes ``<dir>/aihpc_<job>_rank<r>.prom`` (node-exporter's textfile collector reads
     ``*.prom``). ``final_scrape_timeout_s``: at the end, wait up to this long for a scraper that
     has been seen to collect the final values."""
@@ -68,7 +69,7 @@ class MetricsConfig:
     port: int | None = None
     textfile_dir: Path | None = None
     job: str | None = None
-    addr: str = "0.0.0.0"
+    addr: str = "127.0.0.1"  # safe by default: a remote scraper needs --metrics-host
     final_scrape_timeout_s: float = 30.0
     textfile_interval_s: float = 1.0
 
@@ -246,7 +247,7 @@ class TrainMetrics(NullMetrics):
                 raise SpecError(
                     "--metrics-port",
                     port,
-                    f"cannot listen there ({err.strerror}); pick a free port",
+                    f"cannot listen there on {config.addr} ({err.strerror}); pick a free port",
                 ) from None
         self._write_textfile(force=True)
 

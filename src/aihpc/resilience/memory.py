@@ -12,7 +12,10 @@ an in-process restart reads the same files. Each rank writes::
     <shm>/aihpc-<key>/held-<src>.bin        the replica it keeps for rank src (another node)
 
 ``key`` is derived from the run directory and a nonce kept in it, so a new run in the same
-folder never reads an old run's memory. A file is a JSON header (step, SHA-256 and size of
+folder never reads an old run's memory. The folder is private (aihpc.resilience.private_dir:
+created 0700, owner checked, no link followed); one a neighbour made first, one others can
+write, or a link, is never used: the tier is off, on every rank, with one warning line, and
+checkpoints go to storage only. A file is a JSON header (step, SHA-256 and size of
 the payload, the rank it belongs to, a digest of what must match: run identity, world size,
 plan) followed by
 the payload, ``torch.save`` of the rank's local shards (model, optimizer, LR schedule, data
@@ -46,6 +49,7 @@ from torch.distributed.tensor import DTensor
 
 from aihpc.resilience.checkpoint import _state_dicts
 from aihpc.resilience.placement import Placement, peer_placement
+from aihpc.resilience.private_dir import private_dir
 
 __all__ = ["MemoryCheckpoint", "memory_key", "shm_root"]
 
@@ -153,7 +157,7 @@ class MemoryCheckpoint:
             memory_key(run_dir)  # creates the nonce once
         dist.barrier()
         self.dir = (root or shm_root()) / f"aihpc-{memory_key(run_dir)}"
-        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        unsafe = private_dir(self.dir)
         ident = {**identity, "world_size": self.world}
         self._digest = hashlib.sha256(
             json.dumps(ident, sort_keys=True, default=str).encode()
@@ -172,6 +176,21 @@ class MemoryCheckpoint:
         self.skipped: str | None = None
         self.inventory: list[Any] = []
         self._own_blob: bytes | None = None
+        self.off = self._agree_private(unsafe)
+
+    def _agree_private(self, unsafe: str | None) -> str | None:
+        """Every rank's folder private, or the tier off on all (collective); why it is off."""
+        bad = torch.tensor([0 if unsafe is None else 1])
+        dist.all_reduce(bad, group=self._pg)
+        if not bad.item():
+            return None
+        if unsafe is not None:
+            log.warning(
+                "in-memory checkpoints off: %s %s; checkpoints go to storage only", self.dir, unsafe
+            )
+        why = f"{self.dir} {unsafe}" if unsafe else "another rank's memory folder is not private"
+        self.skipped = f"in-memory tier off: {why}"
+        return why
 
     # ---- files ---------------------------------------------------------------------------
     def _own(self) -> Path:
@@ -197,6 +216,8 @@ class MemoryCheckpoint:
     # ---- snapshot ------------------------------------------------------------------------
     def snapshot(self, step: int, state: Mapping[str, Any]) -> bool:
         """Keep ``state`` as of ``step`` in memory here and at the holder; False if skipped."""
+        if self.off:
+            return False
         t0 = time.perf_counter()
         buf = io.BytesIO()
         torch.save(_locals(_state_dicts(state)), buf)
@@ -264,6 +285,8 @@ class MemoryCheckpoint:
     def plan(self, storage_step: int | None) -> tuple[int | None, list[Any]]:
         """(step, source of every rank: "own" or the holder's rank) of the newest step every rank
         can restore, not older than ``storage_step``; (None, []) if there is none. Collective."""
+        if self.off:  # every rank agreed: nothing to gather, storage serves
+            return None, []
         inv: list[Any] = [None] * self.world
         dist.all_gather_object(inv, self._inventory(), group=self._pg)
         self.inventory = inv  # what every rank held, for the run's events
@@ -356,6 +379,8 @@ class MemoryCheckpoint:
 
     def discard(self) -> None:
         """The run is over: free this rank's memory (its own copy and the replicas it holds)."""
+        if self.off:  # not ours to clean
+            return
         for path in [self._own(), *(self._held(s) for s in self.held_for)]:
             path.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
@@ -363,6 +388,8 @@ class MemoryCheckpoint:
 
     def drop_own(self) -> None:
         """Forget this rank's own copy (a drill: the node's memory lost with the rank)."""
+        if self.off:
+            return
         self._own().unlink(missing_ok=True)
 
     def close(self) -> None:
@@ -373,4 +400,6 @@ class MemoryCheckpoint:
 
 def remove_all(run_dir: Path) -> None:
     """Drop every memory file of a run on this node (e.g. to drill a lost node)."""
-    shutil.rmtree(shm_root() / f"aihpc-{memory_key(run_dir)}", ignore_errors=True)
+    folder = shm_root() / f"aihpc-{memory_key(run_dir)}"
+    if private_dir(folder, create=False) is None:  # never a neighbour's folder or a link
+        shutil.rmtree(folder, ignore_errors=True)

@@ -8,7 +8,12 @@ enters one and ``beat(step)`` after each step, which returns to the ``step`` pha
 every ``poll_s`` and checks the age of the phase clock. When it exceeds the phase's bound:
 
 1. it SIGKILLs local peers of the same attempt whose heartbeat is stale too (a SIGSTOPped rank
-   cannot act; torchrun would wait up to 30 s after SIGTERM before killing it);
+   cannot act; torchrun would wait up to 30 s after SIGTERM before killing it), and only a
+   process it can prove is that peer: the heartbeat records the PID with the process's start
+   time (``/proc/PID/stat`` field 22, clock ticks since boot) and the boot id; the watchdog
+   opens a pidfd on the PID, checks the start time again and signals through the pidfd, so a
+   PID the kernel gave to another process since is never hit (systemd's PID-reuse-safe
+   tracking). A peer it cannot prove is left alone with one line saying why;
 2. it exits the process with ``HANG_EXIT_CODE``, so the elastic agent restarts the job.
 
 A rank stopped with SIGSTOP is caught by its peers: they block in the next collective, their
@@ -38,7 +43,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["HANG_EXIT_CODE", "ORPHAN_EXIT_CODE", "Watchdog", "die_with_parent"]
+__all__ = [
+    "HANG_EXIT_CODE",
+    "ORPHAN_EXIT_CODE",
+    "Watchdog",
+    "boot_id",
+    "die_with_parent",
+    "process_start_ticks",
+]
 
 log = logging.getLogger("aihpc.resilience")
 
@@ -100,6 +112,8 @@ class Watchdog:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="aihpc-watchdog", daemon=True)
         self.fired: dict | None = None
+        # who this process is, beyond its PID: what a peer checks before it signals us
+        self._identity = {"start_ticks": process_start_ticks(os.getpid()), "boot_id": boot_id()}
 
     @property
     def current_phase(self) -> tuple[str, float]:
@@ -137,6 +151,7 @@ class Watchdog:
         data = {
             "rank": self.rank,
             "pid": os.getpid(),
+            **self._identity,
             "host": self.host,
             "attempt": self.attempt,
             "last_beat_unix": self._since,
@@ -189,8 +204,8 @@ class Watchdog:
             "stalled_s": round(age, 3),
             "bound_s": bound,
             "time_unix": time.time(),
-            "killed_peers": self._kill_stale_peers(),
         }
+        event["killed_peers"], event["spared_peers"] = self._kill_stale_peers()
         self.fired = event
         log.error(
             "watchdog: rank %d made no progress for %.1f s in phase %s after step %d "
@@ -209,10 +224,11 @@ class Watchdog:
         if self.exit_on_hang:
             os._exit(HANG_EXIT_CODE)
 
-    def _kill_stale_peers(self) -> list[int]:
+    def _kill_stale_peers(self) -> tuple[list[int], list[dict]]:
         """SIGKILL local peers of this attempt without a beat for ``timeout_s``: a stopped peer
-        and one blocked waiting for it both qualify, and the job is being torn down anyway."""
-        killed = []
+        and one blocked waiting for it both qualify, and the job is being torn down anyway.
+        (killed ranks, [{rank, pid, why}] for the peers left alone: not provably theirs)."""
+        killed, spared = [], []
         now = time.time()
         for path in self.dir.glob("rank-*.json"):
             try:
@@ -220,15 +236,88 @@ class Watchdog:
             except (OSError, ValueError):
                 continue
             if (
-                peer.get("rank") == self.rank
+                not isinstance(peer, dict)
+                or peer.get("rank") == self.rank
                 or peer.get("host") != self.host
                 or peer.get("attempt") != self.attempt
             ):
                 continue
-            if now - peer.get("last_beat_unix", now) > self.timeout_s:
-                try:
-                    os.kill(int(peer["pid"]), signal.SIGKILL)
-                    killed.append(int(peer["rank"]))
-                except (ProcessLookupError, PermissionError):
-                    pass
-        return killed
+            beat = peer.get("last_beat_unix", now)
+            if isinstance(beat, int | float) and now - beat > self.timeout_s:
+                why = _kill_if_same(peer)
+                if why is None:
+                    killed.append(peer.get("rank"))
+                    continue
+                log.warning(
+                    "watchdog: not killing rank %s (PID %s from its stale heartbeat): %s",
+                    peer.get("rank"),
+                    peer.get("pid"),
+                    why,
+                )
+                spared.append({"rank": peer.get("rank"), "pid": peer.get("pid"), "why": why})
+        return killed, spared
+
+
+def boot_id() -> str | None:
+    """This boot's id (Linux); a heartbeat from before a reboot names other processes."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (``/proc/PID/stat`` field 22);
+    None if there is no such process (or no /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    # the command name (field 2) may hold spaces and ')': the fields after the last ')' are
+    # field 3 onwards
+    fields = stat[stat.rindex(b")") + 2 :].split()
+    try:
+        return int(fields[22 - 3])
+    except (IndexError, ValueError):
+        return None
+
+
+def _kill_if_same(peer: dict) -> str | None:
+    """SIGKILL the process a peer's heartbeat names if it provably still is that process;
+    else why not."""
+    pid, start = peer.get("pid"), peer.get("start_ticks")
+    if type(pid) is not int or pid <= 1 or pid == os.getpid():
+        return f"its PID {pid!r} is not a worker's"
+    if type(start) is not int:
+        return "the heartbeat does not record the process's start time, so the PID proves nothing"
+    if peer.get("boot_id") != boot_id():
+        return "the heartbeat is from another boot of this host"
+    pidfd = None
+    try:
+        if hasattr(os, "pidfd_open"):  # Linux 5.3+: the fd pins this very process
+            try:
+                pidfd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                return "it has exited"
+            except OSError:  # ENOSYS (older kernel), EPERM: fall back to the start-time check
+                pidfd = None
+        now = process_start_ticks(pid)
+        if now is None:
+            return "it has exited"
+        if now != start:
+            return (
+                f"PID {pid} now belongs to another process (started at tick {now}, "
+                f"the rank's at {start})"
+            )
+        if pidfd is not None:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return "it has exited"
+    except PermissionError:
+        return "not permitted to signal it"
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+    return None

@@ -11,6 +11,7 @@ from typing import Any
 from aihpc.interop._common import (
     not_carried,
 )
+from aihpc.interop._script import comment_text
 from aihpc.interop.megatron.flags import FIXED, FRAMEWORK
 from aihpc.interop.megatron.shape import freq_pattern
 from aihpc.runspec import RunSpec, SpecError
@@ -41,14 +42,15 @@ def export_megatron(spec: RunSpec, source: str = "") -> tuple[str, list[str]]:
     nodes, per_node = c.num_nodes, min(c.gpus_per_node, c.num_gpus)
     header = (
         "#!/bin/bash\n"
-        f"# Megatron-LM launch for {m.name} on {c.num_gpus} x {c.gpu.id}, written by "
-        f"`aihpc export{' ' + source if source else ''} --to megatron`.\n"
+        f"# Megatron-LM launch for {comment_text(m.name)} on {c.num_gpus} x "
+        f"{comment_text(c.gpu.id)}, written by "
+        f"`aihpc export{' ' + comment_text(source) if source else ''} --to megatron`.\n"
         "# Flags as in Megatron-LM's megatron/training/arguments.py (main, Aug 2026). Synthetic\n"
         "# data (--mock-data): point --data-path and the tokenizer at yours.\n"
         "# Run it once per node (srun --ntasks-per-node=1); MASTER_ADDR names the first node.\n"
     )
     launch = (
-        f"torchrun --nproc-per-node {per_node} --nnodes {nodes} "
+        f"torchrun --nproc-per-node {int(per_node)} --nnodes {int(nodes)} "
         '--rdzv-backend c10d --rdzv-endpoint "${MASTER_ADDR:-localhost}:${MASTER_PORT:-29500}" \\\n'
         "    pretrain_gpt.py \\\n    "
     )
