@@ -33,8 +33,13 @@ def test_corpus_case(name):
         assert d.cause.rank == case["rank"], d.summary
     if "node" in case:
         assert d.cause.node == case["node"], d.summary
-    if "not_joined" in case:
+    if case.get("not_joined") == "unknown":
+        assert d.not_joined == [] and d.not_joined_state == "unknown", d.summary
+        assert "not joined: unknown" in d.summary or d.frozen, d.summary
+    elif "not_joined" in case:
         assert d.not_joined == case["not_joined"], d.summary
+    if "not_joined_state" in case:
+        assert d.not_joined_state == case["not_joined_state"], d.summary
     assert d.frozen == case.get("frozen", False)
     for text in case.get("summary_has", []):
         assert text in d.summary, d.summary
@@ -42,7 +47,24 @@ def test_corpus_case(name):
         assert text in d.action, d.action
     followers = {row["rank"] for row in d.follow_on}
     assert set(case.get("follow_on", [])) <= followers, d.follow_on
-    assert d.cause.rank not in case.get("not_joined", []) or d.cls == "hang"
+    named = case.get("not_joined") if isinstance(case.get("not_joined"), list) else []
+    assert d.cls == "hang" or d.cause is None or d.cause.rank not in named
+    assert_claims_quoted(d)
+
+
+def assert_claims_quoted(d):
+    """Every claim comes with the line that supports it, quoted as the file holds it."""
+    for ev in d.evidence:
+        if ev["line"]:
+            lines = Path(ev["file"]).read_text().splitlines()
+            assert lines[ev["line"] - 1].strip()[:400] == ev["text"], ev
+        else:  # from a flight-recorder dump: the dump is named
+            assert Path(ev["file"]).is_file(), ev
+    claims = " | ".join(ev["claim"] for ev in d.evidence)
+    if d.cause is not None:
+        assert d.evidence, d.summary
+    for r in d.not_joined:
+        assert f"rank {r} had not joined" in claims, (r, claims)
 
 
 def test_every_case_folder_has_expectations():
