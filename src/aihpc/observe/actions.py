@@ -80,7 +80,7 @@ _SUMMARIES = {
     "segfault": "segmentation fault on {where}{obj_suffix}",
     "cuda_error": "CUDA error on {where}: {error}{in_watchdog}",
     "gpu_lost": "GPU fell off the bus on {where}, GPU at PCI {pci_text}",
-    "collective_mismatch": "collective mismatch: ranks called different collectives as #{seq}"
+    "collective_mismatch": "collective mismatch: ranks called different collectives{seq_text}"
     "{pg_text} ({ops_text}): a bug in the program's order of collectives, not a network fault",
     "exception": "Python exception on {where}: {type}: {message}",
     "killed": "{where} was killed by SIGKILL (exit -9)",
@@ -120,6 +120,7 @@ def _fields(e: Any) -> _Fields:
         else ""
     )
     f["pci_text"] = x.get("pci") or x.get("smi_pci") or "? (the driver's line names none)"
+    f["seq_text"] = f" as #{x['seq']}" if x.get("seq") is not None else ""
     f["pg_text"] = f" on process group {x['pg']}" if x.get("pg") is not None else ""
     ops = x.get("ops")
     if isinstance(ops, dict):

@@ -159,9 +159,7 @@ def not_joined(
             missing.setdefault(r, []).append(
                 _dump_quote(
                     f"rank {r} had not joined {s.op} #{s.seq}",
-                    s.records.get(s.entered[0], ("", "", f"dump of rank {r}"))[2]
-                    if s.entered
-                    else "",
+                    str(logs.flight_recorder.get(r, {}).get("_file", "")),
                     f"rank {r}'s last enqueued collective on process group {s.pg}: "
                     f"#{s.last_enqueued.get(r)}; rank(s) {', '.join(map(str, s.entered))} "
                     f"entered #{s.seq}",
@@ -173,7 +171,9 @@ def not_joined(
                 missing.setdefault(r, []).append(quote(e, f"rank {r} had not joined ({e.cls})"))
     for r, e in culprits.items():
         missing.setdefault(r, []).append(
-            quote(e, f"rank {r} had not joined: aihpc's watchdog killed it, stalled, after the hang")
+            quote(
+                e, f"rank {r} had not joined: aihpc's watchdog killed it, stalled, after the hang"
+            )
         )
     if cause is not None:
         _sequence_evidence(cause, logs, missing, joined)
