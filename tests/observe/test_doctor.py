@@ -143,7 +143,12 @@ def test_real_kill_is_found_on_the_killed_rank(kill_run):
 def test_real_hang_names_the_silent_rank(hang_run):
     d = diagnose([hang_run.log])
     assert d.cls == "hang" and d.cause.rank == 0, d.summary  # rank 0's watchdog saw it
-    assert d.not_joined == [1] and d.recovered
+    # the log alone shows rank 1 silent, which proves nothing (it is named to look at); the run
+    # directory's events.jsonl says what happened to rank 1
+    assert d.not_joined == [] and d.not_joined_state == "unknown" and 1 in d.silent, d.summary
+    assert d.recovered
+    with_events = diagnose([hang_run.log, hang_run.dir])
+    assert with_events.cls == "injected_fault" and with_events.cause.rank == 1
     assert d.cause.details["step"] == 5 and d.cause.details["bound_s"] == hang_run.hang_timeout_s
 
 
