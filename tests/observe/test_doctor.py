@@ -174,3 +174,28 @@ def test_real_flight_recorder_dumps_name_the_rank_that_never_joined(fr_run, tmp_
     assert d.stuck[0].frame.startswith("fr_worker.py:")
     assert d.cls == "collective_timeout" and d.cause.rank == 0
     assert d.not_joined == [1]
+
+
+@pytest.mark.slow
+def test_real_mismatched_collectives_are_a_program_bug(fr_mismatch_run, tmp_path):
+    """Rank 0 broadcasts where rank 1 all-reduces: both time out, and the dumps' records of #4
+    differ. The doctor says mismatch (no node to drain), not a network fault."""
+    dumps, stderr = fr_mismatch_run
+    (tmp_path / "stderr.log").write_text(stderr)
+    d = diagnose([dumps, tmp_path / "stderr.log"])
+    assert d.cls == "collective_mismatch", d.summary
+    assert "gloo:broadcast" in d.summary and "gloo:all_reduce" in d.summary
+    assert "scontrol" not in d.action and "program bug" in d.action
+    assert {Path(ev["file"]).name for ev in d.evidence} == {"fr_trace_rank_0", "fr_trace_rank_1"}
+
+
+@pytest.mark.slow
+def test_real_detail_mismatch_error_is_a_program_bug(detail_mismatch_run, tmp_path):
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL: ProcessGroupWrapper's error as PyTorch prints it."""
+    _, stderr = detail_mismatch_run
+    assert "Detected mismatch between collectives on ranks" in stderr
+    (tmp_path / "stderr.log").write_text(stderr)
+    d = diagnose([tmp_path / "stderr.log"])
+    assert d.cls == "collective_mismatch", d.summary
+    assert "BROADCAST" in d.summary and "ALLREDUCE" in d.summary
+    assert_claims_quoted(d)

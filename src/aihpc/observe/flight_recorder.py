@@ -151,11 +151,16 @@ def stuck_collectives(dumps: dict[int, dict[str, Any]]) -> list[StuckCollective]
     out = []
     for pg in pgs:
         last = {rank: _last_enqueued(d, pg) for rank, d in dumps.items()}
+        seq: int | None = None
         if len(set(last.values())) > 1:
             seq = min(last.values()) + 1
         elif unfinished := _unfinished(dumps, pg):
             seq = min(unfinished)
-        else:
+        # a mismatch is found whatever the records' state (gloo retires a failed collective)
+        mismatch = _first_mismatch(dumps, pg)
+        if mismatch is not None and (seq is None or mismatch <= seq):
+            seq = mismatch
+        if seq is None:
             continue
         op, entry = _entry(dumps, pg, seq)
         entered = tuple(sorted(r for r, s in last.items() if s >= seq))
@@ -165,6 +170,23 @@ def stuck_collectives(dumps: dict[int, dict[str, Any]]) -> list[StuckCollective]
             StuckCollective(pg, seq, op, entered, missing, last, _user_frame(entry), records)
         )
     return out
+
+
+def _first_mismatch(dumps: dict[int, dict[str, Any]], pg: str) -> int | None:
+    """The first sequence number two ranks recorded as different collectives (or sizes)."""
+    seqs = sorted(
+        {
+            int(e.get("collective_seq_id", -1))
+            for d in dumps.values()
+            for e in d.get("entries", [])
+            if _pg_name(e) == pg and not e.get("is_p2p")
+        }
+    )
+    for seq in seqs:
+        records = _records(dumps, pg, seq)
+        if len(records) > 1 and len({(op, sizes) for op, sizes, _ in records.values()}) > 1:
+            return seq
+    return None
 
 
 def _records(
