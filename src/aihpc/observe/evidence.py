@@ -24,6 +24,8 @@ WAITING = ("nccl_timeout", "collective_timeout", "hang", "heartbeat_timeout", "a
 # collectives whose input size is the same on every rank (all-to-all and p2p differ legitimately)
 _SAME_SIZE_OPS = {"ALLREDUCE", "BROADCAST", "_ALLGATHER_BASE", "_REDUCE_SCATTER_BASE", "REDUCE"}
 _SEQNUM = re.compile(r"SeqNum=(\d+)")
+# send/recv count on their own sequence (seqP2P_), apart from the collectives' (seqCollective_)
+_P2P_OPS = {"SEND", "RECV", "RECVANYSOURCE"}
 
 
 def quote(e: LogEvent, claim: str) -> dict[str, Any]:
@@ -73,6 +75,8 @@ def mismatch_from_timeouts(events: list[LogEvent]) -> tuple[LogEvent, list[dict]
     groups: dict[tuple[int, int], dict[tuple, list]] = {}
     for e in events:
         if e.cls != "nccl_timeout" or e.rank is None or "seq" not in e.details:
+            continue
+        if str(e.details.get("op")) in _P2P_OPS:
             continue
         pg, source = _timeout_pg(e, events)
         if pg is None:
@@ -202,6 +206,14 @@ def _sequence_evidence(
     seq = cause.details.get("seq")
     pg = _cause_pg(cause, logs)
     if seq is None or pg is None:
+        return
+    # a group whose works include send/recv: its 'last enqueued' may be a p2p number
+    if any(
+        e.cls == "nccl_timeout"
+        and str(e.details.get("op")) in _P2P_OPS
+        and _timeout_pg(e, logs.events)[0] == pg
+        for e in logs.events
+    ):
         return
     for e in logs.events:
         if e.rank is None or (e.cls == "nccl_progress" and e.details.get("pg") != pg):
