@@ -338,7 +338,8 @@ def _waiting_action(d: Diagnosis) -> str:
     silent = (
         f"; rank(s) {_ranks(d.silent)} printed no timeout of their own: read their logs first"
         if d.silent
-        else ""
+        else "; the ranks in these logs may not be the whole job (NCCL_DEBUG=INFO prints its "
+        "size: 'nranks')"
     )
     return (
         "these logs do not show which rank had not joined (no flight-recorder dump, and no line "

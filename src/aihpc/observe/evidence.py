@@ -48,21 +48,29 @@ class NotJoined:
     silent: list[int] = field(default_factory=list)  # printed no wait of their own: look there
 
 
-def _timeout_pg(e: LogEvent, events: list[LogEvent]) -> tuple[int | None, LogEvent | None]:
-    """The process group of a timed-out work: on its own line (2.6+ prefixes), else from the
-    same rank's line that names the group and this sequence number (the watchdog's 'detected by
-    watchdog at work: N' line, or the teardown line that repeats 'SeqNum=N')."""
-    if e.details.get("pg") is not None:
-        return int(e.details["pg"]), None
-    seq = e.details.get("seq")
-    found: dict[int, LogEvent] = {}
+_Index = dict[tuple[int | None, str, int], dict[int, LogEvent]]
+
+
+def _group_index(events: list[LogEvent]) -> _Index:
+    """(rank, file, sequence number) → {process group: the line naming both}: the watchdog's
+    'detected by watchdog at work: N' lines, and teardown lines repeating 'SeqNum=N'."""
+    index: _Index = {}
     for o in events:
-        if o.rank != e.rank or o.file != e.file or o.details.get("pg") is None:
+        if o.details.get("pg") is None or o.cls not in ("nccl_progress", "teardown"):
             continue
         m = _SEQNUM.search(o.text) if o.cls == "teardown" else None
-        names = o.details.get("seq") if o.cls == "nccl_progress" else m and int(m.group(1))
-        if names == seq:
-            found.setdefault(int(o.details["pg"]), o)
+        seq = o.details.get("seq") if o.cls == "nccl_progress" else m and int(m.group(1))
+        if isinstance(seq, int):
+            index.setdefault((o.rank, o.file, seq), {}).setdefault(int(o.details["pg"]), o)
+    return index
+
+
+def _timeout_pg(e: LogEvent, index: _Index) -> tuple[int | None, LogEvent | None]:
+    """The process group of a timed-out work: on its own line (2.6+ prefixes), else from the
+    same rank's line that names the group and this sequence number."""
+    if e.details.get("pg") is not None:
+        return int(e.details["pg"]), None
+    found = index.get((e.rank, e.file, e.details.get("seq", -1)), {})
     if len(found) == 1:
         pg, source = next(iter(found.items()))
         return pg, source
@@ -73,12 +81,13 @@ def mismatch_from_timeouts(events: list[LogEvent]) -> tuple[LogEvent, list[dict]
     """Ranks whose watchdogs timed out on different collectives (or sizes) under the same
     sequence number of the same process group: (the mismatch as an event, its evidence)."""
     groups: dict[tuple[int, int], dict[tuple, list]] = {}
+    index = _group_index(events)
     for e in events:
         if e.cls != "nccl_timeout" or e.rank is None or "seq" not in e.details:
             continue
         if str(e.details.get("op")) in _P2P_OPS:
             continue
-        pg, source = _timeout_pg(e, events)
+        pg, source = _timeout_pg(e, index)
         if pg is None:
             continue
         op = str(e.details.get("op"))
@@ -138,10 +147,10 @@ def _ranks(text: Any) -> list[int]:
     return [int(x) for x in re.findall(r"\d+", str(text))]
 
 
-def _cause_pg(cause: LogEvent, logs: LogSet) -> int | None:
+def _cause_pg(cause: LogEvent, index: _Index) -> int | None:
     if cause.cls != "nccl_timeout":
         return None
-    return _timeout_pg(cause, logs.events)[0]
+    return _timeout_pg(cause, index)[0]
 
 
 def not_joined(
@@ -193,9 +202,21 @@ def not_joined(
             for r, rec in sorted(s.records.items())
         ]
         return NotJoined("none", [], evidence)
-    if len(world) > 1 and world <= joined:
-        return NotJoined("none", [], [])
+    # "every rank joined" needs the world's size from a line (NCCL's nranks, aihpc's summary):
+    # the ranks seen are not the world when some ranks' logs are missing
+    size_line = _world_line(logs)
+    if size_line is not None and len(world) > 1 and world <= joined:
+        return NotJoined("none", [], [quote(size_line, f"the world has {len(world)} ranks")])
     return NotJoined("unknown", [], [], sorted(world - joined - waiting))
+
+
+def _world_line(logs: LogSet) -> LogEvent | None:
+    if not logs.world_size:
+        return None
+    for e in logs.events:
+        if logs.world_size in (e.details.get("nranks"), e.details.get("world")):
+            return e
+    return None
 
 
 def _sequence_evidence(
@@ -204,14 +225,15 @@ def _sequence_evidence(
     """Each rank's own last enqueued sequence number, in the timed-out work's process group
     (numbers count per group: a line whose group is unknown proves nothing)."""
     seq = cause.details.get("seq")
-    pg = _cause_pg(cause, logs)
+    index = _group_index(logs.events)
+    pg = _cause_pg(cause, index)
     if seq is None or pg is None:
         return
     # a group whose works include send/recv: its 'last enqueued' may be a p2p number
     if any(
         e.cls == "nccl_timeout"
         and str(e.details.get("op")) in _P2P_OPS
-        and _timeout_pg(e, logs.events)[0] == pg
+        and _timeout_pg(e, index)[0] == pg
         for e in logs.events
     ):
         return
@@ -219,7 +241,7 @@ def _sequence_evidence(
         if e.rank is None or (e.cls == "nccl_progress" and e.details.get("pg") != pg):
             continue
         if e.cls == "nccl_timeout" and e.details.get("seq") == seq:
-            if _timeout_pg(e, logs.events)[0] == pg:
+            if _timeout_pg(e, index)[0] == pg:
                 joined.add(e.rank)
         elif e.cls == "nccl_progress" and isinstance(e.details.get("enqueued"), int):
             if e.details["enqueued"] >= seq:
