@@ -13,6 +13,7 @@ nothing answer it.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,8 @@ def _pick_cause(failures: list[LogEvent]) -> LogEvent | None:
 def _hardware_behind(cause: LogEvent, causes: list[LogEvent]) -> LogEvent:
     if cause.cls not in _GPU_SOFTWARE or not cause.node:
         return cause
+    if cause.cls == "exception" and not re.search(r"CUDA|cuda|NCCL|nccl", cause.text):
+        return cause  # an exception of the program's own: not the GPU's doing
     near = [
         e
         for e in causes
