@@ -336,7 +336,8 @@ def _waiting_action(d: Diagnosis) -> str:
             "each, and requeue without the bad node"
         )
     silent = (
-        f"; rank(s) {_ranks(d.silent)} printed no timeout of their own: read their logs first"
+        f"; rank(s) {_ranks(d.silent)} printed no wait of their own or were found stalled: "
+        "read their logs (py-spy dump, if they still run) first"
         if d.silent
         else "; the ranks in these logs may not be the whole job (NCCL_DEBUG=INFO prints its "
         "size: 'nranks')"

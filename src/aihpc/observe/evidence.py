@@ -45,7 +45,8 @@ class NotJoined:
     state: str | None = None
     ranks: list[int] = field(default_factory=list)
     evidence: list[dict[str, Any]] = field(default_factory=list)
-    silent: list[int] = field(default_factory=list)  # printed no wait of their own: look there
+    # printed no wait of their own, or were killed stalled by aihpc's watchdog: look there
+    silent: list[int] = field(default_factory=list)
 
 
 _Index = dict[tuple[int | None, str, int], dict[int, LogEvent]]
@@ -182,12 +183,8 @@ def not_joined(
         if e.cls in ("fr_missing", "desync_missing"):
             for r in _ranks(e.details.get("ranks")):
                 missing.setdefault(r, []).append(quote(e, f"rank {r} had not joined ({e.cls})"))
-    for r, e in culprits.items():
-        missing.setdefault(r, []).append(
-            quote(
-                e, f"rank {r} had not joined: aihpc's watchdog killed it, stalled, after the hang"
-            )
-        )
+    # aihpc's watchdog kills every local peer without a heartbeat: the rank that never came
+    # and those blocked waiting for it alike, so a kill shows a stalled rank, not an absent one
     if cause is not None:
         _sequence_evidence(cause, logs, missing, joined)
     world = set(range(logs.world_size)) if logs.world_size else set(logs.ranks_seen)
@@ -207,7 +204,7 @@ def not_joined(
     size_line = _world_line(logs)
     if size_line is not None and len(world) > 1 and world <= joined:
         return NotJoined("none", [], [quote(size_line, f"the world has {len(world)} ranks")])
-    return NotJoined("unknown", [], [], sorted(world - joined - waiting))
+    return NotJoined("unknown", [], [], sorted((world - joined - waiting) | set(culprits)))
 
 
 def _world_line(logs: LogSet) -> LogEvent | None:
