@@ -56,8 +56,9 @@ def _single_node_ranks(logs: LogSet) -> None:
 
 def _kills_after_hang(failures: list[LogEvent]) -> dict[int, LogEvent]:
     """Ranks SIGKILLed after another rank's watchdog found a hang: aihpc's watchdog kills the
-    stalled peers it finds, so those ranks are the stuck ones and their kill is a consequence.
-    Each with the line that says so (the kill, or the hang event naming the peers it killed)."""
+    stalled peers it finds, so their kill is a consequence (follow-on). They were stalled, which
+    does not say whether they never joined or waited for one that did not: they are ranks to
+    look at. Each with the line that names it (the kill, or the hang event listing the peers)."""
     hangs = [e for e in failures if e.cls == "hang"]
     if not hangs:
         return {}
