@@ -151,15 +151,31 @@ def exception_run(tmp_path_factory) -> Run:
 @pytest.fixture(scope="session")
 def fr_run(tmp_path_factory) -> tuple[Path, str]:
     """Real flight-recorder dumps (gloo records since PyTorch 2.7): (dump folder, stderr)."""
-    out = tmp_path_factory.mktemp("flight_recorder")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_FR_BUFFER_SIZE": "64"}
+    return _fr_job(tmp_path_factory, "missing")
+
+
+@pytest.fixture(scope="session")
+def fr_mismatch_run(tmp_path_factory) -> tuple[Path, str]:
+    """Rank 0 broadcasts where rank 1 all-reduces: the dumps and stderr."""
+    return _fr_job(tmp_path_factory, "mismatch")
+
+
+@pytest.fixture(scope="session")
+def detail_mismatch_run(tmp_path_factory) -> tuple[Path, str]:
+    """The same under TORCH_DISTRIBUTED_DEBUG=DETAIL: ProcessGroupWrapper's own error."""
+    return _fr_job(tmp_path_factory, "mismatch", TORCH_DISTRIBUTED_DEBUG="DETAIL")
+
+
+def _fr_job(tmp_path_factory, mode: str, **env_extra: str) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp(f"flight_recorder_{mode}")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_FR_BUFFER_SIZE": "64", **env_extra}
     # --tee 3: each worker's lines prefixed "[default<local rank>]:", as users often run it
     args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--tee", "3"]
-    args += ["--log-dir", str(out.parent / "fr_logs"), "--master-port", str(free_port())]
-    args += [str(Path(__file__).with_name("fr_worker.py"))]
+    args += ["--log-dir", str(out.parent / f"fr_logs_{out.name}")]
+    args += ["--master-port", str(free_port()), str(Path(__file__).with_name("fr_worker.py"))]
     timeout = hang_guard_s(120)
     proc = subprocess.run(
-        [*args, str(out)], capture_output=True, text=True, env=env, timeout=timeout
+        [*args, str(out), mode], capture_output=True, text=True, env=env, timeout=timeout
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, proc.stdout + proc.stderr

@@ -33,8 +33,13 @@ def test_corpus_case(name):
         assert d.cause.rank == case["rank"], d.summary
     if "node" in case:
         assert d.cause.node == case["node"], d.summary
-    if "not_joined" in case:
+    if case.get("not_joined") == "unknown":
+        assert d.not_joined == [] and d.not_joined_state == "unknown", d.summary
+        assert "not joined: unknown" in d.summary or d.frozen, d.summary
+    elif "not_joined" in case:
         assert d.not_joined == case["not_joined"], d.summary
+    if "not_joined_state" in case:
+        assert d.not_joined_state == case["not_joined_state"], d.summary
     assert d.frozen == case.get("frozen", False)
     for text in case.get("summary_has", []):
         assert text in d.summary, d.summary
@@ -42,7 +47,24 @@ def test_corpus_case(name):
         assert text in d.action, d.action
     followers = {row["rank"] for row in d.follow_on}
     assert set(case.get("follow_on", [])) <= followers, d.follow_on
-    assert d.cause.rank not in case.get("not_joined", []) or d.cls == "hang"
+    named = case.get("not_joined") if isinstance(case.get("not_joined"), list) else []
+    assert d.cls == "hang" or d.cause is None or d.cause.rank not in named
+    assert_claims_quoted(d)
+
+
+def assert_claims_quoted(d):
+    """Every claim comes with the line that supports it, quoted as the file holds it."""
+    for ev in d.evidence:
+        if ev["line"]:
+            lines = Path(ev["file"]).read_text().splitlines()
+            assert lines[ev["line"] - 1].strip()[:400] == ev["text"], ev
+        else:  # from a flight-recorder dump: the dump is named
+            assert Path(ev["file"]).is_file(), ev
+    claims = " | ".join(ev["claim"] for ev in d.evidence)
+    if d.cause is not None:
+        assert d.evidence, d.summary
+    for r in d.not_joined:
+        assert f"rank {r} had not joined" in claims, (r, claims)
 
 
 def test_every_case_folder_has_expectations():
@@ -121,7 +143,12 @@ def test_real_kill_is_found_on_the_killed_rank(kill_run):
 def test_real_hang_names_the_silent_rank(hang_run):
     d = diagnose([hang_run.log])
     assert d.cls == "hang" and d.cause.rank == 0, d.summary  # rank 0's watchdog saw it
-    assert d.not_joined == [1] and d.recovered
+    # the log alone shows rank 1 silent, which proves nothing (it is named to look at); the run
+    # directory's events.jsonl says what happened to rank 1
+    assert d.not_joined == [] and d.not_joined_state == "unknown" and 1 in d.silent, d.summary
+    assert d.recovered
+    with_events = diagnose([hang_run.log, hang_run.dir])
+    assert with_events.cls == "injected_fault" and with_events.cause.rank == 1
     assert d.cause.details["step"] == 5 and d.cause.details["bound_s"] == hang_run.hang_timeout_s
 
 
@@ -147,3 +174,28 @@ def test_real_flight_recorder_dumps_name_the_rank_that_never_joined(fr_run, tmp_
     assert d.stuck[0].frame.startswith("fr_worker.py:")
     assert d.cls == "collective_timeout" and d.cause.rank == 0
     assert d.not_joined == [1]
+
+
+@pytest.mark.slow
+def test_real_mismatched_collectives_are_a_program_bug(fr_mismatch_run, tmp_path):
+    """Rank 0 broadcasts where rank 1 all-reduces: both time out, and the dumps' records of #4
+    differ. The doctor says mismatch (no node to drain), not a network fault."""
+    dumps, stderr = fr_mismatch_run
+    (tmp_path / "stderr.log").write_text(stderr)
+    d = diagnose([dumps, tmp_path / "stderr.log"])
+    assert d.cls == "collective_mismatch", d.summary
+    assert "gloo:broadcast" in d.summary and "gloo:all_reduce" in d.summary
+    assert "scontrol" not in d.action and "program bug" in d.action
+    assert {Path(ev["file"]).name for ev in d.evidence} == {"fr_trace_rank_0", "fr_trace_rank_1"}
+
+
+@pytest.mark.slow
+def test_real_detail_mismatch_error_is_a_program_bug(detail_mismatch_run, tmp_path):
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL: ProcessGroupWrapper's error as PyTorch prints it."""
+    _, stderr = detail_mismatch_run
+    assert "Detected mismatch between collectives on ranks" in stderr
+    (tmp_path / "stderr.log").write_text(stderr)
+    d = diagnose([tmp_path / "stderr.log"])
+    assert d.cls == "collective_mismatch", d.summary
+    assert "BROADCAST" in d.summary and "ALLREDUCE" in d.summary
+    assert_claims_quoted(d)

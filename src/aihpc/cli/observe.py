@@ -123,6 +123,10 @@ def _render_diagnosis(d: Any) -> None:
         console.print(f"  {e.text}", style="dim", highlight=False, soft_wrap=True, markup=False)
     for s in d.stuck:
         console.print(f"flight recorder: {s.describe()}", highlight=False, soft_wrap=True)
+    for ev in d.evidence[1:9]:  # the first is the first failure's line, printed above
+        where = f"{Path(ev['file']).name}:{ev['line']}" if ev["line"] else Path(ev["file"]).name
+        console.print(f"evidence: {ev['claim']} ({where})", highlight=False, soft_wrap=True)
+        console.print(f"  {ev['text']}", style="dim", highlight=False, soft_wrap=True, markup=False)
     if d.follow_on:
         table = Table(title="failures it caused (follow-on)", title_justify="left")
         for col in ("rank", "node", "what", "lines"):

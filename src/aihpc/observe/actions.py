@@ -78,7 +78,10 @@ _SUMMARIES = {
     "ib_port_event": "InfiniBand/RoCE {event} on {dev}{port_suffix}, {where}",
     "host_oom": "host out of memory (the kernel's OOM killer) on {where}",
     "segfault": "segmentation fault on {where}{obj_suffix}",
-    "cuda_error": "CUDA error on {where}: {error}",
+    "cuda_error": "CUDA error on {where}: {error}{in_watchdog}",
+    "gpu_lost": "GPU fell off the bus on {where}, GPU at PCI {pci_text}",
+    "collective_mismatch": "collective mismatch: ranks called different collectives{seq_text}"
+    "{pg_text} ({ops_text}): a bug in the program's order of collectives, not a network fault",
     "exception": "Python exception on {where}: {type}: {message}",
     "killed": "{where} was killed by SIGKILL (exit -9)",
     "injected_fault": "aihpc drill: injected {kinds_text} at step {step} on {where}",
@@ -111,6 +114,21 @@ def _fields(e: Any) -> _Fields:
     f.setdefault("message", "")
     f.setdefault("code", "")
     f.setdefault("cuda", "")
+    f["in_watchdog"] = (
+        " (raised in NCCL's watchdog thread: some kernel before the collective faulted)"
+        if "watchdog thread terminated" in e.text
+        else ""
+    )
+    f["pci_text"] = x.get("pci") or x.get("smi_pci") or "? (the driver's line names none)"
+    f["seq_text"] = f" as #{x['seq']}" if x.get("seq") is not None else ""
+    f["pg_text"] = f" on process group {x['pg']}" if x.get("pg") is not None else ""
+    ops = x.get("ops")
+    if isinstance(ops, dict):
+        f["ops_text"] = "; ".join(f"rank(s) {r}: {op}" for r, op in ops.items())
+    elif "op" in x and "op_b" in x:
+        f["ops_text"] = f"rank {x['rank_a']}: {x['op']}; rank {x['rank_b']}: {x['op_b']}"
+    else:
+        f["ops_text"] = x.get("what") or x.get("fr_error", "?")
     if "xid" in x:
         f["xid_meaning"] = xid_info(int(x["xid"]))["meaning"]
     if "status" in x:
@@ -131,6 +149,10 @@ def summary_for(d: Diagnosis) -> str:
         text = _SUMMARIES.get(d.cls, d.cls + " on {where}").format_map(_fields(e))
     if d.not_joined:
         text += f"; not joined: rank(s) {_ranks(d.not_joined)}"
+    elif d.not_joined_state == "unknown" and not d.frozen:
+        text += "; not joined: unknown (no line shows which rank)"
+    elif d.not_joined_state == "none":
+        text += "; every rank joined"
     if d.frozen:
         text += "; no rank had enqueued a collective: frozen, not stuck on the network"
     if d.recovered:
@@ -208,6 +230,11 @@ def _hardware_action(d: Diagnosis) -> str | None:
         return "a link flap or a dead HCA port: " + _drain(node, f"IB {x.get('event')}")
     if d.cls == "cuda_error" and "ECC" in str(x.get("error")):
         return _drain(node, "uncorrectable ECC")
+    if d.cls == "gpu_lost":
+        return (
+            f"{_drain(node, 'GPU fell off the bus')}. The GPU is unreachable until the node is "
+            "cold-rebooted (PCIe, power or thermal: as NVIDIA's Xid 79)"
+        )
     if d.cls == "node_failure":
         return _drain(node or x.get("node"), "node failure")
     return None
@@ -234,6 +261,15 @@ def _process_action(d: Diagnosis) -> str | None:
     if d.cls == "injected_fault":
         outcome = "the job recovered" if d.recovered else "it did not recover: see the follow-on"
         return f"a fault injected on purpose (aihpc train --inject): nothing to fix; {outcome}"
+    if d.cls == "collective_mismatch":
+        return (
+            "a program bug: the ranks took different paths (a collective inside a rank-dependent "
+            "branch, a different number of steps or microbatches, an unevenly sharded dataset), "
+            "so one sequence number meant different collectives. Nothing to drain or requeue. "
+            "Rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL (names both calls) or the flight recorder "
+            "(TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1; its frames name "
+            "the lines)"
+        )
     if d.cls == "exception":
         return (
             f"fix the error on {e.where()} ({Path(e.file).name}:{e.line}); the other ranks failed "
@@ -293,8 +329,23 @@ def _waiting_action(d: Diagnosis) -> str:
             "recorder). Slow I/O (data, checkpoint) there: raise the process-group timeout or "
             "aihpc train's --hang-timeout; a dead node: exclude it and requeue"
         )
+    if d.not_joined_state == "none":
+        return (
+            "every rank entered the collective and none finished: a network or GPU fault inside "
+            "it. Look for Xid and IB errors on the job's nodes (dmesg), run `aihpc check` on "
+            "each, and requeue without the bad node"
+        )
+    silent = (
+        f"; rank(s) {_ranks(d.silent)} printed no wait of their own or were found stalled: "
+        "read their logs (py-spy dump, if they still run) first"
+        if d.silent
+        else "; the ranks in these logs may not be the whole job (NCCL_DEBUG=INFO prints its "
+        "size: 'nranks')"
+    )
     return (
-        "every rank entered the collective and none finished: a network or GPU fault inside it. "
-        "Look for Xid and IB errors on the job's nodes (dmesg), run `aihpc check` on each, and "
-        "requeue without the bad node"
+        "these logs do not show which rank had not joined (no flight-recorder dump, and no line "
+        "with the other ranks' sequence numbers in this process group)" + silent + ". Next "
+        "time set TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 (or "
+        "TORCH_NCCL_DESYNC_DEBUG=1) and give the doctor every rank's log; look for Xid and IB "
+        "errors on the job's nodes (dmesg)"
     )

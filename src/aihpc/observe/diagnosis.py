@@ -20,6 +20,12 @@ class Diagnosis:
     summary: str
     action: str
     not_joined: list[int] = field(default_factory=list)
+    # "ranks" (not_joined proved), "none" (every rank proved to have joined), "unknown" (the
+    # logs do not say), None (no wait on a collective)
+    not_joined_state: str | None = None
+    silent: list[int] = field(default_factory=list)  # printed no wait of their own
+    # every claim with the line that supports it: {claim, file, line, text}
+    evidence: list[dict[str, Any]] = field(default_factory=list)
     stuck: list[StuckCollective] = field(default_factory=list)
     follow_on: list[dict[str, Any]] = field(default_factory=list)
     recovered: bool = False
@@ -36,6 +42,9 @@ class Diagnosis:
             "action": self.action,
             "first_failure": self.cause.to_json() if self.cause else None,
             "not_joined": self.not_joined,
+            "not_joined_state": self.not_joined_state,
+            "silent_ranks": self.silent,
+            "evidence": self.evidence,
             "stuck_collectives": [
                 {
                     "process_group": s.pg,
@@ -43,6 +52,7 @@ class Diagnosis:
                     "op": s.op,
                     "entered": list(s.entered),
                     "not_joined": list(s.missing),
+                    "mismatched": s.mismatched,
                     "called_from": s.frame,
                 }
                 for s in self.stuck

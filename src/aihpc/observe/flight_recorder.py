@@ -19,7 +19,7 @@ import io
 import json
 import pickle
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,7 @@ def read_dump(path: Path) -> tuple[int, dict[str, Any]]:
     dump = _DataOnly(io.BytesIO(data)).load() if data[:1] == b"\x80" else json.loads(data)
     if not isinstance(dump, dict) or "entries" not in dump:
         raise ValueError(f"{path}: not a flight-recorder dump (no entries)")
+    dump["_file"] = str(path)  # for the evidence a diagnosis quotes
     return int(m.group(1)), dump
 
 
@@ -69,10 +70,23 @@ class StuckCollective:
     missing: tuple[int, ...]  # ranks whose last enqueued collective comes before it
     last_enqueued: dict[int, int]
     frame: str  # the innermost user frame that called it, on a rank that entered
+    # each entering rank's record of it: (profiling name, input sizes, the dump's file)
+    records: dict[int, tuple[str, str, str]] = field(default_factory=dict)
+
+    @property
+    def mismatched(self) -> bool:
+        """Ranks recorded different collectives (or sizes) under one sequence number: the
+        program called them in a different order, not a network fault."""
+        return len({(op, sizes) for op, sizes, _ in self.records.values()}) > 1
 
     def describe(self) -> str:
-        missing = ", ".join(map(str, self.missing)) or "none"
         where = f" (called from {self.frame})" if self.frame else ""
+        if self.mismatched:
+            ops = "; ".join(
+                f"rank {r}: {op} {sizes}" for r, (op, sizes, _) in sorted(self.records.items())
+            )
+            return f"mismatched collectives at #{self.seq} on process group {self.pg}: {ops}"
+        missing = ", ".join(map(str, self.missing)) or "none"
         return (
             f"{self.op} #{self.seq} on process group {self.pg}{where}: ranks "
             f"{', '.join(map(str, self.entered))} entered it; not joined: {missing}"
@@ -137,14 +151,57 @@ def stuck_collectives(dumps: dict[int, dict[str, Any]]) -> list[StuckCollective]
     out = []
     for pg in pgs:
         last = {rank: _last_enqueued(d, pg) for rank, d in dumps.items()}
+        seq: int | None = None
         if len(set(last.values())) > 1:
             seq = min(last.values()) + 1
         elif unfinished := _unfinished(dumps, pg):
             seq = min(unfinished)
-        else:
+        # a mismatch is found whatever the records' state (gloo retires a failed collective)
+        mismatch = _first_mismatch(dumps, pg)
+        if mismatch is not None and (seq is None or mismatch <= seq):
+            seq = mismatch
+        if seq is None:
             continue
         op, entry = _entry(dumps, pg, seq)
         entered = tuple(sorted(r for r, s in last.items() if s >= seq))
         missing = tuple(sorted(r for r, s in last.items() if s < seq))
-        out.append(StuckCollective(pg, seq, op, entered, missing, last, _user_frame(entry)))
+        records = _records(dumps, pg, seq)
+        out.append(
+            StuckCollective(pg, seq, op, entered, missing, last, _user_frame(entry), records)
+        )
+    return out
+
+
+def _first_mismatch(dumps: dict[int, dict[str, Any]], pg: str) -> int | None:
+    """The first sequence number two ranks recorded as different collectives (or sizes)."""
+    seqs = sorted(
+        {
+            int(e.get("collective_seq_id", -1))
+            for d in dumps.values()
+            for e in d.get("entries", [])
+            if _pg_name(e) == pg and not e.get("is_p2p")
+        }
+    )
+    for seq in seqs:
+        records = _records(dumps, pg, seq)
+        if len(records) > 1 and len({(op, sizes) for op, sizes, _ in records.values()}) > 1:
+            return seq
+    return None
+
+
+def _records(
+    dumps: dict[int, dict[str, Any]], pg: str, seq: int
+) -> dict[int, tuple[str, str, str]]:
+    out = {}
+    for rank, dump in dumps.items():
+        for e in dump.get("entries", []):
+            if _pg_name(e) == pg and not e.get("is_p2p") and e.get("collective_seq_id") == seq:
+                op = str(e.get("profiling_name", "?"))
+                # all-to-all and gather/scatter sizes legitimately differ per rank
+                sizes = (
+                    ""
+                    if re.search(r"all_?to_?all|gather$|scatter$", op)
+                    else str(e.get("input_sizes", ""))
+                )
+                out[rank] = (op, sizes, str(dump.get("_file", f"dump of rank {rank}")))
     return out

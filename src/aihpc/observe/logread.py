@@ -34,7 +34,9 @@ _KEYWORDS = re.compile(
     r"CUDA error|nccl\w*Error|Cuda failure|Timed out|timeout|Timeout|Heartbeat|"
     r"Connection|Broken pipe|recvBytes|sendBytes|terminate called|what\(\)|NCCL operations|"
     r"data inconsistency|dump signal|death signal|srun: error|made no progress|DistNetworkError|"
-    r"Fatal Python|host\s+:|rank\s+:|trained|final_step|world_size|NCCL INFO comm"
+    r"Fatal Python|host\s+:|rank\s+:|trained|final_step|world_size|NCCL INFO comm|"
+    r"fallen off the bus|GPU is lost|mismatch between collectives|Culprit rank|"
+    r"Not all ranks joining|missing ranks|lagging ranks"
 )
 # torchrun's "[rank3]:", srun --label's "3: ", torchrun --tee's "[default3]:" (role, local rank)
 _RANK_PREFIX = re.compile(r"^\[(?:rank|Rank )(\d+)\]:\s?|^\s{0,3}(\d{1,6}): |^\[[a-z_]+(\d+)\]:")
@@ -266,7 +268,7 @@ class _FileReader:
         if rank is None and self.local is not None:
             details.setdefault("local_rank", self.local)
         node = details.pop("node", None) or _node_from(line, self.path)
-        if node is None and cls in ("xid", "segfault", "host_oom"):
+        if node is None and cls in ("xid", "gpu_lost", "segfault", "host_oom"):
             node = self.file_node
         if pg := re.search(r"\[PG (?:ID )?(\d+)", body):
             details["pg"] = int(pg.group(1))

@@ -37,9 +37,19 @@ def _s(cls: str, tier: str, pattern: str, source: str) -> Signature:
 _PT = "PyTorch torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp"
 _NCCL_IB = "NCCL src/transport/net_ib.cc"
 _SLURMSTEPD = "Slurm src/slurmd/slurmstepd/req.c"
+_FR = "PyTorch torchfrtrace (torch/distributed/flight_recorder/components/utils.py)"
 
 SIGNATURES: tuple[Signature, ...] = (
-    # ---- teardown first: these lines repeat a cause's text inside them -----------------------
+    # ---- a CUDA error the NCCL watchdog found (WorkNCCL::finishedGPUExecutionInternal) is the
+    # first and often only print of it: a cause, although teardown lines carry it -------------
+    _s(
+        "cuda_error",
+        "cause",
+        r"(?:Process group|NCCL) watchdog thread terminated with exception: (?:\[[^\]]*\] )?"
+        r"CUDA error: (?P<error>[a-z][^.\n]*?)(?:\n|$|\. |\.$| CUDA kernel errors)",
+        _PT + " (watchdog: WorkNCCL::finishedGPUExecutionInternal's C10_CUDA_CHECK)",
+    ),
+    # ---- teardown next: these lines repeat a cause's text inside them ------------------------
     _s(
         "teardown",
         "follow_on",
@@ -70,6 +80,17 @@ SIGNATURES: tuple[Signature, ...] = (
         r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F:.]+)\): (?P<xid>\d+)"
         r"(?:, pid=(?P<pid>'?[^,]*'?))?(?:, name=(?P<pname>[^,]*))?,?\s*(?P<msg>.*)",
         "NVIDIA Xid Errors (docs.nvidia.com/deploy/xid-errors); kernel log",
+    ),
+    _s(
+        "gpu_lost",
+        "cause",
+        r"NVRM: GPU (?P<pci>[0-9a-fA-F]{4}:[0-9a-fA-F:.]+): GPU has fallen off the bus|"
+        r"NVRM: fallen off the bus and is not responding to commands|"
+        r"Unable to determine the device handle for GPU ?(?:\d+: )?(?P<smi_pci>[0-9a-fA-F:.]+): "
+        r"GPU is lost",
+        "NVIDIA driver (kernel log: 'GPU has fallen off the bus' with or without its Xid 79 "
+        "line; 'The NVIDIA GPU ... has fallen off the bus and is not responding'); nvidia-smi "
+        "(NVML_ERROR_GPU_IS_LOST)",
     ),
     _s(
         "ib_error",
@@ -143,6 +164,44 @@ SIGNATURES: tuple[Signature, ...] = (
         "Slurm src/srun (launch node-failure handler)",
     ),
     # ---- collectives and hangs ---------------------------------------------------------------
+    _s(
+        "collective_mismatch",
+        "cause",
+        r"Detected mismatch between collectives on ranks\. Rank (?P<rank_a>\d+) is running "
+        r"collective: CollectiveFingerPrint\(SequenceNumber=(?P<seq>\d+), OpType=(?P<op>\w+)"
+        r".*?but Rank (?P<rank_b>\d+) is running collective: CollectiveFingerPrint\("
+        r"SequenceNumber=(?P<seq_b>\d+), OpType=(?P<op_b>\w+)",
+        "PyTorch torch/csrc/distributed/c10d/ProcessGroupWrapper.cpp "
+        "(TORCH_DISTRIBUTED_DEBUG=DETAIL)",
+    ),
+    _s(
+        "collective_mismatch",
+        "cause",
+        r"^error msg: Culprit rank (?P<culprit>\d+); Error type: (?P<fr_error>"
+        r"COLLECTIVE_TYPE_MISMATCH|SIZE_OR_SYNTAX_MISMATCH|COLLECTIVE_DTYPE_MISMATCH)"
+        r"(?:, (?P<what>.*))?",
+        _FR + " (error_analysis: 'Collective sequence number: N has errors')",
+    ),
+    _s(
+        "collective_stuck",
+        "symptom",
+        r"^Not all ranks joining collective, sequence number: (?P<seq>\d+)",
+        _FR + " (error_analysis)",
+    ),
+    _s(
+        "fr_missing",
+        "context",
+        r"^missing ranks: \{(?P<ranks>\d+(?:, \d+)*)\}",
+        _FR + " (EntryState.log: the ranks that never joined the collective above)",
+    ),
+    _s(
+        "desync_missing",
+        "context",
+        r"To our best knowledge, ranks \[(?P<ranks>\d+(?:, \d+)*)\] are the lagging ranks that "
+        r"caused this timeout",
+        "PyTorch torch/csrc/distributed/c10d/TraceUtils.h (retrieveDesyncReport, "
+        "TORCH_NCCL_DESYNC_DEBUG=1)",
+    ),
     _s(
         "nccl_timeout",
         "symptom",
