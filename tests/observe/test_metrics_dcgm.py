@@ -68,6 +68,28 @@ def test_mixed_models_need_pci_bus_order():
     assert resolve(1, rows, {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})[:2] == rows[1][:2]
 
 
+def test_gpu_labels_run_nvidia_smi_only_for_a_gpu_run(tmp_path, monkeypatch, caplog):
+    from aihpc.observe.gpu_labels import NVIDIA_SMI_ARGS, gpu_labels
+
+    env = {"NODE_NAME": "k8s-node-7"}  # dcgm-exporter's Hostname in Kubernetes
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    assert gpu_labels(0, on_gpu=False, env=env).labels() == {
+        "gpu": "",
+        "UUID": "",
+        "Hostname": "k8s-node-7",
+    }
+    assert gpu_labels(0, on_gpu=True, env={}).labels()["UUID"] == ""
+    assert "no nvidia-smi" in caplog.text
+    # a node's nvidia-smi (this machine has none): prints its table for exactly our query
+    tool = tmp_path / "nvidia-smi"
+    want = " ".join(NVIDIA_SMI_ARGS[1:])
+    tool.write_text(f'#!/bin/sh\n[ "$*" = "{want}" ] || exit 9\nprintf "%s" "{SMI}"\n')
+    tool.chmod(0o755)
+    rows = parse_gpus(SMI)
+    got = gpu_labels(1, on_gpu=True, env={"CUDA_VISIBLE_DEVICES": "1,0"})
+    assert (got.gpu, got.uuid, got.hostname) == (*rows[0][:2], socket.gethostname())
+
+
 # ---- the shipped rules --------------------------------------------------------------------------
 def _promtool() -> str:
     binary = shutil.which("promtool")
@@ -339,3 +361,17 @@ def test_real_runs_end_cleanly_for_the_alert(prometheus, request, which):
         assert "gpu" not in labels and "UUID" not in labels  # empty: Prometheus drops them
         assert labels["spec_gpu"] == spec.cluster.gpu.id
     assert len(info) == 2
+
+
+def test_cli_writes_the_rules_file(tmp_path):
+    from typer.testing import CliRunner
+
+    from aihpc.cli import app
+
+    runner = CliRunner()
+    out = tmp_path / "aihpc-alerts.yml"
+    res = runner.invoke(app, ["dashboard", "--alerts", str(out)])
+    assert res.exit_code == 0, res.output
+    assert out.read_text() == RULES_PATH.read_text()
+    res = runner.invoke(app, ["dashboard", "--alerts", str(tmp_path / "missing" / "a.yml")])
+    assert res.exit_code == 2 and "--alerts" in res.stderr and len(res.stderr.splitlines()) == 1
