@@ -153,3 +153,4 @@ def test_textfile_holds_the_failed_ranks_last_values(exception_run):
     assert values["aihpc_train_steps_total"] == 3  # the exception came after step 3
     assert values["aihpc_train_step"] == 3
     assert values["aihpc_train_restarts_total"] == 0
+    assert values["aihpc_train_finished"] == 0  # died: no clean end

@@ -357,6 +357,9 @@ def _register_dashboard(app: typer.Typer) -> None:
         step: float = typer.Option(5.0, "--step", help="Query resolution, s."),
         rate_interval: str = typer.Option("1m", "--rate-interval", help="$__rate_interval."),
         as_json: bool = typer.Option(False, "--json", help="Print the dashboard JSON."),
+        alerts: Path | None = typer.Option(
+            None, "--alerts", help="Write the Prometheus alert rules (YAML) here."
+        ),
     ) -> None:
         """The Grafana dashboard for aihpc train's metrics; --render draws its panels."""
         import json
@@ -374,6 +377,10 @@ def _register_dashboard(app: typer.Typer) -> None:
                 raise SpecError("--since/--step", f"{since}/{step}", "seconds > 0")
         if output is not None:
             write_atomic(output, json.dumps(dash, indent=2) + "\n", "--output")
+        if alerts is not None:
+            from aihpc.observe.dashboards.alerts import RULES_PATH
+
+            write_atomic(alerts, RULES_PATH.read_text(), "--alerts")
         if render is not None and prometheus is not None:
             from aihpc.observe.dashboards.render import render as draw
 
@@ -383,5 +390,5 @@ def _register_dashboard(app: typer.Typer) -> None:
             except ValueError as err:
                 raise SpecError("--job", job, f"a query failed: {err}") from None
             draw(panels, render, f"{dash['title']}: job {job}")
-        if as_json or (output is None and render is None):
+        if as_json or (output is None and render is None and alerts is None):
             print_json(dash)

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 
 __all__ = ["LABELS", "MEMORY_KINDS", "METRICS", "PHASES", "MetricDef", "metric_names"]
 
-LABELS = ("hpc_job", "rank", "node")
+# hpc_job, gpu, UUID and Hostname are dcgm-exporter's names (aihpc.observe.gpu_labels), so the
+# two join; node (the host name) is kept for the queries written against it.
+LABELS = ("hpc_job", "rank", "node", "gpu", "UUID", "Hostname")
 PHASES = ("data_wait", "forward_backward", "optimizer", "loss_sync", "checkpoint_blocking")
 MEMORY_KINDS = ("host_rss", "device_allocated", "device_reserved", "device_peak_allocated")
 
@@ -25,7 +27,7 @@ METRICS: tuple[MetricDef, ...] = (
         "aihpc_train_info",
         "gauge",
         "1, labelled with the run spec's facts",
-        ("model", "gpu", "world_size", "plan"),
+        ("model", "spec_gpu", "world_size", "plan"),  # gpu is dcgm-exporter's GPU index
     ),
     MetricDef("aihpc_train_steps_total", "counter", "Optimizer steps this process completed"),
     MetricDef("aihpc_train_step", "gauge", "The step the model is at (counts from the resume)"),
@@ -56,6 +58,11 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("aihpc_train_last_committed_step", "gauge", "Step of the newest committed save"),
     MetricDef("aihpc_train_restarts_total", "counter", "Restarts of the job so far"),
     MetricDef("aihpc_train_hangs_total", "counter", "Hangs this rank's watchdog detected"),
+    MetricDef(
+        "aihpc_train_finished",
+        "gauge",
+        "1 once this process ended its training cleanly, 0 before (an end marker for alerts)",
+    ),
     MetricDef("aihpc_train_job_start_timestamp_seconds", "gauge", "Start of this launch (unix)"),
     MetricDef("aihpc_train_last_step_timestamp_seconds", "gauge", "End of the last step (unix)"),
     MetricDef("aihpc_train_ettr_ratio", "gauge", "Effective training time ratio since the launch"),

@@ -8,8 +8,9 @@ here: the runtime may import this module (prometheus-client, ``aihpc.runspec`` a
 
 Naming follows Prometheus's conventions (prometheus.io/docs/practices/naming): one prefix, base
 units in the name (``_seconds``, ``_bytes``, ``_ratio`` for 0-1), ``_total`` on counters, and the
-labels ``hpc_job`` (the name dcgm-exporter gives its Slurm job label, so the two join), ``rank``
-and ``node`` on every series. A plain ``job`` label would clash with the scrape job's own.
+labels ``hpc_job`` (dcgm-exporter's Slurm job label), ``rank``, ``node``, and dcgm-exporter's
+``gpu``, ``UUID`` and ``Hostname`` (``gpu_labels``) on every series, so the two join. A plain
+``job`` label would clash with the scrape job's own.
 Every rank exports its own share (tokens, bytes), so ``sum()`` over ranks is the job's figure and
 ``avg()`` the per-GPU one.
 """
@@ -38,7 +39,9 @@ from prometheus_client import (
     write_to_textfile,
 )
 
+from aihpc.observe.gpu_labels import GpuLabels, gpu_labels
 from aihpc.observe.metric_names import LABELS, METRICS, MetricDef
+from aihpc.observe.prediction import RunPrediction, predict
 from aihpc.runspec import RunSpec, SpecError
 
 __all__ = [
@@ -72,46 +75,6 @@ class MetricsConfig:
     addr: str = "127.0.0.1"  # safe by default: a remote scraper needs --metrics-host
     final_scrape_timeout_s: float = 30.0
     textfile_interval_s: float = 1.0
-
-
-@dataclass(frozen=True)
-class RunPrediction:
-    """What ``aihpc estimate`` / ``aihpc goodput`` predict for the spec, and the MFU constants."""
-
-    step_time_s: float
-    tokens_per_s_per_gpu: float
-    mfu: float
-    memory_bytes: float
-    ettr: float | None
-    model_flops_per_token: float
-    peak_flops: float
-
-
-def predict(spec: RunSpec) -> RunPrediction | None:
-    """The performance model's figures for ``spec`` (None when the model cannot price it)."""
-    from aihpc.goodput.ettr import goodput_report
-    from aihpc.perf.step import estimate
-    from aihpc.perf.step.flops import model_flops_per_token
-
-    try:
-        est = estimate(spec)
-        peak = spec.cluster.gpu.peak_tflops(spec.training.precision) * 1e12
-    except SpecError as err:
-        log.warning("no prediction for the metrics: %s", err)
-        return None
-    try:
-        ettr: float | None = goodput_report(spec, est.step_time_s).ettr
-    except SpecError:
-        ettr = None
-    return RunPrediction(
-        step_time_s=est.step_time_s,
-        tokens_per_s_per_gpu=est.tokens_per_s_per_gpu,
-        mfu=est.mfu,
-        memory_bytes=est.memory.total,
-        ettr=ettr,
-        model_flops_per_token=model_flops_per_token(spec.model),
-        peak_flops=peak,
-    )
 
 
 def job_name(run_dir: Path, env: Mapping[str, str] | None = None) -> str:
@@ -218,12 +181,15 @@ class TrainMetrics(NullMetrics):
         hangs_before: int = 0,
         job_start_unix: float | None = None,
         device_memory: Callable[[], Mapping[str, float]] | None = None,
+        gpu: GpuLabels | None = None,
     ) -> None:
         disable_created_metrics()  # no *_created series: they double the series for nothing
         self.config, self.rank, self.world_size = config, rank, world_size
         self.prediction, self.device_memory = prediction, device_memory
         self.registry = CollectorRegistry(auto_describe=True)
-        base = {"hpc_job": job, "rank": str(rank), "node": node or socket.gethostname()}
+        host = node or socket.gethostname()
+        base = {"hpc_job": job, "rank": str(rank), "node": host}
+        base |= (gpu or GpuLabels(hostname=host)).labels()  # empty gpu/UUID: Prometheus drops them
         self._m = {d.name: self._make(d, base) for d in METRICS}
         self._pending: list[tuple[int, Path, float]] = []
         self._step_sum = self._step_count = 0.0
@@ -273,13 +239,14 @@ class TrainMetrics(NullMetrics):
             )
             m["aihpc_train_info"].child(
                 model=spec.model.name,
-                gpu=spec.cluster.gpu.id,
+                spec_gpu=spec.cluster.gpu.id,
                 world_size=str(self.world_size),
                 plan=text,
             ).set(1)
         m["aihpc_train_restarts_total"].inc(restarts)
         m["aihpc_train_hangs_total"].inc(hangs_before)
         m["aihpc_train_job_start_timestamp_seconds"].set(self._job_start)
+        m["aihpc_train_finished"].set(0)
         if p is not None:
             m["aihpc_train_predicted_step_seconds"].set(p.step_time_s)
             m["aihpc_train_predicted_tokens_per_second"].set(p.tokens_per_s_per_gpu)
@@ -351,6 +318,8 @@ class TrainMetrics(NullMetrics):
         self._write_textfile(force=True)
 
     def close(self, final: bool = True) -> None:
+        if final:  # the end marker: a series that vanishes at 0 is a job that died
+            self._m["aihpc_train_finished"].set(1)
         self._poll_commits()
         self._memory()
         self._write_textfile(force=True)
@@ -488,4 +457,5 @@ def open_train_metrics(
         hangs_before=hangs,
         job_start_unix=start,
         device_memory=device_memory,
+        gpu=gpu_labels(local_rank, on_gpu=device_memory is not None),
     )

@@ -25,12 +25,13 @@ from grafana_foundation_sdk.models.dashboard import (
     VariableRefresh,
 )
 
-__all__ = ["JSON_PATH", "PANELS", "Panel", "build"]
+__all__ = ["DCGM_ROW", "JSON_PATH", "PANELS", "Panel", "build"]
 
 JSON_PATH = Path(__file__).with_name("aihpc-training.json")
 DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
 J = '{hpc_job=~"$job"}'
 RI = "[$__rate_interval]"
+DCGM_ROW = "GPUs (dcgm-exporter)"
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,16 @@ class Panel:
 def _rate_mean(name: str, by: str = "hpc_job") -> str:
     """Mean of a histogram's observations over the rate window (sum / count)."""
     return f"sum by ({by}) (rate({name}_sum{J}{RI})) / sum by ({by}) (rate({name}_count{J}{RI}))"
+
+
+def _job_gpus(dcgm: str, by: str = "hpc_job, rank") -> str:
+    """dcgm-exporter's series of the GPUs the job's ranks run on, labelled with ``by``: joined on
+    the GPU's UUID, which is the same inside and outside a job's device cgroup (an index may not
+    be). One series per rank on the right, so ``group_left`` copies the rank's labels over."""
+    return (
+        f"{dcgm} * on (UUID) group_left ({by}) "
+        f"group by (UUID, {by}) (aihpc_train_job_start_timestamp_seconds{J})"
+    )
 
 
 PANELS: tuple[Panel, ...] = (
@@ -184,6 +195,53 @@ PANELS: tuple[Panel, ...] = (
         ((f"time() - max by (hpc_job) (aihpc_train_last_step_timestamp_seconds{J})", ""),),
         "Alert on this: a hung job stops stepping long before NCCL's timeout fires.",
         stat=True,
+    ),
+    Panel(
+        DCGM_ROW,
+        "GPU utilisation by rank",
+        "percent",
+        ((_job_gpus("DCGM_FI_DEV_GPU_UTIL"), "rank {{rank}} (gpu {{gpu}} on {{Hostname}})"),),
+        "dcgm-exporter's DCGM_FI_DEV_GPU_UTIL of each rank's GPU (needs dcgm-exporter scraped by "
+        "the same Prometheus, and a GPU run: a CPU run's series carry no UUID).",
+    ),
+    Panel(
+        DCGM_ROW,
+        "GPU memory used (dcgm-exporter) vs plan",
+        "bytes",
+        (
+            (
+                f"max by (hpc_job) ({_job_gpus('DCGM_FI_DEV_FB_USED')}) * 1048576",
+                "framebuffer used, max over ranks {{hpc_job}}",
+            ),
+            (f"max by (hpc_job) (aihpc_train_predicted_memory_bytes{J})", "aihpc estimate"),
+        ),
+        "DCGM_FI_DEV_FB_USED is in MiB and counts every process on the GPU (CUDA context "
+        "included), so it sits above the allocator's figures.",
+    ),
+    Panel(
+        DCGM_ROW,
+        "Power and tokens per joule",
+        "short",
+        (
+            (f"sum by (hpc_job) ({_job_gpus('DCGM_FI_DEV_POWER_USAGE')})", "watts {{hpc_job}}"),
+            (
+                f"sum by (hpc_job) (rate(aihpc_train_tokens_total{J}{RI})) / "
+                f"sum by (hpc_job) ({_job_gpus('DCGM_FI_DEV_POWER_USAGE')})",
+                "tokens/J {{hpc_job}}",
+            ),
+        ),
+        "The job's GPUs' board power (DCGM_FI_DEV_POWER_USAGE, W) and tokens trained per joule.",
+    ),
+    Panel(
+        DCGM_ROW,
+        "GPU temperature and last XID by rank",
+        "short",
+        (
+            (_job_gpus("DCGM_FI_DEV_GPU_TEMP"), "°C rank {{rank}}"),
+            (_job_gpus("DCGM_FI_DEV_XID_ERRORS"), "XID rank {{rank}}"),
+        ),
+        "DCGM_FI_DEV_XID_ERRORS is the last XID the driver reported (0: none); aihpc doctor "
+        "explains the codes.",
     ),
 )
 
