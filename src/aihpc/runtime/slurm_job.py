@@ -102,29 +102,29 @@ def requeue_decision(
     stopped."""
     done = _done_since(run_dir, since)
     if done is not None:
-        return FINISHED, f"aihpc: training finished at step {done.get('step')}; not requeueing"
+        return FINISHED, f"aihpc: training finished at step {done.get('step')}; nothing to requeue"
     committed, _ = committed_checkpoints(run_dir / "checkpoints")
     newer = [c for c in committed if c.step > start_step]
     since_what = f"step {start_step}" if start_step >= 0 else "the start (none before)"
     if not newer:
         return STOP, (
             f"aihpc: no checkpoint newer than {since_what} was committed in this attempt; "
-            f"not requeueing job {job_id}: a requeue would stop the same way, saving nothing "
-            "(a longer --time, or a shorter checkpoint interval, lets it save)"
+            f"job {job_id} ends here, not requeued: a requeue would stop the same way, saving "
+            "nothing (a longer --time, or a shorter checkpoint interval, lets it save)"
         )
     newest = newer[-1]
     try:
         how = _check(newest.path)
     except (CheckpointCorruptError, OSError, KeyError, ValueError) as err:
         return STOP, (
-            f"aihpc: checkpoint step {newest.step} does not verify ({err}); not requeueing "
-            f"job {job_id}"
+            f"aihpc: checkpoint step {newest.step} does not verify ({err}); job {job_id} ends "
+            "here, not requeued"
         )
     if requeues >= max_requeues:
         return STOP, (
             f"aihpc: checkpoint step {newest.step} committed ({how}); job {job_id} was "
-            f"requeued {requeues} time(s), the cap (--max-requeues {max_requeues}): not "
-            f"requeueing; a new sbatch of the script resumes from step {newest.step}"
+            f"requeued {requeues} time(s), the cap (--max-requeues {max_requeues}): it ends "
+            f"here, not requeued; a new sbatch of the script resumes from step {newest.step}"
         )
     return REQUEUE, (
         f"aihpc: checkpoint step {newest.step} committed ({how}); requeueing job {job_id} "
