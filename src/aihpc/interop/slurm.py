@@ -152,14 +152,16 @@ def sbatch_script(spec: RunSpec, runspec_path: Path, opts: SlurmOptions) -> str:
         f"run_dir={run_word}",
         f"max_requeues={int(opts.max_requeues)}",
         'requeues="${SLURM_RESTART_COUNT:-0}"',
+        *_traps(),
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         'echo "aihpc: job $SLURM_JOB_ID (requeues $requeues) on $SLURM_JOB_NODELIST"',
         "# The batch script runs on the allocation's first node, the rendezvous host: a port free",
         "# there (from one the job id picks), the newest committed checkpoint, and the cap on",
         "# requeues (a job requeued more than --max-requeues times stops here).",
         "start=$(date +%s)",
-        'read -r rdzv_port start_step < <("$python" -m aihpc.runtime.slurm_job start "$run_dir" \\',
-        f'    "$SLURM_JOB_ID" "$requeues" "$max_requeues" {opts.rdzv_port or 0})',
+        'started=$("$python" -m aihpc.runtime.slurm_job start "$run_dir" "$SLURM_JOB_ID" \\',
+        f'    "$requeues" "$max_requeues" {opts.rdzv_port or 0})',
+        'read -r rdzv_port start_step <<<"$started"',
         'if [ -z "${start_step:-}" ]; then exit 1; fi',
         "",
     ]
@@ -174,7 +176,7 @@ def sbatch_script(spec: RunSpec, runspec_path: Path, opts: SlurmOptions) -> str:
     launch += [f"-m aihpc train {spec_word}", '--run-dir "$run_dir"']
     if opts.train_args:
         launch.append(" ".join(shell_word("train_args", a) for a in opts.train_args))
-    lines += _stop_handling(launch)
+    lines += _run_and_requeue(launch)
     return "\n".join(lines) + "\n"
 
 
@@ -260,10 +262,9 @@ def _directives(
     return lines
 
 
-def _stop_handling(launch: list[str]) -> list[str]:
-    """The script's srun and what it does on SIGTERM and on the time limit's SIGUSR1: it
-    requeues the job only when ``aihpc.runtime.slurm_job requeue`` finds a checkpoint newer
-    than the attempt's first committed and verified, and the cap not reached."""
+def _traps() -> list[str]:
+    """What the script does on SIGTERM and on the time limit's SIGUSR1 (set first: a signal
+    before its trap would end the script with no line)."""
     return [
         "# SIGTERM (scontrol requeue, preemption, scancel): Slurm signals every process of the",
         "# job's steps; the ranks finish their step, checkpoint and stop.",
@@ -273,17 +274,26 @@ def _stop_handling(launch: list[str]) -> list[str]:
         "trap 'stop=USR1; echo \"aihpc: time limit near: asking the ranks for a final"
         ' checkpoint"; scancel --signal=TERM "$SLURM_JOB_ID"\' USR1',
         "trap 'stop=TERM; echo \"aihpc: SIGTERM: asking the ranks for a final checkpoint\"' TERM",
+    ]
+
+
+def _run_and_requeue(launch: list[str]) -> list[str]:
+    """The script's srun, and at the time limit the requeue: only when
+    ``aihpc.runtime.slurm_job requeue`` finds a checkpoint newer than the attempt's first
+    committed and verified, and the cap not reached."""
+    return [
         'if [ -n "$stop" ]; then  # the signal came before the step: no training to stop',
+        '    echo "aihpc: SIG$stop came before training started"',
         '    rc=$((128 + $(kill -l "$stop")))',
         "else",
         '    srun --kill-on-bad-exit=1 --ntasks-per-node=1 --cpus-per-task="$cpus" \\',
         "        " + " \\\n        ".join(launch) + " &",
         "    srun_pid=$!",
         '    while :; do wait "$srun_pid"; rc=$?; kill -0 "$srun_pid" 2>/dev/null || break; done',
+        "    # after a signal, exit 0 means the ranks stopped with their checkpoint committed",
+        "    # (its one line is above); anything else is worth a line of its own",
+        '    if [ -z "$stop" ] || [ "$rc" != 0 ]; then echo "aihpc: training exited $rc"; fi',
         "fi",
-        "# after a signal, exit 0 means the ranks stopped with their checkpoint committed (its",
-        "# one line is above); anything else is worth a line of its own",
-        'if [ -z "$stop" ] || [ "$rc" != 0 ]; then echo "aihpc: training exited $rc"; fi',
         'if [ "$stop" = USR1 ]; then',
         "    # one line: the verified checkpoint and the requeue, or why the job stops here",
         '    "$python" -m aihpc.runtime.slurm_job requeue "$run_dir" "$SLURM_JOB_ID" \\',
