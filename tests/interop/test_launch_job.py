@@ -40,13 +40,14 @@ def _spec(num_gpus: int = 16, gpus_per_node: int = 8) -> object:
 
 
 def _stubs(d: Path, srun_body: str = "") -> Path:
-    """srun records its arguments (NUL separated) and OMP_NUM_THREADS, then runs
+    """srun records its arguments (NUL separated), OMP_NUM_THREADS and MASTER_ADDR:PORT, then runs
     ``srun_body``; scontrol names one node and records a requeue; scancel does nothing."""
     bin_dir = d / "bin"
     bin_dir.mkdir(parents=True)
     (bin_dir / "srun").write_text(
         f'#!/bin/bash\nprintf "%s\\0" "$@" > {d}/srun.args\n'
-        f'echo "$OMP_NUM_THREADS" > {d}/omp\n{srun_body}\n'
+        f'echo "$OMP_NUM_THREADS" > {d}/omp\n'
+        f'echo "${{MASTER_ADDR:-}}:${{MASTER_PORT:-}}" > {d}/master\n{srun_body}\n'
     )
     (bin_dir / "scontrol").write_text(
         f'#!/bin/bash\nif [ "$1" = requeue ]; then echo "$2" >> {d}/requeued; else echo node1; fi\n'
@@ -295,3 +296,44 @@ def test_a_job_ends_as_slurm_has_it() -> None:
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_framework_jobs_run_the_export_under_srun_and_torchrun(tmp_path: Path) -> None:
+    """`--framework megatron|torchtitan`: the run directory holds the plan's export and the
+    script runs it as the frameworks' own Slurm examples do (one srun task per node running
+    torchrun, c10d on the first node at a per-job port), with the same allocation and CPUs."""
+    spec = tmp_path / "llama3-8b.toml"
+    spec.write_text(
+        '[model]\npreset = "llama3-8b"\n[cluster]\ngpu = "h100-sxm"\nnum_gpus = 16\n'
+        "[parallel]\ntp = 2\nzero_stage = 3\nglobal_batch_size = 64\n"
+    )
+    app = build_app("launch")
+    for framework, config in (("megatron", "megatron.sh"), ("torchtitan", "torchtitan.toml")):
+        run = tmp_path / framework
+        res = runner.invoke(app, ["launch", str(spec), "--run-dir", str(run), "--framework",
+                                  framework])  # fmt: skip
+        assert res.exit_code == 0, res.output
+        script = (run / "job.sbatch").read_text()
+        assert "#SBATCH --nodes=2\n" in script and "#SBATCH --exclusive\n" in script
+        assert "--requeue" not in script  # the framework's checkpoints are not aihpc's to verify
+        assert (run / config).is_file()
+        d = tmp_path / f"{framework}-job"
+        done = _run(script, d, SLURM_JOB_ID="12345", SLURM_SUBMIT_DIR=str(tmp_path))
+        assert done.returncode == 0, done.stdout + done.stderr
+        argv = _argv(d)
+        assert argv[:3] == ["--kill-on-bad-exit=1", "--ntasks-per-node=1", "--cpus-per-task=2"]
+        port = 20000 + 12345 % 12000
+        if framework == "megatron":
+            assert argv[3:] == ["bash", str(run / config)]
+            # the exported script's torchrun reads its rendezvous from these
+            assert (d / "master").read_text().strip() == f"node1:{port}"
+        else:
+            assert f"--rdzv-endpoint=node1:{port}" in argv and "torchtitan.train" in argv
+            assert argv[argv.index("--job.config_file") + 1] == str(run / config)
+            assert argv[argv.index("--job.dump_folder") + 1] == str(run)
+    res = runner.invoke(app, ["launch", str(spec), "--run-dir", str(tmp_path / "x"),
+                              "--framework", "megatron", "--hang-timeout", "10"])  # fmt: skip
+    assert res.exit_code == 2 and res.stderr.startswith("error: --hang-timeout = 10.0: an aihpc")
+    res = runner.invoke(app, ["launch", str(spec), "--run-dir", str(tmp_path / "x"),
+                              "--framework", "deepspeed"])  # fmt: skip
+    assert res.exit_code == 2 and "--framework = 'deepspeed'" in res.stderr

@@ -142,6 +142,7 @@ def _launch(
     cpus_per_task: int | None,
     exclusive: bool | None,
     max_requeues: int,
+    framework: str,
     follow_timeout: float | None,
     as_json: bool,
     slurm: bool,
@@ -154,7 +155,11 @@ def _launch(
     ranks."""
     from aihpc.interop.slurm import SlurmOptions, node_layout, sbatch_script
 
+    if framework not in ("aihpc", "megatron", "torchtitan"):
+        raise SpecError("--framework", framework, "aihpc | megatron | torchtitan")
     del slurm  # --slurm was required until 0.2; Slurm is the one launcher there is
+    if framework != "aihpc":
+        _refuse_train_values(framework, train_values)
     spec = load_runspec(runspec)
     _, per_node = node_layout(spec)
     _check_train_values(spec, train_values, per_node)
@@ -175,17 +180,15 @@ def _launch(
         max_restarts=train_values.get("max_restarts", 0),
         train_args=_train_args(_PASSTHROUGH, train_values),
     )
-    try:
-        script = sbatch_script(spec, runspec, opts)
-    except SpecError as err:
-        if err.field != "--cpus-per-task" or err.value is not None:
-            raise
-        node_cpus = _node_cpus(partition)  # a job on part of a node: its share of the cores
-        if node_cpus is None:
-            raise
-        script = sbatch_script(spec, runspec, dataclasses.replace(opts, node_cpus=node_cpus))
-    run_dir.mkdir(parents=True, exist_ok=True)
     path = output or run_dir / "job.sbatch"
+    if framework == "aihpc":
+        script = _with_node_cpus(lambda o: sbatch_script(spec, runspec, o), opts)
+    else:
+        script, config, text = _framework_script(spec, runspec, opts, framework)
+    run_dir.mkdir(parents=True, exist_ok=True)  # every check has passed
+    if framework != "aihpc":
+        write_atomic(config, text, "--run-dir")
+        _warn(f"{framework} config written to {config}")
     write_atomic(path, script, "--output")
     result: dict = {"script": str(path), "run_dir": str(run_dir), "job_id": None}
     if not submit:
@@ -197,6 +200,45 @@ def _launch(
     from aihpc.interop.slurm_jobs import submit as sbatch
 
     _submit_and_follow(sbatch(path), run_dir, result, follow_timeout, as_json)
+
+
+def _with_node_cpus(build: Any, opts: Any) -> str:
+    """``build(opts)``; a job on part of a node that needs the node's CPUs asks sinfo."""
+    try:
+        return build(opts)
+    except SpecError as err:
+        if err.field != "--cpus-per-task" or err.value is not None:
+            raise
+        node_cpus = _node_cpus(opts.partition)  # a job on part of a node: its share
+        if node_cpus is None:
+            raise
+        return build(dataclasses.replace(opts, node_cpus=node_cpus))
+
+
+def _refuse_train_values(framework: str, train_values: dict[str, Any]) -> None:
+    """aihpc train's options have no meaning for another framework's trainer."""
+    for p in _PASSTHROUGH:
+        value = train_values[p.name]
+        if value is not None and value != p.default.default and value != []:
+            why = f"an aihpc train option; --framework {framework} runs the framework's trainer"
+            raise SpecError(_flag(p), str(value) if isinstance(value, Path) else value, why)
+
+
+def _framework_script(
+    spec: RunSpec, runspec: Path, opts: Any, framework: str
+) -> tuple[str, Path, str]:
+    """(script, config path, config text): the plan exported for ``framework``, to be written
+    into the run directory, and the script that runs it."""
+    from aihpc.interop import export_megatron, export_torchtitan
+    from aihpc.interop.slurm_frameworks import FRAMEWORK_FILES, framework_sbatch
+
+    export = export_megatron if framework == "megatron" else export_torchtitan
+    text, dropped = export(spec, str(runspec))
+    config = opts.run_dir / FRAMEWORK_FILES[framework]
+    script = _with_node_cpus(lambda o: framework_sbatch(spec, runspec, o, framework, config), opts)
+    if dropped:
+        _warn("note: not carried: " + "; ".join(dropped))
+    return script, config, text
 
 
 def _submit_and_follow(
@@ -293,6 +335,15 @@ def _own_parameters() -> list[inspect.Parameter]:
         "max_requeues": (
             int,
             o(3, "--max-requeues", help="Requeues at most (time limit, preemption, failures)."),
+        ),
+        "framework": (
+            str,
+            o(
+                "aihpc",
+                "--framework",
+                help="aihpc (aihpc train) | megatron | torchtitan: the job runs the plan's "
+                "export (aihpc export) with the framework's own trainer.",
+            ),
         ),
         "follow_timeout": (
             float | None,

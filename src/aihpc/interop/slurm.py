@@ -214,6 +214,7 @@ def _directives(
     run_dir: Path,
     exclusive: bool,
     cpus: int | None,
+    requeue: bool = True,
 ) -> list[str]:
     """The script's ``#SBATCH`` lines: the allocation, the log, requeue and the warning.
     Every value is checked against the form Slurm takes; a bad one is refused naming its
@@ -240,9 +241,9 @@ def _directives(
     lines += [
         f"#SBATCH --output={log_dir}/slurm-%j.log",
         "#SBATCH --open-mode=append",
-        "#SBATCH --requeue",
-        f"#SBATCH --signal=B:USR1@{int(opts.signal_lead_s)}",
     ]
+    if requeue:
+        lines += ["#SBATCH --requeue", f"#SBATCH --signal=B:USR1@{int(opts.signal_lead_s)}"]
     site = (
         ("partition", opts.partition, rf"{_NAME}(?:,{_NAME})*", "a partition name or a list"),
         ("account", opts.account, _NAME, "an account name: letters, digits and . _ + -"),
