@@ -67,8 +67,9 @@ def _train_args(params: list[inspect.Parameter], values: dict[str, Any]) -> tupl
         if p.name == "max_restarts" or value is None or value == default or value == []:
             continue
         flag = _flag(p)
-        if isinstance(value, bool):
-            args.append(flag if value else "--no-" + flag[2:])
+        if isinstance(value, bool):  # "--x" or typer's "--x/--no-x"
+            on, _, off = flag.partition("/")
+            args.append(on if value else off or "--no-" + on[2:])
             continue
         for item in value if isinstance(value, list | tuple) else [value]:
             args += [flag, str(item.resolve() if isinstance(item, Path) else item)]
