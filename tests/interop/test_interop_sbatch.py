@@ -44,7 +44,7 @@ def test_nodes_tasks_and_rendezvous_from_the_plan(tmp_path: Path) -> None:
     assert "NCCL_MNNVL_ENABLE" not in script  # an HGX node is its own NVLink domain
     assert 'scontrol requeue "$SLURM_JOB_ID"' in script
     # torchrun's agent whose stop on a signal ends in one line; it waits for the last checkpoint
-    assert "-m aihpc.runtime.torchrun \\\n    --nnodes=" in script
+    assert "-m aihpc.runtime.torchrun \\\n        --nnodes=" in script
     assert "export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=120 " in script
     # the time limit's SIGUSR1 reaches the ranks as SIGTERM through scancel, never through srun,
     # which would kill its tasks at once

@@ -122,10 +122,19 @@ def _running_past(env: dict[str, str], job: str, run_dir: Path, steps: int) -> N
 def straight(slurm: dict[str, str], spec: Path, tmp_path_factory) -> dict:
     """The uninterrupted job, submitted and followed by `aihpc launch --submit`."""
     run_dir = tmp_path_factory.mktemp("straight")
+    prom = run_dir.parent / f"{run_dir.name}.prom"
+    # no --rdzv-port: the job picks a free one; train's options pass through to the ranks
     done = _aihpc(slurm, "launch", str(spec), "--slurm", "--run-dir", str(run_dir), "--no-gpus",
-                  "--rdzv-port", str(slurm_cluster.free_port()), "--submit")  # fmt: skip
+                  "--submit", "--metrics-textfile", str(prom), "--hang-timeout", "120")  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    return {"stderr": done.stderr, "summary": json.loads((run_dir / "summary.json").read_text())}
+    job = re.search(r"submitted job (\d+)", done.stderr).group(1)
+    return {
+        "stderr": done.stderr,
+        "summary": json.loads((run_dir / "summary.json").read_text()),
+        "state": _state(slurm, job),
+        "prom": prom,
+        "script": (run_dir / "job.sbatch").read_text(),
+    }
 
 
 def test_two_rank_job_trains(straight: dict) -> None:
@@ -136,6 +145,16 @@ def test_two_rank_job_trains(straight: dict) -> None:
     assert any("RUNNING on localhost" in ln for ln in lines)  # followed: state
     assert any(f"step {STEPS}/{STEPS}" in ln for ln in lines)  # followed: the log's tail
     assert lines[-1].endswith("COMPLETED, exit code 0")
+
+
+def test_job_has_the_node_and_train_options_reach_the_ranks(straight: dict) -> None:
+    """The job fills its node (2 ranks on a node of 2 GPUs), so it has it whole: every CPU
+    (Slurm gave such a job one), not shared; --metrics-textfile, an `aihpc train` option, reached
+    the ranks, which wrote node-exporter's file there; the rendezvous port was not fixed."""
+    state, script = straight["state"], straight["script"]
+    assert int(state["NumCPUs"]) == os.cpu_count() and state["OverSubscribe"] == "NO"
+    assert "#SBATCH --exclusive" in script and "29500" not in script
+    assert list(straight["prom"].glob("*.prom"))
 
 
 def _job_id(out: Path, timeout: float = 60) -> str:
@@ -172,7 +191,7 @@ def requeued(slurm: dict[str, str], spec: Path, tmp_path_factory) -> dict:
     with open(out, "w") as f:
         follower = subprocess.Popen(
             [sys.executable, "-m", "aihpc", "launch", str(spec), "--slurm", "--run-dir",
-             str(run_dir), "--no-gpus", "--rdzv-port", str(slurm_cluster.free_port()), "--submit"],
+             str(run_dir), "--no-gpus", "--submit"],
             env=slurm, stdout=f, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
     try:
@@ -251,7 +270,10 @@ def test_time_limit_warning_checkpoints_and_requeues(
     assert summary["resumed_from_step"] == step >= 7 and summary["requeues"] == 1
     assert summary["state_sha256"] == straight["summary"]["state_sha256"]
     log = (run_dir / f"slurm-{job}.log").read_text()
-    assert "Traceback" not in log and f"aihpc: time limit near: requeueing job {job}" in log
+    assert "Traceback" not in log
+    # said once the checkpoint was found committed and verified, not before
+    said = f"aihpc: checkpoint step {step} committed (verified); requeueing job {job} (requeue 1"
+    assert said in log and log.index(said) > log.index(f"after step {step} with its checkpoint")
 
 
 def test_cancel_leaves_checkpoints_intact(
@@ -270,3 +292,70 @@ def test_cancel_leaves_checkpoints_intact(
     for c in committed:
         verify_checkpoint(c.path)  # every file's checksum as its manifest records it
     assert "requeueing" not in (run_dir / f"slurm-{job}.log").read_text()
+
+
+def _log_has(path: Path, text: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + hang_guard_s(timeout)
+    while time.monotonic() < deadline:
+        if path.is_file() and text in path.read_text():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} not in {path}")
+
+
+def test_time_limit_before_step_1_ends_without_requeue(
+    slurm: dict[str, str], spec: Path, tmp_path: Path
+) -> None:
+    """The time limit's warning as soon as the attempt has started, before any step: nothing
+    is saved, so the job is not requeued (it would only stop the same way, as it used to three
+    times): one line says so, and the job ends FAILED, not COMPLETED."""
+    run_dir = tmp_path / "early"
+    job = _sbatch(slurm, _script(slurm, spec, run_dir, slurm_cluster.free_port()))
+    log = run_dir / f"slurm-{job}.log"
+    _log_has(log, f"aihpc: job {job} (requeues 0) on")
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=slurm, check=True, timeout=30)
+    final = _wait(slurm, job, {"COMPLETED", "FAILED", "CANCELLED"})
+    text = log.read_text()
+    assert _steps(run_dir) == 0 and not committed_checkpoints(run_dir / "checkpoints")[0], text
+    assert final["JobState"] == "FAILED" and final["Restarts"] == "0", text
+    ours = [ln for ln in text.splitlines() if ln.startswith("aihpc: ")]
+    assert ours[-1].startswith(
+        "aihpc: no checkpoint newer than the start (none before) was committed in this attempt;"
+        f" job {job} ends here, not requeued"
+    ), text
+    assert "requeueing" not in text and "Traceback" not in text
+
+
+def test_cancelled_while_pending_is_not_a_success(
+    slurm: dict[str, str], spec: Path, tmp_path: Path
+) -> None:
+    """A job cancelled before it ran: `aihpc launch --submit` says so and exits non-zero (it
+    used to print "exit code 0", Slurm's record for a job that never ran)."""
+    blocker = subprocess.run(
+        ["sbatch", "--parsable", "--exclusive", "--output=/dev/null", "--wrap", "sleep 600"],
+        env=slurm, capture_output=True, text=True, timeout=30, check=True,
+    ).stdout.strip()  # fmt: skip
+    out, doc = tmp_path / "follow.txt", tmp_path / "follow.json"
+    try:
+        _wait(slurm, blocker, {"RUNNING"})
+        with open(out, "w") as f, open(doc, "w") as j:
+            follower = subprocess.Popen(
+                [sys.executable, "-m", "aihpc", "launch", str(spec), "--run-dir",
+                 str(tmp_path / "run"), "--no-gpus", "--submit", "--json"],
+                env=slurm, stdout=j, stderr=f, text=True,
+            )  # fmt: skip
+        try:
+            job = _job_id(out)
+            _wait(slurm, job, {"PENDING"})
+            subprocess.run(["scancel", job], env=slurm, check=True, timeout=30)
+            code = follower.wait(timeout=hang_guard_s(120))
+        finally:
+            follower.kill()
+    finally:
+        subprocess.run(["scancel", blocker], env=slurm, timeout=30)
+    lines = out.read_text().splitlines()
+    assert code == 1, lines
+    said = rf"job {job} CANCELLED( \(\w+\))?: cancelled while pending: it never ran; exit code 1"
+    assert re.fullmatch(said, lines[-1]), lines
+    result = json.loads(doc.read_text())
+    assert result["state"] == "CANCELLED" and result["exit_code"] == 1 and not result["ran"]

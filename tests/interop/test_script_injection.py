@@ -7,6 +7,7 @@ commands: a hostile value reaches srun as the one argument it was, and runs noth
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 from pathlib import Path
@@ -74,7 +75,9 @@ def _run_script(script: str, tmp_path: Path) -> list[str]:
         "SLURM_JOB_ID": "7",
         "SLURM_JOB_NODELIST": "node1",
         "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_JOB_CPUS_PER_NODE": "2",
         "HOME": str(tmp_path),
+        "PYTHONPATH": str(ROOT / "src"),  # the script's own helper (aihpc.runtime.slurm_job)
     }
     done = subprocess.run(["bash", str(path)], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -83,8 +86,9 @@ def _run_script(script: str, tmp_path: Path) -> list[str]:
 
 
 def _first_words(script: str) -> list[str]:
-    """Each line's first word: a value that added or split a line changes this list."""
-    return [line.split(" ", 1)[0] for line in script.splitlines()]
+    """Each line's first word (an assignment's name): a value that added or split a line
+    changes this list."""
+    return [re.split("[ =]", line, maxsplit=1)[0] for line in script.splitlines()]
 
 
 def test_quoted_values_arrive_as_one_argument_and_run_nothing(tmp_path):

@@ -32,7 +32,7 @@ _AREAS = (
     ("catalog", "register"),
     ("observe", "register"),
     ("interop", "register"),
-    ("interop", "register_launch"),
+    ("launch", "register"),
 )
 # The top-level commands each area registers (tests/cli/test_cli_areas.py checks it against
 # the whole tree).

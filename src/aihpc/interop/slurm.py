@@ -3,36 +3,32 @@ and (``--submit``) submitting it and following the job.
 
 One Slurm task per node runs torchrun (``aihpc.runtime.torchrun``: torchrun's agent, whose stop
 on a signal ends in one line), which starts the node's ranks and meets the other nodes through a
-c10d rendezvous on the first node of the allocation. Preemption: ``--requeue`` lets Slurm
-requeue the job; ``scontrol requeue``, preemption and ``scancel`` send SIGTERM to every process
-of the job's steps, so the ranks finish the step, checkpoint and exit
-(aihpc.resilience.preempt), and a requeued job resumes from that checkpoint.
-``--signal=B:USR1@LEAD`` warns the batch script LEAD seconds before the time limit; it passes
-SIGTERM to the steps with ``scancel --signal`` (a signal to srun itself would make srun kill its
-tasks at once), waits for the checkpoint, then requeues the job.
+c10d rendezvous on the first node of the allocation, on a port chosen free there when the job
+starts (``aihpc.runtime.slurm_job``). The node's task gets the node's CPUs: a job that fills
+nodes of several GPUs takes them whole (``--exclusive``), one that shares a node asks for its
+share of the cores. Preemption: ``--requeue`` lets Slurm requeue the job; ``scontrol requeue``,
+preemption and ``scancel`` send SIGTERM to every process of the job's steps, so the ranks
+finish the step, checkpoint and exit (aihpc.resilience.preempt), and a requeued job resumes
+from that checkpoint. ``--signal=B:USR1@LEAD`` warns the batch script LEAD seconds before the
+time limit; it passes SIGTERM to the steps with ``scancel --signal`` (a signal to srun itself
+would make srun kill its tasks at once), waits for the checkpoint, and requeues the job only
+when a checkpoint newer than the attempt's first was committed and verified and the job has
+been requeued fewer than ``--max-requeues`` times.
 """
 
 from __future__ import annotations
 
-import re
 import shlex
-import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from aihpc.interop._script import comment_text, directive_value, env_name, shell_word
 from aihpc.runspec import RunSpec, SpecError
 
-__all__ = ["JobState", "SlurmOptions", "follow_job", "job_state", "sbatch_script", "submit"]
+__all__ = ["SlurmOptions", "cpu_request", "nccl_env", "node_layout", "sbatch_script"]
 
-# Job states after which the job will not run again (squeue/scontrol JobState names).
-FINAL_STATES = {
-    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-    "DEADLINE", "SPECIAL_EXIT",
-}  # fmt: skip
+MAX_REQUEUES = 3  # the default cap on requeues (--max-requeues)
 
 
 @dataclass(frozen=True)
@@ -45,8 +41,12 @@ class SlurmOptions:
     exclude: tuple[str, ...] = ()  # nodes never to run on (sbatch --exclude)
     signal_lead_s: int = 120  # SIGUSR1 to the batch script this long before the time limit
     gpus: bool = True  # request the node's GPUs (--gpus-per-node); off for a CPU partition
-    cpus_per_task: int | None = None
-    rdzv_port: int = 29500
+    cpus_per_task: int | None = None  # the node's one task's CPUs; None: see cpu_request
+    node_cpus: int | None = None  # CPUs of a node of the partition (sinfo), when known
+    exclusive: bool | None = None  # whole nodes; None: when the job fills multi-GPU nodes
+    rdzv_port: int | None = None  # None: a free port chosen on the first node at start
+    max_requeues: int = MAX_REQUEUES
+    max_restarts: int = 0  # torchrun's restarts of a node's worker group
     python: str = field(default_factory=lambda: sys.executable)
     env: tuple[tuple[str, str], ...] = ()  # extra exports (site NCCL settings, ...)
     train_args: tuple[str, ...] = ()  # more `aihpc train` options
@@ -71,21 +71,64 @@ def nccl_env(spec: RunSpec) -> list[tuple[str, str, str]]:
     return out
 
 
+def node_layout(spec: RunSpec) -> tuple[int, int]:
+    """(nodes, ranks per node) of the plan on the cluster."""
+    c = spec.cluster
+    per_node = min(c.gpus_per_node, c.num_gpus)
+    nodes = max(1, spec.plan().num_gpus // per_node)
+    if nodes * per_node != spec.plan().num_gpus:
+        raise SpecError("cluster.num_gpus", c.num_gpus, f"a multiple of gpus_per_node {per_node}")
+    return nodes, per_node
+
+
+def cpu_request(spec: RunSpec, opts: SlurmOptions) -> tuple[bool, int | None]:
+    """(whole nodes, CPUs of the node's one task; None: all the node's, read at start).
+
+    A job that fills nodes of several GPUs takes them whole (``--exclusive``): its one task
+    per node runs every rank there, and the data loaders, NCCL's proxy threads and the
+    checkpoint writers want the node's cores, which a shared node would hand to a neighbour.
+    A job on part of a node asks for its share, the node's CPUs x its GPUs / the node's GPUs
+    (Slurm otherwise gives a task one CPU). ``--cpus-per-task`` and ``--exclusive`` /
+    ``--no-exclusive`` override either."""
+    c = spec.cluster
+    _, per_node = node_layout(spec)
+    if opts.cpus_per_task is not None and opts.cpus_per_task < 1:
+        raise SpecError("--cpus-per-task", opts.cpus_per_task, "a positive integer")
+    whole = per_node == c.gpus_per_node
+    exclusive = opts.exclusive if opts.exclusive is not None else whole and c.gpus_per_node > 1
+    if opts.cpus_per_task is not None:
+        return exclusive, opts.cpus_per_task
+    if exclusive:
+        return True, None
+    if opts.node_cpus is None:
+        raise SpecError(
+            "--cpus-per-task",
+            None,
+            f"needed for a job on {per_node} of a node's {c.gpus_per_node} GPU(s) when sinfo "
+            "does not give the partition's CPUs per node (or --exclusive for whole nodes)",
+        )
+    return False, max(1, opts.node_cpus * per_node // c.gpus_per_node)
+
+
 def sbatch_script(spec: RunSpec, runspec_path: Path, opts: SlurmOptions) -> str:
     """The batch script for ``spec`` (nodes and ranks from its cluster and plan)."""
     c = spec.cluster
     plan = spec.plan()
-    per_node = min(c.gpus_per_node, c.num_gpus)
-    nodes = max(1, plan.num_gpus // per_node)
-    if nodes * per_node != plan.num_gpus:
-        raise SpecError("cluster.num_gpus", c.num_gpus, f"a multiple of gpus_per_node {per_node}")
+    nodes, per_node = node_layout(spec)
     if not 0 < opts.signal_lead_s < 3600:
         raise SpecError("--signal-lead", opts.signal_lead_s, "seconds in (0, 3600)")
+    if opts.max_requeues < 0:
+        raise SpecError("--max-requeues", opts.max_requeues, "an integer >= 0")
+    if opts.max_restarts < 0:
+        raise SpecError("--max-restarts", opts.max_restarts, "an integer >= 0")
+    if opts.rdzv_port is not None and not 1024 <= opts.rdzv_port <= 65535:
+        raise SpecError("--rdzv-port", opts.rdzv_port, "an unprivileged TCP port, 1024..65535")
     for flag, path in (("--run-dir", opts.run_dir), ("RUNSPEC", runspec_path)):
         shell_word(flag, path)  # before resolve(): a NUL or a newline never reaches the OS
     run_dir = opts.run_dir.resolve()
     spec_word = shell_word("RUNSPEC", runspec_path.resolve())
-    directives = _directives(opts, nodes, per_node, run_dir)  # validated before any line
+    exclusive, cpus = cpu_request(spec, opts)
+    directives = _directives(opts, nodes, per_node, run_dir, exclusive, cpus)  # validated first
     lines = [
         "#!/bin/bash",
         f"# aihpc train {comment_text(runspec_path)} under Slurm: {comment_text(spec.model.name)}"
@@ -99,29 +142,61 @@ def sbatch_script(spec: RunSpec, runspec_path: Path, opts: SlurmOptions) -> str:
         lines.append(f"export {name}={shlex.quote(value)}  # {why}")
     for name, value in opts.env:
         lines.append(f"export {env_name('--env', name)}={shell_word('--env', value)}")
-    lines.append(f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-{1 if per_node > 1 else 4}}}")
-    lines.append(
+    python = shell_word("python", opts.python)
+    run_word = shell_word("--run-dir", run_dir)
+    lines += [
+        *_cpu_lines(cpus, per_node),
         f"export TORCH_ELASTIC_SHUTDOWN_TIMEOUT={opts.signal_lead_s}"
-        "  # torchrun's wait for the ranks' last checkpoint (default 30 s)"
-    )
-    launch = [
-        f"{shell_word('python', opts.python)} -m aihpc.runtime.torchrun",
-        f"--nnodes=$SLURM_JOB_NUM_NODES --nproc-per-node={per_node}",
-        f'--rdzv-backend=c10d --rdzv-endpoint="$head_node:{int(opts.rdzv_port)}"',
-        '--rdzv-id="$SLURM_JOB_ID"',
-        f"-m aihpc train {spec_word}",
-        f"--run-dir {shell_word('--run-dir', run_dir)}",
+        "  # torchrun's wait for the ranks' last checkpoint (default 30 s)",
+        f"python={python}",
+        f"run_dir={run_word}",
+        f"max_requeues={int(opts.max_requeues)}",
+        'requeues="${SLURM_RESTART_COUNT:-0}"',
+        *_traps(),
+        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        'echo "aihpc: job $SLURM_JOB_ID (requeues $requeues) on $SLURM_JOB_NODELIST"',
+        "# The batch script runs on the allocation's first node, the rendezvous host: a port free",
+        "# there (from one the job id picks), the newest committed checkpoint, and the cap on",
+        "# requeues (a job requeued more than --max-requeues times stops here).",
+        "start=$(date +%s)",
+        'started=$("$python" -m aihpc.runtime.slurm_job start "$run_dir" "$SLURM_JOB_ID" \\',
+        f'    "$requeues" "$max_requeues" {opts.rdzv_port or 0})',
+        'read -r rdzv_port start_step <<<"$started"',
+        'if [ -z "${start_step:-}" ]; then exit 1; fi',
+        "",
     ]
+    launch = [
+        '"$python" -m aihpc.runtime.torchrun',
+        f"--nnodes=$SLURM_JOB_NUM_NODES --nproc-per-node={per_node}",
+        '--rdzv-backend=c10d --rdzv-endpoint="$head_node:$rdzv_port"',
+        '--rdzv-id="$SLURM_JOB_ID"',
+    ]
+    if opts.max_restarts:
+        launch.append(f"--max-restarts={int(opts.max_restarts)}")
+    launch += [f"-m aihpc train {spec_word}", '--run-dir "$run_dir"']
     if opts.train_args:
         launch.append(" ".join(shell_word("train_args", a) for a in opts.train_args))
-    lines += [
-        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        'echo "aihpc: job $SLURM_JOB_ID (requeues ${SLURM_RESTART_COUNT:-0})'
-        ' on $SLURM_JOB_NODELIST"',
-        "",
-        *_stop_handling(launch),
-    ]
+    lines += _run_and_requeue(launch)
     return "\n".join(lines) + "\n"
+
+
+def _cpu_lines(cpus: int | None, per_node: int) -> list[str]:
+    """``cpus``: the CPUs srun gives the node's task (all of a whole node's, the least over the
+    job's nodes), and the ranks' OpenMP threads (an even share, unless set)."""
+    if cpus is None:
+        first = [
+            "# every CPU of the node (the job has its nodes whole): the least over the nodes of",
+            '# SLURM_JOB_CPUS_PER_NODE ("72(x2),36")',
+            "cpus=$(tr ',' '\\n' <<<\"${SLURM_JOB_CPUS_PER_NODE:-1}\" | sed 's/(.*//' | sort -n"
+            " | head -n 1)",
+        ]
+    else:
+        first = [f"cpus={int(cpus)}  # the node's task's CPUs (#SBATCH --cpus-per-task)"]
+    return [
+        *first,
+        f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-$(( cpus / {per_node} > 0 ? "
+        f"cpus / {per_node} : 1 ))}}  # the CPUs of each of the node's {per_node} rank(s)",
+    ]
 
 
 # What a #SBATCH value may be: Slurm reads these lines itself (no shell quoting), so each value
@@ -132,7 +207,15 @@ _TIME = r"(?:[0-9]+(?::[0-9]+){0,2}|[0-9]+-[0-9]+(?::[0-9]+){0,2}|(?i:UNLIMITED|
 _PATH = r"[^\s\"'\\]+"  # no whitespace, quotes or backslashes (nor newlines: \s)
 
 
-def _directives(opts: SlurmOptions, nodes: int, per_node: int, run_dir: Path) -> list[str]:
+def _directives(
+    opts: SlurmOptions,
+    nodes: int,
+    per_node: int,
+    run_dir: Path,
+    exclusive: bool,
+    cpus: int | None,
+    requeue: bool = True,
+) -> list[str]:
     """The script's ``#SBATCH`` lines: the allocation, the log, requeue and the warning.
     Every value is checked against the form Slurm takes; a bad one is refused naming its
     flag."""
@@ -151,14 +234,16 @@ def _directives(opts: SlurmOptions, nodes: int, per_node: int, run_dir: Path) ->
     ]
     if opts.gpus:
         lines.append(f"#SBATCH --gpus-per-node={per_node}")
-    if opts.cpus_per_task:
-        lines.append(f"#SBATCH --cpus-per-task={int(opts.cpus_per_task)}")
+    if exclusive:
+        lines.append("#SBATCH --exclusive")
+    if cpus is not None:
+        lines.append(f"#SBATCH --cpus-per-task={int(cpus)}")
     lines += [
         f"#SBATCH --output={log_dir}/slurm-%j.log",
         "#SBATCH --open-mode=append",
-        "#SBATCH --requeue",
-        f"#SBATCH --signal=B:USR1@{int(opts.signal_lead_s)}",
     ]
+    if requeue:
+        lines += ["#SBATCH --requeue", f"#SBATCH --signal=B:USR1@{int(opts.signal_lead_s)}"]
     site = (
         ("partition", opts.partition, rf"{_NAME}(?:,{_NAME})*", "a partition name or a list"),
         ("account", opts.account, _NAME, "an account name: letters, digits and . _ + -"),
@@ -178,127 +263,47 @@ def _directives(opts: SlurmOptions, nodes: int, per_node: int, run_dir: Path) ->
     return lines
 
 
-def _stop_handling(launch: list[str]) -> list[str]:
-    """The script's srun and what it does on SIGTERM and on the time limit's SIGUSR1."""
+def _traps() -> list[str]:
+    """What the script does on SIGTERM and on the time limit's SIGUSR1 (set first: a signal
+    before its trap would end the script with no line)."""
     return [
         "# SIGTERM (scontrol requeue, preemption, scancel): Slurm signals every process of the",
         "# job's steps; the ranks finish their step, checkpoint and stop.",
         "# SIGUSR1 (the time limit is near): the same SIGTERM to the steps (a signal to srun would",
-        "# make it kill its tasks at once), then the job requeues.",
+        "# make it kill its tasks at once); the job requeues if that saved a newer checkpoint.",
         'stop=""',
-        'trap \'stop=USR1; echo "aihpc: time limit near: final checkpoint";'
-        ' scancel --signal=TERM "$SLURM_JOB_ID"\' USR1',
-        "trap 'stop=TERM; echo \"aihpc: SIGTERM: final checkpoint\"' TERM",
-        "srun --kill-on-bad-exit=1 --ntasks-per-node=1 \\",
-        "    " + " \\\n    ".join(launch) + " &",
-        "srun_pid=$!",
-        'while :; do wait "$srun_pid"; rc=$?; kill -0 "$srun_pid" 2>/dev/null || break; done',
-        "# after a signal, exit 0 means the ranks stopped with their checkpoint committed (its",
-        "# one line is above); anything else is worth a line of its own",
-        'if [ -z "$stop" ] || [ "$rc" != 0 ]; then echo "aihpc: training exited $rc"; fi',
-        'if [ "$stop" = USR1 ]; then',
-        '    echo "aihpc: time limit near: requeueing job $SLURM_JOB_ID"',
-        "    trap - TERM",
-        '    scontrol requeue "$SLURM_JOB_ID"',
-        "fi",
-        'exit "$rc"',
+        "trap 'stop=USR1; echo \"aihpc: time limit near: asking the ranks for a final"
+        ' checkpoint"; scancel --signal=TERM "$SLURM_JOB_ID"\' USR1',
+        "trap 'stop=TERM; echo \"aihpc: SIGTERM: asking the ranks for a final checkpoint\"' TERM",
     ]
 
 
-def _run(cmd: list[str]) -> str:
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    except FileNotFoundError:
-        raise SpecError("--submit", cmd[0], "Slurm's commands are not on PATH") from None
-    if done.returncode:
-        raise SpecError("--submit", " ".join(cmd[:2]), (done.stderr or done.stdout).strip()[:300])
-    return done.stdout
-
-
-def submit(script: Path) -> str:
-    """sbatch the script; the job id."""
-    return _run(["sbatch", "--parsable", str(script)]).strip().split(";")[0]
-
-
-@dataclass(frozen=True)
-class JobState:
-    state: str
-    reason: str
-    exit_code: int | None
-    signal: int | None
-    restarts: int  # Slurm's Restarts: how many times the job was requeued (SLURM_RESTART_COUNT)
-    nodes: str
-
-    @property
-    def final(self) -> bool:
-        return self.state in FINAL_STATES
-
-
-def job_state(job_id: str) -> JobState | None:
-    """The job as ``scontrol show job`` sees it (None once Slurm has forgotten it)."""
-    done = subprocess.run(
-        ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=60
-    )
-    if done.returncode:
-        return None
-    fields = dict(re.findall(r"(\w+)=(\S*)", done.stdout))
-    code, _, sig = fields.get("ExitCode", "").partition(":")
-    return JobState(
-        state=fields.get("JobState", "UNKNOWN"),
-        reason=fields.get("Reason", ""),
-        exit_code=int(code) if code.isdigit() else None,
-        signal=int(sig) if sig.isdigit() else None,
-        restarts=int(fields.get("Restarts", "0") or 0),
-        nodes=fields.get("NodeList", ""),
-    )
-
-
-def follow_job(
-    job_id: str,
-    log: Path,
-    emit: Callable[[str], None],
-    poll_s: float = 1.0,
-    timeout_s: float | None = None,
-) -> JobState | None:
-    """Print the job's state changes and its new log lines until it ends; its last state."""
-    seen, offset, last = "", 0, None
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    while True:
-        state = job_state(job_id)
-        offset = _tail(log, offset, emit)
-        if state is not None:
-            last = state
-            label = (
-                f"{state.state} ({state.reason})"
-                if state.reason not in ("", "None")
-                else state.state
-            )
-            key = f"{label} {state.restarts}"
-            if key != seen:
-                where = f" on {state.nodes}" if state.state == "RUNNING" and state.nodes else ""
-                again = f", requeues {state.restarts}" if state.restarts else ""
-                emit(f"job {job_id}: {label}{where}{again}")
-                seen = key
-        if state is None or state.final:
-            _tail(log, offset, emit)
-            return last
-        if deadline is not None and time.monotonic() > deadline:
-            return last
-        time.sleep(poll_s)
-
-
-def _tail(log: Path, offset: int, emit: Callable[[str], None]) -> int:
-    try:
-        with open(log, "rb") as f:
-            f.seek(offset)
-            data = f.read()
-    except OSError:
-        return offset
-    end = data.rfind(b"\n") + 1  # whole lines only
-    for line in data[:end].decode(errors="replace").splitlines():
-        emit(f"  | {line}")
-    return offset + end
-
-
-def log_lines(log: Path) -> Iterator[str]:
-    yield from log.read_text(errors="replace").splitlines()
+def _run_and_requeue(launch: list[str]) -> list[str]:
+    """The script's srun, and at the time limit the requeue: only when
+    ``aihpc.runtime.slurm_job requeue`` finds a checkpoint newer than the attempt's first
+    committed and verified, and the cap not reached."""
+    return [
+        'if [ -n "$stop" ]; then  # the signal came before the step: no training to stop',
+        '    echo "aihpc: SIG$stop came before training started"',
+        '    rc=$((128 + $(kill -l "$stop")))',
+        "else",
+        '    srun --kill-on-bad-exit=1 --ntasks-per-node=1 --cpus-per-task="$cpus" \\',
+        "        " + " \\\n        ".join(launch) + " &",
+        "    srun_pid=$!",
+        '    while :; do wait "$srun_pid"; rc=$?; kill -0 "$srun_pid" 2>/dev/null || break; done',
+        "    # after a signal, exit 0 means the ranks stopped with their checkpoint committed",
+        "    # (its one line is above); anything else is worth a line of its own",
+        '    if [ -z "$stop" ] || [ "$rc" != 0 ]; then echo "aihpc: training exited $rc"; fi',
+        "fi",
+        'if [ "$stop" = USR1 ]; then',
+        "    # one line: the verified checkpoint and the requeue, or why the job stops here",
+        '    "$python" -m aihpc.runtime.slurm_job requeue "$run_dir" "$SLURM_JOB_ID" \\',
+        '        "$requeues" "$max_requeues" "$start_step" "$start"',
+        "    case $? in",
+        '        0) trap - TERM; scontrol requeue "$SLURM_JOB_ID" ;;',
+        "        3) ;;  # training had finished: nothing to requeue",
+        '        *) if [ "$rc" = 0 ]; then rc=1; fi ;;  # no progress saved, or the cap reached',
+        "    esac",
+        "fi",
+        'exit "$rc"',
+    ]
