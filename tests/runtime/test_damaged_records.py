@@ -256,6 +256,21 @@ def test_damaged_summary_of_a_finished_run_is_kept_aside_and_rebuilt(tmp_path, r
     assert json.loads(path.read_text())["state_sha256"] == ref[0]["state_sha256"]
 
 
+def test_final_loss_of_a_finished_run_is_rebuilt_from_its_checkpoint_event(tmp_path, ref):
+    """metrics.jsonl deleted and summary.json unreadable, the rerun of a finished run trains
+    nothing: its final loss comes from the step-6 checkpoint's event, the rest is said lost."""
+    run = tmp_path / "run"
+    shutil.copytree(ref[2], run)
+    (run / "metrics.jsonl").unlink()
+    (run / "summary.json").write_text("{")
+    proc = train(write_spec(tmp_path / "run.toml"), run)
+    rebuilt = ok(proc)
+    assert "metrics.jsonl is missing: the loss history of step(s) 1-6" in proc.stderr
+    assert rebuilt["final_loss"] == ref[0]["final_loss"] and rebuilt["final_step"] == 6
+    assert rebuilt["state_sha256"] == ref[0]["state_sha256"]
+    assert rebuilt["loss_history_lost"] == [[1, 6]]
+
+
 def test_garbage_manifest_and_another_seed_exit_2_before_any_worker(tmp_path, killed):
     """The newest manifest is unreadable and the intact one behind it is another run's: the
     refusal names the seed (exit 2, one line) before any worker starts, and nothing is moved."""

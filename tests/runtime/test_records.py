@@ -149,8 +149,8 @@ def test_trim_keeps_the_first_of_a_repeated_step_and_says_what_is_lost(tmp_path,
     assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [1, 3, 6]
     assert json.loads(path.read_text().splitlines()[1])["loss_hex"] == (1.5).hex()
     assert caplog.messages == [
-        "metrics.jsonl lacks them: the loss history of step(s) 2, 4-5, 7, before the resume "
-        "from step 7, is lost (no other record holds it)"
+        "metrics.jsonl has gaps: the loss history of step(s) 2, 4-5, 7, before the resume "
+        "from step 7, is lost"
     ]
 
 

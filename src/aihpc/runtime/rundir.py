@@ -15,6 +15,7 @@ Nothing here needs torch: the launcher checks the directory before any worker st
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -232,7 +233,8 @@ def process_start_unix() -> float | None:
 def trim_metrics(path: Path, keep_through: int) -> list[list[int]]:
     """On resume, drop logged steps past the checkpoint: they are about to be replayed. The
     steps up to it that metrics.jsonl has no line for are returned as [first, last] ranges, and
-    said lost in one line: nothing else records the loss of every step."""
+    said lost in one line: no other record holds every step's loss (events.jsonl holds the
+    loss of each checkpointed step, which ``logged_loss`` falls back on)."""
     read = read_jsonl(path, metrics_problem)  # repair_logs set damaged lines aside already
     kept, seen = [], set()
     for _, line, rec in read.sound:
@@ -245,10 +247,10 @@ def trim_metrics(path: Path, keep_through: int) -> list[list[int]]:
         os.replace(tmp, path)
     lost = lost_steps(seen, keep_through)
     if lost:
-        what = "is missing" if not path.exists() else "was empty" if not seen else "lacks them"
+        what = "is missing" if not path.exists() else "was empty" if not seen else "has gaps"
         log.warning(
             "metrics.jsonl %s: the loss history of step(s) %s, before the resume from step %d, "
-            "is lost (no other record holds it)",
+            "is lost",
             what,
             steps_text(lost),
             keep_through,
@@ -257,8 +259,15 @@ def trim_metrics(path: Path, keep_through: int) -> list[list[int]]:
 
 
 def logged_loss(path: Path, step: int) -> float | None:
-    """The loss metrics.jsonl logged at ``step`` (exact, from its hex), or None."""
+    """The loss metrics.jsonl logged at ``step`` (exact, from its hex); where metrics.jsonl lost
+    it, the loss events.jsonl recorded with the checkpoint of ``step``; else None."""
     for _, _, rec in reversed(read_jsonl(path, metrics_problem).sound):
         if rec["step"] == step:
             return float.fromhex(rec["loss_hex"])
+    for _, _, rec in reversed(read_jsonl(path.with_name("events.jsonl"), event_problem).sound):
+        hexed = rec.get("loss_hex")
+        saved = rec["event"] == "checkpoint_saved" and rec.get("step") == step
+        if saved and isinstance(hexed, str):
+            with contextlib.suppress(ValueError):
+                return float.fromhex(hexed)
     return None
