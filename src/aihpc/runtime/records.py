@@ -40,7 +40,7 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def _show(value: Any) -> str:
-    text = json.dumps(value) if not isinstance(value, float) or math.isfinite(value) else "NaN"
+    text = json.dumps(value)  # parsed from JSON: it serialises back
     return text if len(text) <= 40 else text[:37] + "..."
 
 
@@ -176,8 +176,8 @@ def set_aside(path: Path) -> Path:
 def _keep_bytes(path: Path, chunks: Iterable[bytes]) -> Path:
     """Append ``chunks`` (one line each) to ``NAME.damaged`` beside ``path``; its path."""
     dest = path.with_name(path.name + ".damaged")
-    if dest.exists() and not dest.is_file():
-        dest = set_aside(dest).with_name(dest.name)  # an odd thing in the way is kept too
+    if (dest.exists() or dest.is_symlink()) and not dest.is_file():
+        set_aside(dest)  # an odd thing in the way is kept too
     with open(dest, "ab") as f:
         f.write(b"".join(c.rstrip(b"\n") + b"\n" for c in chunks))
     return dest
