@@ -158,3 +158,17 @@ def test_latest_a_folder_does_not_stop_the_next_commit(tmp_path):
     save_steps(tmp_path, [1])
     assert (tmp_path / "LATEST").read_text() == "step_00000001"
     assert (tmp_path / "corrupt" / "LATEST" / "x").is_dir()
+
+
+def test_a_step_folder_that_is_no_checkpoint_is_kept_when_its_step_is_saved_again(tmp_path, caplog):
+    """A step folder whose MANIFEST.json was deleted is skipped by the load; saving that step
+    again replaced it with rmtree, without a word. It is kept, and the replacement named."""
+    save_steps(tmp_path, [1, 2])
+    shard = next((tmp_path / "step_00000002").glob("*.distcp"))
+    data = shard.read_bytes()
+    (tmp_path / "step_00000002" / MANIFEST).unlink()
+    assert load(tmp_path)[0] == 1
+    save_steps(tmp_path, [2])
+    verify_checkpoint(tmp_path / "step_00000002")
+    assert (tmp_path / "corrupt" / "step_00000002" / shard.name).read_bytes() == data
+    assert f"{tmp_path / 'step_00000002'}: replaced by a new save of step 2; kept as" in caplog.text

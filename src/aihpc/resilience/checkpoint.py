@@ -51,6 +51,7 @@ from aihpc.resilience.manifest import (
     committed_checkpoints,
     fsync_dir,
     point_latest,
+    quarantine,
     scan_checkpoints,
     settle,
     sha256_file,
@@ -352,10 +353,9 @@ class CheckpointManager:
             manifest["run"] = self.identity
         write_atomic(partial / MANIFEST, json.dumps(manifest, indent=1).encode())
         with self._lock:
-            if final.exists():  # re-saving a step after a fallback: the old copy is replaced
-                trash = final.with_name(final.name + ".old.partial")
-                os.replace(final, trash)
-                shutil.rmtree(trash, ignore_errors=True)
+            if final.exists():  # a folder the load did not resume (no manifest, or not read)
+                kept = quarantine(final, self.root)
+                log.warning("%s: replaced by a new save of step %d; kept as %s", final, step, kept)
             os.replace(partial, final)
             fsync_dir(self.root)
             moved = point_latest(self.root, final.name)

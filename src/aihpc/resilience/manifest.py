@@ -36,6 +36,7 @@ __all__ = [
     "manifest_bytes",
     "manifest_problem",
     "point_latest",
+    "quarantine",
     "read_manifest",
     "read_pointer",
     "scan_checkpoints",
@@ -259,7 +260,7 @@ def scan_checkpoints(root: Path, verify: bool = True) -> Scan:
     return Scan(None, tuple(corrupt), tuple(not_checkpoints), pointer_problem)
 
 
-def _quarantine(path: Path, root: Path) -> Path:
+def quarantine(path: Path, root: Path) -> Path:
     """Move ``path`` into ``root/corrupt/`` under a free name: out of the scan, kept."""
     folder = root / QUARANTINE
     folder.mkdir(exist_ok=True)
@@ -277,7 +278,7 @@ def point_latest(root: Path, name: str) -> Path | None:
     ``corrupt/`` first (its new path returned), not deleted."""
     path, moved = root / POINTER, None
     if (path.exists() or path.is_symlink()) and not path.is_file():
-        moved = _quarantine(path, root)
+        moved = quarantine(path, root)
     write_atomic(path, name.encode())
     return moved
 
@@ -291,7 +292,7 @@ def settle(root: Path, scan: Scan) -> list[str]:
     lines = list(scan.not_checkpoints)
     resumed = f"resuming from step {scan.intact.step}"
     for info, why in scan.corrupt:
-        dest = _quarantine(info.path, root)
+        dest = quarantine(info.path, root)
         lines.append(f"{why}; {resumed}, the folder kept as {dest.relative_to(root)}")
     pointer = root / POINTER
     named = pointer.is_file() and pointer.read_bytes().strip() == scan.intact.path.name.encode()
