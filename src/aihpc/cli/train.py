@@ -159,16 +159,15 @@ def _prepare_run_dir(run_dir: Path, spec: RunSpec, data: Path | None) -> dict | 
         check_identity,
         committed_checkpoints,
     )
-    from aihpc.runtime.rundir import finished_summary, repair_jsonl, run_identity
+    from aihpc.runtime.rundir import finished_summary, repair_logs, run_identity
 
-    committed, _ = committed_checkpoints(run_dir / "checkpoints")
-    if committed:
-        with contextlib.suppress(CheckpointCorruptError):  # the loader falls back, naming it
-            check_identity(committed[-1].path, run_identity(spec, data))
-    for name in ("metrics.jsonl", "events.jsonl"):
-        note = repair_jsonl(run_dir / name)
-        if note:
-            logging.getLogger("aihpc.runtime").warning("%s", note)
+    # the newest checkpoint whose manifest can be read: one that cannot is fallen back past
+    for info in reversed(committed_checkpoints(run_dir / "checkpoints")[0]):
+        with contextlib.suppress(CheckpointCorruptError):
+            check_identity(info.path, run_identity(spec, data))
+            break
+    for note in repair_logs(run_dir):
+        logging.getLogger("aihpc.runtime").warning("%s", note)
     return finished_summary(run_dir, spec)
 
 

@@ -93,11 +93,13 @@ def _history(events: Path | None, rank: int) -> tuple[float, int]:
     start, hangs, found = time.time(), 0, False
     if events is None or not events.is_file():
         return start, hangs
-    for line in events.read_text().splitlines():
+    for line in events.read_text(errors="replace").splitlines():
         try:
             ev = json.loads(line)
-        except ValueError:
-            continue  # a line torn by a crash
+        except (ValueError, RecursionError):
+            continue  # a line torn by a crash (the trainer names damaged lines)
+        if not isinstance(ev, dict):
+            continue
         if ev.get("event") == "hang_detected" and ev.get("rank") == rank:
             hangs += 1
         if ev.get("event") == "process_start" and ev.get("attempt") == 0:

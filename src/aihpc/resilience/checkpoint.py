@@ -50,7 +50,10 @@ from aihpc.resilience.manifest import (
     check_identity,
     committed_checkpoints,
     fsync_dir,
-    read_pointer,
+    point_latest,
+    quarantine,
+    scan_checkpoints,
+    settle,
     sha256_file,
     verify_checkpoint,
     write_atomic,
@@ -293,25 +296,11 @@ class CheckpointManager:
     def latest_intact(self) -> tuple[CheckpointInfo | None, list[str]]:
         """Newest committed checkpoint whose files match their manifest, and the problems seen:
         step folders without a manifest, a LATEST that names no committed checkpoint, and
-        checkpoints that failed verification, each named in one line."""
-        committed, problems = committed_checkpoints(self.root)
-        pointer, pointer_problem = read_pointer(self.root, committed)
-        if pointer_problem:
-            problems.append(pointer_problem)
-        for line in problems:
+        checkpoints that failed verification, each named in one line (nothing is moved)."""
+        scan = scan_checkpoints(self.root, self.verify)
+        for line in scan.lines():
             log.warning("%s", line)
-        for info in reversed(committed):
-            try:
-                if self.verify:
-                    verify_checkpoint(info.path)
-            except CheckpointCorruptError as err:
-                log.error("checkpoint step %d is corrupt: %s; falling back", info.step, err)
-                problems.append(str(err))
-                continue
-            if pointer is not None and pointer > info.step:
-                log.warning("LATEST names step %d; resuming from step %d", pointer, info.step)
-            return info, problems
-        return None, problems
+        return scan.intact, scan.lines()
 
     # ---- save ----------------------------------------------------------------------------
     def save(self, step: int, state: Mapping[str, Any]) -> None:
@@ -364,13 +353,14 @@ class CheckpointManager:
             manifest["run"] = self.identity
         write_atomic(partial / MANIFEST, json.dumps(manifest, indent=1).encode())
         with self._lock:
-            if final.exists():  # re-saving a step after a fallback: the old copy is replaced
-                trash = final.with_name(final.name + ".old.partial")
-                os.replace(final, trash)
-                shutil.rmtree(trash, ignore_errors=True)
+            if final.exists():  # a folder the load did not resume (no manifest, or not read)
+                kept = quarantine(final, self.root)
+                log.warning("%s: replaced by a new save of step %d; kept as %s", final, step, kept)
             os.replace(partial, final)
             fsync_dir(self.root)
-            write_atomic(self.root / POINTER, final.name.encode())
+            moved = point_latest(self.root, final.name)
+            if moved is not None:
+                log.warning("%s was not a file; moved to %s", self.root / POINTER, moved)
             self._known_intact = step
             self._retain()
         log.info("checkpoint step %d committed (%d files)", step, len(files))
@@ -412,9 +402,13 @@ class CheckpointManager:
         return int(step)
 
     def _choose(self) -> tuple[int | None, str | None, list[str], tuple[str, Any] | None]:
-        """Rank 0's pick: (step, path, problems, error) — plain data, to be broadcast."""
-        info, problems = self.latest_intact()
+        """Rank 0's pick: (step, path, problems, error) — plain data, to be broadcast. A corrupt
+        checkpoint newer than the pick is moved aside and LATEST names the pick (``settle``)."""
+        scan = scan_checkpoints(self.root, self.verify)
+        info, problems = scan.intact, scan.lines()
         if info is None:
+            for line in problems:
+                log.error("%s", line)
             if not problems:
                 return None, None, [], None  # a fresh run
             message = f"no intact checkpoint under {self.root}: " + "; ".join(problems)
@@ -423,6 +417,9 @@ class CheckpointManager:
             check_identity(info.path, self.identity)  # the format, and the run when given
         except CheckpointMismatchError as err:
             return info.step, str(info.path), problems, ("mismatch", err.differences)
+        problems = settle(self.root, scan)
+        for line in problems:
+            log.warning("%s", line)
         return info.step, str(info.path), problems, None
 
     def load(self, step: int, state: Mapping[str, Any]) -> None:

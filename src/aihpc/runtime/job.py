@@ -39,7 +39,7 @@ from aihpc.runtime.rundir import (
     DEFAULT_RANK_STORAGE_GBps,
     Events,
     phase_bound_s,
-    repair_jsonl,
+    repair_logs,
     run_identity,
 )
 from aihpc.runtime.step import Stepper, token_loss
@@ -137,9 +137,8 @@ class Bounds:
 
 
 def prepare_records(run_dir: Path) -> list[str]:
-    """Before anything is appended: cut torn last lines off the append-only logs."""
-    notes = [repair_jsonl(run_dir / name) for name in ("metrics.jsonl", "events.jsonl")]
-    return [n for n in notes if n]
+    """Before anything is appended: torn and damaged lines of the append-only logs set aside."""
+    return repair_logs(run_dir)
 
 
 def build(

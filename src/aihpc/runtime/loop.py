@@ -52,13 +52,15 @@ def progress_bar(
         yield report
 
 
-def checkpoint(job: Job, step: int) -> None:
-    """Save at ``step`` under the save phase's bound, then fire the faults due after it."""
+def checkpoint(job: Job, step: int, loss: float | None = None) -> None:
+    """Save at ``step`` under the save phase's bound, then fire the faults due after it. The
+    step's ``loss`` goes into the event too: the record of it should metrics.jsonl be lost."""
     manager, injector, events = job.manager, job.injector, job.events
     job.watchdog.phase("save", job.bounds.save(manager.last_state_bytes or job.state_bytes_guess))
     injector.arm_fs(step, manager.root)
     manager.save(step, job.state)
-    events("checkpoint_saved", step=step, blocking_s=manager.last_blocking_s)
+    exact = {"loss_hex": loss.hex()} if loss is not None else {}
+    events("checkpoint_saved", step=step, blocking_s=manager.last_blocking_s, **exact)
     job.observe.checkpoint(step, manager.last_blocking_s, manager.root / f"step_{step:08d}")
     job.watchdog.beat(step)
     if injector.due(step, "step", ("corrupt-checkpoint",)):
@@ -82,14 +84,14 @@ def snapshot(job: Job, step: int) -> None:
     job.watchdog.beat(step)
 
 
-def _preempt(job: Job, step: int, signum: int, saved: bool) -> NoReturn:
+def _preempt(job: Job, step: int, signum: int, saved: bool, loss: float) -> NoReturn:
     """Checkpoint ``step`` (unless it just was), record the stop and exit 128 + ``signum``.
 
     No rank leaves before rank 0 has committed the checkpoint (the other ranks of an async save
     are done before that commit): a node whose ranks had left would report no checkpoint
     (aihpc.runtime.torchrun), and ``srun --kill-on-bad-exit`` would end the others mid-commit."""
     if not saved:
-        checkpoint(job, step)
+        checkpoint(job, step, loss)
     job.manager.close()
     job.events("preempted", step=step, signal=signum)
     if torch.distributed.is_initialized():
@@ -143,12 +145,12 @@ def run_loop(job: Job, start: int, progress: bool) -> dict[str, Any]:
                 job.events("first_step", step=step)
             saved = step % spec.checkpoint.interval_steps == 0 or step == t.train_steps
             if saved:
-                checkpoint(job, step)
+                checkpoint(job, step, loss)
             if job.memory is not None and step % spec.checkpoint.memory_interval_steps == 0:
                 snapshot(job, step)
             signum = preempt.agreed(device=ctx.device)  # SIGTERM / SIGUSR1: save, exit 128+sig
             if signum:
-                _preempt(job, step, signum, saved)
+                _preempt(job, step, signum, saved, loss)
             if job.injector.due(step, "step", ("kill", "hang", "exception")):
                 kinds = [f.kind for f in job.injector.due(step, "step")]
                 job.events("fault", step=step, kinds=kinds)

@@ -15,6 +15,7 @@ Nothing here needs torch: the launcher checks the directory before any worker st
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -28,6 +29,16 @@ from typing import Any
 from aihpc._io import to_json
 from aihpc.runspec import RunSpec
 from aihpc.runspec.model import ModelSpec
+from aihpc.runtime.records import (
+    event_problem,
+    lost_steps,
+    metrics_problem,
+    read_jsonl,
+    repair_records,
+    set_aside,
+    steps_text,
+    summary_problem,
+)
 
 __all__ = [
     "ERROR_LOG_ATTR",
@@ -39,7 +50,7 @@ __all__ = [
     "phase_bound_s",
     "process_start_unix",
     "read_summary",
-    "repair_jsonl",
+    "repair_logs",
     "run_identity",
     "trim_metrics",
     "write_error_log",
@@ -97,41 +108,52 @@ def run_identity(spec: RunSpec, data: Path | None) -> dict[str, Any]:
     return ident
 
 
-def repair_jsonl(path: Path) -> str | None:
-    """Cut a torn last line (a write cut short by a crash or a full disk) off an append-only
-    JSON-lines file, so the next append starts on a line of its own; say what was cut."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    keep = len(raw)
-    if raw and not raw.endswith(b"\n"):
-        keep = raw.rfind(b"\n") + 1
-    else:  # whole lines, but the last may still not be JSON (a line of zeros after a crash)
-        last = raw.rstrip(b"\n").rsplit(b"\n", 1)[-1]
-        try:
-            if last:
-                json.loads(last)
-        except ValueError:
-            keep = raw.rstrip(b"\n").rfind(b"\n") + 1
-    if keep == len(raw):
-        return None
-    os.truncate(path, keep)
-    return f"{path.name}: cut a torn last line of {len(raw) - keep} bytes"
+def repair_logs(run_dir: Path) -> list[str]:
+    """Before anything is appended: metrics.jsonl and events.jsonl checked line by line, a torn
+    last line or a damaged line moved to ``NAME.damaged``; one line saying so for each."""
+    return [
+        *repair_records(run_dir / "metrics.jsonl", metrics_problem),
+        *repair_records(run_dir / "events.jsonl", event_problem),
+    ]
 
 
 def read_summary(run_dir: Path) -> dict[str, Any] | None:
+    """summary.json if it is sound (``records.summary_problem``), else None."""
+    summary, _ = _summary(run_dir)
+    return summary
+
+
+def _summary(run_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(summary.json if sound, else None; what is wrong with it, None when sound or absent)."""
+    path = run_dir / "summary.json"
     try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return summary if isinstance(summary, dict) else None
+        summary = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError, RecursionError) as err:
+        return None, f"unreadable ({str(err)[:80]})"
+    problem = summary_problem(summary)
+    return (None, problem) if problem else (summary, None)
+
+
+def _set_aside_damaged_summary(run_dir: Path) -> None:
+    """A damaged summary.json is renamed, not overwritten, and named in one line."""
+    _, problem = _summary(run_dir)
+    if problem:
+        dest = set_aside(run_dir / "summary.json")
+        log.warning(
+            "summary.json: %s; kept as %s, and a new summary is written from the checkpoint "
+            "(the earlier sessions it listed are not carried over)",
+            problem,
+            dest.name,
+        )
 
 
 def finished_summary(run_dir: Path, spec: RunSpec) -> dict[str, Any] | None:
     """The summary of a run that already trained every step the spec asks for, else None."""
+    _set_aside_damaged_summary(run_dir)
     summary = read_summary(run_dir)
-    if summary and int(summary.get("final_step", -1)) >= spec.training.train_steps:
+    if summary and summary["final_step"] >= spec.training.train_steps:
         return summary
     return None
 
@@ -139,8 +161,9 @@ def finished_summary(run_dir: Path, spec: RunSpec) -> dict[str, Any] | None:
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
     """Replace summary.json atomically; an extended run keeps the earlier sessions in
     ``history`` (their final step, restarts, requeues and resume point)."""
+    _set_aside_damaged_summary(run_dir)
     previous = read_summary(run_dir)
-    if previous and previous.get("final_step", -1) <= summary.get("resumed_from_step", -1):
+    if previous and previous["final_step"] <= summary.get("resumed_from_step", -1):
         history = previous.pop("history", [])
         keys = (
             "final_step", "restarts", "requeues", "resumed_from_step", "world_size", "final_loss"
@@ -207,37 +230,44 @@ def process_start_unix() -> float | None:
         return None
 
 
-def _records(path: Path) -> list[tuple[str, dict[str, Any]]]:
-    """(line, record) for each line of a JSON-lines file that parses; others are named."""
-    out = []
-    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            log.warning("%s line %d is not JSON (a torn write?); dropped", path.name, number)
-            continue
-        if isinstance(record, dict):
-            out.append((line, record))
-    return out
-
-
-def trim_metrics(path: Path, keep_through: int) -> None:
-    """On resume, drop logged steps past the checkpoint: they are about to be replayed."""
-    if not path.exists():
-        return
-    kept = [line for line, rec in _records(path) if int(rec.get("step", 0)) <= keep_through]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    os.replace(tmp, path)
+def trim_metrics(path: Path, keep_through: int) -> list[list[int]]:
+    """On resume, drop logged steps past the checkpoint: they are about to be replayed. The
+    steps up to it that metrics.jsonl has no line for are returned as [first, last] ranges, and
+    said lost in one line: no other record holds every step's loss (events.jsonl holds the
+    loss of each checkpointed step, which ``logged_loss`` falls back on)."""
+    read = read_jsonl(path, metrics_problem)  # repair_logs set damaged lines aside already
+    kept, seen = [], set()
+    for _, line, rec in read.sound:
+        if rec["step"] <= keep_through and rec["step"] not in seen:
+            seen.add(rec["step"])
+            kept.append(line)
+    if path.exists():
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(b"".join(line + b"\n" for line in kept))
+        os.replace(tmp, path)
+    lost = lost_steps(seen, keep_through)
+    if lost:
+        what = "is missing" if not path.exists() else "was empty" if not seen else "has gaps"
+        log.warning(
+            "metrics.jsonl %s: the loss history of step(s) %s, before the resume from step %d, "
+            "is lost",
+            what,
+            steps_text(lost),
+            keep_through,
+        )
+    return lost
 
 
 def logged_loss(path: Path, step: int) -> float | None:
-    """The loss metrics.jsonl logged at ``step`` (exact, from its hex), or None."""
-    if not path.exists():
-        return None
-    for _, rec in reversed(_records(path)):
-        if rec.get("step") == step and isinstance(rec.get("loss_hex"), str):
+    """The loss metrics.jsonl logged at ``step`` (exact, from its hex); where metrics.jsonl lost
+    it, the loss events.jsonl recorded with the checkpoint of ``step``; else None."""
+    for _, _, rec in reversed(read_jsonl(path, metrics_problem).sound):
+        if rec["step"] == step:
             return float.fromhex(rec["loss_hex"])
+    for _, _, rec in reversed(read_jsonl(path.with_name("events.jsonl"), event_problem).sound):
+        hexed = rec.get("loss_hex")
+        saved = rec["event"] == "checkpoint_saved" and rec.get("step") == step
+        if saved and isinstance(hexed, str):
+            with contextlib.suppress(ValueError):
+                return float.fromhex(hexed)
     return None

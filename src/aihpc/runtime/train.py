@@ -143,8 +143,9 @@ def _train(
         events("checkpoint_problem", detail=problem)
     events("loaded", step=start, source=source.get("source"), from_peer=source.get("from_peer"))
     metrics = run_dir / "metrics.jsonl"
-    if ctx.is_main:
-        trim_metrics(metrics, start)
+    lost = trim_metrics(metrics, start) if ctx.is_main else []  # [first, last] step ranges
+    if lost:
+        events("loss_history_lost", steps=lost)
     watchdog.phase("first step", opts.startup_timeout_s)  # one-off work: allocations, comms
     num_params = count_params(parts, par)
     job = Job(
@@ -152,6 +153,7 @@ def _train(
         16 * num_params / ctx.world_size, observe, memory,
     )  # fmt: skip
     result = run_loop(job, start, opts.progress)
+    result["loss_history_lost"] = lost
     return _finish(job, result, start, source.get("source"), par, num_params)
 
 
