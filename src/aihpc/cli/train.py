@@ -5,8 +5,8 @@ Three ways in, one command:
 - a single process (no launcher): this process holds the run directory and trains;
 - ``--nproc-per-node N``: this process holds the run directory and runs torchelastic's agent,
   whose workers are this same command (``AIHPC_ELASTIC_AGENT`` tells them so);
-- under torchrun or srun: every rank runs this command; rank 0 takes the directory once the
-  process group is up.
+- under torchrun or srun: every rank runs this command; rank 0 takes the directory before any
+  rank writes in it, and a refusal ends every rank with exit 2 (aihpc.runtime.ownership).
 
 Every check that can fail on bad input runs before any worker starts, and a failure ends with
 one line naming the cause as the last line (tracebacks go to ``DIR/logs/``).
@@ -329,7 +329,11 @@ class _Job:
         timeout_s = max(self.startup_timeout, 4 * self.hang_timeout)
         try:
             return run_training(self.spec, self.options(**kw), timeout_s=timeout_s)
-        except (SpecError, KeyboardInterrupt):
+        except SpecError as err:
+            if getattr(err, "quiet", False):  # refused run dir: rank 0 says it, once per job
+                raise typer.Exit(2) from None
+            raise
+        except KeyboardInterrupt:
             raise
         except Exception as err:
             fail(_worker_line(err, rank, self.run_dir), code=1)
