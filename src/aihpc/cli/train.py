@@ -59,7 +59,7 @@ def _render(summary: dict, finished_before: bool = False) -> None:
                 else ""
             )
             + f"resumed from step {summary['resumed_from_step']}"
-            + (" (from memory)" if summary.get("restored_from") == "memory" else ""),
+            + _tier_note(summary),
             highlight=False,
             soft_wrap=True,
         )
@@ -67,6 +67,13 @@ def _render(summary: dict, finished_before: bool = False) -> None:
     if not finished_before and perf.get("measured_step_time_s"):
         console.print(_performance_line(perf), highlight=False, soft_wrap=True)
     console.print(f"state_sha256 {summary['state_sha256']}", highlight=False, soft_wrap=True)
+
+
+def _tier_note(summary: dict) -> str:
+    """Which tier served the load the run continued from (aihpc.runtime.recoveries)."""
+    tier = (summary.get("resumed_from") or {}).get("tier")
+    notes = {"memory": " (from memory)", "peer": " (from a peer's memory)", "storage": ""}
+    return notes.get(tier, "")
 
 
 def _performance_line(perf: dict) -> str:

@@ -50,6 +50,7 @@ from aihpc.runtime.job import (
 )
 from aihpc.runtime.loop import run_loop
 from aihpc.runtime.ownership import hold_run_dir
+from aihpc.runtime.recoveries import launch_recoveries, load_record
 from aihpc.runtime.rundir import (
     ERROR_LOG_ATTR,
     Events,
@@ -156,14 +157,14 @@ def _train(
         16 * num_params / ctx.world_size, observe, memory,
     )  # fmt: skip
     result = run_loop(job, start, opts.progress)
-    return _finish(job, result, start, source.get("source"), par, num_params)
+    return _finish(job, result, start, source, par, num_params)
 
 
 def _finish(
     job: Job,
     result: dict[str, Any],
     start: int,
-    source: str | None,
+    source: dict[str, Any],
     par: Parallel,
     num_params: int,
 ) -> dict[str, Any]:
@@ -178,13 +179,19 @@ def _finish(
         result["memory_checkpoint"] = memory.report()
         memory.discard()  # the run is over: its memory is freed
         memory.close()
-    result["restored_from"] = source
+    result["restored_from"] = source.get("source")
     plan = spec.plan()
+    ev = job.events
     result.update(
         restarts=job.watchdog.attempt,  # torchrun's restarts of the worker group in this launch
         **slurm_job(),  # requeues: Slurm's of the job this launch ran in
         world_size=ctx.world_size,
         resumed_from_step=start,
+        # the step and tier of this load, and of every load after a fault in the launch
+        resumed_from=load_record(
+            start, source.get("source"), source.get("from_peer"), ev.attempt, ev.generation
+        ),
+        recoveries=launch_recoveries(ev.path) if ctx.is_main else [],
         plan=plan_summary(par),
         zero_stage=plan.zero_stage,
         recompute=plan.recompute,
