@@ -58,9 +58,21 @@ def hold_run_dir(
     else:
         verdict = store.get(key).decode()
     if verdict != _OK:
+        if world > 1:
+            _all_read(store, key, rank, world)
         raise RunDirRefused(run_dir, verdict, quiet=rank != 0)
     try:
         yield
     finally:
         if lock is not None:
             lock.release()
+
+
+def _all_read(store: Any, key: str, rank: int, world: int) -> None:
+    """Rank 0 leaves only once every rank has read the verdict: under srun the store lives in
+    rank 0's process, and a rank still reading it would fail on a closed connection (exit 1,
+    a traceback) instead of exiting 2."""
+    if store.add(f"{key}/read", 1) == world:
+        store.set(f"{key}/all_read", _OK)
+    if rank == 0:
+        store.wait([f"{key}/all_read"])
