@@ -67,9 +67,9 @@ def _train_args(spec: Path, run: Path, *extra: str) -> list[str]:
     return ["-m", "aihpc", "train", str(spec), "--run-dir", str(run), "--json", *extra]
 
 
-def _torchrun(module: str, spec: Path, run: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", module, "--standalone", "--nproc-per-node", "2",
-            *_train_args(spec, run, *extra)]  # fmt: skip
+def _torchrun(module: str, spec: Path, run: Path, *extra: str, restarts: int = 0) -> list[str]:
+    return [sys.executable, "-m", module, "--standalone", f"--max-restarts={restarts}",
+            "--nproc-per-node", "2", *_train_args(spec, run, *extra)]  # fmt: skip
 
 
 def _srun_ranks(spec: Path, run: Path, out: Path, *extra: str) -> list[subprocess.Popen]:
@@ -144,6 +144,7 @@ def _second_job_refused(run: Path, stopped: int, holder_pid: int, second) -> str
     output; check that it wrote nothing in ``run``, then let the first job go on."""
     lock_before = (run / "LOCK").read_text()
     beats_before = {r: b["pid"] for r, b in _beats(run).items()}
+    logs_before = sorted((run / "logs").glob("*")) if (run / "logs").exists() else []
     try:
         output = second()
     finally:
@@ -155,18 +156,18 @@ def _second_job_refused(run: Path, stopped: int, holder_pid: int, second) -> str
     # log, the lock's record unchanged (its events: _first_job_unharmed)
     assert (run / "LOCK").read_text() == lock_before
     assert {r: b["pid"] for r, b in _beats(run).items()} == beats_before
-    assert not (run / "logs").exists()
+    assert (sorted((run / "logs").glob("*")) if (run / "logs").exists() else []) == logs_before
     return refusals[0]
 
 
 def _first_job_unharmed(
-    run: Path, codes: list[int], out: Path, world: int, reference: dict | None
+    run: Path, codes: list[int], out: Path, starts: int, reference: dict | None
 ) -> None:
     assert codes == [0] * len(codes), [(p.name, p.read_text()[-2000:]) for p in out.glob("*.err")]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["final_step"] == 6 and summary["resumed_from_step"] == 0
     started = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
-    assert len([e for e in started if e["event"] == "process_start"]) == world  # its own only
+    assert len([e for e in started if e["event"] == "process_start"]) == starts  # its own only
     if reference is not None:
         assert summary["state_sha256"] == reference["state_sha256"]
         assert losses(run) == reference["losses"]
@@ -175,13 +176,17 @@ def _first_job_unharmed(
 def test_torchrun(tmp_path, reference):
     """torchrun starts both jobs' workers: rank 0 holds the lock, the second job's ranks all
     exit 2 (torch's torchrun then reports its failure table and exits 1; aihpc.runtime.torchrun,
-    the agent `aihpc launch` scripts run, exits 2 with the one line)."""
+    the agent `aihpc launch` scripts run, exits 2 with the one line). The first job's rank 0 is
+    killed after step 1 and torchrun restarts the group: the new rank 0 takes the lock its dead
+    predecessor held, and stops itself after step 3 while the second job tries."""
     spec, run, out = tmp_path / "run.toml", tmp_path / "run", tmp_path
     spec.write_text(SPEC)
-    cmd = _torchrun("torch.distributed.run", spec, run, *STOP_AT_STEP_1)
-    first = _start(cmd, _env(), out, "first")
+    faults = ["--inject", "kill:step=1:rank=0", "--inject", "hang:step=3:rank=0:mode=stop"]
+    cmd = _torchrun("torch.distributed.run", spec, run, *faults, *STOP_AT_STEP_1[2:], restarts=1)
+    restartable = _env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")  # pytorch#135712
+    first = _start(cmd, restartable, out, "first")
     beats = _rank0_stopped(run, [first], 2)
-    assert _holder(run)["pid"] == beats[0]["pid"]  # rank 0 of the job holds it
+    assert beats[0]["attempt"] == 1 and _holder(run)["pid"] == beats[0]["pid"]
 
     def second() -> str:
         raw = subprocess.run(
@@ -198,7 +203,8 @@ def test_torchrun(tmp_path, reference):
         return raw.stdout + raw.stderr
 
     _second_job_refused(run, beats[0]["pid"], beats[0]["pid"], second)
-    _first_job_unharmed(run, _finish([first]), out, 2, reference)
+    _first_job_unharmed(run, _finish([first]), out, 4, reference)  # 2 ranks x 2 attempts
+    assert json.loads((run / "summary.json").read_text())["restarts"] == 1
 
 
 def test_srun(tmp_path, reference):
