@@ -132,6 +132,10 @@ def test_exception_in_process_then_node_loss_from_peer(tmp_path, request, world,
     assert {e["step"] for e in after_kill} == {4} and len(after_kill) == world
     assert {tuple(e["from_peer"]) for e in after_kill} == {(last,)}
     assert summary["restarts"] == 1 and summary["restored_from"] == "memory"
+    # every recovery with its step and tier: own memory in-process, then a peer's replica
+    tiers = [(r["step"], r["tier"], r["restart"]) for r in summary["recoveries"]]
+    assert tiers == [(2, "memory", "in-process"), (4, "peer", "process")]
+    assert summary["resumed_from"] == summary["recoveries"][-1]
     assert summary["memory_checkpoint"]["holder_rank"] is not None
     assert summary["state_sha256"] == ref[0]["state_sha256"]
     assert losses(run) == ref[1]

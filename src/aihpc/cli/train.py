@@ -5,8 +5,8 @@ Three ways in, one command:
 - a single process (no launcher): this process holds the run directory and trains;
 - ``--nproc-per-node N``: this process holds the run directory and runs torchelastic's agent,
   whose workers are this same command (``AIHPC_ELASTIC_AGENT`` tells them so);
-- under torchrun or srun: every rank runs this command; rank 0 takes the directory once the
-  process group is up.
+- under torchrun or srun: every rank runs this command; rank 0 takes the directory before any
+  rank writes in it, and a refusal ends every rank with exit 2 (aihpc.runtime.ownership).
 
 Every check that can fail on bad input runs before any worker starts, and a failure ends with
 one line naming the cause as the last line (tracebacks go to ``DIR/logs/``).
@@ -59,7 +59,7 @@ def _render(summary: dict, finished_before: bool = False) -> None:
                 else ""
             )
             + f"resumed from step {summary['resumed_from_step']}"
-            + (" (from memory)" if summary.get("restored_from") == "memory" else ""),
+            + _tier_note(summary),
             highlight=False,
             soft_wrap=True,
         )
@@ -67,6 +67,13 @@ def _render(summary: dict, finished_before: bool = False) -> None:
     if not finished_before and perf.get("measured_step_time_s"):
         console.print(_performance_line(perf), highlight=False, soft_wrap=True)
     console.print(f"state_sha256 {summary['state_sha256']}", highlight=False, soft_wrap=True)
+
+
+def _tier_note(summary: dict) -> str:
+    """Which tier served the load the run continued from (aihpc.runtime.recoveries)."""
+    tier = (summary.get("resumed_from") or {}).get("tier")
+    notes = {"memory": " (from memory)", "peer": " (from a peer's memory)", "storage": ""}
+    return notes.get(tier, "")
 
 
 def _performance_line(perf: dict) -> str:
@@ -334,7 +341,11 @@ class _Job:
         timeout_s = max(self.startup_timeout, 4 * self.hang_timeout)
         try:
             return run_training(self.spec, self.options(**kw), timeout_s=timeout_s)
-        except (SpecError, KeyboardInterrupt):
+        except SpecError as err:
+            if getattr(err, "quiet", False):  # refused run dir: rank 0 says it, once per job
+                raise typer.Exit(2) from None
+            raise
+        except KeyboardInterrupt:
             raise
         except Exception as err:
             fail(_worker_line(err, rank, self.run_dir), code=1)

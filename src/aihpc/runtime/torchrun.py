@@ -16,6 +16,10 @@ A second signal while the agent waits for its workers is ignored: torchrun would
 mid-wait and leave, and its workers die with it (``PR_SET_PDEATHSIG``) before their checkpoint
 is committed. How long the agent waits is torchrun's ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` (30 s
 unless set; the sbatch script sets its ``--signal-lead``).
+
+Ranks whose first failure exits 2 refused their input (a run directory another job holds, a plan the
+workers cannot train): rank 0 printed the one line, and the agent exits 2 with it, where
+torchrun itself would add its failure report and a traceback and exit 1.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ __all__ = ["main"]
 def main(argv: list[str] | None = None) -> int:
     """Run torchrun with ``argv`` (``sys.argv[1:]``); the exit code."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
     argv = sys.argv[1:] if argv is None else argv
@@ -51,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("SLURM_PROCID", "0") == "0":  # one line per job, not per node
             print(line, file=sys.stderr, flush=True)
         return code
+    except ChildFailedError as err:
+        if err.get_first_failure()[1].exitcode == 2:  # the others: exit 2, or stopped after it
+            return 2  # refused on input (another job's run dir): rank 0 said why, in one line
+        raise
     return 0
 
 

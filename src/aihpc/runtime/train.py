@@ -15,7 +15,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,13 +25,16 @@ from aihpc.observe.metrics import open_train_metrics
 from aihpc.resilience import (
     CheckpointManager,
     FaultInjector,
-    RunDirBusyError,
-    RunDirLock,
     Watchdog,
     state_sha256,
 )
 from aihpc.runspec import RunSpec, SpecError
-from aihpc.runtime.distributed import DistContext, init_distributed, launcher_env
+from aihpc.runtime.distributed import (
+    DistContext,
+    init_distributed,
+    launcher_env,
+    rendezvous_store,
+)
 from aihpc.runtime.job import (
     Bounds,
     Job,
@@ -46,6 +49,8 @@ from aihpc.runtime.job import (
     restore,
 )
 from aihpc.runtime.loop import run_loop
+from aihpc.runtime.ownership import hold_run_dir
+from aihpc.runtime.recoveries import launch_recoveries, load_record
 from aihpc.runtime.rundir import (
     ERROR_LOG_ATTR,
     Events,
@@ -154,14 +159,14 @@ def _train(
     )  # fmt: skip
     result = run_loop(job, start, opts.progress)
     result["loss_history_lost"] = lost
-    return _finish(job, result, start, source.get("source"), par, num_params)
+    return _finish(job, result, start, source, par, num_params)
 
 
 def _finish(
     job: Job,
     result: dict[str, Any],
     start: int,
-    source: str | None,
+    source: dict[str, Any],
     par: Parallel,
     num_params: int,
 ) -> dict[str, Any]:
@@ -176,13 +181,19 @@ def _finish(
         result["memory_checkpoint"] = memory.report()
         memory.discard()  # the run is over: its memory is freed
         memory.close()
-    result["restored_from"] = source
+    result["restored_from"] = source.get("source")
     plan = spec.plan()
+    ev = job.events
     result.update(
         restarts=job.watchdog.attempt,  # torchrun's restarts of the worker group in this launch
         **slurm_job(),  # requeues: Slurm's of the job this launch ran in
         world_size=ctx.world_size,
         resumed_from_step=start,
+        # the step and tier of this load, and of every load after a fault in the launch
+        resumed_from=load_record(
+            start, source.get("source"), source.get("from_peer"), ev.attempt, ev.generation
+        ),
+        recoveries=launch_recoveries(ev.path) if ctx.is_main else [],
         plan=plan_summary(par),
         zero_stage=plan.zero_stage,
         recompute=plan.recompute,
@@ -218,31 +229,12 @@ def _logged_before_teardown(
         raise
 
 
-@contextmanager
-def _own_run_dir(opts: TrainOptions, ctx: DistContext) -> Iterator[None]:
-    """Under torchrun or srun, rank 0 holds the run directory's lock for the job (every rank
-    learns whether it got it); with aihpc's own launcher the launcher already holds it."""
-    if opts.lock_held:
-        yield
-        return
-    lock, busy = None, [None]
-    if ctx.is_main:
-        try:
-            lock = RunDirLock(opts.run_dir).acquire()
-        except RunDirBusyError as err:
-            busy[0] = err.describe()
-    dist.broadcast_object_list(busy, src=0)
-    if busy[0]:
-        raise SpecError("--run-dir", str(opts.run_dir), busy[0])
-    try:
-        yield
-    finally:
-        if lock is not None:
-            lock.release()
-
-
 def run(spec: RunSpec, opts: TrainOptions, timeout_s: float = 600.0) -> dict[str, Any]:
     """Init distributed, train, and (rank 0) write ``run_dir/summary.json`` atomically.
+
+    Unless the launcher holds the run directory (``opts.lock_held``), rank 0 takes its lock
+    first, for the whole launch, and a job refused it ends on every rank with RunDirRefused
+    before it has written anything there (aihpc.runtime.ownership).
 
     With ``[checkpoint] in_process_restarts``, an exception or a hang (found by the watchdog)
     in any rank starts a new generation in the same processes: new process groups over the same
@@ -257,26 +249,35 @@ def run(spec: RunSpec, opts: TrainOptions, timeout_s: float = 600.0) -> dict[str
     opts.run_dir.mkdir(parents=True, exist_ok=True)
     found = launcher_env()
     rank = int(found["RANK"]) if found else 0
+    world = int(found["WORLD_SIZE"]) if found else 1
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    hang_events = Events(opts.run_dir / "events.jsonl", rank, attempt)
     limit = spec.checkpoint.in_process_restarts
-    interrupter = Interrupter() if limit else None
-    watchdog = Watchdog(
-        opts.run_dir,
-        rank,
-        opts.hang_timeout_s,
-        startup_timeout_s=opts.startup_timeout_s,
-        attempt=attempt,
-        on_hang=lambda ev: hang_events(**ev),
-        watch_parent=opts.watch_parent,
-        on_stall=_on_stall(interrupter, hang_events) if interrupter else None,
-    ).start()
-    try:
-        if interrupter is None:
-            return _generation(spec, opts, watchdog, timeout_s, final=lambda err: True)
-        return _generations(spec, opts, watchdog, timeout_s, interrupter, hang_events)
-    finally:
-        watchdog.stop()
+    # The job's store, before anything is written in the directory: it carries rank 0's verdict
+    # on the lock, and the in-process generations' process groups are formed over it.
+    store = None
+    if limit or (world > 1 and not opts.lock_held):
+        store = rendezvous_store(timeout_s)
+    with (
+        nullcontext() if opts.lock_held else hold_run_dir(opts.run_dir, rank, world, attempt, store)
+    ):
+        hang_events = Events(opts.run_dir / "events.jsonl", rank, attempt)
+        interrupter = Interrupter() if limit else None
+        watchdog = Watchdog(
+            opts.run_dir,
+            rank,
+            opts.hang_timeout_s,
+            startup_timeout_s=opts.startup_timeout_s,
+            attempt=attempt,
+            on_hang=lambda ev: hang_events(**ev),
+            watch_parent=opts.watch_parent,
+            on_stall=_on_stall(interrupter, hang_events) if interrupter else None,
+        ).start()
+        try:
+            if interrupter is None:
+                return _generation(spec, opts, watchdog, timeout_s, lambda err: True, store)
+            return _generations(spec, opts, watchdog, timeout_s, interrupter, hang_events, store)
+        finally:
+            watchdog.stop()
 
 
 def _on_stall(interrupter: Any, events: Events) -> Callable[[dict], bool]:
@@ -303,13 +304,13 @@ def _generations(
     timeout_s: float,
     interrupter: Any,
     events: Events,
+    store: Any,
 ) -> dict[str, Any]:
     """Run generations until one finishes; after a restartable fault, release the failed one
-    (its process groups close, so blocked peers fail too) and start the next."""
+    (its process groups close, so blocked peers fail too) and start the next, over the same
+    ``store``."""
     from aihpc.resilience.inprocess import release, shutdown_collective_sockets
-    from aihpc.runtime.distributed import rendezvous_store
 
-    store = rendezvous_store(timeout_s)
     limit = spec.checkpoint.in_process_restarts
     generation = 0
     while True:
@@ -353,7 +354,6 @@ def _generation(
     with (
         init_distributed(timeout_s, store, generation) as ctx,
         _logged_before_teardown(opts.run_dir, ctx.rank, final),
-        _own_run_dir(opts, ctx),
     ):
         summary = train(spec, opts, ctx, watchdog, generation)
         previous = read_summary(opts.run_dir)
