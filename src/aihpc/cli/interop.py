@@ -20,14 +20,10 @@ FRAMEWORKS = ("megatron", "torchtitan", "deepspeed", "hf")
 
 
 def _read(path: Path, field: str) -> str:
-    try:
-        return path.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise SpecError(field, str(path), "file not found") from None
-    except (IsADirectoryError, UnicodeDecodeError):
-        raise SpecError(field, str(path), "expected a text file") from None
-    except OSError as err:
-        raise SpecError(field, str(path), f"cannot read ({err.strerror})") from None
+    """The source's text, bounded in size (runspec.inputs): one line when it is not one."""
+    from aihpc.runspec.inputs import read_input
+
+    return read_input(path, field, "a text file")
 
 
 def _warn(line: str) -> None:

@@ -131,7 +131,7 @@ def _clock(t: float) -> str:
 def _span(ranks: list[int]) -> str:
     if not ranks:
         return "none"
-    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
+    if ranks[-1] - ranks[0] + 1 == len(ranks) > 2:  # sorted and distinct: a whole range
         return f"{ranks[0]}-{ranks[-1]}"
     return ", ".join(map(str, ranks))
 

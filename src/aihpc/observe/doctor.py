@@ -19,7 +19,7 @@ from typing import Any
 from aihpc.observe.actions import action_for, summary_for
 from aihpc.observe.diagnosis import Diagnosis
 from aihpc.observe.flight_recorder import StuckCollective, stuck_collectives
-from aihpc.observe.logread import LogEvent, LogSet, read_logs
+from aihpc.observe.logread import LogEvent, LogSet, plausible_rank, read_logs
 from aihpc.runspec import RunSpec
 
 __all__ = ["Diagnosis", "diagnose", "diagnose_logs"]
@@ -44,8 +44,8 @@ def _single_node_ranks(logs: LogSet) -> None:
         return
     for e in logs.events:
         if e.rank is None and "local_rank" in e.details:
-            e.rank = int(e.details["local_rank"])
-            logs.ranks_seen.add(e.rank)
+            e.rank = plausible_rank(e.details["local_rank"])
+            logs.see(e.rank)
 
 
 def _kills_after_hang(failures: list[LogEvent]) -> set[int]:
@@ -59,7 +59,7 @@ def _kills_after_hang(failures: list[LogEvent]) -> set[int]:
     for e in failures:
         peers = e.details.get("killed_peers")
         if e.cls == "hang" and isinstance(peers, list):
-            culprits |= {int(p) for p in peers}
+            culprits |= {p for p in map(plausible_rank, peers) if p is not None}
         if e.cls == "killed" and _key(e) > _key(first) and e.rank is not None:
             culprits.add(e.rank)
             e.tier = "follow_on"

@@ -13,7 +13,6 @@ checkpoint interval 500, keep_latest_k 10; metrics log_freq 10.
 
 from __future__ import annotations
 
-import tomllib
 from typing import Any
 
 from aihpc.interop._common import (
@@ -24,6 +23,7 @@ from aihpc.interop._common import (
 )
 from aihpc.interop.torchtitan.flavors import FIXED, FLAVORS, FRAMEWORK, SCHEDULES, flavor_shape
 from aihpc.runspec import SpecError
+from aihpc.runspec.inputs import parse_toml
 
 __all__ = ["import_torchtitan"]
 
@@ -115,10 +115,7 @@ def import_torchtitan(
     text: str, gpu: str = "h100-sxm", num_gpus: int | None = None, gpus_per_node: int | None = None
 ) -> Imported:
     """A torchtitan (v0.2.0) job TOML → run spec."""
-    try:
-        t = _Toml(tomllib.loads(text))
-    except tomllib.TOMLDecodeError as err:
-        raise SpecError("SOURCE", "torchtitan TOML", f"not valid TOML: {err}") from None
+    t = _Toml(parse_toml(text, "SOURCE", "torchtitan TOML"))
     notes: list[str] = []
     name = t.get("model", "name", "llama3")
     flavor = t.get("model", "flavor", "debugmodel")

@@ -1,0 +1,100 @@
+"""Which files ``aihpc doctor`` reads, and how: the files named, the files in a folder named
+(bounded in count and bytes), binaries skipped, text streamed a bounded line at a time."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+from aihpc.runspec.errors import SpecError
+
+__all__ = [
+    "MAX_FOLDER_BYTES",
+    "MAX_FOLDER_FILES",
+    "MAX_LINE_CHARS",
+    "binary",
+    "expand",
+    "open_text",
+]
+
+
+# A log line longer than this is cut there (what matters of a line is near its start) and the
+# rest of it skipped in pieces of the same size: a 1 GiB line without a newline (a binary
+# stream, a progress bar) is read in bounded memory.
+MAX_LINE_CHARS = 64 << 10
+
+
+def open_text(path: Path) -> Iterator[str]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", errors="replace") as f:  # type: ignore[operator]
+        while line := f.readline(MAX_LINE_CHARS):
+            if len(line) == MAX_LINE_CHARS and not line.endswith("\n"):
+                while (rest := f.readline(MAX_LINE_CHARS)) and not rest.endswith("\n"):
+                    pass
+                line += "\n"
+            yield line
+
+
+# A folder is read as the regular files under it (symbolic links not followed), at most this
+# many and this many bytes: a job's logs, its events.jsonl and dumps, a run directory with its
+# checkpoint shards (skipped as binary) fit; a home folder or / is refused in one line, not
+# read for an hour.
+MAX_FOLDER_FILES = 10_000
+MAX_FOLDER_BYTES = 4 << 30
+_PSEUDO = ("/proc", "/sys", "/dev")
+
+
+def _folder_files(folder: Path) -> list[Path]:
+    if str(folder.resolve()).startswith(_PSEUDO):
+        raise SpecError("LOG", str(folder), "a kernel pseudo-filesystem, not logs")
+    files: list[Path] = []
+    seen = size = 0
+    for root, dirs, names in os.walk(folder):  # never follows a link to a folder
+        dirs.sort()
+        seen += len(dirs) + len(names)
+        for name in sorted(names):
+            q = Path(root) / name
+            try:
+                st = q.lstat()
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                files.append(q)
+                size += st.st_size
+        if seen > MAX_FOLDER_FILES or size > MAX_FOLDER_BYTES:
+            raise SpecError(
+                "LOG",
+                str(folder),
+                f"holds more than {MAX_FOLDER_FILES:,} entries or {MAX_FOLDER_BYTES >> 30} GiB; "
+                "name the job's log files, or the folder that holds only them",
+            )
+    return files
+
+
+def expand(paths: list[Path]) -> list[Path]:
+    """The files to read: each file named, and the files in each folder named. Anything but a
+    regular file or a folder (a FIFO, a device) would block or never end: one line."""
+    out: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            out += _folder_files(p)
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise SpecError("LOG", str(p), "not a regular file or a folder")
+    return out
+
+
+def binary(path: Path) -> bool:
+    """Checkpoint shards and other binaries in a run directory: a NUL byte near the start of an
+    uncompressed file (gzip is text once opened)."""
+    if path.suffix == ".gz":
+        return False
+    try:
+        with open(path, "rb") as f:
+            return b"\0" in f.read(4096)
+    except OSError:
+        return False
