@@ -377,6 +377,17 @@ class _FileReader:
 MAX_EVENT_CHARS = 64 << 10
 
 
+def _seconds(value: Any) -> float | None:
+    """An event's ``time_unix`` as seconds, or None when it is not a plausible time."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        out = float(value)
+    except OverflowError:  # an int beyond a float's range
+        return None
+    return out if math.isfinite(out) else None
+
+
 def _read_events_jsonl(logs: LogSet, path: Path) -> None:
     """aihpc's run event log: faults injected, hangs detected, starts and ends."""
     for n, raw in enumerate(open_text(path), 1):
@@ -390,8 +401,7 @@ def _read_events_jsonl(logs: LogSet, path: Path) -> None:
         if not isinstance(ev, dict):
             continue  # not one of aihpc's events: skipped as the reader skips a foreign line
         rank, kind, when = plausible_rank(ev.get("rank")), ev.get("event"), ev.get("time_unix")
-        if not (isinstance(when, int | float) and math.isfinite(when)) or isinstance(when, bool):
-            when = None
+        when = _seconds(when)
         logs.see(rank)
         logs.see_world(ev.get("world_size"))
         mapping = {

@@ -59,7 +59,8 @@ def read_input(
     errors: str = "strict",
 ) -> str:
     """The text of ``path`` (UTF-8, a leading BOM dropped), or SpecError naming ``field``: no
-    such file, a folder or anything but a regular file, larger than ``max_bytes``, not text
+    such file, a folder, larger than ``max_bytes``, not text. A pipe (``<(zcat runs.csv.gz)``)
+    or a device is read too, up to ``max_bytes`` + 1 bytes
     (``errors="replace"`` reads bytes that are not UTF-8 as U+FFFD instead)."""
     path = Path(path)
     try:
@@ -70,8 +71,6 @@ def read_input(
         raise SpecError(field, str(path), f"cannot be read ({err.strerror})") from None
     if stat.S_ISDIR(st.st_mode):
         raise SpecError(field, str(path), f"is a directory; expected {expected}")
-    if not stat.S_ISREG(st.st_mode):
-        raise SpecError(field, str(path), f"not a regular file; expected {expected}")
     too_big = f"larger than {max_bytes / _MIB:g} MiB; expected {expected}"
     if st.st_size > max_bytes:
         raise SpecError(field, str(path), too_big)

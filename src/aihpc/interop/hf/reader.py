@@ -40,6 +40,9 @@ _HF_INTS = (
 
 
 _HF_FLOATS = ("routed_scaling_factor", "aux_loss_alpha")
+_HF_REQUIRED = (
+    "hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size",
+)  # fmt: skip
 
 
 def _check_hf_numbers(config: dict[str, Any], where: str) -> None:
@@ -61,6 +64,9 @@ def hf_model_shape(
     """A Hugging Face config.json (Llama-style keys) → run-spec model fields; ``where`` names the
     config in an error (``--model`` for DeepSpeed's import, ``CONFIG`` for ``aihpc import hf``)."""
     _check_hf_numbers(config, where)
+    for key in _HF_REQUIRED:
+        if config.get(key) is None:  # absent or null
+            raise SpecError(f"{where} {key}", None, "required in config.json")
     try:
         h = int(config["hidden_size"])
         heads = int(config["num_attention_heads"])
