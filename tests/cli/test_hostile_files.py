@@ -169,3 +169,34 @@ def test_doctor_refuses_a_folder_of_too_many_files(tmp_path: Path) -> None:
     r = _doctor(str(tmp_path))
     assert r.returncode == 2 and f"more than {MAX_FOLDER_FILES:,} entries" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("value", [10**30, -(10**400)])
+def test_a_run_spec_integer_beyond_64_bits(value: int, tmp_path: Path) -> None:
+    spec = (ROOT / "examples/tiny-4gpu.toml").read_text()
+    spec = spec.replace("[cluster]", f"[cluster]\nmemory_headroom_gib = {value}", 1)
+    (tmp_path / "run.toml").write_text(spec)
+    _one_line(runner.invoke(app, ["estimate", str(tmp_path / "run.toml")]), "memory_headroom_gib")
+
+
+def test_doctor_reads_past_a_damaged_gzip(tmp_path: Path) -> None:
+    import gzip
+
+    data = gzip.compress(b"step 1 | loss 3.2\n" * 5000)
+    (tmp_path / "a.log.gz").write_bytes(data[:40] + bytes(64) + data[104:])  # a hole in it
+    from aihpc.observe.doctor import diagnose
+
+    log = ROOT / "tests/observe/corpus/cuda-oom/rank5.log"
+    (tmp_path / "b.log").write_bytes(log.read_bytes())
+    r = _doctor(str(tmp_path), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)  # the damaged file is reported; the other one is read
+    assert doc["class"] == diagnose([log]).cls != "none" and doc["files_read"] == 2
+
+
+def test_doctor_prints_an_event_time_no_clock_can(tmp_path: Path) -> None:
+    event = {"event": "fault", "rank": 0, "time_unix": 1e300, "kinds": ["kill"]}
+    (tmp_path / "events.jsonl").write_text(json.dumps(event) + "\n")
+    r = _doctor(str(tmp_path / "events.jsonl"))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "first failure: rank 0" in r.stdout

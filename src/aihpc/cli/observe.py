@@ -125,7 +125,10 @@ def _render_diagnosis(d: Any) -> None:
 def _clock(t: float) -> str:
     import time
 
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    except (OverflowError, OSError, ValueError):  # beyond the platform's time_t
+        return f"{t:.0f} s after 1970"
 
 
 def _span(ranks: list[int]) -> str:

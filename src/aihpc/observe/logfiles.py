@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import os
 import stat
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,12 +31,15 @@ MAX_LINE_CHARS = 64 << 10
 def open_text(path: Path) -> Iterator[str]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", errors="replace") as f:  # type: ignore[operator]
-        while line := f.readline(MAX_LINE_CHARS):
-            if len(line) == MAX_LINE_CHARS and not line.endswith("\n"):
-                while (rest := f.readline(MAX_LINE_CHARS)) and not rest.endswith("\n"):
-                    pass
-                line += "\n"
-            yield line
+        try:
+            while line := f.readline(MAX_LINE_CHARS):
+                if len(line) == MAX_LINE_CHARS and not line.endswith("\n"):
+                    while (rest := f.readline(MAX_LINE_CHARS)) and not rest.endswith("\n"):
+                        pass
+                    line += "\n"
+                yield line
+        except zlib.error as err:  # a damaged .gz: an unreadable file, as a bad header is
+            raise OSError(f"damaged gzip data ({err})") from err
 
 
 # A folder is read as the regular files under it (symbolic links not followed), at most this

@@ -14,7 +14,6 @@ in the inputs. ``dmesg`` seconds-since-boot cannot be placed and are ignored.
 from __future__ import annotations
 
 import json
-import math
 import pickle
 import re
 import time
@@ -377,6 +376,9 @@ class _FileReader:
 MAX_EVENT_CHARS = 64 << 10
 
 
+_LAST_SECOND = 253402300799  # 9999-12-31 23:59:59 UTC: the last time a clock can print
+
+
 def _seconds(value: Any) -> float | None:
     """An event's ``time_unix`` as seconds, or None when it is not a plausible time."""
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -385,7 +387,7 @@ def _seconds(value: Any) -> float | None:
         out = float(value)
     except OverflowError:  # an int beyond a float's range
         return None
-    return out if math.isfinite(out) else None
+    return out if 0 <= out <= _LAST_SECOND else None
 
 
 def _read_events_jsonl(logs: LogSet, path: Path) -> None:
