@@ -39,6 +39,14 @@ def test_a_run_spec_nested_too_deep(command: str, value: str, tmp_path: Path) ->
     _one_line(runner.invoke(app, [command, str(tmp_path / "run.toml")]), "RUNSPEC")
 
 
+def test_a_calibration_integer_beyond_64_bits(tmp_path: Path) -> None:
+    cal = (ROOT / "examples/calibration-h100.toml").read_text() + f"\nzz = {10**400}\n"
+    (tmp_path / "cal.toml").write_text(cal)
+    result = runner.invoke(app, ["validate", "--calibration", str(tmp_path / "cal.toml")])
+    _one_line(result, "cluster.calibration")
+    assert "zz is a 401-digit integer" in result.stderr
+
+
 def test_a_calibration_nested_too_deep(tmp_path: Path) -> None:
     (tmp_path / "cal.toml").write_text("x = " + "[" * 3000 + "]" * 3000 + "\n")
     result = runner.invoke(app, ["validate", "--calibration", str(tmp_path / "cal.toml")])
@@ -142,7 +150,7 @@ def test_doctor_events_with_odd_values(event: dict, tmp_path: Path) -> None:
         {"version": "2.10", "entries": "none"},
         {"version": "2.10", "entries": [1.5]},
         {"version": "2.10", "entries": [], "pg_status": "x"},
-        {"version": "2.10", "entries": [{"collective_seq_id": "3", "frames": [{}]}]},
+        {"version": "2.10", "entries": [{"collective_seq_id": 1, "frames": 5}]},
     ],
 )
 def test_doctor_flight_recorder_dumps_of_the_wrong_shape(dump: dict, tmp_path: Path) -> None:

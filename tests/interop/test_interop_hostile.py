@@ -120,6 +120,7 @@ def test_deepspeed_auto_values_are_read_as_unset(tmp_path: Path) -> None:
         (_hf(hidden_size=float("nan")), "hidden_size"),
         (_hf(num_hidden_layers=float("inf")), "num_hidden_layers"),
         (_hf(vocab_size=None), "vocab_size"),
+        (_hf(num_hidden_layers=10**400), "num_hidden_layers"),
         (_hf(hidden_act=["silu"]), "hidden_act"),
         (_hf(routed_scaling_factor=float("-inf"), num_local_experts=8), "routed_scaling_factor"),
         (DEEP, "CONFIG"),

@@ -25,6 +25,7 @@ __all__ = [
     "MAX_DEPTH",
     "MAX_INPUT_BYTES",
     "check_depth",
+    "check_integers",
     "nesting_depth",
     "parse_json",
     "parse_toml",
@@ -115,19 +116,44 @@ def parse_json(text: str, field: str, value: Any, max_depth: int = MAX_DEPTH) ->
     """``json.loads`` after the depth check; invalid JSON is SpecError naming ``field``."""
     check_depth(text, field, value, max_depth)
     try:
-        return json.loads(text)
+        doc = json.loads(text)
     except ValueError as err:
         raise SpecError(field, value, f"not valid JSON ({err})") from None
     except RecursionError:  # the scan above stops this first; the last resort
         raise SpecError(field, value, f"nested too deep; at most {max_depth} levels") from None
+    check_integers(doc, field, value)
+    return doc
 
 
 def parse_toml(text: str, field: str, value: Any, max_depth: int = MAX_DEPTH) -> dict[str, Any]:
     """``tomllib.loads`` after the depth check; invalid TOML is SpecError naming ``field``."""
     check_depth(text, field, value, max_depth)
     try:
-        return tomllib.loads(text)
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise SpecError(field, value, f"not valid TOML: {err}") from None
     except RecursionError:
         raise SpecError(field, value, f"nested too deep; at most {max_depth} levels") from None
+    check_integers(data, field, value)
+    return data
+
+
+def check_integers(doc: Any, field: str, value: Any) -> None:
+    """SpecError when ``doc`` holds an integer beyond 64 bits: TOML's integers are 64-bit and
+    JSON writers' too, and Python's unbounded ones overflow every float they meet (issue 42).
+    Walked with a stack: dotted TOML keys nest tables without brackets."""
+    stack: list[tuple[Any, str]] = [(doc, "")]
+    while stack:
+        node, where = stack.pop()
+        if isinstance(node, dict):
+            stack.extend((v, f"{where}.{k}" if where else str(k)) for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(node))
+        elif isinstance(node, int) and not -(2**63) <= node < 2**63:
+            digits = len(str(abs(node))) if abs(node) < 10**4000 else "thousands of"
+            raise SpecError(
+                field,
+                value,
+                f"{where or 'the document'} is a {digits}-digit integer; TOML and "
+                "JSON integers are 64-bit",
+            )
