@@ -83,7 +83,11 @@ def _seeds() -> dict[str, list[bytes]]:
             _read("src/aihpc/perf/fit/data/validation/published_runs.csv"),
         ],
         # `calibrate --runs` fits to every row (about a second a run on a loaded core): a few
-        "runs_small": [b"\n".join(_read("src/aihpc/perf/fit/data/validation/published_runs.csv").split(b"\n")[:7])],
+        "runs_small": [
+            b"\n".join(
+                _read("src/aihpc/perf/fit/data/validation/published_runs.csv").split(b"\n")[:7]
+            )
+        ],
         "memory_csv": [_read("src/aihpc/perf/fit/data/validation/published_memory.csv")],
         "nccl_text": [p.read_bytes() for p in sorted((ROOT / "tests/bench/data").glob("*.txt"))],
         "nccl_json": [p.read_bytes() for p in sorted((ROOT / "tests/bench/data").glob("*.json"))],
@@ -229,7 +233,9 @@ def _toml_value(v: object) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, float):
-        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf") if math.isinf(v) else repr(v)
+        return (
+            "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf") if math.isinf(v) else repr(v)
+        )
     if isinstance(v, int):
         return str(v)
     if isinstance(v, str):
@@ -256,7 +262,9 @@ def mutate_toml(rng: random.Random, data: bytes) -> bytes:
             lines[rng.choice(keyed)] = "# dropped"
         elif op == 3 and tables:
             at = rng.choice(tables) + 1
-            lines.insert(at, f"unknown_{rng.randrange(99)} = {_toml_value(rng.choice(ODD_SCALARS))}")
+            lines.insert(
+                at, f"unknown_{rng.randrange(99)} = {_toml_value(rng.choice(ODD_SCALARS))}"
+            )
         else:
             name = rng.choice(["model", "cluster", "parallel", "training", "checkpoint", "zzz"])
             lines.append(rng.choice([f"[{name}]", f"[[{name}]]", f"{name} = 3", f"[{name}.x]"]))
@@ -293,7 +301,9 @@ def mutate_json(rng: random.Random, data: bytes) -> bytes:
         elif isinstance(parent, dict):
             parent[f"unknown_{rng.randrange(99)}"] = rng.choice(ODD_SCALARS)
     if rng.random() < 0.1:
-        doc = rng.choice([[doc], "str", 3, None, [], doc.get("config") if isinstance(doc, dict) else 1])
+        doc = rng.choice(
+            [[doc], "str", 3, None, [], doc.get("config") if isinstance(doc, dict) else 1]
+        )
     return json.dumps(doc, allow_nan=True).encode()
 
 
@@ -304,9 +314,9 @@ def mutate_csv(rng: random.Random, data: bytes) -> bytes:
         r = rng.randrange(len(rows))
         if op <= 2 and rows[r]:
             c = rng.randrange(len(rows[r]))
-            rows[r][c] = rng.choice(ODD_WORDS + ["nan", "1e308", "-0", '"', "true", "h100-sxm"]).encode(
-                "utf-8", "surrogatepass"
-            )
+            rows[r][c] = rng.choice(
+                ODD_WORDS + ["nan", "1e308", "-0", '"', "true", "h100-sxm"]
+            ).encode("utf-8", "surrogatepass")
         elif op == 3 and rows[r]:
             del rows[r][rng.randrange(len(rows[r]))]
         elif op == 4:
@@ -323,7 +333,9 @@ def _mutated(rng: random.Random, family: str, kind: str) -> bytes:
     if r < 0.05:
         return garbage(rng)
     if r < 0.09:
-        return deep_json(rng) if kind == "json" else deep_toml(rng) if kind == "toml" else garbage(rng)
+        return (
+            deep_json(rng) if kind == "json" else deep_toml(rng) if kind == "toml" else garbage(rng)
+        )
     if r < 0.11:
         return huge_bytes(rng, base)
     if r < 0.22:
@@ -348,7 +360,12 @@ def fam_runspec(rng: random.Random) -> Case:
             ["estimate", "run.toml"],
             ["search", "run.toml", "--top", "1", "--json"],
             ["goodput", "run.toml", "--json"],
-            ["export", "run.toml", "--to", rng.choice(["megatron", "torchtitan", "deepspeed", "hf"])],
+            [
+                "export",
+                "run.toml",
+                "--to",
+                rng.choice(["megatron", "torchtitan", "deepspeed", "hf"]),
+            ],
             ["doctor", "job.log", "--spec", "run.toml", "--json"],
         ]
     )
@@ -507,7 +524,11 @@ def fam_doctor(rng: random.Random) -> Case:
             files[path.replace("//", "/")] = rng.choice([garbage(rng), rng.choice(SEEDS["logs"])])
     elif r < 0.8:  # flight-recorder dumps: pickles and JSON with odd values
         arg = "fr"
-        doc = {"version": "2.10", "entries": rng.choice(ODD_SCALARS), "pg_status": rng.choice(ODD_SCALARS)}
+        doc = {
+            "version": "2.10",
+            "entries": rng.choice(ODD_SCALARS),
+            "pg_status": rng.choice(ODD_SCALARS),
+        }
         files["fr/nccl_trace_rank_0"] = json.dumps(doc).encode()
         files["fr/nccl_trace_rank_1"] = b"\x80\x04" + garbage(rng)
     elif r < 0.9:  # aihpc's events.jsonl with odd values
@@ -515,9 +536,11 @@ def fam_doctor(rng: random.Random) -> Case:
               "time_unix": rng.choice(ODD_SCALARS), "world_size": rng.choice(ODD_SCALARS)}  # fmt: skip
         files["events.jsonl"] = (json.dumps(ev) + "\n").encode() * rng.randint(1, 5)
         arg = "events.jsonl"
-    else:
+    elif r < 0.95:
         files["job.log.gz"] = garbage(rng)
         arg = "job.log.gz"
+    else:  # folders that are not a job's logs: the machine's own (read-only, bounded)
+        arg = rng.choice(["/", "/proc/self", "/dev", "/usr", "/etc", str(ROOT), str(ROOT / "src")])
     argv = ["doctor", arg] + (["--json"] if rng.random() < 0.7 else [])
     return Case("doctor", "doctor", argv, files, dirs)
 
@@ -574,7 +597,9 @@ def fam_flags(rng: random.Random) -> Case:
     if rng.random() < 0.08:
         argv.insert(rng.randrange(1, len(argv) + 1), rng.choice(["--nope", "-Z", "--json=1", "--"]))
     if cmd == "search":
-        argv = [a for a in argv if a != "--explain"] + ["--top", "1"] if "--top" not in argv else argv
+        argv = (
+            [a for a in argv if a != "--explain"] + ["--top", "1"] if "--top" not in argv else argv
+        )
     files = {
         "run.toml": rng.choice(SEEDS["runspec"]),
         "config.json": SEEDS["hf"][0],
@@ -806,7 +831,10 @@ def markdown(summary: dict, args: argparse.Namespace, seconds: float) -> str:
         )
     s = summary["slowest"]
     if s:
-        lines += ["", f"Slowest case: {s['seconds']:.2f} s, {s['family']}: `aihpc {' '.join(s['argv'])}`."]
+        lines += [
+            "",
+            f"Slowest case: {s['seconds']:.2f} s, {s['family']}: `aihpc {' '.join(s['argv'])}`.",
+        ]
     if summary["verified_as_subprocess"]:
         lines += [
             "",
@@ -814,7 +842,9 @@ def markdown(summary: dict, args: argparse.Namespace, seconds: float) -> str:
             f"{summary['verdicts_differing']} with a different exit code or verdict.",
         ]
     for f in summary["failures"][:30]:
-        lines.append(f"- {f['verdict']}: {f['family']} `aihpc {' '.join(f['argv'])}` (case {f['i']}): {f['stderr_tail']}")
+        lines.append(
+            f"- {f['verdict']}: {f['family']} `aihpc {' '.join(f['argv'])}` (case {f['i']}): {f['stderr_tail']}"
+        )
     return "\n".join(lines)
 
 
