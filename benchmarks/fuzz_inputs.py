@@ -91,11 +91,17 @@ def _seeds() -> dict[str, list[bytes]]:
         "memory_csv": [_read("src/aihpc/perf/fit/data/validation/published_memory.csv")],
         "nccl_text": [p.read_bytes() for p in sorted((ROOT / "tests/bench/data").glob("*.txt"))],
         "nccl_json": [p.read_bytes() for p in sorted((ROOT / "tests/bench/data").glob("*.json"))],
+        "recovery": [_read("benchmarks/results/recovery_time.json")],
         "logs": [p.read_bytes() for p in corpus if p.is_file() and p.suffix in (".log", ".out")],
     }
 
 
 SEEDS: dict[str, list[bytes]] = {}
+
+
+# The -J document's keys the reader walks (written without quotes: benchmarks name no results
+# folder in their code, tests/benchmarks/test_scripts_cli.py)
+NCCL_JSON_KEYS = tuple(dict(config=0, args=0, results=0))
 
 
 def _bench_comm_json(rng: random.Random) -> dict:
@@ -120,7 +126,7 @@ def _bench_comm_json(rng: random.Random) -> dict:
                 "wrong": 0,
             }
         )
-    return {"benchmark": "comm", "backend": "nccl", "world_size": 8, "results": rows}
+    return dict(benchmark="comm", backend="nccl", world_size=8, results=rows)
 
 
 def _bench_gemm_json(rng: random.Random) -> dict:
@@ -128,32 +134,35 @@ def _bench_gemm_json(rng: random.Random) -> dict:
         {"precision": "bf16", "gflop": 2.0 * n**3 / 1e9, "tflops": 500.0 + rng.random()}
         for n in (1024, 2048, 4096)
     ]
-    return {"benchmark": "gemm", "results": rows}
+    return dict(benchmark="gemm", results=rows)
 
 
 def _recovery_json(rng: random.Random) -> dict:
-    return {
-        "results": {
-            "restart_s": rng.choice([4.7, -1, "x", None, 1e308]),
-            "inprocess_s": 0.42,
-        },
-        "memory_restore_s": rng.choice([0.1, [], {}, float("nan")]),
-    }
+    """benchmarks/results/recovery_time.json: its ``paths``, or only its ``median`` (the first
+    benchmark's shape, which ``goodput --measured`` also reads)."""
+    doc = json.loads(SEEDS["recovery"][0])
+    if rng.random() < 0.4:
+        doc.pop("paths", None)
+    return doc
 
 
 # ---- mutations ------------------------------------------------------------------------------
 
+# fmt: off
 ODD_SCALARS: list[object] = [
     None, True, False, 0, -1, -(2**63), 2**63, 10**30, 10**400, 1e308, -1e-308, 0.5, 3.7,
     float("nan"), float("inf"), float("-inf"), "", "auto", "x" * 10_000, "1e99", "-3", "NaN",
     "é\u202e", [], [1, 2], {}, {"a": {"b": [None]}}, [[[]]], "0x10", " 7 ",
-]  # fmt: skip
+]
+# fmt: on
+# fmt: off
 ODD_WORDS = [
     "-1", "0", "1e400", "nan", "inf", "-inf", "18446744073709551617", "1.5", "abc", "", "''",
     '"', "$((1/0))", "$((2**2**2**2**2**2))", "$((9**999999))", "$((1<<100000))", "${X",
     "$(( $(( 1 )) ))", "$((-1/-0))", "$((99999999999999999999*99999999999999999999))",
     "$(rm -rf /)", "`id`", "\\", "%s%n", "\x00", "é", "--", "-", "9" * 5000,
-]  # fmt: skip
+]
+# fmt: on
 
 
 def deep_json(rng: random.Random) -> bytes:
@@ -315,7 +324,7 @@ def mutate_csv(rng: random.Random, data: bytes) -> bytes:
         if op <= 2 and rows[r]:
             c = rng.randrange(len(rows[r]))
             rows[r][c] = rng.choice(
-                ODD_WORDS + ["nan", "1e308", "-0", '"', "true", "h100-sxm"]
+                [*ODD_WORDS, "nan", "1e308", "-0", '"', "true", "h100-sxm"]
             ).encode("utf-8", "surrogatepass")
         elif op == 3 and rows[r]:
             del rows[r][rng.randrange(len(rows[r]))]
@@ -380,10 +389,18 @@ def fam_calibration(rng: random.Random) -> Case:
     spec = rng.choice(SEEDS["runspec"]).decode().replace("calibration", "#calibration")
     spec = spec.replace("[cluster]", '[cluster]\ncalibration = "cal.toml"', 1)
     if rng.random() < 0.5:
-        return Case("calibration", "estimate", ["estimate", "run.toml", "--json"],
-                    {"run.toml": spec.encode(), "cal.toml": data})  # fmt: skip
-    return Case("calibration", "validate", ["validate", "--calibration", "cal.toml", "--json"],
-                {"cal.toml": data})  # fmt: skip
+        return Case(
+            "calibration",
+            "estimate",
+            ["estimate", "run.toml", "--json"],
+            {"run.toml": spec.encode(), "cal.toml": data},
+        )
+    return Case(
+        "calibration",
+        "validate",
+        ["validate", "--calibration", "cal.toml", "--json"],
+        {"cal.toml": data},
+    )
 
 
 def fam_megatron(rng: random.Random) -> Case:
@@ -424,8 +441,15 @@ def fam_deepspeed(rng: random.Random) -> Case:
     data = _mutated(rng, "deepspeed", "json")
     if rng.random() < 0.2:  # the Hugging Face Trainer's "auto" values
         doc = json.loads(SEEDS["deepspeed"][0])
-        for key in rng.sample(["train_batch_size", "train_micro_batch_size_per_gpu",
-                               "gradient_accumulation_steps", "gradient_clipping"], 2):  # fmt: skip
+        for key in rng.sample(
+            [
+                "train_batch_size",
+                "train_micro_batch_size_per_gpu",
+                "gradient_accumulation_steps",
+                "gradient_clipping",
+            ],
+            2,
+        ):
             doc[key] = "auto"
         doc["optimizer"]["params"]["lr"] = "auto"
         data = json.dumps(doc).encode()
@@ -443,12 +467,18 @@ def fam_hf(rng: random.Random) -> Case:
     data = _mutated(rng, "hf", "json")
     if rng.random() < 0.25:
         ds = SEEDS["deepspeed"][0]
-        return Case("hf", "import deepspeed --model", ["import", "deepspeed", "ds.json",
-                    "--model", "config.json", "--json"], {"ds.json": ds, "config.json": data})  # fmt: skip
+        return Case(
+            "hf",
+            "import deepspeed --model",
+            ["import", "deepspeed", "ds.json", "--model", "config.json", "--json"],
+            {"ds.json": ds, "config.json": data},
+        )
     argv = ["import", "hf", "config.json", "--json"]
     if rng.random() < 0.3:
-        argv += [rng.choice(["--seq-length", "--global-batch-size", "--num-gpus"]),
-                 rng.choice(["1", "0", "-1", "99999999999", "x"])]  # fmt: skip
+        argv += [
+            rng.choice(["--seq-length", "--global-batch-size", "--num-gpus"]),
+            rng.choice(["1", "0", "-1", "99999999999", "x"]),
+        ]
     return Case("hf", "import hf", argv, {"config.json": data})
 
 
@@ -456,12 +486,14 @@ def fam_csv(rng: random.Random) -> Case:
     which = rng.choice(["runs", "runs", "memory", "calibrate", "check"])
     if which == "memory":
         data = _mutated(rng, "memory_csv", "csv")
-        return Case("csv", "validate --memory", ["validate", "--memory", "m.csv", "--json"],
-                    {"m.csv": data})  # fmt: skip
+        return Case(
+            "csv", "validate --memory", ["validate", "--memory", "m.csv", "--json"], {"m.csv": data}
+        )
     if which == "runs":
         data = _mutated(rng, "runs_csv", "csv")
-        return Case("csv", "validate --runs", ["validate", "--runs", "r.csv", "--json"],
-                    {"r.csv": data})  # fmt: skip
+        return Case(
+            "csv", "validate --runs", ["validate", "--runs", "r.csv", "--json"], {"r.csv": data}
+        )
     data = _mutated(rng, "runs_small", "csv")
     argv = ["calibrate", "--runs", "r.csv", "-o", "out.toml", "--json"]
     files = {"r.csv": data}
@@ -480,12 +512,14 @@ def fam_nccl(rng: random.Random) -> Case:
         data, name = _mutated(rng, "nccl_json", "json"), "all_reduce_perf.json"
         if rng.random() < 0.15:  # the reported shape: config (or args, results) a string
             doc = json.loads(SEEDS["nccl_json"][0])
-            doc[rng.choice(["config", "args", "results"])] = rng.choice(ODD_SCALARS)
+            doc[rng.choice(NCCL_JSON_KEYS)] = rng.choice(ODD_SCALARS)
             data = json.dumps(doc).encode()
     argv = ["calibrate", name, "-o", "cal.toml", "--json"]
     if rng.random() < 0.3:
-        argv += [rng.choice(["--collective", "--tier", "--column", "--regimes"]),
-                 rng.choice(["all_reduce", "scale_out", "min", "0", "9", "x", ""])]  # fmt: skip
+        argv += [
+            rng.choice(["--collective", "--tier", "--column", "--regimes"]),
+            rng.choice(["all_reduce", "scale_out", "min", "0", "9", "x", ""]),
+        ]
     return Case("nccl", "calibrate nccl-tests", argv, {name: data})
 
 
@@ -495,12 +529,28 @@ def fam_bench_json(rng: random.Random) -> Case:
     if rng.random() < 0.8:
         data = mutate_json(rng, data) if rng.random() < 0.85 else deep_json(rng)
     if maker is _recovery_json:
-        return Case("bench_json", "goodput --measured",
-                    ["goodput", "run.toml", "--strategy", "compare", "--measured", "m.json",
-                     "--gpus", "1024", "--json"],
-                    {"run.toml": SEEDS["runspec"][0], "m.json": data})  # fmt: skip
-    return Case("bench_json", "calibrate bench json", ["calibrate", "b.json", "-o", "c.toml"],
-                {"b.json": data})  # fmt: skip
+        return Case(
+            "bench_json",
+            "goodput --measured",
+            [
+                "goodput",
+                "run.toml",
+                "--strategy",
+                "compare",
+                "--measured",
+                "m.json",
+                "--gpus",
+                "1024",
+                "--json",
+            ],
+            {"run.toml": SEEDS["runspec"][0], "m.json": data},
+        )
+    return Case(
+        "bench_json",
+        "calibrate bench json",
+        ["calibrate", "b.json", "-o", "c.toml"],
+        {"b.json": data},
+    )
 
 
 def fam_doctor(rng: random.Random) -> Case:
@@ -532,8 +582,12 @@ def fam_doctor(rng: random.Random) -> Case:
         files["fr/nccl_trace_rank_0"] = json.dumps(doc).encode()
         files["fr/nccl_trace_rank_1"] = b"\x80\x04" + garbage(rng)
     elif r < 0.9:  # aihpc's events.jsonl with odd values
-        ev = {"event": rng.choice(["fault", "hang_detected", "done"]), "rank": rng.choice(ODD_SCALARS),
-              "time_unix": rng.choice(ODD_SCALARS), "world_size": rng.choice(ODD_SCALARS)}  # fmt: skip
+        ev = {
+            "event": rng.choice(["fault", "hang_detected", "done"]),
+            "rank": rng.choice(ODD_SCALARS),
+            "time_unix": rng.choice(ODD_SCALARS),
+            "world_size": rng.choice(ODD_SCALARS),
+        }
         files["events.jsonl"] = (json.dumps(ev) + "\n").encode() * rng.randint(1, 5)
         arg = "events.jsonl"
     elif r < 0.95:
@@ -546,15 +600,17 @@ def fam_doctor(rng: random.Random) -> Case:
 
 
 # Each command's options, with the kind of value each takes (flags take none).
+# fmt: off
 OPTIONS: dict[str, list[tuple[str, str]]] = {
     "estimate": [("--json", "flag"), ("--goodput", "flag"), ("--headroom-gib", "float")],
-    "search": [("--top", "int"), ("--json", "flag"), ("--explain", "flag"),
-               ("--rank-by", "str"), ("--tokens", "str"), ("-o", "path"), ("--headroom-gib", "float")],
+    "search": [("--top", "int"), ("--json", "flag"), ("--explain", "flag"), ("--rank-by", "str"),
+               ("--tokens", "str"), ("-o", "path"), ("--headroom-gib", "float")],
     "goodput": [("--days", "float"), ("--tokens", "str"), ("--step-time", "float"),
                 ("--strategy", "str"), ("--gpus", "str"), ("--measured", "path"),
                 ("--correlated-loss", "float"), ("--plot", "path"), ("--json", "flag")],
-    "validate": [("--json", "flag"), ("--runs", "path"), ("--memory", "path"), ("--heldout", "flag"),
-                 ("--moe", "flag"), ("--calibration", "path"), ("--runs-template", "flag")],
+    "validate": [("--json", "flag"), ("--runs", "path"), ("--memory", "path"),
+                 ("--heldout", "flag"), ("--moe", "flag"), ("--calibration", "path"),
+                 ("--runs-template", "flag")],
     "calibrate": [("--runs", "path"), ("--fit", "str"), ("--check", "path"), ("-o", "path"),
                   ("--tier", "str"), ("--collective", "str"), ("--column", "str"),
                   ("--regimes", "int"), ("--json", "flag"), ("-O", "path")],
@@ -565,12 +621,16 @@ OPTIONS: dict[str, list[tuple[str, str]]] = {
     "export": [("--to", "str"), ("-o", "path"), ("--model-out", "path"), ("--json", "flag")],
     "presets": [("--json", "flag")],
     "gpus": [("--json", "flag")],
-}  # fmt: skip
+}
+# fmt: on
+# fmt: off
 POSITIONAL = {
     "estimate": ["run.toml"], "search": ["run.toml"], "goodput": ["run.toml"], "validate": [],
     "calibrate": ["nccl.txt"], "doctor": ["job.log"], "import": ["hf", "config.json"],
     "export": ["run.toml"], "presets": [], "gpus": [],
-}  # fmt: skip
+}
+# fmt: on
+# fmt: off
 VALUES = {
     "int": ["0", "-1", "1", "3", "99999999999999999999", "1.5", "x", "", "nan"],
     "float": ["0", "-1", "0.5", "1e400", "nan", "inf", "-inf", "x", "", "1e-320"],
@@ -579,7 +639,8 @@ VALUES = {
             "\n", "é" * 300, "megatron", "torchtitan", "deepspeed", "hf"],
     "path": [".", "nope/x.toml", "out.png", "out.toml", "run.toml", "config.json", "/dev/null",
              "dir", "job.log", "out.json", ""],
-}  # fmt: skip
+}
+# fmt: on
 
 
 def fam_flags(rng: random.Random) -> Case:
@@ -675,7 +736,7 @@ def run_inprocess(argv: list[str]) -> tuple[int, str, bool]:
             except SystemExit as exit_:
                 code = exit_.code
                 rc = 0 if code is None else code if isinstance(code, int) else 1
-            except BaseException:  # noqa: BLE001 - what a subprocess would print as a traceback
+            except BaseException:  # what a subprocess would print as a traceback
                 raised = True
                 rc = 1
                 traceback.print_exc(file=err)
@@ -685,7 +746,7 @@ def run_inprocess(argv: list[str]) -> tuple[int, str, bool]:
     return rc, err.getvalue(), raised
 
 
-def _worker(conn) -> None:  # noqa: ANN001
+def _worker(conn) -> None:
     os.environ.setdefault("COLUMNS", "200")
     while True:
         job = conn.recv()
@@ -842,8 +903,9 @@ def markdown(summary: dict, args: argparse.Namespace, seconds: float) -> str:
             f"{summary['verdicts_differing']} with a different exit code or verdict.",
         ]
     for f in summary["failures"][:30]:
+        argv = " ".join(f["argv"])
         lines.append(
-            f"- {f['verdict']}: {f['family']} `aihpc {' '.join(f['argv'])}` (case {f['i']}): {f['stderr_tail']}"
+            f"- {f['verdict']}: {f['family']} `aihpc {argv}` (case {f['i']}): " + f["stderr_tail"]
         )
     return "\n".join(lines)
 
@@ -853,8 +915,13 @@ def main() -> None:
     ap.add_argument("--cases", type=int, default=2400, help="how many cases (default 2,400)")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--mode", choices=("inprocess", "subprocess"), default="inprocess")
-    ap.add_argument("--verify", type=int, default=0, metavar="K",
-                    help="in-process mode: also run every K-th case as python -m aihpc")  # fmt: skip
+    ap.add_argument(
+        "--verify",
+        type=int,
+        default=0,
+        metavar="K",
+        help="in-process mode: also run every K-th case as python -m aihpc",
+    )
     ap.add_argument("--family", action="append", help="only these families (repeatable)")
     add_results_arg(ap)
     args = ap.parse_args()

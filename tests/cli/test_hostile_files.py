@@ -91,11 +91,19 @@ def test_bench_json_of_the_wrong_shape(text: str, tmp_path: Path) -> None:
     _one_line(result, "b.json")
 
 
-def test_goodput_measured_nested_too_deep(tmp_path: Path) -> None:
-    (tmp_path / "m.json").write_text(DEEP)
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        (DEEP, "--measured"),
+        ('{"median": ["kill"]}', "--measured median"),
+        ('{"median": {"hang": 3}}', "--measured median"),
+    ],
+)
+def test_goodput_measured_of_the_wrong_shape(text: str, field: str, tmp_path: Path) -> None:
+    (tmp_path / "m.json").write_text(text)
     args = ["goodput", str(ROOT / "examples/llama3-70b.toml"), "--strategy", "compare"]
     result = runner.invoke(app, [*args, "--measured", str(tmp_path / "m.json")])
-    _one_line(result, "--measured")
+    _one_line(result, field)
 
 
 @pytest.mark.parametrize(("option", "field"), [("--runs", "runs CSV"), ("--memory", "memory CSV")])
@@ -179,7 +187,7 @@ def test_doctor_refuses_a_folder_of_too_many_files(tmp_path: Path) -> None:
     assert len(r.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("value", [10**30, -(10**400)])
+@pytest.mark.parametrize("value", [10**400, -(10**400)])
 def test_a_run_spec_integer_beyond_64_bits(value: int, tmp_path: Path) -> None:
     spec = (ROOT / "examples/tiny-4gpu.toml").read_text()
     spec = spec.replace("[cluster]", f"[cluster]\nmemory_headroom_gib = {value}", 1)
@@ -190,8 +198,9 @@ def test_a_run_spec_integer_beyond_64_bits(value: int, tmp_path: Path) -> None:
 def test_doctor_reads_past_a_damaged_gzip(tmp_path: Path) -> None:
     import gzip
 
-    data = gzip.compress(b"step 1 | loss 3.2\n" * 5000)
-    (tmp_path / "a.log.gz").write_bytes(data[:40] + bytes(64) + data[104:])  # a hole in it
+    data = gzip.compress(b"".join(b"step %d | loss 3.2\n" % i for i in range(5000)))
+    # one flipped byte early in the deflate stream: zlib's error, not a bad gzip header
+    (tmp_path / "a.log.gz").write_bytes(data[:20] + bytes([data[20] ^ 0xFF]) + data[21:])
     from aihpc.observe.doctor import diagnose
 
     log = ROOT / "tests/observe/corpus/cuda-oom/rank5.log"
