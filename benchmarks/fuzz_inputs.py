@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import io
 import json
 import math
@@ -165,6 +166,11 @@ ODD_WORDS = [
 # fmt: on
 
 
+def _odd(rng: random.Random) -> object:
+    """An odd value, a copy: a shared list or table would be mutated by the next case."""
+    return copy.deepcopy(rng.choice(ODD_SCALARS))
+
+
 def deep_json(rng: random.Random) -> bytes:
     depth = rng.choice([200, 1_000, 10_000, 100_000])
     kind = rng.choice(["array", "object", "mixed"])
@@ -266,14 +272,12 @@ def mutate_toml(rng: random.Random, data: bytes) -> bytes:
         if op <= 1 and keyed:
             i = rng.choice(keyed)
             key = lines[i].split("=", 1)[0].rstrip()
-            lines[i] = f"{key} = {_toml_value(rng.choice(ODD_SCALARS))}"
+            lines[i] = f"{key} = {_toml_value(_odd(rng))}"
         elif op == 2 and keyed:
             lines[rng.choice(keyed)] = "# dropped"
         elif op == 3 and tables:
             at = rng.choice(tables) + 1
-            lines.insert(
-                at, f"unknown_{rng.randrange(99)} = {_toml_value(rng.choice(ODD_SCALARS))}"
-            )
+            lines.insert(at, f"unknown_{rng.randrange(99)} = {_toml_value(_odd(rng))}")
         else:
             name = rng.choice(["model", "cluster", "parallel", "training", "checkpoint", "zzz"])
             lines.append(rng.choice([f"[{name}]", f"[[{name}]]", f"{name} = 3", f"[{name}.x]"]))
@@ -304,11 +308,11 @@ def mutate_json(rng: random.Random, data: bytes) -> bytes:
             parent = parent[part]
         op = rng.randrange(4)
         if op <= 1:
-            parent[path[-1]] = rng.choice(ODD_SCALARS)
+            parent[path[-1]] = _odd(rng)
         elif op == 2 and isinstance(parent, dict):
             del parent[path[-1]]
         elif isinstance(parent, dict):
-            parent[f"unknown_{rng.randrange(99)}"] = rng.choice(ODD_SCALARS)
+            parent[f"unknown_{rng.randrange(99)}"] = _odd(rng)
     if rng.random() < 0.1:
         doc = rng.choice(
             [[doc], "str", 3, None, [], doc.get("config") if isinstance(doc, dict) else 1]
@@ -512,7 +516,7 @@ def fam_nccl(rng: random.Random) -> Case:
         data, name = _mutated(rng, "nccl_json", "json"), "all_reduce_perf.json"
         if rng.random() < 0.15:  # the reported shape: config (or args, results) a string
             doc = json.loads(SEEDS["nccl_json"][0])
-            doc[rng.choice(NCCL_JSON_KEYS)] = rng.choice(ODD_SCALARS)
+            doc[rng.choice(NCCL_JSON_KEYS)] = _odd(rng)
             data = json.dumps(doc).encode()
     argv = ["calibrate", name, "-o", "cal.toml", "--json"]
     if rng.random() < 0.3:
@@ -576,17 +580,17 @@ def fam_doctor(rng: random.Random) -> Case:
         arg = "fr"
         doc = {
             "version": "2.10",
-            "entries": rng.choice(ODD_SCALARS),
-            "pg_status": rng.choice(ODD_SCALARS),
+            "entries": _odd(rng),
+            "pg_status": _odd(rng),
         }
         files["fr/nccl_trace_rank_0"] = json.dumps(doc).encode()
         files["fr/nccl_trace_rank_1"] = b"\x80\x04" + garbage(rng)
     elif r < 0.9:  # aihpc's events.jsonl with odd values
         ev = {
             "event": rng.choice(["fault", "hang_detected", "done"]),
-            "rank": rng.choice(ODD_SCALARS),
-            "time_unix": rng.choice(ODD_SCALARS),
-            "world_size": rng.choice(ODD_SCALARS),
+            "rank": _odd(rng),
+            "time_unix": _odd(rng),
+            "world_size": _odd(rng),
         }
         files["events.jsonl"] = (json.dumps(ev) + "\n").encode() * rng.randint(1, 5)
         arg = "events.jsonl"
@@ -636,9 +640,9 @@ VALUES = {
     "float": ["0", "-1", "0.5", "1e400", "nan", "inf", "-inf", "x", "", "1e-320"],
     "str": ["", "x", "compare", "sync", "1T", "15.6T", "1e99T", "-3T", "nanT", "throughput",
             "memory", "scale_up", "all_reduce", "mfu", "1024,0", "8,16", "h100-sxm", "llama3-8b",
-            "\n", "é" * 300, "megatron", "torchtitan", "deepspeed", "hf"],
+            "\n", "é" * 300, "x" * 300, "megatron", "torchtitan", "deepspeed", "hf"],
     "path": [".", "nope/x.toml", "out.png", "out.toml", "run.toml", "config.json", "/dev/null",
-             "dir", "job.log", "out.json", ""],
+             "dir", "job.log", "out.json", "", "x" * 300, "a/" * 2100],
 }
 # fmt: on
 
@@ -875,6 +879,11 @@ def summarize(rows: list[dict]) -> dict:
     }
 
 
+def _shown(argv: list[str]) -> str:
+    """The command line, each long argument cut (a 4,000-character path)."""
+    return " ".join(a if len(a) < 60 else f"{a[:40]}...({len(a)} chars)" for a in argv)
+
+
 def markdown(summary: dict, args: argparse.Namespace, seconds: float) -> str:
     lines = [
         f"{summary['cases']:,} cases (seed {args.seed}, mode {args.mode}, limit {LIMIT_S:.0f} s)"
@@ -894,7 +903,7 @@ def markdown(summary: dict, args: argparse.Namespace, seconds: float) -> str:
     if s:
         lines += [
             "",
-            f"Slowest case: {s['seconds']:.2f} s, {s['family']}: `aihpc {' '.join(s['argv'])}`.",
+            f"Slowest case: {s['seconds']:.2f} s, {s['family']}: `aihpc {_shown(s['argv'])}`.",
         ]
     if summary["verified_as_subprocess"]:
         lines += [
@@ -903,7 +912,7 @@ def markdown(summary: dict, args: argparse.Namespace, seconds: float) -> str:
             f"{summary['verdicts_differing']} with a different exit code or verdict.",
         ]
     for f in summary["failures"][:30]:
-        argv = " ".join(f["argv"])
+        argv = _shown(f["argv"])
         lines.append(
             f"- {f['verdict']}: {f['family']} `aihpc {argv}` (case {f['i']}): " + f["stderr_tail"]
         )

@@ -157,7 +157,7 @@ def test_doctor_events_with_odd_values(event: dict, tmp_path: Path) -> None:
     [
         {"version": "2.10", "entries": "none"},
         {"version": "2.10", "entries": [1.5]},
-        {"version": "2.10", "entries": [], "pg_status": "x"},
+        {"version": "2.10", "entries": [{"collective_seq_id": 1}], "pg_status": "x"},
         {"version": "2.10", "entries": [{"collective_seq_id": 1, "frames": 5}]},
     ],
 )
@@ -217,3 +217,26 @@ def test_doctor_prints_an_event_time_no_clock_can(tmp_path: Path) -> None:
     r = _doctor(str(tmp_path / "events.jsonl"))
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert "first failure: rank 0" in r.stdout
+
+
+LONG = "x" * 300  # longer than a file name may be (NAME_MAX 255): Path.exists() raised OSError
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["doctor", LONG], "LOG"),
+        (["import", "deepspeed", "{ds}", "--model", LONG], "--model"),
+        (["validate", "--runs", LONG], "--runs"),
+        (["calibrate", "--runs", LONG, "-o", "{tmp}/c.toml"], "--runs"),
+        (["calibrate", "{nccl}", "-o", "a/" * 2100 + "c.toml"], "--output"),
+    ],
+)
+def test_a_path_the_system_cannot_look_up(args: list[str], field: str, tmp_path: Path) -> None:
+    subs = {
+        "{ds}": str(ROOT / "tests/interop/data/deepspeed_zero3.json"),
+        "{nccl}": str(ROOT / "tests/bench/data/all_reduce_perf_8xH100_1node.txt"),
+        "{tmp}": str(tmp_path),
+    }
+    args = [subs.get(a, a).replace("{tmp}", str(tmp_path)) for a in args]
+    _one_line(runner.invoke(app, args), field)

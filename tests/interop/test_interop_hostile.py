@@ -60,6 +60,7 @@ def _one_line(result, field: str) -> None:
         (_ds(optimizer__params__betas="0.9"), "optimizer.params.betas"),
         (_ds(communication_data_type={"a": 1}), "communication_data_type"),
         (_ds(bf16={"enabled": "yes"}), "bf16.enabled"),
+        (_ds(bf16={"enabled": "auto"}), "bf16.enabled"),  # the Trainer's; its flag is unknown
         (_ds(scheduler__params__cos_min_ratio="0.1"), "scheduler.params.cos_min_ratio"),
         (_ds(zero_optimization__zero_hpz_partition_size="8"), "zero_hpz_partition_size"),
         (_ds(gradient_clipping=float("nan")), "gradient_clipping"),

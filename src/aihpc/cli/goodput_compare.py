@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ def read_measured(path: Path | None) -> dict[str, Any] | None:
     from aihpc.goodput.strategies import measured_figures
     from aihpc.runspec.inputs import parse_json, read_input
 
-    if not path.exists():
+    if not os.path.exists(path):  # False, not OSError, for a name too long
         raise SpecError("--measured", str(path), "no such file (a recovery_time.json)")
     doc = parse_json(read_input(path, "--measured", "a JSON file"), "--measured", str(path))
     if not isinstance(doc, dict):

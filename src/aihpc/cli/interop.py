@@ -4,6 +4,7 @@ config.json."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -100,7 +101,7 @@ def _import(framework: str, source: Path, model: str | None, cluster: dict, opti
             **cluster,
         )
     model_text = None
-    if model is not None and Path(model).is_file():
+    if model is not None and os.path.isfile(model):  # False, not OSError, for a long name
         model_text = _read(Path(model), "--model")
     return import_deepspeed(
         text, model=model, model_text=model_text, seq_length=options["seq_length"], **cluster

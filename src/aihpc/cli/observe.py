@@ -156,7 +156,7 @@ def _register_doctor(app: typer.Typer) -> None:
         from aihpc.runspec import load_runspec
 
         for p in logs:
-            if not p.exists():
+            if not os.path.exists(p):  # False, not OSError, for a name too long
                 raise SpecError("LOG", str(p), "no such file or folder")
         run_spec = load_runspec(spec) if spec is not None else None
         diagnosis = diagnose(list(logs), run_spec)

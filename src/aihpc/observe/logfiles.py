@@ -83,9 +83,9 @@ def expand(paths: list[Path]) -> list[Path]:
     regular file or a folder (a FIFO, a device) would block or never end: one line."""
     out: list[Path] = []
     for p in paths:
-        if p.is_dir():
+        if os.path.isdir(p):
             out += _folder_files(p)
-        elif p.is_file():
+        elif os.path.isfile(p):
             out.append(p)
         else:
             raise SpecError("LOG", str(p), "not a regular file or a folder")

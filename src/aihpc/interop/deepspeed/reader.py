@@ -162,6 +162,11 @@ def _precision(j: _Json) -> str:
         return "bf16"
     if j.get("fp16.enabled", False, "bool"):
         return "fp16"
+    auto = [k for k in ("bf16.enabled", "fp16.enabled") if k in j.auto]
+    if auto:
+        raise SpecError(
+            auto[0], _AUTO, "the HF Trainer sets it from --bf16 / --fp16; write true for the run"
+        )
     raise SpecError(
         "bf16.enabled",
         False,
