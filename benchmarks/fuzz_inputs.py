@@ -14,7 +14,8 @@ every planning, import and measuring command's options). Commands that start pro
 a GPU (train, bench, check, launch, dashboard, calibrate --local) are not run.
 
 A case fails when it leaves a traceback (an uncaught exception, "Traceback (most recent call
-last)" on stderr, or an exit code other than 0, 1 or 2) or runs past 60 s. ``--mode inprocess``
+last)" on stderr, click's "Aborted!" for an EOFError that escaped, or an exit code other than
+0, 1 or 2) or runs past 60 s. ``--mode inprocess``
 (the default) calls ``aihpc.cli.main`` in a worker process that the parent kills at the time
 limit (a fresh worker then takes the next case); ``--verify K`` reruns every K-th case as
 ``python -m aihpc`` and counts the cases where the two verdicts (exit code, traceback) differ.
@@ -716,7 +717,9 @@ def materialize(case: Case, where: Path) -> None:
 def _verdict(rc: int | None, stderr: str, raised: bool, seconds: float) -> str:
     if rc is None or seconds > LIMIT_S:
         return "timeout"
-    if raised or TRACEBACK in stderr or rc not in (0, 1, 2):
+    # click answers an EOFError escaping a command with "Aborted!", exit 1: a crash too
+    aborted = stderr.strip().endswith(("Aborted!", "Aborted."))
+    if raised or aborted or TRACEBACK in stderr or rc not in (0, 1, 2):
         return "traceback"
     return "ok"
 

@@ -53,6 +53,7 @@ def test_a_traceback_is_seen_in_process_as_a_subprocess_sees_it(tmp_path: Path) 
     assert fz._verdict(1, "", True, 0.1) == "traceback"
     assert fz._verdict(1, "Traceback (most recent call last):\n", False, 0.1) == "traceback"
     assert fz._verdict(-9, "", False, 0.1) == "traceback"
+    assert fz._verdict(1, "Aborted!\n", False, 0.1) == "traceback"  # click's, for an EOFError
     assert fz._verdict(None, "", False, 61.0) == "timeout"
     rc, err, raised = fz.run_inprocess(["estimate", str(tmp_path / "missing.toml")])
     assert (rc, raised) == (2, False) and "missing.toml" in err

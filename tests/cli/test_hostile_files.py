@@ -211,6 +211,16 @@ def test_doctor_reads_past_a_damaged_gzip(tmp_path: Path) -> None:
     assert doc["class"] == diagnose([log]).cls != "none" and doc["files_read"] == 2
 
 
+def test_doctor_reads_past_a_truncated_gzip(tmp_path: Path) -> None:
+    import gzip
+
+    data = gzip.compress(b"x" * 100_000 + b"\nstep 1 | loss 3.2\n")  # no line ends early
+    (tmp_path / "a.log.gz").write_bytes(data[: len(data) // 2])  # the job was killed mid-write
+    r = _doctor(str(tmp_path / "a.log.gz"), "--json")  # click said "Aborted!", exit 1
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert json.loads(r.stdout)["files_read"] == 1
+
+
 def test_doctor_prints_an_event_time_no_clock_can(tmp_path: Path) -> None:
     event = {"event": "fault", "rank": 0, "time_unix": 1e300, "kinds": ["kill"]}
     (tmp_path / "events.jsonl").write_text(json.dumps(event) + "\n")

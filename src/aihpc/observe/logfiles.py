@@ -36,8 +36,8 @@ def open_text(path: Path) -> Iterator[str]:
     with opener(path, "rt", errors="replace") as f:  # type: ignore[operator]
         try:
             yield from _bounded_lines(f)
-        except zlib.error as err:  # a damaged .gz: an unreadable file, as a bad header is
-            raise OSError(f"damaged gzip data ({err})") from err
+        except (zlib.error, EOFError) as err:  # a damaged or cut .gz: unreadable, as a bad
+            raise OSError(f"damaged or truncated gzip data ({err})") from err  # header is
 
 
 _BLOCK_CHARS = 1 << 20
