@@ -52,10 +52,12 @@ def check_output_path(path: Path, field: str, suffix: str | None = None) -> None
     """
     if suffix is not None and path.suffix.lower() != suffix:
         raise SpecError(field, str(path), f"must be a {suffix} file name")
-    if path.is_dir():
+    # os.path's tests, not Path's: False for a name the system cannot look up (too long),
+    # where Path.is_dir raises OSError
+    if os.path.isdir(path):
         raise SpecError(field, str(path), "is a directory; expected a file name")
     parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
+    if not os.path.isdir(parent):
         raise SpecError(field, str(path), f"folder {str(parent)!r} does not exist; create it first")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise SpecError(field, str(path), f"folder {str(parent)!r} is not writable")

@@ -15,7 +15,6 @@ in log(GFLOP)); repeated shapes of the same size are averaged.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -29,6 +28,7 @@ from aihpc.bench.collectives import busbw_factor
 from aihpc.bench.nccl_log import NcclTest, read_nccl_tests_log
 from aihpc.runspec.calibration import TIERS, Calibration, CommFit, CommRegime, GemmFit
 from aihpc.runspec.errors import SpecError
+from aihpc.runspec.inputs import parse_json, read_input
 
 __all__ = [
     "CommPoint",
@@ -237,6 +237,10 @@ def points_from_bench_json(
             if isinstance(r.get("in_place"), dict):
                 times.append(float(r["in_place"]["time_us"]))
             time_us = {"out-of-place": times[0], "in-place": times[-1], "min": min(times)}[column]
+            if not all(map(math.isfinite, times)) or not math.isfinite(float(r["size_bytes"])):
+                raise ValueError("a time or size that is not a finite number")
+            if not isinstance(r["collective"], str) or not isinstance(tier or r["tier"], str):
+                raise TypeError("collective and tier are names")
             if float(r["size_bytes"]) <= 0 or time_us <= 0:
                 continue  # an empty chunk (size below n x 16 B) says nothing about the link
             points.append(
@@ -249,7 +253,7 @@ def points_from_bench_json(
                     int(r.get("ranks_per_domain", 0)),
                 )
             )
-        except (KeyError, TypeError, ValueError) as err:
+        except (KeyError, TypeError, ValueError, OverflowError) as err:
             raise SpecError(f"{where}: results[{i}]", r, f"missing or bad field ({err})") from err
     return points
 
@@ -258,7 +262,10 @@ def gemm_points_from_json(doc: dict[str, Any], where: str) -> dict[str, list[tup
     out: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for i, r in enumerate(doc.get("results", [])):
         try:
-            out[str(r["precision"])].append((float(r["gflop"]), float(r["tflops"])))
+            point = (float(r["gflop"]), float(r["tflops"]))
+            if not all(map(math.isfinite, point)):
+                raise ValueError("gflop and tflops must be finite numbers")
+            out[str(r["precision"])].append(point)
         except (KeyError, TypeError, ValueError) as err:
             raise SpecError(f"{where}: results[{i}]", r, f"missing or bad field ({err})") from err
     return out
@@ -279,20 +286,18 @@ def load_measurements(
     comm: list[CommPoint] = []
     gemm: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for path in map(Path, paths):
-        try:
-            head = path.read_text(encoding="utf-8-sig", errors="replace").lstrip()[:1]
-        except OSError as err:
-            raise SpecError("INPUT", str(path), f"cannot be read ({err.strerror or err})") from err
-        if head == "{":
-            try:
-                doc = json.loads(path.read_text(encoding="utf-8-sig"))
-            except json.JSONDecodeError as err:
-                raise SpecError("INPUT", str(path), f"not valid JSON ({err})") from err
+        text = read_input(path, "INPUT", "a benchmark JSON or nccl-tests log", errors="replace")
+        if text.lstrip()[:1] == "{":
+            doc = parse_json(text, "INPUT", str(path))
+            if not isinstance(doc, dict) or not isinstance(doc.get("results", []), list):
+                raise SpecError("INPUT", str(path), "expected a JSON object with a results list")
             kind = doc.get("benchmark")
             if kind == "comm":
                 comm += points_from_bench_json(doc, path.name, tier, column)
             elif kind == "moe":  # our dispatch / combine as all_to_all points (bench/moe.py)
-                calib = {"results": doc.get("calibration", [])}
+                calib = {"results": doc.get("calibration") or []}
+                if not isinstance(calib["results"], list):
+                    raise SpecError(f"INPUT {path}: calibration", calib["results"], "a list")
                 comm += points_from_bench_json(calib, path.name, tier, "out-of-place")
             elif kind == "gemm":
                 for prec, pts in gemm_points_from_json(doc, path.name).items():

@@ -10,7 +10,6 @@ interleaved by the launcher. A file may hold several tests one after the other.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from typing import Any
 
 from aihpc.bench.collectives import COLLECTIVES, NCCL_TESTS_BINARIES, NCCL_TESTS_COLUMNS
 from aihpc.runspec.errors import SpecError
+from aihpc.runspec.inputs import parse_json, read_input
 
 __all__ = [
     "NcclRow",
@@ -183,16 +183,12 @@ def parse_nccl_tests(lines: Iterable[str], name: str = "") -> list[NcclTest]:
 def read_nccl_tests_log(path: str | Path, collective: str | None = None) -> list[NcclTest]:
     """Parse a log file; every test must name its collective (or ``collective`` is given)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8-sig", errors="replace")
-    except OSError as err:
-        raise SpecError("LOG", str(path), f"cannot be read ({err.strerror or err})") from err
+    text = read_input(path, "LOG", "an nccl-tests log (text or -J JSON)", errors="replace")
     if text.lstrip().startswith("{"):  # the -J FILE output of nccl-tests
+        doc = parse_json(text, "LOG", str(path))
         try:
-            tests = [nccl_tests_json(json.loads(text), path.name)]
-        except json.JSONDecodeError as err:
-            raise SpecError("LOG", str(path), f"not valid JSON ({err})") from err
-        except (KeyError, TypeError, ValueError) as err:
+            tests = [nccl_tests_json(doc, path.name)]
+        except (KeyError, TypeError, ValueError, OverflowError) as err:
             raise SpecError("LOG", str(path), f"not nccl-tests -J output ({err!r})") from err
         tests = [t for t in tests if t.rows]
     else:
@@ -235,14 +231,29 @@ def _json_half(obj: Any) -> tuple[float, float, float, int | None] | None:
     )
 
 
+def _typed(doc: dict[str, Any], key: str, kind: type) -> Any:
+    """``doc[key]`` when it is a ``kind`` (empty when absent or null), else TypeError naming
+    the key: nccl-tests writes ``config`` as an object, ``args`` and ``results`` as arrays."""
+    value = doc.get(key)
+    if value is None:
+        return kind()
+    if not isinstance(value, kind):
+        raise TypeError(f"{key} is {type(value).__name__}, not {kind.__name__}")
+    return value
+
+
 def nccl_tests_json(doc: dict[str, Any], name: str = "") -> NcclTest:
     """One test from the file nccl-tests writes with ``-J FILE`` (v2.17+; ``src/util.cu``):
     ``args[0]`` names the binary, ``config.devices`` lists the ranks, ``results`` the rows."""
-    args = doc.get("args") or []
+    if not isinstance(doc, dict):
+        raise TypeError("the document is not a JSON object")
+    args = _typed(doc, "args", list)
     test = NcclTest(_collective_from_name(str(args[0])) if args else _collective_from_name(name))
-    for d in (doc.get("config") or {}).get("devices", []):
+    for d in _typed(_typed(doc, "config", dict), "devices", list):
         test.ranks.append((int(d["rank"]), str(d["hostname"]), str(d.get("device_info", ""))))
-    for r in doc.get("results", []):
+    for r in _typed(doc, "results", list):
+        if not isinstance(r, dict):
+            raise TypeError(f"a results entry is {type(r).__name__}, not an object")
         oop = _json_half(r.get("out_of_place"))
         inp = _json_half(r.get("in_place"))
         if oop is None and inp is None:

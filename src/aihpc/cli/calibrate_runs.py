@@ -3,6 +3,7 @@ them as a calibration TOML. Parse, call aihpc.perf.fit.runs_fit, render."""
 
 from __future__ import annotations
 
+import os
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,7 @@ def calibrate_runs(
         raise SpecError("--runs", str(runs), "not with INPUTS, --local or --spec")
     names = parse_fit_names(fit)
     for flag, path in (("--runs", runs), ("--check", check)):
-        if path is not None and not path.is_file():
+        if path is not None and not os.path.exists(path):  # False, not OSError, for any name
             raise SpecError(flag, str(path), "file not found")
     with _status("completing the runs' plans", as_json):
         cases = load_runs(runs)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -43,13 +43,11 @@ def read_measured(path: Path | None) -> dict[str, Any] | None:
     if path is None:
         return None
     from aihpc.goodput.strategies import measured_figures
+    from aihpc.runspec.inputs import parse_json, read_input
 
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise SpecError("--measured", str(path), "no such file (a recovery_time.json)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise SpecError("--measured", str(path), f"not a readable JSON file ({err})") from None
+    if not os.path.exists(path):  # False, not OSError, for a name too long
+        raise SpecError("--measured", str(path), "no such file (a recovery_time.json)")
+    doc = parse_json(read_input(path, "--measured", "a JSON file"), "--measured", str(path))
     if not isinstance(doc, dict):
         raise SpecError("--measured", str(path), "expected a JSON object")
     return measured_figures(doc, path.name)

@@ -4,6 +4,7 @@ config.json."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,14 +21,10 @@ FRAMEWORKS = ("megatron", "torchtitan", "deepspeed", "hf")
 
 
 def _read(path: Path, field: str) -> str:
-    try:
-        return path.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise SpecError(field, str(path), "file not found") from None
-    except (IsADirectoryError, UnicodeDecodeError):
-        raise SpecError(field, str(path), "expected a text file") from None
-    except OSError as err:
-        raise SpecError(field, str(path), f"cannot read ({err.strerror})") from None
+    """The source's text, bounded in size (runspec.inputs): one line when it is not one."""
+    from aihpc.runspec.inputs import read_input
+
+    return read_input(path, field, "a text file")
 
 
 def _warn(line: str) -> None:
@@ -104,7 +101,7 @@ def _import(framework: str, source: Path, model: str | None, cluster: dict, opti
             **cluster,
         )
     model_text = None
-    if model is not None and Path(model).is_file():
+    if model is not None and os.path.isfile(model):  # False, not OSError, for a long name
         model_text = _read(Path(model), "--model")
     return import_deepspeed(
         text, model=model, model_text=model_text, seq_length=options["seq_length"], **cluster

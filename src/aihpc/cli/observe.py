@@ -153,13 +153,16 @@ def _render_diagnosis(d: Any) -> None:
 def _clock(t: float) -> str:
     import time
 
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    except (OverflowError, OSError, ValueError):  # beyond the platform's time_t
+        return f"{t:.0f} s after 1970"
 
 
 def _span(ranks: list[int]) -> str:
     if not ranks:
         return "none"
-    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
+    if ranks[-1] - ranks[0] + 1 == len(ranks) > 2:  # sorted and distinct: a whole range
         return f"{ranks[0]}-{ranks[-1]}"
     return ", ".join(map(str, ranks))
 
@@ -181,7 +184,7 @@ def _register_doctor(app: typer.Typer) -> None:
         from aihpc.runspec import load_runspec
 
         for p in logs:
-            if not p.exists():
+            if not os.path.exists(p):  # False, not OSError, for a name too long
                 raise SpecError("LOG", str(p), "no such file or folder")
         run_spec = load_runspec(spec) if spec is not None else None
         diagnosis = diagnose(list(logs), run_spec)

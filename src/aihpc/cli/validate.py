@@ -3,6 +3,7 @@ held-out and MoE sets) or the user's own (--runs), as a Markdown table with MAPE
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -80,7 +81,7 @@ def register(app: typer.Typer) -> None:
             cal = load_calibration(calibration)
 
         for name, path in (("--runs", runs), ("--memory", memory)):
-            if path is not None and not path.is_file():
+            if path is not None and not os.path.exists(path):  # False, not OSError, for any name
                 raise SpecError(name, str(path), "file not found")
             if path is not None and (heldout or moe):
                 flag = "--heldout" if heldout else "--moe"

@@ -135,6 +135,8 @@ def measured_figures(doc: Mapping[str, Any], label: str) -> dict[str, Fact]:
     prefix = {path: f"paths.{path}" for path in MEASURED_KEYS}
     if paths is None:  # the first recovery benchmark: agent restarts only
         med = doc.get("median") or {}
+        if not isinstance(med, Mapping) or not isinstance(med.get("hang", {}), Mapping):
+            raise SpecError("--measured median", med, "expected an object of recovery medians")
         paths = {"agent_storage": med["kill"]} if "kill" in med else {}
         prefix["agent_storage"] = "median.kill"
         if "hang" in med and "detection_s" in med["hang"]:

@@ -3,6 +3,7 @@ table (a preset when the shape is one), and the fields a framework fixes."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -107,6 +108,9 @@ def as_int(value: Any, field_name: str) -> int:
 
 def as_float(value: Any, field_name: str) -> float:
     try:
-        return float(str(value))
+        out = float(str(value))
     except ValueError:
         raise SpecError(field_name, value, "expected a number") from None
+    if not math.isfinite(out):
+        raise SpecError(field_name, value, "expected a finite number")
+    return out

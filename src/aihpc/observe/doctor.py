@@ -26,7 +26,7 @@ from aihpc.observe.evidence import (
     quote,
 )
 from aihpc.observe.flight_recorder import StuckCollective, stuck_collectives
-from aihpc.observe.logread import LogEvent, LogSet, read_logs
+from aihpc.observe.logread import LogEvent, LogSet, plausible_rank, read_logs
 from aihpc.runspec import RunSpec
 
 __all__ = ["Diagnosis", "diagnose", "diagnose_logs"]
@@ -50,8 +50,8 @@ def _single_node_ranks(logs: LogSet) -> None:
         return
     for e in logs.events:
         if e.rank is None and "local_rank" in e.details:
-            e.rank = int(e.details["local_rank"])
-            logs.ranks_seen.add(e.rank)
+            e.rank = plausible_rank(e.details["local_rank"])
+            logs.see(e.rank)
 
 
 def _kills_after_hang(failures: list[LogEvent]) -> dict[int, LogEvent]:
@@ -67,8 +67,9 @@ def _kills_after_hang(failures: list[LogEvent]) -> dict[int, LogEvent]:
     for e in failures:
         peers = e.details.get("killed_peers")
         if e.cls == "hang" and isinstance(peers, list):
-            for p in peers:
-                culprits.setdefault(int(p), e)
+            for p in map(plausible_rank, peers):
+                if p is not None:
+                    culprits.setdefault(p, e)
         if e.cls == "killed" and _key(e) > _key(first) and e.rank is not None:
             culprits.setdefault(e.rank, e)
             e.tier = "follow_on"

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aihpc.runspec.inputs import MAX_DEPTH, nesting_depth
+
 __all__ = ["StuckCollective", "is_dump", "read_dump", "stuck_collectives"]
 
 _RANK_SUFFIX = re.compile(r"(\d+)(?:\.json|\.pkl)?$")
@@ -53,12 +55,56 @@ def read_dump(path: Path) -> tuple[int, dict[str, Any]]:
     m = _RANK_SUFFIX.search(path.name)
     if m is None:
         raise ValueError(f"{path}: a flight-recorder dump's name ends with its rank")
+    if path.stat().st_size > MAX_DUMP_BYTES:
+        raise ValueError(f"{path}: larger than {MAX_DUMP_BYTES >> 20} MiB; not read")
     data = path.read_bytes()
-    dump = _DataOnly(io.BytesIO(data)).load() if data[:1] == b"\x80" else json.loads(data)
-    if not isinstance(dump, dict) or "entries" not in dump:
-        raise ValueError(f"{path}: not a flight-recorder dump (no entries)")
+    if data[:1] == b"\x80":
+        dump = _DataOnly(io.BytesIO(data)).load()
+    else:
+        text = data.decode("utf-8", "replace")
+        if nesting_depth(text) > MAX_DEPTH:
+            raise ValueError(f"{path}: nested deeper than {MAX_DEPTH} levels")
+        dump = json.loads(text)
+    _check_dump(dump, path)
     dump["_file"] = str(path)  # for the evidence a diagnosis quotes
     return int(m.group(1)), dump
+
+
+_COUNTERS = ("last_enqueued_collective", "last_completed_collective")
+# A dump holds ~2,000 entries of a few frames each (TORCH_NCCL_TRACE_BUFFER_SIZE): megabytes.
+MAX_DUMP_BYTES = 256 << 20
+
+
+def _check_dump(dump: Any, path: Path) -> None:
+    """ValueError naming what is wrong when ``dump`` does not have the shape PyTorch writes:
+    the analysis reads entries' sequence numbers, groups and frames, and pg_status counters."""
+    if not isinstance(dump, dict) or not isinstance(dump.get("entries"), list):
+        raise ValueError(f"{path}: not a flight-recorder dump (no list of entries)")
+    status = dump.get("pg_status")
+    if status is not None and not (
+        isinstance(status, dict)
+        and all(
+            isinstance(v, dict) and all(_is_int(v.get(k, -1)) for k in _COUNTERS)
+            for v in status.values()
+        )
+    ):
+        raise ValueError(f"{path}: pg_status is not a table of counters per process group")
+    for i, e in enumerate(dump["entries"]):
+        if not isinstance(e, dict):
+            raise ValueError(f"{path}: entries[{i}] is not a table")
+        frames = e.get("frames")
+        bad = (
+            not _is_int(e.get("collective_seq_id", -1))
+            or not (frames is None or isinstance(frames, list))
+            or any(not isinstance(f, dict) for f in frames or [])
+        )
+        if bad:
+            raise ValueError(f"{path}: entries[{i}] has a bad collective_seq_id or frames")
+
+
+def _is_int(v: Any) -> bool:
+    """An integer (a counter or sequence number), as PyTorch writes them."""
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 @dataclass(frozen=True)

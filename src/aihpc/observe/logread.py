@@ -13,18 +13,18 @@ in the inputs. ``dmesg`` seconds-since-boot cannot be placed and are ignored.
 
 from __future__ import annotations
 
-import gzip
 import json
 import pickle
 import re
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from aihpc.observe.logfiles import binary, expand, open_text
 from aihpc.observe.signatures import EXCEPTION_LINE, SIGNATURES, classify_exitcode
+from aihpc.runspec.inputs import MAX_DEPTH, nesting_depth
 
 __all__ = ["LogEvent", "LogSet", "read_logs"]
 
@@ -108,17 +108,33 @@ class LogSet:
 
     def add(self, **kw: Any) -> LogEvent:
         self._order += 1
+        kw["rank"] = plausible_rank(kw.get("rank"))
         ev = LogEvent(order=self._order, **kw)
         self.events.append(ev)
-        if ev.rank is not None:
-            self.ranks_seen.add(ev.rank)
+        self.see(ev.rank)
         return ev
 
+    def see(self, rank: Any) -> None:
+        """Note a rank that printed, if it can be one."""
+        if (rank := plausible_rank(rank)) is not None:
+            self.ranks_seen.add(rank)
 
-def _open_text(path: Path) -> Iterator[str]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", errors="replace") as f:  # type: ignore[operator]
-        yield from f
+    def see_world(self, size: Any) -> None:
+        """Note a world size a line names (the largest wins), if it can be one."""
+        if plausible_rank(size) is not None and size > 0:
+            self.world_size = max(self.world_size or 0, size)
+
+
+# The most ranks a job has (a million GPUs): a "rank" or world size beyond it in a log is a
+# number that happens to sit where a rank does, and counting up to it would take hours.
+MAX_RANKS = 1 << 20
+
+
+def plausible_rank(rank: Any) -> int | None:
+    """``rank`` when it is an int in [0, MAX_RANKS], else None."""
+    if isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank <= MAX_RANKS:
+        return rank
+    return None
 
 
 def _timestamp(line: str, year: int) -> float | None:
@@ -150,7 +166,7 @@ def _full_year(paths: list[Path]) -> int:
     best = None
     for path in paths:
         try:
-            for i, line in enumerate(_open_text(path)):
+            for i, line in enumerate(open_text(path)):
                 if m := _ISO.search(line[:64]):
                     y = int(m.group(1))
                     best = y if best is None else max(best, y)
@@ -207,7 +223,7 @@ class _FileReader:
         self.file_node = _kernel_file_node(path)
 
     def read(self) -> None:
-        for n, raw in enumerate(_open_text(self.path), 1):
+        for n, raw in enumerate(open_text(self.path), 1):
             self.logs.lines += 1
             line = raw.rstrip("\n")
             # Parsing a time costs more than the rest of a line: only note where the last one
@@ -224,8 +240,8 @@ class _FileReader:
             body = line[m.end() :] if m else line
             if rank is None and body.startswith("[aihpc.") and (r := _RANK_IN_TEXT.match(body)):
                 rank = int(r.group(2))
-            if rank is not None:
-                self.logs.ranks_seen.add(rank)
+            rank = plausible_rank(rank)
+            self.logs.see(rank)
             self._line(n, body, rank, line)
 
     @property
@@ -282,9 +298,9 @@ class _FileReader:
         if cls == "nccl_comm":  # NCCL's rank in the default communicator: the global rank
             rank = details["comm_rank"] if rank is None else rank
             if details.get("pg") in (None, 0):
-                self.logs.world_size = max(self.logs.world_size or 0, details["nranks"])
+                self.logs.see_world(details["nranks"])
         if isinstance(details.get("world"), int):  # aihpc's summary names the world size
-            self.logs.world_size = max(self.logs.world_size or 0, details["world"])
+            self.logs.see_world(details["world"])
         if rank is None and isinstance(details.get("tasks"), int):
             rank = details["tasks"]  # srun's task id is the global rank (one task per GPU)
         ev = self.logs.add(
@@ -357,19 +373,41 @@ class _FileReader:
         self.failure = {}
 
 
+# aihpc writes each event on one short line; a longer one is not aihpc's (and a deep one would
+# blow the JSON parser's recursion).
+MAX_EVENT_CHARS = 64 << 10
+
+
+_LAST_SECOND = 253402300799  # 9999-12-31 23:59:59 UTC: the last time a clock can print
+
+
+def _seconds(value: Any) -> float | None:
+    """An event's ``time_unix`` as seconds, or None when it is not a plausible time."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        out = float(value)
+    except OverflowError:  # an int beyond a float's range
+        return None
+    return out if 0 <= out <= _LAST_SECOND else None
+
+
 def _read_events_jsonl(logs: LogSet, path: Path) -> None:
     """aihpc's run event log: faults injected, hangs detected, starts and ends."""
-    for n, raw in enumerate(_open_text(path), 1):
+    for n, raw in enumerate(open_text(path), 1):
         logs.lines += 1
+        if len(raw) > MAX_EVENT_CHARS or nesting_depth(raw) > MAX_DEPTH:
+            continue
         try:
             ev = json.loads(raw)
         except ValueError:
             continue
-        rank, kind, when = ev.get("rank"), ev.get("event"), ev.get("time_unix")
-        if isinstance(rank, int):
-            logs.ranks_seen.add(rank)
-        if isinstance(ev.get("world_size"), int):
-            logs.world_size = ev["world_size"]
+        if not isinstance(ev, dict):
+            continue  # not one of aihpc's events: skipped as the reader skips a foreign line
+        rank, kind, when = plausible_rank(ev.get("rank")), ev.get("event"), ev.get("time_unix")
+        when = _seconds(when)
+        logs.see(rank)
+        logs.see_world(ev.get("world_size"))
         mapping = {
             "fault": ("injected_fault", "cause"),
             "hang_detected": ("hang", "symptom"),
@@ -395,30 +433,20 @@ def _read_events_jsonl(logs: LogSet, path: Path) -> None:
 
 def _is_events_jsonl(path: Path) -> bool:
     try:
-        first = next(iter(_open_text(path)), "")
+        first = next(iter(open_text(path)), "")
         return first.startswith("{") and '"event"' in first
     except (OSError, UnicodeError):
         return False
-
-
-def _expand(paths: list[Path]) -> list[Path]:
-    out: list[Path] = []
-    for p in paths:
-        if p.is_dir():
-            out += sorted(q for q in p.rglob("*") if q.is_file())
-        else:
-            out.append(p)
-    return out
 
 
 def read_logs(paths: list[Path]) -> LogSet:
     """Read files and folders (recursively) into one LogSet."""
     from aihpc.observe.flight_recorder import is_dump, read_dump
 
-    files = _expand(paths)
+    files = expand(paths)
     logs = LogSet()
     dumps = [p for p in files if is_dump(p)]
-    texts = [p for p in files if p not in dumps and not _binary(p)]
+    texts = [p for p in files if p not in dumps and not binary(p)]
     year = _full_year(texts)
     for path in dumps:
         logs.files += 1
@@ -428,7 +456,7 @@ def read_logs(paths: list[Path]) -> LogSet:
             _unreadable(logs, path, err)
             continue
         logs.flight_recorder[rank] = dump
-        logs.ranks_seen.add(rank)
+        logs.see(rank)
     for path in texts:
         logs.files += 1
         if _is_events_jsonl(path):
@@ -452,15 +480,3 @@ def _unreadable(logs: LogSet, path: Path, err: Exception) -> None:
         node=None,
         text=f"{type(err).__name__}: {err}",
     )
-
-
-def _binary(path: Path) -> bool:
-    """Checkpoint shards and other binaries in a run directory: a NUL byte near the start of an
-    uncompressed file (gzip is text once opened)."""
-    if path.suffix == ".gz":
-        return False
-    try:
-        with open(path, "rb") as f:
-            return b"\0" in f.read(4096)
-    except OSError:
-        return False

@@ -39,6 +39,8 @@ def _coerce(value: Any, tp: Any, field: str) -> Any:
     allowed = _allowed_types(tp)
     if isinstance(value, bool) and bool not in allowed:
         raise SpecError(field, value, f"expected {_type_name(allowed)}")
+    if isinstance(value, int) and not -(2**63) <= value < 2**63:  # TOML's integers are 64-bit
+        raise SpecError(field, value, "an integer beyond 64 bits (TOML's are 64-bit)")
     if (
         isinstance(value, int)
         and not isinstance(value, bool)

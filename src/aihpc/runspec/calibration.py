@@ -41,12 +41,12 @@ from __future__ import annotations
 
 import bisect
 import math
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from aihpc.runspec.errors import SpecError
+from aihpc.runspec.inputs import parse_toml, read_input
 
 __all__ = [
     "COLLECTIVES",
@@ -332,14 +332,8 @@ def _efficiency(table: Any) -> EfficiencyScales:
 
 def load_calibration(path: str | Path) -> Calibration:
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # a BOM is dropped
-    except FileNotFoundError as err:
-        raise SpecError("cluster.calibration", str(path), "file not found") from err
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        raise SpecError("cluster.calibration", str(path), f"not valid TOML ({err})") from err
-    except OSError as err:  # a directory, no permission, ...
-        raise SpecError("cluster.calibration", str(path), f"cannot read ({err.strerror})") from err
+    text = read_input(path, "cluster.calibration", "a calibration .toml file")
+    data = parse_toml(text, "cluster.calibration", str(path))
     return calibration_from_dict(data, str(path))
 
 

@@ -5,7 +5,6 @@ Both engines read it: ``aihpc.perf`` (estimate, search, goodput) and ``aihpc.run
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from aihpc.runspec._table import from_table
 from aihpc.runspec.calibration import load_calibration
 from aihpc.runspec.cluster import ClusterSpec, cluster_from_table
 from aihpc.runspec.errors import SpecError
+from aihpc.runspec.inputs import parse_toml, read_input
 from aihpc.runspec.model import ModelSpec, model_from_table
 from aihpc.runspec.parallel import ParallelPlan, PartialPlan, partial_from_table, resolve_plan
 from aihpc.runspec.reliability import ReliabilitySpec
@@ -96,18 +96,6 @@ def runspec_from_dict(
 def load_runspec(path: str | Path) -> RunSpec:
     """Read and validate a run spec; bad input raises SpecError (one line)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8-sig")  # a UTF-8 BOM (Windows editors) is dropped
-    except FileNotFoundError as err:
-        raise SpecError("RUNSPEC", str(path), "file not found") from err
-    except IsADirectoryError as err:
-        raise SpecError("RUNSPEC", str(path), "is a directory; expected a .toml file") from err
-    except UnicodeDecodeError as err:
-        raise SpecError("RUNSPEC", str(path), "not a text file; expected a .toml file") from err
-    except OSError as err:  # no permission, a device, ...
-        raise SpecError("RUNSPEC", str(path), f"cannot read ({err.strerror})") from err
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as err:
-        raise SpecError("RUNSPEC", str(path), f"not valid TOML: {err}") from err
+    text = read_input(path, "RUNSPEC", "a .toml file")  # a UTF-8 BOM (Windows editors) is dropped
+    data = parse_toml(text, "RUNSPEC", str(path))
     return runspec_from_dict(data, base_dir=path.parent, path=str(path))

@@ -15,7 +15,7 @@ otherwise (``engine.communication_data_type``); WarmupCosineLR warms up for warm
 
 from __future__ import annotations
 
-import json
+import math
 from typing import Any
 
 from aihpc.interop._common import (
@@ -27,23 +27,59 @@ from aihpc.interop._common import (
 from aihpc.interop.deepspeed.defaults import FIXED, FRAMEWORK
 from aihpc.interop.hf.reader import hf_model_shape
 from aihpc.runspec import SpecError
+from aihpc.runspec.inputs import parse_json
 from aihpc.runspec.model import model_presets
 
 __all__ = ["import_deepspeed"]
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+# What a key's value must be, checked as it is read: a string or a table where DeepSpeed reads
+# a number was a traceback deep in the arithmetic (issue 42).
+_KINDS: dict[str, tuple[Any, str]] = {
+    "int": (_is_int, "expected an integer"),
+    "count": (lambda v: _is_int(v) and v >= 1, "expected an integer >= 1"),
+    "num": (_is_num, "expected a finite number"),
+    "bool": (lambda v: isinstance(v, bool), "expected true or false"),
+    "str": (lambda v: isinstance(v, str), "expected a string"),
+}
+# Keys the Hugging Face Trainer's DeepSpeed integration fills in when they say "auto"
+# (transformers/integrations/deepspeed.py, HfTrainerDeepSpeedConfig.trainer_config_process).
+_AUTO = "auto"
 
 
 class _Json:
     def __init__(self, data: dict[str, Any]) -> None:
         self.data = data
         self.read: set[str] = set()
+        self.auto: list[str] = []
 
-    def get(self, path: str, default: Any = None) -> Any:
+    def get(self, path: str, default: Any = None, kind: str | None = None) -> Any:
+        """The value at the dotted ``path``; null is unset. With ``kind``, any other value is
+        one line naming the key, and "auto" (the HF Trainer's) is unset too, noted."""
         self.read.add(path)
         node: Any = self.data
         for part in path.split("."):
             if not isinstance(node, dict) or part not in node:
                 return default
             node = node[part]
+        if node is None:
+            return default
+        if kind is None:
+            return node
+        if node == _AUTO:
+            self.auto.append(path)
+            return default
+        check, allowed = _KINDS[kind]
+        if not check(node):
+            raise SpecError(path, node, allowed)
         return node
 
     def unread(self) -> list[str]:
@@ -65,10 +101,9 @@ class _Json:
 
 def _model(model: str | None, model_text: str | None, seq_length: int | None) -> dict[str, Any]:
     if model_text is not None:
-        try:
-            config = json.loads(model_text)
-        except ValueError as err:
-            raise SpecError("--model", model, f"not valid JSON: {err}") from None
+        config = parse_json(model_text, "--model", model)
+        if not isinstance(config, dict):
+            raise SpecError("--model", model, "expected a JSON object (a config.json)")
         return model_table(hf_model_shape(config, seq_length))
     if model is None:
         raise SpecError(
@@ -81,9 +116,11 @@ def _model(model: str | None, model_text: str | None, seq_length: int | None) ->
 
 def _batch(j: _Json, num_gpus: int | None) -> tuple[int, int, int]:
     """(global batch, micro-batch, world size): DeepSpeed's batch identity, any two given."""
-    gbs = j.get("train_batch_size")
-    mbs = j.get("train_micro_batch_size_per_gpu")
-    gas = j.get("gradient_accumulation_steps")
+    gbs = j.get("train_batch_size", kind="count")
+    mbs = j.get("train_micro_batch_size_per_gpu", kind="count")
+    gas = j.get("gradient_accumulation_steps", kind="count")
+    if num_gpus is not None and num_gpus < 1:
+        raise SpecError("--num-gpus", num_gpus, "a positive integer")
     if gbs is not None and mbs is not None and num_gpus is None:
         world = gbs // (mbs * (gas or 1))
     elif num_gpus is not None:
@@ -92,8 +129,22 @@ def _batch(j: _Json, num_gpus: int | None) -> tuple[int, int, int]:
         raise SpecError(
             "--num-gpus", None, "the config does not fix the world size: pass --num-gpus N"
         )
+    if mbs is None and gbs is None:
+        raise SpecError(
+            "train_batch_size",
+            None,
+            "give train_batch_size or train_micro_batch_size_per_gpu (a number, not auto)",
+        )
+    if world < 1:
+        raise SpecError(
+            "train_batch_size", gbs, f"smaller than micro-batch {mbs} x accumulation {gas or 1}"
+        )
     if mbs is None:
         mbs = gbs // (world * (gas or 1))
+    if mbs < 1:
+        raise SpecError(
+            "train_batch_size", gbs, f"smaller than world size {world} x accumulation {gas or 1}"
+        )
     gas = gas or 1 if gbs is None else gbs // (mbs * world)
     if gbs is None:
         gbs = mbs * gas * world
@@ -107,10 +158,15 @@ def _batch(j: _Json, num_gpus: int | None) -> tuple[int, int, int]:
 
 
 def _precision(j: _Json) -> str:
-    if j.get("bf16.enabled", False):
+    if j.get("bf16.enabled", False, "bool"):
         return "bf16"
-    if j.get("fp16.enabled", False):
+    if j.get("fp16.enabled", False, "bool"):
         return "fp16"
+    auto = [k for k in ("bf16.enabled", "fp16.enabled") if k in j.auto]
+    if auto:
+        raise SpecError(
+            auto[0], _AUTO, "the HF Trainer sets it from --bf16 / --fp16; write true for the run"
+        )
     raise SpecError(
         "bf16.enabled",
         False,
@@ -128,10 +184,7 @@ def import_deepspeed(
     gpus_per_node: int | None = None,
 ) -> Imported:
     """A DeepSpeed config JSON and a model → run spec."""
-    try:
-        data = json.loads(text)
-    except ValueError as err:
-        raise SpecError("SOURCE", "DeepSpeed JSON", f"not valid JSON: {err}") from None
+    data = parse_json(text, "SOURCE", "DeepSpeed JSON")
     if not isinstance(data, dict):
         raise SpecError("SOURCE", "DeepSpeed JSON", "expected a JSON object")
     j = _Json(data)
@@ -153,6 +206,10 @@ def import_deepspeed(
         "parallel": parallel,
         "training": training,
     }
+    notes += [
+        f'{key} = "auto": the Hugging Face Trainer fills it in at launch; read as unset'
+        for key in dict.fromkeys(j.auto)
+    ]
     return Imported(FRAMEWORK, tables, j.unread(), notes)
 
 
@@ -161,7 +218,7 @@ def _parallel_table(j: _Json, num_gpus: int | None, notes: list[str]) -> tuple[d
     checkpointing; the world size beside it."""
     gbs, mbs, world = _batch(j, num_gpus)
     stage = as_int(j.get("zero_optimization.stage", 0), "zero_optimization.stage")
-    hpz = j.get("zero_optimization.zero_hpz_partition_size", 1)
+    hpz = j.get("zero_optimization.zero_hpz_partition_size", 1, "int")
     parallel: dict[str, Any] = {
         "tp": 1,
         "pp": 1,
@@ -197,28 +254,33 @@ def _training_table(j: _Json, notes: list[str]) -> dict[str, Any]:
     stage = as_int(j.get("zero_optimization.stage", 0), "zero_optimization.stage")
     precision = _precision(j)
     # engine.communication_data_type: the config's, else the training dtype
-    comm = j.get("communication_data_type") or precision
+    comm = j.get("communication_data_type", kind="str") or precision
     grad_dtype = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}.get(comm)
     if grad_dtype is None:
         raise SpecError("communication_data_type", comm, "allowed: fp32 | fp16 | bf16")
-    opt = j.get("optimizer.type", "AdamW")
+    opt = j.get("optimizer.type", "AdamW", "str")
     opt_name = {"adamw": "adamw", "adam": "adam", "sgd": "sgd"}.get(str(opt).lower())
     if opt_name is None:
         raise SpecError("optimizer.type", opt, "aihpc prices AdamW | Adam | SGD")
-    if opt_name == "adam" and j.get("optimizer.params.adam_w_mode", True):
+    if opt_name == "adam" and j.get("optimizer.params.adam_w_mode", True, "bool"):
         opt_name = "adamw"  # DeepSpeed's FusedAdam / Adam default to decoupled weight decay
     betas = j.get("optimizer.params.betas", [0.9, 0.999])
-    lr = float(j.get("optimizer.params.lr", 1e-3))
+    if betas == _AUTO:
+        j.auto.append("optimizer.params.betas")
+        betas = [0.9, 0.999]
+    if not (isinstance(betas, list) and len(betas) == 2 and all(map(_is_num, betas))):
+        raise SpecError("optimizer.params.betas", betas, "expected two numbers [beta1, beta2]")
+    lr = float(j.get("optimizer.params.lr", 1e-3, "num"))
     training: dict[str, Any] = {
         "precision": precision,
         "optimizer": opt_name,
         "grad_reduce_dtype": grad_dtype,
-        "grad_reduce_overlap": bool(j.get("zero_optimization.overlap_comm", stage == 3)),
+        "grad_reduce_overlap": j.get("zero_optimization.overlap_comm", stage == 3, "bool"),
         "learning_rate": lr,
-        "weight_decay": float(j.get("optimizer.params.weight_decay", 0.01)),
+        "weight_decay": float(j.get("optimizer.params.weight_decay", 0.01, "num")),
         "adam_beta1": float(betas[0]),
         "adam_beta2": float(betas[1]),
-        "grad_clip": float(j.get("gradient_clipping", 0.0)),
+        "grad_clip": float(j.get("gradient_clipping", 0.0, "num")),
         "log_interval": as_int(j.get("steps_per_print", 10), "steps_per_print"),
         **FIXED,
     }
@@ -229,7 +291,7 @@ def _training_table(j: _Json, notes: list[str]) -> dict[str, Any]:
 
 
 def _scheduler(j: _Json, notes: list[str]) -> dict[str, Any]:
-    kind = j.get("scheduler.type")
+    kind = j.get("scheduler.type", kind="str")
     if kind is None:
         return {"warmup_steps": 0, "min_lr_ratio": 1.0}  # constant learning rate
     if kind != "WarmupCosineLR":
@@ -239,7 +301,7 @@ def _scheduler(j: _Json, notes: list[str]) -> dict[str, Any]:
         "warmup_steps": as_int(
             j.get("scheduler.params.warmup_num_steps", 1000), "warmup_num_steps"
         ),
-        "min_lr_ratio": float(j.get("scheduler.params.cos_min_ratio", 0.0001)),
+        "min_lr_ratio": float(j.get("scheduler.params.cos_min_ratio", 0.0001, "num")),
     }
     if total is not None:
         out["train_steps"] = as_int(total, "scheduler.params.total_num_steps")
@@ -251,7 +313,7 @@ def _scheduler(j: _Json, notes: list[str]) -> dict[str, Any]:
         notes.append(
             f"scheduler warmup_type {warmup_type or 'log'} ({said}): the run spec warms up linearly"
         )
-    start = j.get("scheduler.params.warmup_min_ratio", 0.0)
+    start = j.get("scheduler.params.warmup_min_ratio", 0.0, "num")
     if start:
         notes.append(f"scheduler warmup_min_ratio {start}: the run spec warms up from 0")
     return out

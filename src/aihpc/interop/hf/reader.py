@@ -6,13 +6,14 @@ them. ``aihpc import hf`` reads one as a run spec; DeepSpeed's import reads one 
 
 from __future__ import annotations
 
-import json
+import math
 from pathlib import PurePath
 from typing import Any
 
 from aihpc.interop._common import Imported, cluster_table, model_table
 from aihpc.runspec import SpecError
 from aihpc.runspec.cluster import gpu_from_id
+from aihpc.runspec.inputs import parse_json
 
 __all__ = ["HF_MLA", "hf_model_name", "hf_model_shape", "import_hf", "sliding_layers"]
 
@@ -39,6 +40,9 @@ _HF_INTS = (
 
 
 _HF_FLOATS = ("routed_scaling_factor", "aux_loss_alpha")
+_HF_REQUIRED = (
+    "hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size",
+)  # fmt: skip
 
 
 def _check_hf_numbers(config: dict[str, Any], where: str) -> None:
@@ -49,8 +53,8 @@ def _check_hf_numbers(config: dict[str, Any], where: str) -> None:
         if value is None:
             continue
         number = isinstance(value, int | float) and not isinstance(value, bool)
-        if not number or (key in ints and value != int(value)):
-            kind = "an integer" if key in ints else "a number"
+        if not number or not math.isfinite(value) or (key in ints and value != int(value)):
+            kind = "an integer" if key in ints else "a finite number"
             raise SpecError(f"{where} {key}", value, f"expected {kind}")
 
 
@@ -60,6 +64,9 @@ def hf_model_shape(
     """A Hugging Face config.json (Llama-style keys) → run-spec model fields; ``where`` names the
     config in an error (``--model`` for DeepSpeed's import, ``CONFIG`` for ``aihpc import hf``)."""
     _check_hf_numbers(config, where)
+    for key in _HF_REQUIRED:
+        if config.get(key) is None:  # absent or null
+            raise SpecError(f"{where} {key}", None, "required in config.json")
     try:
         h = int(config["hidden_size"])
         heads = int(config["num_attention_heads"])
@@ -73,7 +80,7 @@ def hf_model_shape(
     except KeyError as err:
         raise SpecError(f"{where} {err.args[0]}", None, "required in config.json") from None
     act = config.get("hidden_act", "silu")
-    if act not in _HF_ACT:
+    if not isinstance(act, str) or act not in _HF_ACT:
         raise SpecError(f"{where} hidden_act", act, "allowed: " + " | ".join(_HF_ACT))
     shape["ffn_activation"] = _HF_ACT[act]
     shape["tied_embeddings"] = bool(config.get("tie_word_embeddings", False))
@@ -112,6 +119,10 @@ def _hf_window(config: dict[str, Any], layers: int, where: str) -> dict[str, int
         return {}
     out = {"attention_window": int(window)}
     types = config.get("layer_types")
+    if types is not None and not (
+        isinstance(types, list) and all(isinstance(t, str) for t in types)
+    ):
+        raise SpecError(f"{where} layer_types", types, "a list of strings, one per layer")
     if types is not None:
         sliding = [t == "sliding_attention" for t in types]
         every = next((i + 1 for i, win in enumerate(sliding) if not win), 0)
@@ -219,10 +230,7 @@ def import_hf(
     """A Hugging Face config.json → run spec: the model named from the config, the cluster
     given (one node of ``gpu`` by default), a global batch (about 4M tokens a step by default)
     and no other plan field, so that ``aihpc search`` chooses them."""
-    try:
-        config = json.loads(text)
-    except ValueError as err:
-        raise SpecError("CONFIG", path, f"not valid JSON: {err}") from None
+    config = parse_json(text, "CONFIG", path)
     if not isinstance(config, dict):
         raise SpecError("CONFIG", path, "expected a JSON object (a config.json)")
     notes: list[str] = []

@@ -13,19 +13,23 @@ checkpoint interval 500, keep_latest_k 10; metrics log_freq 10.
 
 from __future__ import annotations
 
-import tomllib
 from typing import Any
 
 from aihpc.interop._common import (
     Imported,
+    as_float,
     as_int,
     cluster_table,
     model_table,
 )
 from aihpc.interop.torchtitan.flavors import FIXED, FLAVORS, FRAMEWORK, SCHEDULES, flavor_shape
 from aihpc.runspec import SpecError
+from aihpc.runspec.inputs import parse_toml
 
 __all__ = ["import_torchtitan"]
+
+
+_KIND_NAMES = {str: "a string", int: "an integer", list: "a list"}
 
 
 class _Toml:
@@ -33,10 +37,17 @@ class _Toml:
         self.data = data
         self.read: set[tuple[str, str]] = set()
 
-    def get(self, section: str, key: str, default: Any = None) -> Any:
+    def get(self, section: str, key: str, default: Any = None, kind: type | None = None) -> Any:
+        """``[section] key``; with ``kind`` (str, int, list), a value of another kind is one
+        line naming it (a list where a name is read was a traceback, issue 42)."""
         self.read.add((section, key))
         table = self.data.get(section, {})
-        return table.get(key, default) if isinstance(table, dict) else default
+        value = table.get(key, default) if isinstance(table, dict) else default
+        if kind is not None and value is not None:
+            wrong = isinstance(value, bool) if kind is int else False
+            if wrong or not isinstance(value, kind):
+                raise SpecError(f"{section}.{key}", value, f"expected {_KIND_NAMES[kind]}")
+        return value
 
     def unread(self) -> list[str]:
         out = []
@@ -59,6 +70,13 @@ def _degrees(t: _Toml, num_gpus: int | None) -> tuple[dict[str, int], int]:
         t.get("parallelism", "data_parallel_shard_degree", -1),
         "parallelism.data_parallel_shard_degree",
     )
+    for n, v in zip((*names, "data_parallel_replicate_degree"), (tp, pp, cp, rep), strict=True):
+        if v < 1:
+            raise SpecError(f"parallelism.{n}", v, "a degree >= 1")
+    if shard < 1 and shard != -1:
+        raise SpecError("parallelism.data_parallel_shard_degree", shard, "a degree >= 1, or -1")
+    if num_gpus is not None and num_gpus < 1:
+        raise SpecError("--num-gpus", num_gpus, "a positive integer")
     if shard == -1:
         if num_gpus is None:
             raise SpecError(
@@ -74,7 +92,7 @@ def _degrees(t: _Toml, num_gpus: int | None) -> tuple[dict[str, int], int]:
 
 
 def _pipeline(t: _Toml, pp: int, num_layers: int) -> tuple[int, str | None]:
-    name = t.get("parallelism", "pipeline_parallel_schedule", "1F1B")
+    name = t.get("parallelism", "pipeline_parallel_schedule", "1F1B", str)
     if name not in SCHEDULES:
         raise SpecError(
             "parallelism.pipeline_parallel_schedule", name, "aihpc prices " + " | ".join(SCHEDULES)
@@ -82,10 +100,12 @@ def _pipeline(t: _Toml, pp: int, num_layers: int) -> tuple[int, str | None]:
     if pp == 1:
         return 1, None
     single = SCHEDULES[name] == "1f1b"
-    per_stage = t.get("parallelism", "pipeline_parallel_layers_per_stage")
-    first = t.get("parallelism", "pipeline_parallel_first_stage_less_layers", 1)
-    last = t.get("parallelism", "pipeline_parallel_last_stage_less_layers", 1)
-    parts = t.get("parallelism", "module_fqns_per_model_part")
+    per_stage = t.get("parallelism", "pipeline_parallel_layers_per_stage", None, int)
+    first = t.get("parallelism", "pipeline_parallel_first_stage_less_layers", 1, int)
+    last = t.get("parallelism", "pipeline_parallel_last_stage_less_layers", 1, int)
+    parts = t.get("parallelism", "module_fqns_per_model_part", None, list)
+    if per_stage is not None and per_stage < 1:
+        raise SpecError("parallelism.pipeline_parallel_layers_per_stage", per_stage, "at least 1")
     if parts:
         stages = len(parts) // pp
     elif per_stage is None:
@@ -96,7 +116,7 @@ def _pipeline(t: _Toml, pp: int, num_layers: int) -> tuple[int, str | None]:
 
 
 def _recompute(t: _Toml, notes: list[str]) -> str:
-    mode = t.get("activation_checkpoint", "mode", "selective")
+    mode = t.get("activation_checkpoint", "mode", "selective", str)
     option = str(t.get("activation_checkpoint", "selective_ac_option", "2"))
     if mode in ("none", "full"):
         return mode
@@ -115,13 +135,10 @@ def import_torchtitan(
     text: str, gpu: str = "h100-sxm", num_gpus: int | None = None, gpus_per_node: int | None = None
 ) -> Imported:
     """A torchtitan (v0.2.0) job TOML → run spec."""
-    try:
-        t = _Toml(tomllib.loads(text))
-    except tomllib.TOMLDecodeError as err:
-        raise SpecError("SOURCE", "torchtitan TOML", f"not valid TOML: {err}") from None
+    t = _Toml(parse_toml(text, "SOURCE", "torchtitan TOML"))
     notes: list[str] = []
-    name = t.get("model", "name", "llama3")
-    flavor = t.get("model", "flavor", "debugmodel")
+    name = t.get("model", "name", "llama3", str)
+    flavor = t.get("model", "flavor", "debugmodel", str)
     if name != "llama3" or flavor not in FLAVORS:
         raise SpecError(
             "model.flavor", f"{name} {flavor}", "aihpc reads llama3 " + " | ".join(FLAVORS)
@@ -134,7 +151,9 @@ def import_torchtitan(
     local = as_int(t.get("training", "local_batch_size", 8), "training.local_batch_size")
     gbs = as_int(t.get("training", "global_batch_size", -1), "training.global_batch_size")
     gbs = local * dp if gbs <= 0 else gbs
-    mbs = t.get("parallelism", "pipeline_parallel_microbatch_size", 1) if d["pp"] > 1 else local
+    mbs = (
+        t.get("parallelism", "pipeline_parallel_microbatch_size", 1, int) if d["pp"] > 1 else local
+    )
     reshard = t.get("parallelism", "fsdp_reshard_after_forward", "default")
     zero = 0 if d["shard"] == 1 else 2 if reshard == "never" else 3
     parallel: dict[str, Any] = {
@@ -178,7 +197,7 @@ def import_torchtitan(
 
 
 def _cp_and_precision(t: _Toml, notes: list[str]) -> dict[str, Any]:
-    rotate = t.get("parallelism", "context_parallel_rotate_method", "allgather")
+    rotate = t.get("parallelism", "context_parallel_rotate_method", "allgather", str)
     if rotate not in ("allgather", "alltoall"):
         raise SpecError(
             "parallelism.context_parallel_rotate_method", rotate, "allowed: allgather | alltoall"
@@ -187,7 +206,7 @@ def _cp_and_precision(t: _Toml, notes: list[str]) -> dict[str, Any]:
     if param != "bfloat16":
         raise SpecError("training.mixed_precision_param", param, "aihpc prices bfloat16 training")
     t.get("training", "mixed_precision_reduce")
-    converters = t.get("model", "converters", []) or []
+    converters = t.get("model", "converters", [], list) or []
     fp8 = "float8" in converters
     gather = bool(t.get("float8", "enable_fsdp_float8_all_gather", False))
     compiled = bool(t.get("compile", "enable", t.get("training", "compile", False)))
@@ -208,24 +227,25 @@ def _cp_and_precision(t: _Toml, notes: list[str]) -> dict[str, Any]:
 
 
 def _training(t: _Toml, numerics: dict[str, Any]) -> dict[str, Any]:
-    opt = t.get("optimizer", "name", "AdamW")
+    opt = t.get("optimizer", "name", "AdamW", str)
     if opt not in ("AdamW", "Adam"):
         raise SpecError("optimizer.name", opt, "allowed: AdamW | Adam")
-    lr = float(t.get("optimizer", "lr", 8e-4))
+    lr = as_float(t.get("optimizer", "lr", 8e-4), "optimizer.lr")
     out = {
         **numerics,
         "optimizer": opt.lower(),
         "learning_rate": lr,
-        "min_lr_ratio": float(
-            t.get("lr_scheduler", "min_lr_factor", t.get("lr_scheduler", "lr_min", 0.0))
+        "min_lr_ratio": as_float(
+            t.get("lr_scheduler", "min_lr_factor", t.get("lr_scheduler", "lr_min", 0.0)),
+            "lr_scheduler.min_lr_factor",
         ),
         "warmup_steps": as_int(
             t.get("lr_scheduler", "warmup_steps", 200), "lr_scheduler.warmup_steps"
         ),
-        "weight_decay": float(t.get("optimizer", "weight_decay", 0.1)),
-        "adam_beta1": float(t.get("optimizer", "beta1", 0.9)),
-        "adam_beta2": float(t.get("optimizer", "beta2", 0.95)),
-        "grad_clip": float(t.get("training", "max_norm", 1.0)),
+        "weight_decay": as_float(t.get("optimizer", "weight_decay", 0.1), "optimizer.weight_decay"),
+        "adam_beta1": as_float(t.get("optimizer", "beta1", 0.9), "optimizer.beta1"),
+        "adam_beta2": as_float(t.get("optimizer", "beta2", 0.95), "optimizer.beta2"),
+        "grad_clip": as_float(t.get("training", "max_norm", 1.0), "training.max_norm"),
         "train_steps": as_int(t.get("training", "steps", 10000), "training.steps"),
         "log_interval": as_int(t.get("metrics", "log_freq", 10), "metrics.log_freq"),
         **{k: v for k, v in FIXED.items() if k not in numerics},

@@ -9,12 +9,14 @@ its column and value; the caller adds the file and the row.
 from __future__ import annotations
 
 import csv
+import io
 import math
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from aihpc.runspec.errors import SpecError
+from aihpc.runspec.inputs import read_input
 from aihpc.runspec.runspec import RunSpec, runspec_from_dict
 from aihpc.runspec.training import COMM_CTA_CAPS
 
@@ -187,8 +189,9 @@ def measured(row: dict[str, str], column: str) -> float:
 
 def read_table(path: Path, required: tuple[str, ...], what: str) -> list[dict[str, str]]:
     """Rows of a validation CSV; a missing column or an empty table is a one-line error."""
+    text = read_input(path, what, "a CSV file")  # bounded in size; a BOM is dropped
     try:
-        with open(path, newline="", encoding="utf-8-sig") as fh:
+        with io.StringIO(text, newline="") as fh:
             reader = csv.DictReader(fh)
             header = reader.fieldnames or []
             missing = [c for c in required if c not in header]
@@ -199,8 +202,6 @@ def read_table(path: Path, required: tuple[str, ...], what: str) -> list[dict[st
                     f"{what} {path}", ", ".join(missing), "required columns are missing"
                 )
             rows = list(reader)
-    except UnicodeDecodeError as err:
-        raise SpecError(f"{what} {path}", "bytes", f"not UTF-8 text ({err.reason})") from None
     except csv.Error as err:
         raise SpecError(f"{what} {path}", "content", f"not a CSV table ({err})") from None
     if not rows:
