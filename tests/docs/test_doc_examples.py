@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -102,7 +103,10 @@ def _aihpc_invocations() -> list[tuple[str, list[str]]]:
                 continue
             if "aihpc" in words:
                 argv = words[words.index("aihpc") + 1 :]
-                argv = argv[: next((i for i, w in enumerate(argv) if w in "|;&>"), len(argv))]
+                # the command ends at the shell's first operator or redirection (|, ;, &, >,
+                # 2>&1, <file)
+                ends = (i for i, w in enumerate(argv) if re.match(r"\d*[<>]|[|;&]", w))
+                argv = argv[: next(ends, len(argv))]
                 out.append((f"{path.relative_to(ROOT)}:{n}", argv))
     return out
 
