@@ -297,3 +297,24 @@ def test_search_for_a_framework_and_export_estimate(tmp_path: Path) -> None:
     assert plans and all(p["plan"]["zero_stage"] != 1 for p in plans)
     everything = json.loads(_aihpc("search", str(free), "--json", "--top", "50").stdout)["plans"]
     assert any(p["plan"]["zero_stage"] == 1 for p in everything)  # the filter did the work
+
+
+def test_rope_base_travels_to_every_framework() -> None:
+    """Llama 3's RoPE base, 500,000: Megatron's --rotary-base (an int), a config.json's
+    rope_theta, torchtitan's llama3 flavors; each read back. A base Megatron cannot write is
+    refused, naming the field."""
+    spec = PLANS["dense tp 8"]
+    assert spec.model.rope_theta == 500000
+    script, _ = export_megatron(spec)
+    assert megatron_rules.read_launch(script).value("--rotary-base") == "500000"
+    assert import_megatron(script).spec().model.rope_theta == 500000
+    from aihpc.interop import hf_config, import_torchtitan
+    from aihpc.interop.hf import hf_model_shape
+
+    assert hf_model_shape(hf_config(spec), None)["rope_theta"] == 500000
+    titan = _spec({"preset": "llama3-8b"}, 8, {"tp": 1, "global_batch_size": 8, "zero_stage": 3})
+    assert import_torchtitan(export_torchtitan(titan)[0]).spec().model.rope_theta == 500000
+    odd = replace(spec, model=replace(spec.model, rope_theta=1e4 + 0.5))
+    with pytest.raises(SpecError) as err:
+        export_megatron(odd)
+    assert err.value.field == "model.rope_theta"

@@ -51,6 +51,7 @@ def test_megatron_llama3_70b_script() -> None:
     assert (m.num_layers, m.hidden_size, m.num_attention_heads, m.kv_heads) == (80, 8192, 64, 8)
     assert (m.ffn_hidden_size, m.ffn_activation, m.seq_length) == (28672, "swiglu", 8192)
     assert not m.tied_embeddings and m.position_embedding == "rope"
+    assert m.rope_theta == 500000  # --rotary-base, the model's (it was not read)
     # the Llama 3 tokenizer's 128,256 entries, padded by Megatron to a multiple of 128 x tp 8
     assert m.vocab_size == 129024 and m.name == "llama3-70b (modified)"
     assert (p.tp, p.pp, p.cp, p.dp) == (8, 4, 1, 16)
@@ -66,7 +67,7 @@ def test_megatron_llama3_70b_script() -> None:
     # every flag the script sets is either carried or named as not priced
     unpriced = set(imported.unpriced)
     assert unpriced == {
-        "--rotary-base", "--normalization", "--disable-bias-linear", "--overlap-param-gather",
+        "--normalization", "--disable-bias-linear", "--overlap-param-gather",
         "--data-path", "--split", "--eval-interval", "--eval-iters", "--save", "--load",
     }  # fmt: skip
     assert unpriced < set(flags)
@@ -128,7 +129,7 @@ def test_cli_import_then_estimate(tmp_path: Path) -> None:
         capture_output=True, text=True, env=env, timeout=120,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
-    assert "warning: not priced (10 set in the source): --rotary-base" in run.stderr
+    assert "warning: not priced (9 set in the source): --normalization" in run.stderr
     assert load_runspec(out).plan().tp == 8
     est = subprocess.run(
         [sys.executable, "-m", "aihpc", "estimate", str(out), "--json"],

@@ -18,7 +18,7 @@ from aihpc.interop.megatron.runs import (
     vocab_divisor,
 )
 from aihpc.interop.megatron.shape import freq_pattern
-from aihpc.runspec import RunSpec
+from aihpc.runspec import RunSpec, SpecError
 
 __all__ = ["export_megatron", "megatron_as_run"]
 
@@ -124,6 +124,8 @@ def _model_args(m: Any, tp: int) -> list[tuple[str, Any]]:
     args += [("--squared-relu", None)] if m.ffn_activation == "relu2" else []
     pos = "rope" if m.position_embedding == "rope" else "learned_absolute"
     args.append(("--position-embedding-type", pos))
+    if m.position_embedding == "rope":  # arguments.py: --rotary-base, an int, default 10000
+        args.append(("--rotary-base", _rotary_base(m.rope_theta)))
     if not m.tied_embeddings:
         args.append(("--untie-embeddings-and-output-weights", None))
     args += [("--normalization", "RMSNorm"), ("--disable-bias-linear", None)]
@@ -159,6 +161,12 @@ def _model_args(m: Any, tp: int) -> list[tuple[str, Any]]:
     if m.mtp_layers:
         args.append(("--mtp-num-layers", m.mtp_layers))
     return args
+
+
+def _rotary_base(theta: float) -> int:
+    if theta != int(theta):
+        raise SpecError("model.rope_theta", theta, "Megatron-LM's --rotary-base is an integer")
+    return int(theta)
 
 
 def _router_args(m: Any) -> list[tuple[str, Any]]:
