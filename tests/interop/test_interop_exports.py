@@ -318,3 +318,21 @@ def test_rope_base_travels_to_every_framework() -> None:
     with pytest.raises(SpecError) as err:
         export_megatron(odd)
     assert err.value.field == "model.rope_theta"
+
+
+def test_export_estimate_as_the_framework_runs_it() -> None:
+    """torchtitan runs TP without overlap and repeats K/V heads: the estimate of the plan as it
+    runs it is slower than the run spec's, and the export says so; where the fields it changes
+    price the same (DeepSpeed's cp_exchange without cp), there is no line."""
+    from aihpc.cli._frameworks import estimate_line
+    from aihpc.perf.step.estimate import estimate
+
+    titan = _spec({"preset": "llama3-8b"}, 8, {"tp": 2, "global_batch_size": 64, "zero_stage": 3,
+                  "sequence_parallel": True})  # fmt: skip
+    line, data = estimate_line("torchtitan", titan)
+    assert line is not None and "training.tp_comm_overlap = 'backward' -> 'none'" in line
+    assert data["step_time_s"] > estimate(titan).step_time_s
+    ds = _spec({"preset": "llama3-8b"}, 8, {"tp": 1, "pp": 1, "cp": 1, "global_batch_size": 64},
+               {"cp_exchange": "allgather"})  # fmt: skip
+    assert export_deepspeed(ds)[2]  # listed as not carried...
+    assert estimate_line("deepspeed", ds) == (None, None)  # ...but priced the same

@@ -53,6 +53,10 @@ def as_run(framework: str, spec: RunSpec) -> tuple[RunSpec, list[str]]:
         from aihpc.interop.torchtitan.writer import torchtitan_as_run
 
         return torchtitan_as_run(spec)
+    if framework == "deepspeed":
+        from aihpc.interop.deepspeed.writer import deepspeed_as_run
+
+        return deepspeed_as_run(spec)
     return spec, []
 
 

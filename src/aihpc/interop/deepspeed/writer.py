@@ -6,6 +6,7 @@ beside it; a plan DeepSpeed cannot express is refused, naming the field.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from aihpc.interop._common import (
@@ -22,7 +23,12 @@ from aihpc.runspec import (
     TrainingSpec,
 )
 
-__all__ = ["deepspeed_refusal", "deepspeed_training_refusal", "export_deepspeed"]
+__all__ = [
+    "deepspeed_as_run",
+    "deepspeed_refusal",
+    "deepspeed_training_refusal",
+    "export_deepspeed",
+]
 
 
 def _scheduler_json(t: TrainingSpec) -> dict[str, Any] | None:
@@ -45,6 +51,19 @@ def _scheduler_json(t: TrainingSpec) -> dict[str, Any] | None:
         "cos_min_ratio": t.min_lr_ratio,
     }
     return {"type": "WarmupCosineLR", "params": params}
+
+
+def deepspeed_as_run(spec: RunSpec) -> tuple[RunSpec, list[str]]:
+    """(the run spec as DeepSpeed runs the exported JSON: the [training] facts its runtime fixes,
+    FIXED, in place of the run spec's; the fields that changed, "field = ours -> theirs")."""
+    t = spec.training
+    fixed = {k: v for k, v in FIXED.items() if getattr(t, k) != v}
+    if t.precision != "fp8":
+        fixed.pop("fp8_saved_inputs", None)  # read only by FP8 runs (and DeepSpeed runs none)
+    if not fixed:
+        return spec, []
+    changes = [f"training.{k} = {getattr(t, k)!r} -> {v!r}" for k, v in fixed.items()]
+    return replace(spec, training=replace(t, **fixed)), changes
 
 
 def deepspeed_training_refusal(t: TrainingSpec) -> SpecError | None:
