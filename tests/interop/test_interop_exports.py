@@ -346,7 +346,8 @@ def test_export_estimate_as_the_framework_runs_it() -> None:
 def test_torchtitan_fp8_export_imports_back_as_fp8() -> None:
     from aihpc.interop import import_torchtitan
 
-    spec = _spec({"preset": "llama3-8b"}, 64, {"tp": 2, "global_batch_size": 64, "zero_stage": 3,
-                 "sequence_parallel": True}, {"precision": "fp8", "fp8_param_gather": True})  # fmt: skip
+    parallel = {"tp": 2, "global_batch_size": 64, "zero_stage": 3, "sequence_parallel": True}
+    fp8 = {"precision": "fp8", "fp8_param_gather": True}
+    spec = _spec({"preset": "llama3-8b"}, 64, parallel, fp8)
     back = import_torchtitan(export_torchtitan(spec)[0]).spec().training
     assert (back.precision, back.fp8_param_gather) == ("fp8", True)
