@@ -164,6 +164,9 @@ def _register_export(app: typer.Typer) -> None:
             text, model_json, dropped = export_deepspeed(spec)
             if model_out is not None:
                 write_atomic(model_out, model_json, "--model-out")
+        from aihpc.cli._frameworks import estimate_line
+
+        ran_line, ran = estimate_line(to, spec)
         if output is not None:
             write_atomic(output, text, "--output")
         if as_json:
@@ -172,6 +175,7 @@ def _register_export(app: typer.Typer) -> None:
                     "framework": to,
                     "config": text,
                     "not_carried": list(dropped),
+                    "as_run": ran,
                     "output": str(output) if output is not None else None,
                     "model_out": str(model_out) if to == "deepspeed" and model_out else None,
                 }
@@ -181,5 +185,7 @@ def _register_export(app: typer.Typer) -> None:
             sys.stdout.write(text)
         if dropped:
             _warn("note: not carried: " + "; ".join(dropped))
+        if ran_line is not None:
+            _warn(ran_line)
         if output is not None:
             _warn(f"{to} config written to {output}")

@@ -129,6 +129,12 @@ def _register_search(app: typer.Typer) -> None:
             None, "--output", "-o", help="Write the best plan here as a runnable run spec (.toml)."
         ),
         headroom: float | None = HEADROOM,
+        framework: str | None = typer.Option(
+            None,
+            "--for",
+            help="megatron | torchtitan | deepspeed: only the plans that framework runs "
+            "(the rules its export refuses plans by).",
+        ),
     ) -> None:
         r"""Search every valid plan; \[parallel] fields given in the run spec stay fixed."""
         if rank_by not in ("throughput", "goodput"):
@@ -137,7 +143,12 @@ def _register_search(app: typer.Typer) -> None:
         if output is not None:
             check_output_path(output, "--output", ".toml")
         spec = with_headroom(load_runspec(runspec), headroom)
-        result = _run_search(spec, top, rank_by, explain, quiet=json_out)
+        accept = None
+        if framework is not None:
+            from aihpc.cli._frameworks import plan_rules
+
+            accept = plan_rules(framework, spec)
+        result = _run_search(spec, top, rank_by, explain, quiet=json_out, accept=accept)
         shown = result.plans[:top]
         cols, extra = (
             goodput_columns(spec, shown, n_tokens)
@@ -191,7 +202,9 @@ def _search_bar(quiet: bool) -> Iterator[Callable[[int], None] | None]:
         yield lambda n: bar.update(task, completed=n)
 
 
-def _run_search(spec: RunSpec, top: int, rank_by: str, explain: bool, quiet: bool) -> Any:
+def _run_search(
+    spec: RunSpec, top: int, rank_by: str, explain: bool, quiet: bool, accept: Any = None
+) -> Any:
     """The search with a progress bar on a terminal; a search with nothing valid, or nothing
     that fits, is one line naming the rule or the memory it needs."""
     from aihpc.perf.search.ranking import search as run_search
@@ -203,7 +216,12 @@ def _run_search(spec: RunSpec, top: int, rank_by: str, explain: bool, quiet: boo
         weight = ettr_of_step_time(spec)
     with _search_bar(quiet) as progress:
         result = run_search(
-            spec, top=top, weight=weight, explain=5 if explain else 0, progress=progress
+            spec,
+            top=top,
+            weight=weight,
+            explain=5 if explain else 0,
+            progress=progress,
+            accept=accept,
         )
     refusal = result.refusal()
     if refusal is not None:  # no combination is valid: say which rule refused, not "no fit"

@@ -31,6 +31,8 @@ class ModelSpec:
     ffn_activation: str = "gelu"
     tied_embeddings: bool = False
     position_embedding: str = "rope"  # rope | learned (GPT-2/3 absolute positions)
+    # RoPE's base (theta): Llama 3's 500000; 10000 is RoFormer's and Megatron-LM's default.
+    rope_theta: float = 10000.0
     head_dim: int | None = None  # None: hidden_size / num_attention_heads
     # Sliding-window attention (Mistral 7B v0.1, Gemma 2/3, GPT-OSS): a windowed layer's query
     # attends to itself and the attention_window - 1 tokens before it; None: every layer full.
@@ -113,6 +115,9 @@ class ModelSpec:
         ):
             check_positive(f"model.{f}", getattr(self, f), allow_zero=True)
         check_positive("model.moe_router_topk_scaling_factor", self.moe_router_topk_scaling_factor)
+        check_positive("model.rope_theta", self.rope_theta)
+        if not math.isfinite(self.rope_theta):
+            raise SpecError("model.rope_theta", self.rope_theta, "a finite number > 0")
 
     def _check_attention(self) -> None:
         """Heads, MLA's dimensions, the sliding window, activation and positions."""

@@ -156,5 +156,6 @@ class LlamaConfig:
             vocab_size=spec.vocab_size,
             max_seq_len=spec.seq_length,
             tied_embeddings=spec.tied_embeddings,
+            rope_theta=spec.rope_theta,
             moe=moe_config_from_spec(spec),
         )

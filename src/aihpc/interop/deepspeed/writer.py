@@ -6,6 +6,7 @@ beside it; a plan DeepSpeed cannot express is refused, naming the field.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from aihpc.interop._common import (
@@ -13,9 +14,21 @@ from aihpc.interop._common import (
 )
 from aihpc.interop.deepspeed.defaults import FIXED, FRAMEWORK, MODEL_CODE
 from aihpc.interop.hf.writer import hf_config
-from aihpc.runspec import CheckpointSpec, RunSpec, SpecError, TrainingSpec
+from aihpc.runspec import (
+    CheckpointSpec,
+    ModelSpec,
+    ParallelPlan,
+    RunSpec,
+    SpecError,
+    TrainingSpec,
+)
 
-__all__ = ["export_deepspeed"]
+__all__ = [
+    "deepspeed_as_run",
+    "deepspeed_refusal",
+    "deepspeed_training_refusal",
+    "export_deepspeed",
+]
 
 
 def _scheduler_json(t: TrainingSpec) -> dict[str, Any] | None:
@@ -40,66 +53,95 @@ def _scheduler_json(t: TrainingSpec) -> dict[str, Any] | None:
     return {"type": "WarmupCosineLR", "params": params}
 
 
+def deepspeed_as_run(spec: RunSpec) -> tuple[RunSpec, list[str]]:
+    """(the run spec as DeepSpeed runs the exported JSON: the [training] facts its runtime fixes,
+    FIXED, in place of the run spec's; the fields that changed, "field = ours -> theirs")."""
+    t = spec.training
+    fixed = {k: v for k, v in FIXED.items() if getattr(t, k) != v}
+    if t.precision != "fp8":
+        fixed.pop("fp8_saved_inputs", None)  # read only by FP8 runs (and DeepSpeed runs none)
+    if not fixed:
+        return spec, []
+    changes = [f"training.{k} = {getattr(t, k)!r} -> {v!r}" for k, v in fixed.items()]
+    return replace(spec, training=replace(t, **fixed)), changes
+
+
+def deepspeed_training_refusal(t: TrainingSpec) -> SpecError | None:
+    """SpecError where DeepSpeed runs no plan of this training (its schedule); None if it runs
+    it."""
+    try:
+        _scheduler_json(t)
+    except SpecError as err:
+        return err
+    return None
+
+
 def export_deepspeed(spec: RunSpec) -> tuple[str, str, list[str]]:
     """(the DeepSpeed config JSON, the model as a HF config.json, fields not carried); a plan
     plain DeepSpeed cannot run raises SpecError naming the field."""
-    _refuse_inexpressible(spec)
+    err = deepspeed_refusal(spec.model, spec.plan(), spec.training)
+    if err is not None:
+        raise err
     data = _config_json(spec)
     dropped = _export_not_carried(spec, "scheduler" in data)
     return json.dumps(data, indent=2) + "\n", json.dumps(hf_config(spec), indent=2) + "\n", dropped
 
 
-def _refuse_inexpressible(spec: RunSpec) -> None:
-    """SpecError naming the first field plain DeepSpeed (or a config.json) cannot express."""
-    m, p, t = spec.model, spec.plan(), spec.training
+def deepspeed_refusal(m: ModelSpec, p: ParallelPlan, t: TrainingSpec) -> SpecError | None:
+    """The first field plain DeepSpeed (or a config.json) cannot express, as a SpecError; None
+    if it runs the plan. Shared by the export and `aihpc search --for deepspeed`; depends on
+    neither batch size."""
     for name in ("tp", "pp", "cp", "ep"):
         if getattr(p, name) > 1:
-            raise SpecError(
+            return SpecError(
                 f"parallel.{name}",
                 getattr(p, name),
                 "DeepSpeed's engine is data parallel (ZeRO) only: 1",
             )
     if p.recompute in ("selective", "op"):
-        raise SpecError(
+        return SpecError(
             "parallel.recompute", p.recompute, "DeepSpeed checkpoints layers: none | full"
         )
     if p.offload_layers:
-        raise SpecError(
+        return SpecError(
             "parallel.offload_layers",
             p.offload_layers,
             "DeepSpeed offloads states, not activations: 0",
         )
     if p.etp > 1:
-        raise SpecError("parallel.etp", p.etp, "DeepSpeed's engine is data parallel only: 1")
+        return SpecError("parallel.etp", p.etp, "DeepSpeed's engine is data parallel only: 1")
     if p.moe_a2a_overlap != "none":
-        raise SpecError(
+        return SpecError(
             "parallel.moe_a2a_overlap", p.moe_a2a_overlap, "DeepSpeed (ep = 1) has none: none"
         )
     if p.recompute_modules:
-        raise SpecError(
+        return SpecError(
             "parallel.recompute_modules",
             list(p.recompute_modules),
             "DeepSpeed checkpoints whole layers: []",
         )
     # MoE fields a config.json has no key for (no Hugging Face MoE config names them)
     if m.moe_capacity_factor is not None:
-        raise SpecError(
+        return SpecError(
             "model.moe_capacity_factor", m.moe_capacity_factor, "a config.json says none: unset"
         )
     if m.moe_router_bias_update_rate:
-        raise SpecError(
+        return SpecError(
             "model.moe_router_bias_update_rate",
             m.moe_router_bias_update_rate,
             "a config.json says none: 0",
         )
     if m.position_embedding == "learned":
-        raise SpecError(
+        return SpecError(
             "model.position_embedding", "learned", "the config.json written is Llama-style: rope"
         )
     if t.precision == "fp8":
-        raise SpecError("training.precision", "fp8", "DeepSpeed's config trains bf16 | fp16")
+        return SpecError("training.precision", "fp8", "DeepSpeed's config trains bf16 | fp16")
     if p.dp_shard is not None and p.dp_shard != p.dp and p.zero_stage != 3:
-        raise SpecError("parallel.dp_shard", p.dp_shard, "DeepSpeed's hpZ groups need zero_stage 3")
+        return SpecError(
+            "parallel.dp_shard", p.dp_shard, "DeepSpeed's hpZ groups need zero_stage 3"
+        )
+    return None
 
 
 def _config_json(spec: RunSpec) -> dict[str, Any]:

@@ -95,6 +95,11 @@ def hf_model_shape(
     if seq is None:
         raise SpecError("--seq-length", None, "the model gives no length: pass --seq-length N")
     shape["seq_length"] = int(seq)
+    theta = config.get("rope_theta")  # LlamaConfig's default: 10000
+    if theta is not None and shape["position_embedding"] == "rope":
+        if isinstance(theta, bool) or not isinstance(theta, int | float):
+            raise SpecError(f"{where} rope_theta", theta, "expected a number")
+        shape["rope_theta"] = float(theta)
     shape.update(_hf_moe(config, shape["ffn_hidden_size"], where))
     if config.get("kv_lora_rank") is not None:  # DeepseekV3Config's multi-latent attention
         for key, name in HF_MLA.items():

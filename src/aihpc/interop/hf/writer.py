@@ -30,6 +30,7 @@ def hf_config(spec: RunSpec) -> dict[str, Any]:
         "max_position_embeddings": m.seq_length,
         "hidden_act": "silu" if m.ffn_activation == "swiglu" else m.ffn_activation,
         "tie_word_embeddings": m.tied_embeddings,
+        "rope_theta": m.rope_theta,
     }
     if m.head_dim is not None:
         out["head_dim"] = m.head_dim

@@ -77,9 +77,9 @@ def _parallel(a: Args, num_layers: int, world: int, moe: bool = False) -> dict[s
         "micro_batch_size": mbs,
         # arguments.py: global_batch_size defaults to micro_batch_size x data-parallel size
         "global_batch_size": a.int("--global-batch-size", mbs * dp),
-        "offload_layers": a.int("--cpu-offloading-num-layers", 0)
-        if a.flag("--cpu-offloading")
-        else 0,
+        # a count > 0 turns offloading on (arguments.py:1950 at d98e8a6, which has no
+        # --cpu-offloading; older scripts pass both: it is read, and says nothing more)
+        "offload_layers": a.int("--cpu-offloading-num-layers", 0) + 0 * a.flag("--cpu-offloading"),
     }
     return out
 

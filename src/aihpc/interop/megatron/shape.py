@@ -49,6 +49,9 @@ def model_shape(a: Args, tp: int, notes: list[str], vocab_size: int | None) -> d
     if pos not in ("rope", "learned_absolute"):
         raise SpecError("--position-embedding-type", pos, "aihpc prices rope | learned_absolute")
     shape["position_embedding"] = "rope" if pos == "rope" else "learned"
+    theta = a.float("--rotary-base", 10000.0)  # arguments.py's default
+    if pos == "rope" and theta != 10000.0:
+        shape["rope_theta"] = theta
     kv = a.int("--kv-channels")
     if kv is not None and kv * heads != h:
         shape["head_dim"] = kv

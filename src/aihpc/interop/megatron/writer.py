@@ -4,39 +4,34 @@ flag the plan sets, or a refusal naming the first field Megatron-LM cannot run.
 
 from __future__ import annotations
 
-import math
 import shlex
+from dataclasses import replace
 from typing import Any
 
-from aihpc.interop._common import (
-    not_carried,
-)
 from aihpc.interop._script import comment_text
 from aihpc.interop.megatron.flags import FIXED, FRAMEWORK
+from aihpc.interop.megatron.runs import (
+    cuda_connections,
+    megatron_refusal,
+    padded_vocab,
+    pipeline_layout,
+    vocab_divisor,
+)
 from aihpc.interop.megatron.shape import freq_pattern
 from aihpc.runspec import RunSpec, SpecError
 
-__all__ = ["export_megatron"]
-
-
-def _vocab_divisor(vocab: int, tp: int) -> int:
-    """The largest make_vocab_size_divisible_by ≤ 128 that leaves ``vocab`` unpadded at ``tp``."""
-    if vocab % tp:
-        raise SpecError(
-            "model.vocab_size",
-            vocab,
-            f"Megatron-LM pads the vocabulary to a multiple of tp {tp}: use a padded size",
-        )
-    return math.gcd(vocab // tp, 128)
+__all__ = ["export_megatron", "megatron_as_run"]
 
 
 def export_megatron(spec: RunSpec, source: str = "") -> tuple[str, list[str]]:
     """(a bash script launching pretrain_gpt.py under torchrun, run-spec fields it cannot
     carry); a plan Megatron-LM cannot run raises SpecError naming the field."""
     m, c, p = spec.model, spec.cluster, spec.plan()
-    _refuse_megatron(spec)
+    err = megatron_refusal(m, p, spec.training)
+    if err is not None:
+        raise err
     args = _model_args(m, p.tp)
-    args += _parallel_args(p, m.is_moe)
+    args += _parallel_args(p, m.is_moe, pipeline_layout(m, p, spec.training.pipeline_split))
     args += _training_args(spec)
     body = " \\\n    ".join(_flag(k, v) for k, v in args)
     nodes, per_node = c.num_nodes, min(c.gpus_per_node, c.num_gpus)
@@ -48,65 +43,68 @@ def export_megatron(spec: RunSpec, source: str = "") -> tuple[str, list[str]]:
         "# Flags as in Megatron-LM's megatron/training/arguments.py (main, Aug 2026). Synthetic\n"
         "# data (--mock-data): point --data-path and the tokenizer at yours.\n"
         "# Run it once per node (srun --ntasks-per-node=1); MASTER_ADDR names the first node.\n"
+        + _environment(p)
     )
     launch = (
         f"torchrun --nproc-per-node {int(per_node)} --nnodes {int(nodes)} "
         '--rdzv-backend c10d --rdzv-endpoint "${MASTER_ADDR:-localhost}:${MASTER_PORT:-29500}" \\\n'
         "    pretrain_gpt.py \\\n    "
     )
-    fixed = {k: v for k, v in FIXED.items() if k != "pipeline_split"}  # even = uneven here
-    dropped = not_carried(spec, fixed, FRAMEWORK)
-    overlap = spec.training.tp_comm_overlap
-    if overlap in ("none", "async_tp") or (overlap == "userbuffers" and not p.sequence_parallel):
-        dropped.append(
-            f"training.tp_comm_overlap = {overlap!r} ({FRAMEWORK} runs 'backward', or "
-            "'userbuffers' with sequence parallelism)"
-        )
+    dropped = [f"{name} = {mine!r} ({FRAMEWORK} runs {theirs!r})" for name, mine, theirs in
+               _changes(spec)]  # fmt: skip
     return header + launch + body + " \\\n    --mock-data\n", dropped
 
 
-def _refuse_megatron(spec: RunSpec) -> None:
-    """SpecError naming the first field of the plan Megatron-LM cannot run."""
-    m, p, t = spec.model, spec.plan(), spec.training
-    chunks = p.pp * p.vpp
-    if m.num_layers % chunks:
-        raise SpecError(
-            "parallel.pp",
-            p.pp,
-            f"Megatron-LM splits layers evenly: pp x vpp = {chunks} must divide num_layers "
-            f"{m.num_layers}",
+def megatron_as_run(spec: RunSpec) -> tuple[RunSpec, list[str]]:
+    """(the run spec as Megatron-LM runs the exported script, the fields it changed, each
+    "field = ours -> theirs"); the spec itself where nothing changed."""
+    changes = _changes(spec)
+    training = {n.split(".", 1)[1]: v for n, _, v in changes if n.startswith("training.")}
+    model = {n.split(".", 1)[1]: v for n, _, v in changes if n.startswith("model.")}
+    if not changes:
+        return spec, []
+    if model and not spec.model.name.endswith("(modified)"):  # as an edited preset is named
+        model["name"] = f"{spec.model.name} (modified)"
+    ran = replace(
+        spec,
+        model=replace(spec.model, **model),
+        training=replace(spec.training, **training),
+    )
+    return ran, [f"{n} = {mine!r} -> {theirs!r}" for n, mine, theirs in changes]
+
+
+def _changes(spec: RunSpec) -> list[tuple[str, Any, Any]]:
+    """(field, the run spec's value, what Megatron-LM runs) for each field it runs otherwise."""
+    t, p, m = spec.training, spec.plan(), spec.model
+    fixed = {k: v for k, v in FIXED.items() if k != "pipeline_split"}  # written as a layout
+    if t.precision != "fp8":
+        fixed.pop("fp8_saved_inputs")  # read only by FP8 runs
+    out = [(f"training.{k}", getattr(t, k), v) for k, v in fixed.items() if getattr(t, k) != v]
+    overlap = t.tp_comm_overlap
+    if overlap in ("none", "async_tp") or (overlap == "userbuffers" and not p.sequence_parallel):
+        out.append(("training.tp_comm_overlap", overlap, "backward"))
+    if m.is_moe and t.moe_expert_gemm == "grouped":  # d98e8a6 builds TEGroupedMLP only
+        out.append(("training.moe_expert_gemm", "grouped", "per_expert"))
+    padded = padded_vocab(m.vocab_size, vocab_divisor(m.vocab_size, p.tp), p.tp)
+    if padded != m.vocab_size:
+        out.append(("model.vocab_size", m.vocab_size, padded))
+    return out
+
+
+def _environment(p: Any) -> str:
+    """The environment lines Megatron-LM's validate_args needs for the plan."""
+    connections = cuda_connections(p)
+    if connections == "1":
+        return (
+            "# tp or cp > 1: validate_args asserts one CUDA connection (Hopper and before)\n"
+            "export CUDA_DEVICE_MAX_CONNECTIONS=1\n"
         )
-    if p.schedule == "zbv":
-        raise SpecError("parallel.pp_schedule", "zbv", "Megatron-LM runs 1f1b | interleaved-1f1b")
-    if p.zero_stage == 2:
-        raise SpecError(
-            "parallel.zero_stage", 2, "Megatron-LM runs 0 | 1 (distributed optimizer) | 3 (FSDP2)"
+    if connections == "unset":
+        return (
+            "# FSDP2: validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS is not 1\n"
+            "unset CUDA_DEVICE_MAX_CONNECTIONS\n"
         )
-    if p.recompute == "op":
-        raise SpecError("parallel.recompute", "op", "Megatron-LM runs none | selective | full")
-    if t.attention not in ("flash", "flash2", "unfused"):
-        raise SpecError(
-            "training.attention", t.attention, "Megatron-LM runs flash | flash2 | unfused"
-        )
-    if p.moe_a2a_overlap == "dualpipe":
-        raise SpecError(
-            "parallel.moe_a2a_overlap",
-            "dualpipe",
-            "Megatron-LM runs none | 1f1b (--overlap-moe-expert-parallel-comm)",
-        )
-    if t.moe_dispatch_dtype != "bf16" and m.is_moe:
-        raise SpecError(
-            "training.moe_dispatch_dtype",
-            t.moe_dispatch_dtype,
-            "Megatron-LM dispatches bf16 (its only 8-bit wire type is mxfp8, on the ncclep flex "
-            "backend)",
-        )
-    if p.dp_shard is not None and p.dp_shard != p.dp:
-        raise SpecError("parallel.dp_shard", p.dp_shard, f"Megatron-LM shards over all dp {p.dp}")
-    if t.optimizer == "adam":
-        raise SpecError("training.optimizer", "adam", "Megatron-LM runs adamw (its adam) | sgd")
-    if t.optimizer_dtype != "fp32" and t.optimizer_dtype != "bf16":
-        raise SpecError("training.optimizer_dtype", t.optimizer_dtype, "Megatron-LM: fp32 | bf16")
+    return ""
 
 
 def _model_args(m: Any, tp: int) -> list[tuple[str, Any]]:
@@ -126,13 +124,15 @@ def _model_args(m: Any, tp: int) -> list[tuple[str, Any]]:
     args += [("--squared-relu", None)] if m.ffn_activation == "relu2" else []
     pos = "rope" if m.position_embedding == "rope" else "learned_absolute"
     args.append(("--position-embedding-type", pos))
+    if m.position_embedding == "rope":  # arguments.py: --rotary-base, an int, default 10000
+        args.append(("--rotary-base", _rotary_base(m.rope_theta)))
     if not m.tied_embeddings:
         args.append(("--untie-embeddings-and-output-weights", None))
     args += [("--normalization", "RMSNorm"), ("--disable-bias-linear", None)]
     args += [
         ("--tokenizer-type", "NullTokenizer"),
         ("--vocab-size", m.vocab_size),
-        ("--make-vocab-size-divisible-by", _vocab_divisor(m.vocab_size, tp)),
+        ("--make-vocab-size-divisible-by", vocab_divisor(m.vocab_size, tp)),
     ]
     if m.is_moe:
         args += [("--num-experts", m.num_experts), ("--moe-router-topk", m.moe_top_k)]
@@ -163,6 +163,12 @@ def _model_args(m: Any, tp: int) -> list[tuple[str, Any]]:
     return args
 
 
+def _rotary_base(theta: float) -> int:
+    if theta != int(theta):
+        raise SpecError("model.rope_theta", theta, "Megatron-LM's --rotary-base is an integer")
+    return int(theta)
+
+
 def _router_args(m: Any) -> list[tuple[str, Any]]:
     """The MoE router flags whose value differs from Megatron-LM's default."""
     args: list[tuple[str, Any]] = []
@@ -187,13 +193,15 @@ def _router_args(m: Any) -> list[tuple[str, Any]]:
     return args
 
 
-def _parallel_args(p: Any, moe: bool = False) -> list[tuple[str, Any]]:
+def _parallel_args(p: Any, moe: bool, layout: str | None) -> list[tuple[str, Any]]:
     args: list[tuple[str, Any]] = [
         ("--tensor-model-parallel-size", p.tp),
         ("--pipeline-model-parallel-size", p.pp),
         ("--context-parallel-size", p.cp),
     ]
-    if p.vpp > 1:
+    if layout is not None:  # its stage count sets vpp (arguments.py:941-950)
+        args.append(("--pipeline-model-parallel-layout", layout))
+    elif p.vpp > 1:
         args.append(("--num-virtual-stages-per-pipeline-rank", p.vpp))
     if p.ep > 1:
         args.append(("--expert-model-parallel-size", p.ep))
@@ -205,8 +213,8 @@ def _parallel_args(p: Any, moe: bool = False) -> list[tuple[str, Any]]:
         args.append(("--sequence-parallel", None))
     if p.zero_stage == 1:
         args.append(("--use-distributed-optimizer", None))
-    elif p.zero_stage == 3:
-        args.append(("--use-torch-fsdp2", None))
+    elif p.zero_stage == 3:  # validate_args refuses FSDP2 with the fusion (arguments.py:1040)
+        args += [("--use-torch-fsdp2", None), ("--no-gradient-accumulation-fusion", None)]
     if p.recompute in ("selective", "full"):
         args.append(("--recompute-granularity", p.recompute))
     elif p.recompute_modules:  # fine-grained recompute without core attention's
@@ -217,7 +225,8 @@ def _parallel_args(p: Any, moe: bool = False) -> list[tuple[str, Any]]:
     if p.recompute == "full":
         args += [("--recompute-method", "uniform"), ("--recompute-num-layers", 1)]
     if p.offload_layers:
-        args += [("--cpu-offloading", None), ("--cpu-offloading-num-layers", p.offload_layers)]
+        # d98e8a6 has no --cpu-offloading: a layer count > 0 turns it on (arguments.py:1950)
+        args.append(("--cpu-offloading-num-layers", p.offload_layers))
     args += [
         ("--micro-batch-size", p.micro_batch_size),
         ("--global-batch-size", p.global_batch_size),
@@ -228,8 +237,8 @@ def _parallel_args(p: Any, moe: bool = False) -> list[tuple[str, Any]]:
 def _training_args(spec: RunSpec) -> list[tuple[str, Any]]:
     t, ck = spec.training, spec.checkpoint
     args: list[tuple[str, Any]] = []
-    if t.precision == "fp8":
-        args += [("--bf16", None), ("--fp8-format", "hybrid")]
+    if t.precision == "fp8":  # TransformerConfig.fp8 / fp8_recipe (its default, delayed)
+        args += [("--bf16", None), ("--fp8-format", "hybrid"), ("--fp8-recipe", "delayed")]
     else:
         args.append((f"--{t.precision}", None))
     if t.grad_reduce_dtype == "fp32" and t.precision == "fp16":
@@ -258,10 +267,8 @@ def _training_args(spec: RunSpec) -> list[tuple[str, Any]]:
         args += [("--moe-flex-dispatcher-backend", "deepep")]
     elif spec.model.is_moe:
         args.append(("--moe-token-dispatcher-type", "alltoall"))
-    if spec.model.is_moe:  # per_expert: TEGroupedMLP; grouped: GroupedMLP (_expert_gemm)
+    if spec.model.is_moe:  # TEGroupedMLP: d98e8a6 has no legacy GroupedMLP flag any more
         args.append(("--moe-grouped-gemm", None))
-        if t.moe_expert_gemm == "grouped":
-            args.append(("--moe-use-legacy-grouped-gemm", None))
     if t.cuda_graphs == "full":  # _cuda_graphs; validate_args asserts the NaN check is off
         args += [("--cuda-graph-impl", "full_iteration")]
         args.append(("--no-check-for-nan-in-loss-and-grad", None))
@@ -272,7 +279,7 @@ def _training_args(spec: RunSpec) -> list[tuple[str, Any]]:
         ("--attention-dropout", t.dropout),
         ("--optimizer", "adam" if t.optimizer == "adamw" else "sgd"),
         ("--lr", t.learning_rate),
-        ("--min-lr", t.learning_rate * t.min_lr_ratio),
+        ("--min-lr", f"{t.learning_rate * t.min_lr_ratio:.12g}"),  # 3e-05, not 2.99...e-05
         ("--lr-decay-style", "cosine"),
         ("--lr-warmup-iters", t.warmup_steps),
         ("--train-iters", t.train_steps),

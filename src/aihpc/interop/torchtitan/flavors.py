@@ -61,6 +61,7 @@ def flavor_shape(flavor: str, seq_len: int) -> dict[str, Any]:
         "seq_length": seq_len,
         "tied_embeddings": False,
         "position_embedding": "rope",
+        "rope_theta": 500000.0,  # every flavor's (torchtitan models/llama3/__init__.py)
     }
     if kv is not None:
         shape["num_kv_heads"] = kv

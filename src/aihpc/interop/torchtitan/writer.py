@@ -4,6 +4,7 @@ flavor of the model; a plan torchtitan cannot run is refused, naming the field.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from aihpc.interop._common import (
@@ -18,12 +19,49 @@ from aihpc.interop.torchtitan.flavors import (
     VERSION,
     flavor_shape,
 )
-from aihpc.runspec import RunSpec, SpecError
+from aihpc.runspec import ParallelPlan, RunSpec, SpecError, TrainingSpec
 from aihpc.runspec._table import from_table
 from aihpc.runspec.model import ModelSpec
 from aihpc.runspec.tomlw import dumps_toml
 
-__all__ = ["export_torchtitan"]
+__all__ = [
+    "export_torchtitan",
+    "torchtitan_as_run",
+    "torchtitan_model_refusal",
+    "torchtitan_refusal",
+]
+
+
+def torchtitan_model_refusal(spec: RunSpec) -> SpecError | None:
+    """SpecError where the model is none of torchtitan's llama3 flavors; None if it is one."""
+    try:
+        _flavor(spec)
+    except SpecError as err:
+        return err
+    return None
+
+
+def torchtitan_as_run(spec: RunSpec) -> tuple[RunSpec, list[str]]:
+    """(the run spec as torchtitan runs the exported TOML, the fields it changed, each
+    "field = ours -> theirs"); the spec itself where nothing changed."""
+    changes = _changes(spec)
+    if not changes:
+        return spec, []
+    ran = replace(spec, training=replace(spec.training, **{n: v for n, _, v in changes}))
+    return ran, [f"training.{n} = {mine!r} -> {theirs!r}" for n, mine, theirs in changes]
+
+
+def _changes(spec: RunSpec) -> list[tuple[str, Any, Any]]:
+    t = spec.training
+    fixed = dict(FIXED)
+    if t.precision != "fp8":
+        fixed.pop("fp8_saved_inputs", None)
+    out = [(k, getattr(t, k), v) for k, v in fixed.items() if getattr(t, k) != v]
+    if t.tp_comm_overlap not in ("none", "async_tp"):
+        out.append(("tp_comm_overlap", t.tp_comm_overlap, "none"))
+    if t.cross_entropy != ("fused" if t.fused_kernels else "eager"):
+        out.append(("cross_entropy", t.cross_entropy, "fused" if t.fused_kernels else "eager"))
+    return out
 
 
 def _flavor(spec: RunSpec) -> str:
@@ -44,7 +82,9 @@ def export_torchtitan(spec: RunSpec, source: str = "") -> tuple[str, list[str]]:
     cannot run raises SpecError naming the field."""
     m, p, t, ck = spec.model, spec.plan(), spec.training, spec.checkpoint
     flavor = _flavor(spec)
-    _refuse_torchtitan(spec)
+    err = torchtitan_refusal(m, p, t)
+    if err is not None:
+        raise err
     par, local = _parallelism(spec)
     ac = (
         {"mode": p.recompute}
@@ -52,8 +92,8 @@ def export_torchtitan(spec: RunSpec, source: str = "") -> tuple[str, list[str]]:
         else {"mode": "selective", "selective_ac_option": "op"}
     )
     model: dict[str, Any] = {"name": "llama3", "flavor": flavor}
-    if t.precision == "fp8":
-        model["converters"] = ["float8"]
+    if t.precision == "fp8":  # torchtitan 0.2's converter name (components/quantization)
+        model["converters"] = ["quantize.linear.float8"]
     data: dict[str, Any] = {
         "job": {"description": f"{m.name} on {spec.cluster.num_gpus} x {spec.cluster.gpu.id}"},
         "model": model,
@@ -89,8 +129,8 @@ def export_torchtitan(spec: RunSpec, source: str = "") -> tuple[str, list[str]]:
             "async_mode": "async" if ck.async_save else "disabled",
         },
     }
-    if t.fp8_param_gather:
-        data["float8"] = {"enable_fsdp_float8_all_gather": True}
+    if t.precision == "fp8":
+        data["quantize"] = {"linear": {"float8": _float8(t.fp8_param_gather)}}
     if t.tp_comm_overlap == "async_tp":
         par["enable_async_tensor_parallel"] = True
     header = (
@@ -98,6 +138,17 @@ def export_torchtitan(spec: RunSpec, source: str = "") -> tuple[str, list[str]]:
         f"`aihpc export{' ' + source if source else ''} --to torchtitan`"
     )
     return dumps_toml(data, header), _dropped(spec)
+
+
+def _float8(param_gather: bool) -> dict[str, Any]:
+    """[quantize.linear.float8] (torchtitan 0.2's Float8Linear; before 0.2, [float8]): per-tensor
+    scaling, the output layer kept 16-bit as torchtitan's own llama3 FP8 configs do, FP8
+    all-gather under FSDP2 with its precomputed scales when the run spec gathers FP8."""
+    table: dict[str, Any] = {"recipe_name": "tensorwise", "filter_fqns": ["output"]}
+    if param_gather:
+        table["enable_fsdp_float8_all_gather"] = True
+        table["precompute_float8_dynamic_scale_for_fsdp"] = True
+    return table
 
 
 def _dropped(spec: RunSpec) -> list[str]:
@@ -116,33 +167,41 @@ def _dropped(spec: RunSpec) -> list[str]:
     return dropped
 
 
-def _refuse_torchtitan(spec: RunSpec) -> None:
-    """SpecError naming the first field of the plan torchtitan cannot run."""
-    p, t = spec.plan(), spec.training
+def torchtitan_refusal(model: ModelSpec, p: ParallelPlan, t: TrainingSpec) -> SpecError | None:
+    """The first field of the plan torchtitan cannot run, as a SpecError; None if it runs it
+    (the model's flavor aside: ``export_torchtitan`` checks it). Shared by the export and
+    `aihpc search --for torchtitan`; depends on neither batch size."""
+    del model  # every llama3 flavor runs the same plans
     if p.sequence_parallel != (p.tp > 1):
-        raise SpecError(
+        return SpecError(
             "parallel.sequence_parallel",
             p.sequence_parallel,
             "torchtitan shards the sequence whenever tp > 1",
         )
     if p.zero_stage == 1:
-        raise SpecError("parallel.zero_stage", 1, "torchtitan runs 0 (DDP) | 2 | 3 (FSDP2)")
+        return SpecError("parallel.zero_stage", 1, "torchtitan runs 0 (DDP) | 2 | 3 (FSDP2)")
     if p.recompute == "selective":
-        raise SpecError("parallel.recompute", "selective", "torchtitan runs none | op | full")
+        return SpecError("parallel.recompute", "selective", "torchtitan runs none | op | full")
     if p.offload_layers:
-        raise SpecError(
+        return SpecError(
             "parallel.offload_layers", p.offload_layers, "torchtitan offloads no activations"
         )
     if p.ep > 1:
-        raise SpecError("parallel.ep", p.ep, "llama3 is dense")
+        return SpecError("parallel.ep", p.ep, "llama3 is dense")
+    return torchtitan_training_refusal(t)
+
+
+def torchtitan_training_refusal(t: TrainingSpec) -> SpecError | None:
+    """What torchtitan refuses in the training whatever the plan."""
     if t.precision == "fp16":
-        raise SpecError("training.precision", "fp16", "torchtitan trains bf16 | fp8")
+        return SpecError("training.precision", "fp16", "torchtitan trains bf16 | fp8")
     if t.optimizer == "sgd":
-        raise SpecError("training.optimizer", "sgd", "torchtitan runs adamw | adam")
+        return SpecError("training.optimizer", "sgd", "torchtitan runs adamw | adam")
     if t.tp_comm_overlap == "async_tp" and not t.fused_kernels:
-        raise SpecError(
+        return SpecError(
             "training.tp_comm_overlap", "async_tp", "torchtitan runs async TP compiled only"
         )
+    return None
 
 
 def _parallelism(spec: RunSpec) -> tuple[dict[str, Any], int]:

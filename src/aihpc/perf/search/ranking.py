@@ -130,6 +130,33 @@ def _valid_batch(
     return full.take(ok), len(full) - len(ok)
 
 
+Accept = Callable[[ParallelPlan], "SpecError | None"]
+
+
+def _refusals(b: PlanBatch, accept: Accept) -> list[SpecError | None]:
+    """``accept``'s answer for each plan of ``b``, asked once per distinct plan but its batch
+    sizes (which ``accept`` may not read)."""
+    cols = np.stack([b.tp, b.pp, b.vpp, b.cp, b.dp, b.ep, b.etp, b.sp, b.zero, b.rec, b.a2a,
+                     b.offload], axis=1)  # fmt: skip
+    if not len(cols):
+        return []
+    _, first, inverse = np.unique(cols, axis=0, return_index=True, return_inverse=True)
+    answers = [accept(b.plan(int(i))) for i in first]
+    return [answers[k] for k in inverse.reshape(-1).tolist()]
+
+
+def _accepted(
+    b: PlanBatch, accept: Accept, invalid: Counter[str], examples: dict[str, SpecError]
+) -> PlanBatch:
+    """The plans ``accept`` takes; each refusal counted under the field it names."""
+    answers = _refusals(b, accept)
+    for err in answers:
+        if err is not None:
+            invalid[err.field] += 1
+            examples.setdefault(err.field, err)
+    return b.take(np.array([i for i, err in enumerate(answers) if err is None], dtype=np.int64))
+
+
 def _offload_to_fit(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -162,12 +189,15 @@ def search(
     progress: Callable[[int], None] | None = None,
     explain: int = 0,
     weight: Callable[[float], float] | None = None,
+    accept: Accept | None = None,
 ) -> SearchResult:
     """Estimate every valid completion of ``spec.parallel``; best first among those that fit.
 
     Ranked by tokens/s/GPU; by that times ``weight(step time)`` (goodput: throughput x ETTR,
     over the arrays of plans), or by ``key`` of each plan's estimate (every plan estimated on
-    its own: slower)."""
+    its own: slower). ``accept`` keeps the search inside what a framework runs: the SpecError
+    naming what it refuses in a plan, None where it runs it (the CLI passes the framework's
+    rules from aihpc.interop, which perf may not import; it must not read the batch sizes)."""
     return search_plans(
         spec.model,
         spec.cluster,
@@ -179,6 +209,7 @@ def search(
         progress,
         explain,
         weight,
+        accept,
     )
 
 
@@ -193,11 +224,14 @@ def search_plans(
     progress: Callable[[int], None] | None = None,
     explain: int = 0,
     weight: Callable[[float], float] | None = None,
+    accept: Accept | None = None,
 ) -> SearchResult:
     start = time.perf_counter()
     invalid: Counter[str] = Counter()
     examples: dict[str, SpecError] = {}
     batch, _ = _valid_batch(model, cluster, partial, training, invalid, examples)
+    if accept is not None:
+        batch = _accepted(batch, accept, invalid, examples)
     times = price_batch(model, cluster, batch, training, params)
     evaluated = len(batch)
     fits, score = times.fits.copy(), times.tokens_per_s_per_gpu.copy()
@@ -207,6 +241,9 @@ def search_plans(
     # fit), unless the run spec fixes offload_layers or the GPU has no host-link figure.
     if partial.offload_layers is None and cluster.gpu.host_link_GBps is not None:
         tried, moved, sub = _offload_to_fit(model, cluster, batch, times, training, params)
+        if moved is not None and sub is not None and accept is not None:
+            runs = np.array([e is None for e in _refusals(sub, accept)], dtype=bool)
+            moved.fits[:] = moved.fits & runs  # offloading may be what the framework refuses
         if moved is not None and sub is not None:
             evaluated += int(moved.fits.sum())  # an offloaded plan that still fails is dropped
             ok = tried[moved.fits]
