@@ -1,38 +1,25 @@
-"""Just enough of bash to read a training launch script: variable assignments (scalars and
-arrays, ``export``), ``$VAR`` / ``${VAR}`` / ``${VAR:-default}`` / ``${ARR[@]}`` / ``$((a*b))``
-expansion, backslash continuations and comments. It never runs anything.
+"""A training launch script's commands (read by interop/bash.py's real bash grammar, never run),
+the one that launches Megatron-LM, and bash's integer arithmetic for ``$((...))``.
 
 Arithmetic is bash's, bounded: integers of at most 19 digits, + - * / % and ** on 64-bit signed
 values that wrap as bash's do (a power by modular exponentiation, so ``2**2**2**2**2**2`` is one
 step, not a hang), parentheses at most 32 deep; division by zero or a negative exponent (bash's
 own errors) is one line naming the expression. Expanded values are capped in size, so an array
-doubled on every line cannot fill memory. (Issue 36 replaces this reader with a real parser.)
-"""
+doubled on every line cannot fill memory."""
 
 from __future__ import annotations
 
 import re
-import shlex
 
+from aihpc.interop.bash import Script, read_script
 from aihpc.runspec import SpecError
 
-__all__ = ["arith", "command_tokens", "expand_script"]
+__all__ = ["arith", "command_tokens", "expand_script", "launch_command"]
 
 _MAX_DIGITS = 19  # 2**63 - 1 has 19
 _MAX_PARENS = 32
 _MAX_EXPR = 4096  # characters of one $(( )) after expansion
-_MAX_WORDS = 100_000  # words of one array
-_MAX_VALUE = 1 << 20  # characters of one expanded value
 _TOKEN = re.compile(r"\s*(?:(\d+)|(\*\*|[-+*/%()]))")
-
-_ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
-_VAR = re.compile(
-    r"\$\(\((?P<arith>[^()]*)\)\)"
-    r"|\$\{(?P<arr>[A-Za-z_]\w*)\[[@*]\]\}"
-    r"|\$\{(?P<name>[A-Za-z_]\w*)(?::-(?P<default>[^}]*))?\}"
-    r"|\$(?P<bare>[A-Za-z_]\w*)"
-)
-_ARITH = re.compile(r"[0-9+\-*/% ()]+")
 
 
 def _wrap(n: int) -> int:
@@ -144,90 +131,39 @@ def arith(expr: str) -> int:
     return _Arith(expr).value()
 
 
-def _expand(word: str, scalars: dict[str, str], arrays: dict[str, list[str]]) -> list[str]:
-    """One shell word → its words after expansion (an array expands to several)."""
-    whole = _VAR.fullmatch(word)
-    if whole and whole.group("arr"):
-        return list(arrays.get(whole.group("arr"), []))
-
-    def sub(m: re.Match[str]) -> str:
-        if m.group("arith") is not None:
-            expr = _VAR.sub(sub, m.group("arith"))
-            expr = re.sub(r"[A-Za-z_]\w*", lambda v: scalars.get(v.group(0), "0"), expr)
-            return str(arith(expr)) if _ARITH.fullmatch(expr) else ""
-        if m.group("arr"):
-            return " ".join(arrays.get(m.group("arr"), []))
-        name = m.group("name") or m.group("bare")
-        value = scalars.get(name, arrays.get(name, [""])[0] if name in arrays else "")
-        if not value and m.group("default") is not None:
-            return m.group("default")
-        return value
-
-    return [_VAR.sub(sub, word)]
-
-
-def _statements(text: str) -> list[list[str]]:
-    text = text.replace("\\\n", " ")
-    out: list[list[str]] = []
-    pending: list[str] = []
-    for line in text.splitlines():
-        try:
-            words = shlex.split(line, comments=True, posix=True)
-        except ValueError:
-            continue  # an unbalanced quote: not a line this reader needs
-        if pending:
-            pending += words
-            if ")" in words:
-                out.append(pending[: pending.index(")") + 1])
-                pending = []
-            continue
-        if words and words[0].endswith("=(") and ")" not in words:
-            pending = words
-            continue
-        if words:
-            out.append(words)
-    return out
-
-
-def _bounded(words: list[str], name: str) -> list[str]:
-    """``words``, or one line when a variable grows past what a launch script holds (an array
-    doubled line after line would otherwise fill memory)."""
-    if len(words) > _MAX_WORDS or sum(map(len, words)) > _MAX_VALUE:
-        raise SpecError(
-            name, f"{len(words)} words", f"a value of at most {_MAX_VALUE >> 20} MiB is read"
-        )
-    return words
+_LAUNCHER = re.compile(
+    r"(python[0-9.]*|torchrun|srun|mpirun|mpiexec|deepspeed|uv|nsys|numactl|env|"
+    r"accelerate|bash|sh|taskset|timeout|apptainer|singularity|docker|enroot)"
+)
+_ENTRY = re.compile(r"(?:^|/)(pretrain_\w+)(?:\.py)?$")
 
 
 def expand_script(text: str) -> list[list[str]]:
     """The script's commands (not its assignments), each as its expanded words."""
-    scalars: dict[str, str] = {}
-    arrays: dict[str, list[str]] = {}
-    commands = []
-    for words in _statements(text):
-        if words[0] in ("export", "declare", "local", "readonly"):
-            words = [w for w in words[1:] if not w.startswith("-")] or words
-        m = _ASSIGN.match(words[0])
-        if m and m.group(2).startswith("("):  # NAME=( a b c ) or NAME=(a)
-            items = [m.group(2)[1:], *words[1:]]
-            items = [w.rstrip(")") for w in items if w not in ("", ")")]
-            expanded = [e for w in items for e in _expand(w, scalars, arrays)]
-            arrays[m.group(1)] = _bounded([e for e in expanded if e], m.group(1))
-            continue
-        if m and all(_ASSIGN.match(w) for w in words):
-            for w in words:
-                name, value = _ASSIGN.match(w).groups()  # type: ignore[union-attr]
-                scalars[name] = _bounded([" ".join(_expand(value, scalars, arrays))], name)[0]
-            continue
-        commands.append([e for w in words for e in _expand(w, scalars, arrays) if e != ""])
-    return commands
+    return [c.launcher + c.words for c in read_script(text).commands]
+
+
+def launch_command(script: Script) -> tuple[list[str], str, list[str]] | None:
+    """(launcher words, entry such as ``pretrain_gpt``, program arguments) of the command that
+    runs a Megatron-LM ``pretrain_*.py`` (directly, under python / torchrun / srun ...), found
+    after expansion; None when no command does. A test (``[ -f pretrain_gpt.py ]``), an echo or
+    a copy of the file is not a launch."""
+    for cmd in script.commands:
+        words = cmd.launcher + cmd.words
+        for i, w in enumerate(words):
+            m = _ENTRY.search(w)
+            if m is None:
+                continue
+            head = words[0].rsplit("/", 1)[-1]
+            if i == 0 or _LAUNCHER.fullmatch(head):
+                return words[:i], m.group(1), words[i + 1 :]
+    return None
 
 
 def command_tokens(text: str, entry: str) -> tuple[list[str], list[str]] | None:
-    """(launcher words, program arguments) of the first command that runs ``entry`` (a script
-    name such as ``pretrain_gpt.py``), or None when no command does."""
-    for words in expand_script(text):
-        for i, w in enumerate(words):
-            if w.endswith(entry):
-                return words[:i], words[i + 1 :]
-    return None
+    """(launcher words, program arguments) of the command that runs ``entry`` (a script name
+    such as ``pretrain_gpt.py``), or None when no command does."""
+    found = launch_command(read_script(text))
+    if found is None or found[1] != entry.removesuffix(".py"):
+        return None
+    return found[0], found[2]

@@ -21,7 +21,8 @@ from aihpc.interop._common import (
     as_float,
     as_int,
 )
-from aihpc.interop.shell import command_tokens, expand_script
+from aihpc.interop.bash import read_script
+from aihpc.interop.shell import launch_command
 from aihpc.runspec import SpecError
 
 __all__ = ["FIXED", "FRAMEWORK", "Args", "launcher_counts", "parse_flags", "source_words"]
@@ -51,6 +52,14 @@ def parse_flags(words: list[str]) -> dict[str, Any]:
             i += 1
             continue
         name, eq, value = w.partition("=")
+        if " " in name or "\t" in name:
+            raise SpecError(
+                name.split()[0],
+                w,
+                "Megatron-LM's argparse stops on it (unrecognized arguments): the launch passes "
+                "the flag and its value as one word (a quoted array expansion); write them as "
+                "two words or expand the array unquoted",
+            )
         name = "--" + name[2:].replace("_", "-")
         if eq:
             out[name] = value
@@ -91,13 +100,40 @@ class Args:
         return [f for f in self.flags if f not in self.read]
 
 
-def source_words(text: str) -> tuple[list[str], list[str]]:
+# Megatron-LM's pretrain_*.py entries that are not a GPT decoder (what aihpc prices).
+_NOT_DECODER = {
+    "pretrain_bert": "BERT, an encoder",
+    "pretrain_t5": "T5, an encoder-decoder",
+    "pretrain_retro": "RETRO, a retrieval encoder-decoder",
+    "pretrain_ict": "ICT, a BERT retriever",
+    "pretrain_vision_classify": "a ViT classifier",
+    "pretrain_vision_dino": "a ViT (DINO)",
+    "pretrain_vision_inpaint": "a ViT (inpainting)",
+    "pretrain_mamba": "a hybrid Mamba model",
+    "pretrain_vlm": "a vision-language model",
+}
+
+
+def source_words(text: str, notes: list[str] | None = None) -> tuple[list[str], list[str]]:
     """(launcher words, Megatron arguments) of a launch script, or ([], words) of a file of
-    arguments."""
-    found = command_tokens(text, "pretrain_gpt.py")
+    arguments; the assumptions made reading the script are appended to ``notes``."""
+    script = read_script(text)
+    if notes is not None:
+        notes += script.notes
+    found = launch_command(script)
     if found is not None:
-        return found
-    words = [w for cmd in expand_script(text) for w in cmd]
+        launcher, entry, words = found
+        if entry in _NOT_DECODER:
+            raise SpecError(
+                "SOURCE",
+                f"{entry}.py",
+                f"it trains {_NOT_DECODER[entry]}, not a decoder-only GPT: aihpc prices "
+                "decoder-only transformers (pretrain_gpt.py)",
+            )
+        if entry != "pretrain_gpt":
+            raise SpecError("SOURCE", f"{entry}.py", "aihpc reads pretrain_gpt.py launches")
+        return launcher, words
+    words = [w for cmd in script.commands for w in cmd.launcher + cmd.words]
     if not any(w.startswith("--") for w in words):
         raise SpecError(
             "SOURCE", text[:40], "expected a script running pretrain_gpt.py or its --arguments"

@@ -263,9 +263,9 @@ def import_megatron(
     vocab_size: int | None = None,
 ) -> Imported:
     """A pretrain_gpt.py launch script (or a file of its arguments) → run spec."""
-    launcher, words = source_words(text)
-    a = Args(parse_flags(words))
     notes: list[str] = []
+    launcher, words = source_words(text, notes)
+    a = Args(parse_flags(words))
     nodes, per_node = launcher_counts(launcher)
     gpus_per_node = gpus_per_node or per_node
     if num_gpus is None and nodes and per_node:
