@@ -338,11 +338,6 @@ def test_export_estimate_as_the_framework_runs_it() -> None:
     assert estimate_line("deepspeed", ds) == (None, None)  # ...but priced the same
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 36 item 1 (import side): torchtitan/reader.py reads the pre-0.2 [float8] and "
-    "converter 'float8' only; it must read [quantize.linear.float8] as the export now writes it",
-)
 def test_torchtitan_fp8_export_imports_back_as_fp8() -> None:
     from aihpc.interop import import_torchtitan
 

@@ -28,7 +28,73 @@ from aihpc.runspec.parallel import RECOMPUTE_MODULES
 __all__ = ["import_megatron"]
 
 
-def _parallel(a: Args, num_layers: int, world: int, moe: bool = False) -> dict[str, Any]:
+_FSDP_ZERO = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
+
+
+def _zero(a: Args, notes: list[str]) -> int:
+    """The ZeRO stage: Megatron-FSDP's --data-parallel-sharding-strategy (default no_shard;
+    optim | optim_grads | optim_grads_params shard what ZeRO 1 | 2 | 3 shard), torch FSDP2
+    (ZeRO 3), the distributed optimizer (ZeRO 1), else DDP."""
+    fsdp = a.flag("--use-megatron-fsdp") or a.flag("--use-custom-fsdp")
+    strategy = a.get("--data-parallel-sharding-strategy", "no_shard")
+    if fsdp:
+        if strategy not in _FSDP_ZERO:
+            allowed = " | ".join(_FSDP_ZERO)
+            raise SpecError("--data-parallel-sharding-strategy", strategy, f"allowed: {allowed}")
+        if not a.flags.get("--data-parallel-sharding-strategy"):
+            notes.append("Megatron-FSDP without --data-parallel-sharding-strategy: no_shard")
+        return _FSDP_ZERO[strategy]
+    if a.flag("--use-torch-fsdp2"):
+        return 3
+    return 1 if a.flag("--use-distributed-optimizer") else 0
+
+
+def _megatron_rules(
+    a: Args, out: dict[str, Any], num_layers: int, world: int, notes: list[str]
+) -> str | None:
+    """What Megatron-LM turns off or refuses (arguments.py validate_args; parallel_state's
+    initialize_model_parallel for the expert groups)."""
+    if out["sequence_parallel"] and out["tp"] == 1:
+        # validate_args: "Disabling sequence parallelism because tensor model parallelism is
+        # disabled"
+        out["sequence_parallel"] = False
+        notes.append("--sequence-parallel with tp 1: Megatron-LM turns it off (read as off)")
+    ep, etp, pp = out["ep"], out["etp"], out["pp"]
+    if ep > 1 and world % (etp * ep * pp):
+        raise SpecError(
+            "--expert-model-parallel-size",
+            ep,
+            f"Megatron-LM refuses it: the world size {world} is not divisible by expert tensor "
+            f"x expert model x pipeline parallel size {etp} x {ep} x {pp}",
+        )
+    custom = [
+        f
+        for f in (
+            "--pipeline-model-parallel-layout",
+            "--decoder-first-pipeline-num-layers",
+            "--decoder-last-pipeline-num-layers",
+            "--account-for-embedding-in-pipeline-split",
+            "--account-for-loss-in-pipeline-split",
+        )
+        if a.flag(f)
+    ]
+    if custom:
+        notes.append(f"{custom[0]}: Megatron-LM's stages may differ, priced as an uneven split")
+        return "uneven"
+    chunks = pp * out["vpp"]
+    if pp > 1 and num_layers % chunks:
+        raise SpecError(
+            "--pipeline-model-parallel-size",
+            pp,
+            f"Megatron-LM refuses it: num_layers {num_layers} is not divisible by the "
+            f"{chunks} pipeline stages{' x virtual stages' if out['vpp'] > 1 else ''} (an "
+            "uneven split needs --pipeline-model-parallel-layout or "
+            "--decoder-first/last-pipeline-num-layers)",
+        )
+    return None
+
+
+def _parallel(a: Args, num_layers: int, world: int, moe: bool, notes: list[str]) -> dict[str, Any]:
     tp = a.int("--tensor-model-parallel-size", 1)
     pp = a.int("--pipeline-model-parallel-size", 1)
     cp = a.int("--context-parallel-size", 1)
@@ -44,7 +110,7 @@ def _parallel(a: Args, num_layers: int, world: int, moe: bool = False) -> dict[s
                 f"x pp {pp} must divide num_layers {num_layers}",
             )
         vpp = num_layers // (per_stage * pp)
-    zero = 3 if a.flag("--use-torch-fsdp2") else 1 if a.flag("--use-distributed-optimizer") else 0
+    zero = _zero(a, notes)
     granularity = a.get("--recompute-granularity")
     recompute = {None: "none", "selective": "selective", "full": "full"}.get(granularity)
     if recompute is None:
@@ -276,8 +342,12 @@ def import_megatron(
         )
     tp = a.int("--tensor-model-parallel-size", 1) or 1
     shape = model_shape(a, tp, notes, vocab_size)
-    parallel = _parallel(a, shape["num_layers"], num_gpus, bool(shape.get("num_experts")))
+    moe = bool(shape.get("num_experts"))
+    parallel = _parallel(a, shape["num_layers"], num_gpus, moe, notes)
+    split = _megatron_rules(a, parallel, shape["num_layers"], num_gpus, notes)
     training = _training(a, _precision(a), parallel["global_batch_size"], notes)
+    if split:
+        training["pipeline_split"] = split
     training["cuda_graphs"] = _cuda_graphs(a)
     if shape.get("num_experts"):
         training["moe_dispatcher"] = _dispatcher(a, notes)

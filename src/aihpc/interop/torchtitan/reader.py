@@ -207,8 +207,19 @@ def _cp_and_precision(t: _Toml, notes: list[str]) -> dict[str, Any]:
         raise SpecError("training.mixed_precision_param", param, "aihpc prices bfloat16 training")
     t.get("training", "mixed_precision_reduce")
     converters = t.get("model", "converters", [], list) or []
-    fp8 = "float8" in converters
+    # torchtitan 0.2 names the converter quantize.linear.float8 and reads its options from
+    # [quantize.linear.float8]; before 0.2 both were float8 / [float8]
+    fp8 = "float8" in converters or "quantize.linear.float8" in converters
     gather = bool(t.get("float8", "enable_fsdp_float8_all_gather", False))
+    quantize = t.data.get("quantize")
+    linear = quantize.get("linear") if isinstance(quantize, dict) else None
+    table = linear.get("float8") if isinstance(linear, dict) else None
+    if isinstance(table, dict):
+        gather = gather or bool(table.get("enable_fsdp_float8_all_gather", False))
+        known = {"enable_fsdp_float8_all_gather", "precompute_float8_dynamic_scale_for_fsdp"}
+        known |= {"recipe_name", "filter_fqns", "emulate", "force_recompute_fp8_weight_in_bwd"}
+        if set(table) <= known and set(linear) == {"float8"} and set(quantize) == {"linear"}:
+            t.read.add(("quantize", "linear"))
     compiled = bool(t.get("compile", "enable", t.get("training", "compile", False)))
     # async TP: Inductor's micro-pipelined all-gather-matmul / matmul-reduce-scatter; vanilla
     # DTensor TP overlaps nothing (perf/step/tp_overlap.py)
