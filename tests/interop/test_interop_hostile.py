@@ -92,8 +92,10 @@ def test_deepspeed_num_gpus_zero_is_one_line(tmp_path: Path) -> None:
     _one_line(result, "--num-gpus")
 
 
-def test_deepspeed_auto_values_are_read_as_unset(tmp_path: Path) -> None:
-    """The Hugging Face Trainer's "auto": the values it fills in are unset here, and said so."""
+def test_deepspeed_auto_values_take_the_hf_trainer_defaults(tmp_path: Path) -> None:
+    """The Hugging Face Trainer's "auto": a value it fills from TrainingArguments is read as that
+    argument's default, one it computes (train_batch_size) is left to DeepSpeed's identity;
+    each is said on its own line."""
     text = _ds(train_batch_size="auto", gradient_clipping="auto", optimizer__params__lr="auto")
     (tmp_path / "ds.json").write_text(text)
     args = ["import", "deepspeed", str(tmp_path / "ds.json"), "--model", "llama3-8b", "--json"]
@@ -106,7 +108,11 @@ def test_deepspeed_auto_values_are_read_as_unset(tmp_path: Path) -> None:
         par["global_batch_size"]
         == DS["train_micro_batch_size_per_gpu"] * DS["gradient_accumulation_steps"] * 16
     )
-    assert train["grad_clip"] == 0.0  # DeepSpeed's default when gradient_clipping is unset
+    # TrainingArguments' defaults: max_grad_norm 1.0, learning_rate 5e-5
+    from aihpc.interop.deepspeed.reader import HF_AUTO
+
+    assert train["grad_clip"] == HF_AUTO["gradient_clipping"][1]
+    assert train["learning_rate"] == HF_AUTO["optimizer.params.lr"][1]
     auto = [n for n in doc["notes"] if '"auto"' in n]
     assert {n.split(" ")[0] for n in auto} == {
         "train_batch_size",

@@ -53,6 +53,23 @@ _KINDS: dict[str, tuple[Any, str]] = {
 # Keys the Hugging Face Trainer's DeepSpeed integration fills in when they say "auto"
 # (transformers/integrations/deepspeed.py, HfTrainerDeepSpeedConfig.trainer_config_process).
 _AUTO = "auto"
+# "auto" keys the Trainer fills from a TrainingArguments field: (that field, its default). A
+# launch that passes other arguments fills other values: each one read is named in a note.
+# train_batch_size = world x micro-batch x accumulation, as DeepSpeed's identity computes it;
+# scheduler total_num_steps (from max_steps or the data) and the bucket sizes (from the
+# model's hidden size) are left unset.
+HF_AUTO: dict[str, tuple[str, Any]] = {
+    "train_micro_batch_size_per_gpu": ("per_device_train_batch_size", 8),
+    "gradient_accumulation_steps": ("gradient_accumulation_steps", 1),
+    "gradient_clipping": ("max_grad_norm", 1.0),
+    "optimizer.params.lr": ("learning_rate", 5e-5),
+    "optimizer.params.betas": ("[adam_beta1, adam_beta2]", [0.9, 0.999]),
+    "optimizer.params.eps": ("adam_epsilon", 1e-8),
+    "optimizer.params.weight_decay": ("weight_decay", 0.0),
+    "scheduler.params.warmup_num_steps": ("warmup_steps (warmup_ratio 0)", 0),
+    "scheduler.params.warmup_min_lr": ("0", 0.0),
+    "scheduler.params.warmup_max_lr": ("learning_rate", 5e-5),
+}
 
 
 class _Json:
@@ -60,6 +77,7 @@ class _Json:
         self.data = data
         self.read: set[str] = set()
         self.auto: list[str] = []
+        self.filled: list[str] = []
 
     def get(self, path: str, default: Any = None, kind: str | None = None) -> Any:
         """The value at the dotted ``path``; null is unset. With ``kind``, any other value is
@@ -72,11 +90,18 @@ class _Json:
             node = node[part]
         if node is None:
             return default
-        if kind is None:
-            return node
         if node == _AUTO:
+            if path in HF_AUTO:
+                field, value = HF_AUTO[path]
+                self.filled.append(
+                    f'{path} = "auto": the Hugging Face Trainer fills it from TrainingArguments '
+                    f"{field}; read as its default {value}"
+                )
+                return value
             self.auto.append(path)
             return default
+        if kind is None:
+            return node
         check, allowed = _KINDS[kind]
         if not check(node):
             raise SpecError(path, node, allowed)
@@ -206,6 +231,7 @@ def import_deepspeed(
         "parallel": parallel,
         "training": training,
     }
+    notes += list(dict.fromkeys(j.filled))
     notes += [
         f'{key} = "auto": the Hugging Face Trainer fills it in at launch; read as unset'
         for key in dict.fromkeys(j.auto)
@@ -265,9 +291,6 @@ def _training_table(j: _Json, notes: list[str]) -> dict[str, Any]:
     if opt_name == "adam" and j.get("optimizer.params.adam_w_mode", True, "bool"):
         opt_name = "adamw"  # DeepSpeed's FusedAdam / Adam default to decoupled weight decay
     betas = j.get("optimizer.params.betas", [0.9, 0.999])
-    if betas == _AUTO:
-        j.auto.append("optimizer.params.betas")
-        betas = [0.9, 0.999]
     if not (isinstance(betas, list) and len(betas) == 2 and all(map(_is_num, betas))):
         raise SpecError("optimizer.params.betas", betas, "expected two numbers [beta1, beta2]")
     lr = float(j.get("optimizer.params.lr", 1e-3, "num"))
