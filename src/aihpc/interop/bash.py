@@ -179,7 +179,9 @@ class _Walker(Branches):
         if t in ("string", "translated_string"):
             return self.string(node)
         if t == "simple_expansion":
-            name = self.text(node)[1:]
+            # the grammar may start the node at blanks before its $: the name is its child's
+            kids = node.named_children
+            name = self.text(kids[0]) if kids else self.text(node).strip()[1:]
             return [(self.var(name, node) or "", not quoted)]
         if t == "expansion":
             try:
@@ -206,8 +208,11 @@ class _Walker(Branches):
         for c in node.children:
             if not c.is_named:
                 continue
-            if c.start_byte > pos:
-                out.append((_unescape(self.src[pos : c.start_byte].decode(), True), False))
+            # the grammar may start a node at the blanks before it: they are the string's
+            raw = self.src[c.start_byte : c.end_byte]
+            start = c.start_byte + len(raw) - len(raw.lstrip())
+            if start > pos:
+                out.append((_unescape(self.src[pos:start].decode(), True), False))
             out += self.parts(c, quoted=True)
             pos = c.end_byte
         if node.end_byte - 1 > pos:

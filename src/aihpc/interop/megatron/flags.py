@@ -142,10 +142,13 @@ def source_words(text: str, notes: list[str] | None = None) -> tuple[list[str], 
 
 
 def launcher_counts(words: list[str]) -> tuple[int | None, int | None]:
-    """(nodes, processes per node) from torchrun's / python -m torch.distributed.run's words."""
+    """(nodes, processes per node) from torchrun's / python -m torch.distributed.run's words
+    (torchrun's --nnodes defaults to 1, as --standalone sets it)."""
     flags = parse_flags(words)
     nproc = flags.get("--nproc-per-node")
     nnodes = flags.get("--nnodes")
     nodes = as_int(str(nnodes).split(":")[-1], "--nnodes") if nnodes else None
     per_node = as_int(nproc, "--nproc-per-node") if nproc and str(nproc).isdigit() else None
+    if nodes is None and per_node is not None:
+        nodes = 1
     return nodes, per_node
