@@ -136,6 +136,11 @@ class _Walker(Branches):
             return value or ""
         op = rest[0].type
         word = "".join(self.join(self.parts(c, quoted=True)) for c in rest[1:])
+        if op in (":-", "-", ":=", "=") and value is None and name not in self.set_here:
+            why = (
+                "read as run without arguments" if name.isdigit() else "the environment may set it"
+            )
+            self.note(f"${name} unset ({why}): {self.text(node)} read as {word!r}")
         if op in (":-", "-"):
             empty = value is None or (op == ":-" and value == "")
             return word if empty else value  # type: ignore[return-value]
@@ -300,15 +305,16 @@ class _Walker(Branches):
             return  # ARR[i]=x: rare in launch scripts
         append = any(c.type == "+=" for c in node.children)
         value = node.child_by_field_name("value")
-        self.set_here.add(name)
         self.unknown.discard(name)
         if value is not None and value.type == "array":
             items = [w for c in value.named_children for w in self.fields(c)]
             old = self.arrays.get(name, [self.scalars[name]] if name in self.scalars else [])
             self.arrays[name] = self.bounded(name, (old if append else []) + items)
             self.scalars.pop(name, None)
+            self.set_here.add(name)
             return
         parts = self.parts(value, quoted=True) if value is not None else []
+        self.set_here.add(name)
         if (
             any(isinstance(p, str) and p.startswith(("$(", "`")) and not s for p, s in parts)
             and value is not None

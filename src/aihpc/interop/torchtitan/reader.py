@@ -84,7 +84,17 @@ def _degrees(t: _Toml, num_gpus: int | None) -> tuple[dict[str, int], int]:
                 -1,
                 "-1 takes the GPUs left, and the TOML does not say how many: pass --num-gpus N",
             )
-        shard = num_gpus // (rep * tp * pp * cp)
+        # ParallelDims: dp_shard = world // (dp_replicate x cp x tp x pp), which must come out
+        # a whole degree >= 1 (its _validate asserts the product equals the world size)
+        rest = rep * tp * pp * cp
+        if num_gpus % rest:
+            raise SpecError(
+                "parallelism.data_parallel_shard_degree",
+                -1,
+                f"torchtitan resolves -1 to world / (replicate x tp x pp x cp) = {num_gpus} / "
+                f"{rest}, not a whole degree >= 1: pass the --num-gpus the job runs on",
+            )
+        shard = num_gpus // rest
     world = rep * shard * tp * pp * cp
     if num_gpus is not None and num_gpus != world:
         raise SpecError("--num-gpus", num_gpus, f"the TOML's degrees multiply to {world}")
