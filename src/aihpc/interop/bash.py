@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import tree_sitter_bash
 from tree_sitter import Language, Node, Parser
 
+from aihpc.interop.arith import arith
 from aihpc.interop.bash_branches import Branches
 from aihpc.runspec import SpecError
 
@@ -155,8 +156,6 @@ class _Walker(Branches):
         raise _Unknown(self.text(node))
 
     def arith(self, node: Node) -> str:
-        from aihpc.interop.shell import arith
-
         inner = self.text(node)[3:-2]
 
         def sub(m: re.Match[str]) -> str:
