@@ -41,6 +41,8 @@ class Command:
     words: list[str]
     line: int  # 1-based line of the source script
     launcher: list[str] = field(default_factory=list)  # words before `bash -c` around it
+    # the defaults taken for variables the environment may set that its words depend on
+    assumes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -72,6 +74,11 @@ class _Walker(Branches):
         self.steps = 0
         self.depth = 0
         self.launcher: list[str] = []
+        # taint: the variables whose default (``${VAR:-w}``, VAR unset) a value depends on
+        self.defaults: dict[str, str] = {}  # variable -> its one-line note
+        self.origin: dict[str, set[str]] = {}  # script variable -> defaulted variables
+        self.touched: set[str] = set()  # defaulted variables the current expansion read
+        self.outer: set[str] = set()  # those of a `bash -c` string's command
 
     # -- helpers ---------------------------------------------------------------------------
     def text(self, node: Node) -> str:
@@ -100,6 +107,7 @@ class _Walker(Branches):
             return self.arrays[name][0] if self.arrays[name] else ""
         if name.isdigit() or name in ("@", "*", "#"):
             return "0" if name == "#" else None
+        self.touched |= self.origin.get(name, set())
         if name in self.unknown:
             self.note(f"${name} is not known without running the script: its text is kept")
         return self.scalars.get(name)
@@ -117,6 +125,7 @@ class _Walker(Branches):
             name = self.text(target.child_by_field_name("name") or target.children[0])
             index = self.text(target.child_by_field_name("index") or target.children[2])
             items = self.arrays.get(name, [self.scalars[name]] if name in self.scalars else [])
+            self.touched |= self.origin.get(name, set())
             if rest:
                 raise _Unknown(self.text(node))
             if index in ("@", "*"):
@@ -141,7 +150,8 @@ class _Walker(Branches):
             why = (
                 "read as run without arguments" if name.isdigit() else "the environment may set it"
             )
-            self.note(f"${name} unset ({why}): {self.text(node)} read as {word!r}")
+            self.defaults[name] = f"${name} unset ({why}): {self.text(node)} read as {word!r}"
+            self.touched.add(name)
         if op in (":-", "-"):
             empty = value is None or (op == ":-" and value == "")
             return word if empty else value  # type: ignore[return-value]
@@ -305,6 +315,14 @@ class _Walker(Branches):
         append = any(c.type == "+=" for c in node.children)
         value = node.child_by_field_name("value")
         self.unknown.discard(name)
+        self.touched = set()
+        try:
+            self.assign_value(name, value, append)
+        finally:
+            old = self.origin.get(name, set()) if append else set()
+            self.origin[name] = old | self.touched
+
+    def assign_value(self, name: str, value: Node | None, append: bool) -> None:
         if value is not None and value.type == "array":
             items = [w for c in value.named_children for w in self.fields(c)]
             old = self.arrays.get(name, [self.scalars[name]] if name in self.scalars else [])
@@ -331,6 +349,7 @@ class _Walker(Branches):
     def command(self, node: Node) -> None:
         name_node = node.child_by_field_name("name")
         words: list[str] = []
+        self.touched = set(self.outer)
         for c in node.named_children:
             if c.type in ("variable_assignment", "file_redirect", "herestring_redirect"):
                 continue
@@ -355,10 +374,15 @@ class _Walker(Branches):
             self.walk(self.functions[head])
             self.depth -= 1
             return
-        self.commands.append(Command(words, line, list(self.launcher)))
+        assumes = [self.defaults[v] for v in sorted(self.touched)]
+        self.commands.append(Command(words, line, list(self.launcher), assumes))
         for i, w in enumerate(words[:-2]):
             if w.rsplit("/", 1)[-1] in ("bash", "sh") and words[i + 1] == "-c":
-                self.sub_script(words[i + 2], words[:i])
+                saved, self.outer = self.outer, set(self.touched)
+                try:
+                    self.sub_script(words[i + 2], words[:i])
+                finally:
+                    self.outer = saved
                 break
 
     def sub_script(self, text: str, launcher: list[str]) -> None:

@@ -29,6 +29,8 @@ class Branches:
     """Mixed into bash.py's walker (which gives text, note, fields, parts, join, walk)."""
 
     set_here: set[str]
+    touched: set[str]
+    defaults: dict[str, str]
     assumed: list[str]
     text: Any
     note: Any
@@ -67,7 +69,10 @@ class Branches:
         """The condition's value: decided from the variables the script sets, else the value of
         a plain run (unset variables empty, files present, commands succeeding), noted."""
         self.assumed: list[str] = []
+        self.touched = set()
         value = self.test(node)
+        for name in sorted(self.touched):  # a default taken steers the branch: say it
+            self.note(self.defaults[name])
         if self.assumed:
             self.note(
                 f"line {node.start_point[0] + 1}: assumed `{self.text(node)}` is "
@@ -150,7 +155,10 @@ class Branches:
     def case(self, node: Node) -> None:
         value_node = node.child_by_field_name("value")
         self.assumed = []
+        self.touched = set()
         value = self.operand(value_node) if value_node is not None else ""
+        for name in sorted(self.touched):
+            self.note(self.defaults[name])
         for item in (c for c in node.named_children if c.type == "case_item"):
             patterns, body, in_body = [], [], False
             for c in item.children:

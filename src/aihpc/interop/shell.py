@@ -24,8 +24,9 @@ def expand_script(text: str) -> list[list[str]]:
     return [c.launcher + c.words for c in read_script(text).commands]
 
 
-def launch_command(script: Script) -> tuple[list[str], str, list[str]] | None:
-    """(launcher words, entry such as ``pretrain_gpt``, program arguments) of the command that
+def launch_command(script: Script) -> tuple[list[str], str, list[str], list[str]] | None:
+    """(launcher words, entry such as ``pretrain_gpt``, program arguments, the defaults taken
+    for environment variables its words depend on, one note each) of the command that
     runs a Megatron-LM ``pretrain_*.py`` (directly, under python / torchrun / srun ...), found
     after expansion; None when no command does. A test (``[ -f pretrain_gpt.py ]``), an echo or
     a copy of the file is not a launch."""
@@ -37,7 +38,7 @@ def launch_command(script: Script) -> tuple[list[str], str, list[str]] | None:
                 continue
             head = words[0].rsplit("/", 1)[-1]
             if i == 0 or _LAUNCHER.fullmatch(head):
-                return words[:i], m.group(1), words[i + 1 :]
+                return words[:i], m.group(1), words[i + 1 :], cmd.assumes
     return None
 
 

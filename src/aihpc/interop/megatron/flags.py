@@ -114,15 +114,23 @@ _NOT_DECODER = {
 }
 
 
+# Variables that say where the ranks meet, not what they run: a default taken for them is not
+# an assumption about the plan, so it is not a note.
+_RENDEZVOUS = {"MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "RANK", "SLURM_NODEID", "SLURM_PROCID"}
+
+
 def source_words(text: str, notes: list[str] | None = None) -> tuple[list[str], list[str]]:
     """(launcher words, Megatron arguments) of a launch script, or ([], words) of a file of
     arguments; the assumptions made reading the script are appended to ``notes``."""
     script = read_script(text)
+    found = launch_command(script)
     if notes is not None:
         notes += script.notes
-    found = launch_command(script)
+        for n in found[3] if found else []:
+            if n not in notes and n.split(" ", 1)[0][1:] not in _RENDEZVOUS:
+                notes.append(n)
     if found is not None:
-        launcher, entry, words = found
+        launcher, entry, words, _ = found
         if entry in _NOT_DECODER:
             raise SpecError(
                 "SOURCE",
