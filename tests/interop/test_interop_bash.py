@@ -114,3 +114,27 @@ def test_cli_refuses_a_bert_script_in_one_line(tmp_path: Path) -> None:
     assert "not a decoder-only GPT" in result.output
     assert len(result.output.strip().splitlines()) == 1
     assert not (tmp_path / "o.toml").exists()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "X=" + "$(" * 20000,
+        "if true; then " * 5000 + "fi; " * 5000,
+        'A="' + "${X:-" * 3000 + "}" * 3000 + '"',
+        _launch("", "--bf16 --recompute-granularity full uniform"),
+        _launch("", "--bf16 --use-megatron-fsdp --data-parallel-sharding-strategy optim grads"),
+        _launch("", "--bf16 --cp-comm-type p2p a2a"),
+    ],
+    ids=["subst-20000", "if-5000", "default-3000", "granularity", "fsdp", "cp"],
+)
+def test_hostile_scripts_are_one_line(text: str) -> None:
+    """Found by mutating the corpus (12,000 seeded cases, 0 tracebacks after): a flag given two
+    values where one is read was a TypeError; deep nesting is one line, not a RecursionError."""
+    with pytest.raises(SpecError):
+        import_megatron(text, num_gpus=8)
+
+
+def test_a_function_that_calls_itself_is_followed_a_bounded_depth() -> None:
+    spec = import_megatron("f() { f; }; f\n" + _launch("", "--bf16"), num_gpus=8).spec()
+    assert spec.cluster.num_gpus == 8

@@ -422,6 +422,11 @@ def read_script(text: str, env: dict[str, str] | None = None) -> Script:
     assumptions made reading it; SpecError (one line) when bash could not parse it."""
     src = text.encode(errors="replace")
     walker = _Walker(src, dict(env or {}))
-    with contextlib.suppress(_Exit):
-        walker.walk(_PARSER.parse(src).root_node)
+    try:
+        with contextlib.suppress(_Exit):
+            walker.walk(_PARSER.parse(src).root_node)
+    except RecursionError:
+        raise SpecError(
+            "SOURCE", "nesting", "a launch script nested this deep is not read"
+        ) from None
     return Script(walker.commands, walker.notes, walker.scalars, walker.arrays)

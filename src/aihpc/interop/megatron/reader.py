@@ -38,7 +38,7 @@ def _zero(a: Args, notes: list[str]) -> int:
     fsdp = a.flag("--use-megatron-fsdp") or a.flag("--use-custom-fsdp")
     strategy = a.get("--data-parallel-sharding-strategy", "no_shard")
     if fsdp:
-        if strategy not in _FSDP_ZERO:
+        if not isinstance(strategy, str) or strategy not in _FSDP_ZERO:
             allowed = " | ".join(_FSDP_ZERO)
             raise SpecError("--data-parallel-sharding-strategy", strategy, f"allowed: {allowed}")
         if not a.flags.get("--data-parallel-sharding-strategy"):
@@ -112,7 +112,8 @@ def _parallel(a: Args, num_layers: int, world: int, moe: bool, notes: list[str])
         vpp = num_layers // (per_stage * pp)
     zero = _zero(a, notes)
     granularity = a.get("--recompute-granularity")
-    recompute = {None: "none", "selective": "selective", "full": "full"}.get(granularity)
+    choices = {None: "none", "selective": "selective", "full": "full"}
+    recompute = choices.get(granularity) if not isinstance(granularity, list) else None
     if recompute is None:
         raise SpecError("--recompute-granularity", granularity, "allowed: selective | full")
     modules = a.get("--recompute-modules")
@@ -280,7 +281,7 @@ def _training(a: Args, precision: str, gbs: int, notes: list[str]) -> dict[str, 
         notes.append(f"--attention-dropout {attn} priced as --hidden-dropout {hidden}")
     attention = _attention_kernel(a)
     cp_comm = a.get("--cp-comm-type", "p2p")
-    exchange = {"p2p": "ring", "all_gather": "allgather"}.get(cp_comm)
+    exchange = {"p2p": "ring", "all_gather": "allgather"}.get(str(cp_comm))
     if exchange is None:
         raise SpecError("--cp-comm-type", cp_comm, "aihpc prices p2p | all_gather")
     grad_dtype, opt_dtype = _state_dtypes(a, precision)
