@@ -5,6 +5,10 @@ note, a false refusal, a traceback).
 
     python benchmarks/import_corpus.py --results benchmarks/results
     python benchmarks/import_corpus.py                    # ./benchmark-results/
+    python benchmarks/import_corpus.py --corpus tests/interop/heldout --results benchmarks/results
+
+--corpus DIR reads DIR/cases.toml and writes import_<DIR's name> (import_corpus for the default,
+import_heldout for the held-out set, issue 36 item 1).
 
 The corpus is ours, written in the frameworks' current formats (Megatron-LM examples/ and
 recipes, torchtitan 0.2 job TOMLs, DeepSpeed JSONs for the HF Trainer); a score on it is a
@@ -23,16 +27,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "interop"))
 from _common import add_results_arg, save
-from corpus_cases import cases, judge
+from corpus_cases import CORPUS, cases, judge
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_results_arg(ap)
+    ap.add_argument(
+        "--corpus", type=Path, default=CORPUS, help="folder with cases.toml (default: the corpus)"
+    )
     args = ap.parse_args()
+    corpus = args.corpus.resolve()
     rows = []
-    for case in cases():
-        verdict, detail = judge(case)
+    for case in cases(corpus):
+        verdict, detail = judge(case, corpus)
         rows.append(
             {
                 "case": case["id"],
@@ -56,6 +64,9 @@ def main() -> None:
             "cpus": os.cpu_count(),
             "date_utc": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         },
+        "corpus": str(corpus.relative_to(Path(__file__).resolve().parents[1]))
+        if corpus.is_relative_to(Path(__file__).resolve().parents[1])
+        else str(corpus),
         "totals": totals,
         "cases": rows,
     }
@@ -71,7 +82,8 @@ def main() -> None:
             for r in rows
         )
     )
-    save("import_corpus", data, table, args.results)
+    name = "import_corpus" if corpus == CORPUS else f"import_{corpus.name}"
+    save(name, data, table, args.results)
     if totals["wrong"]:
         raise SystemExit(1)
 

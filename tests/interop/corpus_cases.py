@@ -16,8 +16,8 @@ CORPUS = Path(__file__).resolve().parent / "corpus"
 _READERS = {"megatron": import_megatron, "torchtitan": import_torchtitan}
 
 
-def cases() -> list[dict[str, Any]]:
-    out = tomllib.loads((CORPUS / "cases.toml").read_text())["case"]
+def cases(corpus: Path = CORPUS) -> list[dict[str, Any]]:
+    out = tomllib.loads((corpus / "cases.toml").read_text())["case"]
     for c in out:
         c.setdefault("id", c["file"])
     return out
@@ -30,9 +30,10 @@ def _field(spec: Any, path: str) -> Any:
     return getattr(getattr(spec, table), name)
 
 
-def judge(case: dict[str, Any]) -> tuple[str, str]:
-    """(verdict, detail): verdict right | refused | wrong."""
-    text = (CORPUS / case["file"]).read_text()
+def judge(case: dict[str, Any], corpus: Path = CORPUS) -> tuple[str, str]:
+    """(verdict, detail): verdict right | refused | wrong. `refuse` is a substring of the
+    refusal, or a list of alternatives (any one names the true reason)."""
+    text = (corpus / case["file"]).read_text()
     framework = case["file"].split("/", 1)[0]
     args = dict(case.get("args", {}))
     try:
@@ -42,7 +43,8 @@ def judge(case: dict[str, Any]) -> tuple[str, str]:
             imported = _READERS[framework](text, **args)
         spec = imported.spec()
     except SpecError as e:
-        if "refuse" in case and case["refuse"] in str(e):
+        want = case.get("refuse", [])
+        if any(w in str(e) for w in ([want] if isinstance(want, str) else want)):
             return "refused", str(e)
         return "wrong", f"refused: {e}"
     except Exception as e:  # a traceback is a wrong answer, named
