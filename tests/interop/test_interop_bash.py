@@ -138,3 +138,35 @@ def test_hostile_scripts_are_one_line(text: str) -> None:
 def test_a_function_that_calls_itself_is_followed_a_bounded_depth() -> None:
     spec = import_megatron("f() { f; }; f\n" + _launch("", "--bf16"), num_gpus=8).spec()
     assert spec.cluster.num_gpus == 8
+
+
+def test_sbatch_lines_set_the_slurm_variables_the_script_reads() -> None:
+    """`#SBATCH -N 3` (before the first command, where sbatch reads it) makes Slurm set
+    SLURM_NNODES for the script: the launch reads 3 nodes and says where it came from."""
+    head = "#!/bin/bash\n#SBATCH -N 3\n#SBATCH --ntasks-per-node 1 --gpus-per-node=h100:4\n"
+    body = (
+        "torchrun --nproc_per_node $SLURM_GPUS_PER_NODE --nnodes $SLURM_NNODES "
+        f"--rdzv_endpoint h:1 pretrain_gpt.py {_MODEL} --bf16\n"
+    )
+    imported = import_megatron(head + "\n# a comment\n" + body)
+    assert imported.spec().cluster.num_gpus == 12
+    assert "SLURM_NNODES = 3 from #SBATCH -N 3" in imported.notes
+    assert "SLURM_GPUS_PER_NODE = 4 from #SBATCH --gpus-per-node=h100:4" in imported.notes
+    # a line after the first command is not an sbatch option: the variable stays unset
+    late = "#!/bin/bash\necho start\n#SBATCH --nodes=3\n" + body
+    with pytest.raises(SpecError, match="SLURM_NNODES"):
+        import_megatron(late.replace("$SLURM_GPUS_PER_NODE", "4"))
+
+
+def test_a_flag_whose_value_expands_to_nothing_names_the_variable() -> None:
+    """`--nnodes $N` with N unset is a bare --nnodes: one line naming $N, not 'True'."""
+    text = f"#!/bin/bash\ntorchrun --nproc_per_node 8 --nnodes $N pretrain_gpt.py {_MODEL} --bf16\n"
+    with pytest.raises(SpecError) as err:
+        import_megatron(text)
+    line = str(err.value)
+    assert line.startswith("--nnodes = '$N'") and "True" not in line and "\n" not in line
+    tail = "--bf16 --tensor-model-parallel-size ${TP}"
+    with pytest.raises(SpecError, match=r"^--tensor-model-parallel-size = '\$\{TP\}'"):
+        import_megatron(_launch("", tail))
+    # a switch followed by an empty expansion is still the switch
+    assert import_megatron(_launch("", "--bf16 $EXTRA")).spec().training.precision == "bf16"

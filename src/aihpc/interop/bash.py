@@ -11,7 +11,9 @@ the condition is decidable from what the script sets; otherwise the branch a pla
 named on one line), ``for`` over known words, functions the script calls, ``&&`` / ``||`` /
 pipelines / redirections, and ``bash -c "..."`` strings. ``$(...)`` and backticks are not run:
 their value is unknown (kept as their source text, noted); ``source`` is not followed (noted).
-Positional parameters ($1...) are unset: a script run without arguments.
+Positional parameters ($1...) are unset: a script run without arguments. The ``#SBATCH`` lines
+before the first command (where sbatch reads them) set the variables Slurm gives the script
+(``SLURM_NNODES`` from ``--nodes`` ...), each named on a note where the script reads it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from tree_sitter import Language, Node, Parser
 
 from aihpc.interop.arith import arith
 from aihpc.interop.bash_branches import Branches
+from aihpc.interop.bash_sbatch import sbatch_env
 from aihpc.runspec import SpecError
 
 __all__ = ["Command", "Script", "read_script"]
@@ -43,6 +46,8 @@ class Command:
     launcher: list[str] = field(default_factory=list)  # words before `bash -c` around it
     # the defaults taken for variables the environment may set that its words depend on
     assumes: list[str] = field(default_factory=list)
+    # flags (``--name``) whose value word expanded to nothing -> that word's source text
+    emptied: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -64,6 +69,7 @@ class _Exit(Exception):
 class _Walker(Branches):
     def __init__(self, src: bytes, env: dict[str, str]) -> None:
         self.src = src
+        self.sbatch: dict[str, str] = {}  # variable set from #SBATCH -> its note
         self.scalars: dict[str, str] = dict(env)
         self.arrays: dict[str, list[str]] = {}
         self.unknown: set[str] = set()
@@ -79,6 +85,7 @@ class _Walker(Branches):
         self.origin: dict[str, set[str]] = {}  # script variable -> defaulted variables
         self.touched: set[str] = set()  # defaulted variables the current expansion read
         self.outer: set[str] = set()  # those of a `bash -c` string's command
+        self.outer_emptied: dict[str, str] = {}  # its flags given an empty value
 
     # -- helpers ---------------------------------------------------------------------------
     def text(self, node: Node) -> str:
@@ -108,6 +115,8 @@ class _Walker(Branches):
         if name.isdigit() or name in ("@", "*", "#"):
             return "0" if name == "#" else None
         self.touched |= self.origin.get(name, set())
+        if name in self.sbatch:
+            self.note(self.sbatch[name])
         if name in self.unknown:
             self.note(f"${name} is not known without running the script: its text is kept")
         return self.scalars.get(name)
@@ -126,6 +135,8 @@ class _Walker(Branches):
             index = self.text(target.child_by_field_name("index") or target.children[2])
             items = self.arrays.get(name, [self.scalars[name]] if name in self.scalars else [])
             self.touched |= self.origin.get(name, set())
+            if name in self.sbatch:
+                self.note(self.sbatch[name])
             if rest:
                 raise _Unknown(self.text(node))
             if index in ("@", "*"):
@@ -315,6 +326,7 @@ class _Walker(Branches):
         append = any(c.type == "+=" for c in node.children)
         value = node.child_by_field_name("value")
         self.unknown.discard(name)
+        self.sbatch.pop(name, None)
         self.touched = set()
         try:
             self.assign_value(name, value, append)
@@ -349,11 +361,15 @@ class _Walker(Branches):
     def command(self, node: Node) -> None:
         name_node = node.child_by_field_name("name")
         words: list[str] = []
+        emptied: dict[str, str] = dict(self.outer_emptied)
         self.touched = set(self.outer)
         for c in node.named_children:
             if c.type in ("variable_assignment", "file_redirect", "herestring_redirect"):
                 continue
-            words += self.fields(c.named_children[0] if c.type == "command_name" else c)
+            got = self.fields(c.named_children[0] if c.type == "command_name" else c)
+            if not got and words and words[-1].startswith("--") and "=" not in words[-1]:
+                emptied[words[-1]] = self.text(c).strip()
+            words += got
         if not words:
             return
         line = node.start_point[0] + 1
@@ -366,6 +382,7 @@ class _Walker(Branches):
         if head in ("set", "shift", "unset", "cd", "mkdir", "echo", "printf", ":"):
             if head == "unset":
                 for w in words[1:]:
+                    self.sbatch.pop(w, None)
                     self.scalars.pop(w, None)
                     self.arrays.pop(w, None)
             return
@@ -375,14 +392,15 @@ class _Walker(Branches):
             self.depth -= 1
             return
         assumes = [self.defaults[v] for v in sorted(self.touched)]
-        self.commands.append(Command(words, line, list(self.launcher), assumes))
+        self.commands.append(Command(words, line, list(self.launcher), assumes, emptied))
         for i, w in enumerate(words[:-2]):
             if w.rsplit("/", 1)[-1] in ("bash", "sh") and words[i + 1] == "-c":
                 saved, self.outer = self.outer, set(self.touched)
+                saved_emptied, self.outer_emptied = self.outer_emptied, emptied
                 try:
                     self.sub_script(words[i + 2], words[:i])
                 finally:
-                    self.outer = saved
+                    self.outer, self.outer_emptied = saved, saved_emptied
                 break
 
     def sub_script(self, text: str, launcher: list[str]) -> None:
@@ -421,7 +439,9 @@ def read_script(text: str, env: dict[str, str] | None = None) -> Script:
     """The commands ``text`` would run (expanded as bash would, nothing executed) and the
     assumptions made reading it; SpecError (one line) when bash could not parse it."""
     src = text.encode(errors="replace")
-    walker = _Walker(src, dict(env or {}))
+    slurm = {k: v for k, v in sbatch_env(text).items() if k not in (env or {})}
+    walker = _Walker(src, {**{k: v for k, (v, _) in slurm.items()}, **(env or {})})
+    walker.sbatch = {k: note for k, (_, note) in slurm.items()}
     try:
         with contextlib.suppress(_Exit):
             walker.walk(_PARSER.parse(src).root_node)

@@ -24,9 +24,12 @@ def expand_script(text: str) -> list[list[str]]:
     return [c.launcher + c.words for c in read_script(text).commands]
 
 
-def launch_command(script: Script) -> tuple[list[str], str, list[str], list[str]] | None:
+def launch_command(
+    script: Script,
+) -> tuple[list[str], str, list[str], list[str], dict[str, str]] | None:
     """(launcher words, entry such as ``pretrain_gpt``, program arguments, the defaults taken
-    for environment variables its words depend on, one note each) of the command that
+    for environment variables its words depend on, one note each, the flags whose value word
+    expanded to nothing with that word's source text) of the command that
     runs a Megatron-LM ``pretrain_*.py`` (directly, under python / torchrun / srun ...), found
     after expansion; None when no command does. A test (``[ -f pretrain_gpt.py ]``), an echo or
     a copy of the file is not a launch."""
@@ -38,7 +41,7 @@ def launch_command(script: Script) -> tuple[list[str], str, list[str], list[str]
                 continue
             head = words[0].rsplit("/", 1)[-1]
             if i == 0 or _LAUNCHER.fullmatch(head):
-                return words[:i], m.group(1), words[i + 1 :], cmd.assumes
+                return words[:i], m.group(1), words[i + 1 :], cmd.assumes, cmd.emptied
     return None
 
 

@@ -9,8 +9,10 @@ train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size, any t
 training); gradients reduced in the training dtype unless communication_data_type says
 otherwise (``engine.communication_data_type``); WarmupCosineLR warms up for warmup_num_steps
 1000, logarithmically (warmup_type log) from warmup_min_ratio 0, and decays to cos_min_ratio
-0.0001. Plain DeepSpeed is data parallel only (tp = pp = cp = ep = 1). The model comes from
-``--model``: a preset name or a Hugging Face ``config.json`` (interop/hf).
+0.0001; WarmupLR / WarmupDecayLR warm up from warmup_min_lr 0 to warmup_max_lr 0.001 (the
+learning rate they set) and hold it / decay it linearly to 0 at total_num_steps. Plain
+DeepSpeed is data parallel only (tp = pp = cp = ep = 1). The model comes from ``--model``: a
+preset name or a Hugging Face ``config.json`` (interop/hf).
 """
 
 from __future__ import annotations
@@ -71,6 +73,11 @@ HF_AUTO: dict[str, tuple[str, Any]] = {
     "scheduler.params.warmup_max_lr": ("learning_rate", 5e-5),
 }
 
+# "auto" keys the Trainer fills from what the launch runs, not from a default: read as unset.
+_AUTO_UNSET = {
+    "scheduler.params.total_num_steps": " from max_steps (else the data's batches x epochs)",
+}
+
 
 class _Json:
     def __init__(self, data: dict[str, Any]) -> None:
@@ -78,6 +85,7 @@ class _Json:
         self.read: set[str] = set()
         self.auto: list[str] = []
         self.filled: list[str] = []
+        self.filled_keys: set[str] = set()  # "auto" keys read as the Trainer's default
 
     def get(self, path: str, default: Any = None, kind: str | None = None) -> Any:
         """The value at the dotted ``path``; null is unset. With ``kind``, any other value is
@@ -97,6 +105,7 @@ class _Json:
                     f'{path} = "auto": the Hugging Face Trainer fills it from TrainingArguments '
                     f"{field}; read as its default {value}"
                 )
+                self.filled_keys.add(path)
                 return value
             self.auto.append(path)
             return default
@@ -146,6 +155,25 @@ def _batch(j: _Json, num_gpus: int | None) -> tuple[int, int, int]:
     gas = j.get("gradient_accumulation_steps", kind="count")
     if num_gpus is not None and num_gpus < 1:
         raise SpecError("--num-gpus", num_gpus, "a positive integer")
+    given = "gradient_accumulation_steps" not in j.filled_keys
+    if gbs is not None and mbs is not None and gas is not None and given:
+        # DeepSpeed's _batch_assertion: all three given must satisfy the identity
+        if num_gpus is not None and gbs != mbs * gas * num_gpus:
+            raise SpecError(
+                "train_batch_size",
+                gbs,
+                "DeepSpeed refuses it: train_batch_size must equal train_micro_batch_size_per_gpu"
+                f" x gradient_accumulation_steps x world size, {mbs} x {gas} x {num_gpus} = "
+                f"{mbs * gas * num_gpus}",
+            )
+        if num_gpus is None and gbs % (mbs * gas):
+            raise SpecError(
+                "train_batch_size",
+                gbs,
+                "DeepSpeed refuses it: train_batch_size must equal train_micro_batch_size_per_gpu"
+                f" x gradient_accumulation_steps x world size, and {gbs} is not a multiple of "
+                f"{mbs} x {gas}",
+            )
     if gbs is not None and mbs is not None and num_gpus is None:
         world = gbs // (mbs * (gas or 1))
     elif num_gpus is not None:
@@ -233,7 +261,8 @@ def import_deepspeed(
     }
     notes += list(dict.fromkeys(j.filled))
     notes += [
-        f'{key} = "auto": the Hugging Face Trainer fills it in at launch; read as unset'
+        f'{key} = "auto": the Hugging Face Trainer fills it in at launch'
+        f"{_AUTO_UNSET.get(key, '')}; read as unset"
         for key in dict.fromkeys(j.auto)
     ]
     return Imported(FRAMEWORK, tables, j.unread(), notes)
@@ -307,36 +336,64 @@ def _training_table(j: _Json, notes: list[str]) -> dict[str, Any]:
         "log_interval": as_int(j.get("steps_per_print", 10), "steps_per_print"),
         **FIXED,
     }
-    training.update(_scheduler(j, notes))
+    training.update(_scheduler(j, lr, notes))
     for key in ("eps", "adam_w_mode"):
         j.get(f"optimizer.params.{key}")
     return training
 
 
-def _scheduler(j: _Json, notes: list[str]) -> dict[str, Any]:
+# DeepSpeed's warm-up schedules (lr_schedules.py): WarmupLR holds warmup_max_lr after the
+# warm-up, WarmupDecayLR decays it linearly to 0 at total_num_steps, WarmupCosineLR decays it by
+# cosine to cos_min_ratio x the optimizer's lr; the others are listed as not priced.
+_WARMUP_LR = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR")
+
+
+def _scheduler(j: _Json, lr: float, notes: list[str]) -> dict[str, Any]:
     kind = j.get("scheduler.type", kind="str")
     if kind is None:
         return {"warmup_steps": 0, "min_lr_ratio": 1.0}  # constant learning rate
-    if kind != "WarmupCosineLR":
+    if kind not in _WARMUP_LR:
         return {}  # other schedules are listed as not priced
-    total = j.get("scheduler.params.total_num_steps")
-    out = {
-        "warmup_steps": as_int(
-            j.get("scheduler.params.warmup_num_steps", 1000), "warmup_num_steps"
-        ),
-        "min_lr_ratio": float(j.get("scheduler.params.cos_min_ratio", 0.0001, "num")),
+    p = "scheduler.params."
+    out: dict[str, Any] = {
+        "warmup_steps": as_int(j.get(p + "warmup_num_steps", 1000), p + "warmup_num_steps"),
     }
-    if total is not None:
-        out["train_steps"] = as_int(total, "scheduler.params.total_num_steps")
-    # WarmupCosineLR's warmup is logarithmic unless warmup_type says linear, and starts from
-    # warmup_min_ratio (0); aihpc's is linear from 0 (lr_schedules.py)
-    warmup_type = j.get("scheduler.params.warmup_type")
+    if kind == "WarmupCosineLR":
+        out["min_lr_ratio"] = float(j.get(p + "cos_min_ratio", 0.0001, "num"))
+        start = j.get(p + "warmup_min_ratio", 0.0, "num")
+        if start:
+            notes.append(f"scheduler warmup_min_ratio {start}: the run spec warms up from 0")
+    else:
+        # WarmupLR / WarmupDecayLR set the learning rate itself: warmup_min_lr -> warmup_max_lr
+        peak = float(j.get(p + "warmup_max_lr", 0.001, "num"))
+        if p + "warmup_max_lr" in j.filled_keys:
+            peak = lr  # the Trainer fills both from its learning_rate
+        if peak != lr:
+            notes.append(
+                f"{p}warmup_max_lr {peak}: DeepSpeed's {kind} sets the learning rate to it "
+                f"(optimizer.params.lr {lr} is not used)"
+            )
+            out["learning_rate"] = peak
+        start = j.get(p + "warmup_min_lr", 0.0, "num")
+        if start:
+            notes.append(f"scheduler warmup_min_lr {start}: the run spec warms up from 0")
+        if kind == "WarmupLR":
+            out["min_lr_ratio"] = 1.0  # held at warmup_max_lr after the warm-up
+        else:
+            out["min_lr_ratio"] = 0.0
+            notes.append(
+                "scheduler WarmupDecayLR decays linearly to 0 at total_num_steps: the run spec "
+                "decays by cosine to 0"
+            )
+    if kind != "WarmupLR":
+        total = j.get(p + "total_num_steps")
+        if total is not None:
+            out["train_steps"] = as_int(total, p + "total_num_steps")
+    # the warm-up is logarithmic unless warmup_type says linear; aihpc's is linear from 0
+    warmup_type = j.get(p + "warmup_type")
     if warmup_type != "linear":
         said = "DeepSpeed's default" if warmup_type is None else "the source's"
         notes.append(
             f"scheduler warmup_type {warmup_type or 'log'} ({said}): the run spec warms up linearly"
         )
-    start = j.get("scheduler.params.warmup_min_ratio", 0.0, "num")
-    if start:
-        notes.append(f"scheduler warmup_min_ratio {start}: the run spec warms up from 0")
     return out

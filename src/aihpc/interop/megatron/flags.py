@@ -74,12 +74,30 @@ def parse_flags(words: list[str]) -> dict[str, Any]:
     return out
 
 
+def _flag_name(word: str) -> str:
+    return "--" + word[2:].replace("_", "-")
+
+
+def no_value(flags: dict[str, Any], name: str, emptied: dict[str, str] | None) -> None:
+    """SpecError when ``name`` was given no value because the word after it expanded to
+    nothing (an unset variable), which would otherwise read as a bare ``--name``."""
+    for word, source in (emptied or {}).items():
+        if _flag_name(word) == name and flags.get(name) is True:
+            raise SpecError(
+                name,
+                source,
+                f"{source} is unset where the script runs (neither the script nor an #SBATCH "
+                "line sets it), so the flag is given no value: set it, or pass its value",
+            )
+
+
 class Args:
     """The flags, with a record of which ones the import read."""
 
-    def __init__(self, flags: dict[str, Any]) -> None:
+    def __init__(self, flags: dict[str, Any], emptied: dict[str, str] | None = None) -> None:
         self.flags = flags
         self.read: set[str] = set()
+        self.emptied = emptied or {}
 
     def get(self, name: str, default: Any = None) -> Any:
         self.read.add(name)
@@ -90,10 +108,12 @@ class Args:
 
     def int(self, name: str, default: int | None = None) -> int | None:
         v = self.get(name)
+        no_value(self.flags, name, self.emptied)
         return default if v is None else as_int(v, name)
 
     def float(self, name: str, default: float | None = None) -> float | None:
         v = self.get(name)
+        no_value(self.flags, name, self.emptied)
         return default if v is None else as_float(v, name)
 
     def unread(self) -> list[str]:
@@ -119,9 +139,12 @@ _NOT_DECODER = {
 _RENDEZVOUS = {"MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "RANK", "SLURM_NODEID", "SLURM_PROCID"}
 
 
-def source_words(text: str, notes: list[str] | None = None) -> tuple[list[str], list[str]]:
+def source_words(
+    text: str, notes: list[str] | None = None, emptied: dict[str, str] | None = None
+) -> tuple[list[str], list[str]]:
     """(launcher words, Megatron arguments) of a launch script, or ([], words) of a file of
-    arguments; the assumptions made reading the script are appended to ``notes``."""
+    arguments; the assumptions made reading the script are appended to ``notes``, the flags
+    whose value expanded to nothing put in ``emptied``."""
     script = read_script(text)
     found = launch_command(script)
     if notes is not None:
@@ -130,7 +153,9 @@ def source_words(text: str, notes: list[str] | None = None) -> tuple[list[str], 
             if n not in notes and n.split(" ", 1)[0][1:] not in _RENDEZVOUS:
                 notes.append(n)
     if found is not None:
-        launcher, entry, words, _ = found
+        launcher, entry, words, _, empty = found
+        if emptied is not None:
+            emptied.update(empty)
         if entry in _NOT_DECODER:
             raise SpecError(
                 "SOURCE",
@@ -149,10 +174,14 @@ def source_words(text: str, notes: list[str] | None = None) -> tuple[list[str], 
     return [], words
 
 
-def launcher_counts(words: list[str]) -> tuple[int | None, int | None]:
+def launcher_counts(
+    words: list[str], emptied: dict[str, str] | None = None
+) -> tuple[int | None, int | None]:
     """(nodes, processes per node) from torchrun's / python -m torch.distributed.run's words
     (torchrun's --nnodes defaults to 1, as --standalone sets it)."""
     flags = parse_flags(words)
+    for name in ("--nnodes", "--nproc-per-node"):
+        no_value(flags, name, emptied)
     nproc = flags.get("--nproc-per-node")
     nnodes = flags.get("--nnodes")
     nodes = as_int(str(nnodes).split(":")[-1], "--nnodes") if nnodes else None

@@ -331,9 +331,10 @@ def import_megatron(
 ) -> Imported:
     """A pretrain_gpt.py launch script (or a file of its arguments) → run spec."""
     notes: list[str] = []
-    launcher, words = source_words(text, notes)
-    a = Args(parse_flags(words))
-    nodes, per_node = launcher_counts(launcher)
+    emptied: dict[str, str] = {}
+    launcher, words = source_words(text, notes, emptied)
+    a = Args(parse_flags(words), emptied)
+    nodes, per_node = launcher_counts(launcher, emptied)
     gpus_per_node = gpus_per_node or per_node
     if num_gpus is None and nodes and per_node:
         num_gpus = nodes * per_node
