@@ -277,8 +277,16 @@ _PASSTHROUGH: list[inspect.Parameter] = []
 
 
 def _own_parameters() -> list[inspect.Parameter]:
+    """launch's own options: the script's and sbatch's, then the job's."""
+    kw = inspect.Parameter.KEYWORD_ONLY
+    own = _script_options() | _job_options()
+    return [inspect.Parameter(n, kw, default=info, annotation=t) for n, (t, info) in own.items()]
+
+
+def _script_options() -> dict[str, tuple[Any, Any]]:
+    """What the script is, where it goes, and what sbatch is asked for."""
     o = typer.Option
-    own = {
+    return {
         "runspec": (Path, typer.Argument(..., help=RUNSPEC_HELP)),
         "slurm": (bool, o(True, "--slurm", hidden=True, help="Slurm (the default).")),
         "run_dir": (Path, o(..., "--run-dir", help="Checkpoints, metrics, job log.")),
@@ -307,6 +315,13 @@ def _own_parameters() -> list[inspect.Parameter]:
             list[str] | None,
             o(None, "--env", help="NAME=VALUE exported in the script (repeatable)."),
         ),
+    }
+
+
+def _job_options() -> dict[str, tuple[Any, Any]]:
+    """How the job runs: its rendezvous, CPUs, requeues, trainer, and how it is followed."""
+    o = typer.Option
+    return {
         "rdzv_port": (
             int | None,
             o(
@@ -359,8 +374,6 @@ def _own_parameters() -> list[inspect.Parameter]:
             ),
         ),
     }
-    kw = inspect.Parameter.KEYWORD_ONLY
-    return [inspect.Parameter(n, kw, default=info, annotation=t) for n, (t, info) in own.items()]
 
 
 def register(app: typer.Typer) -> None:

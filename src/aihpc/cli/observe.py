@@ -275,24 +275,7 @@ def _register_check(app: typer.Typer) -> None:
             skip_bench = True  # a prolog holds the job's start: seconds, not a benchmark
             gpus = gpus if gpus is not None else chk.slurm_job_gpu_count(dict(os.environ))
         cal = load_calibration(calibration) if calibration is not None else None
-        smi = chk.run_tool(
-            ["nvidia-smi", f"--query-gpu={chk.NVIDIA_SMI_QUERY}", "--format=csv,noheader,nounits"]
-        )
-        ib = chk.run_tool(["ibstat"])
-        results = chk.gpu_checks(smi[1] if smi else None, smi[0] if smi else 0, gpus)
-        if mode == "epilog":
-            apps = chk.run_tool(
-                [
-                    "nvidia-smi",
-                    f"--query-compute-apps={chk.NVIDIA_SMI_APPS_QUERY}",
-                    "--format=csv,noheader,nounits",
-                ]
-            )
-            results += chk.leftover_process_checks(
-                apps[1] if apps else None, apps[0] if apps else 0
-            )
-        hcas = tuple(h.split(":")[0] for h in (ib_hca or "").split(",") if h)
-        results += chk.ib_checks(ib[1] if ib else None, ib[0] if ib else 0, hcas, ib_rate)
+        results, smi = _presence_checks(gpus, mode, ib_hca, ib_rate)
         gpu_id = gpu
         if gpu_id is None and smi and smi[0] == 0 and (rows := chk.parse_nvidia_smi(smi[1])):
             gpu_id = chk.detect_gpu_id(rows[0]["name"], float(rows[0]["memory.total"]))
@@ -309,6 +292,27 @@ def _register_check(app: typer.Typer) -> None:
             results += chk.gemm_checks(gemm, exp, min_ratio)
             results += chk.comm_checks(comm, exp, min_ratio)
         _report_checks(results, gemm, comm, as_json)
+
+
+def _presence_checks(
+    gpus: int | None, mode: str, ib_hca: str | None, ib_rate: float | None
+) -> tuple[list, tuple[int, str] | None]:
+    """nvidia-smi's and ibstat's checks (in an epilog also the processes left on a GPU), and
+    nvidia-smi's answer, which names the GPU."""
+    from aihpc.observe import check as chk
+
+    smi = chk.run_tool(
+        ["nvidia-smi", f"--query-gpu={chk.NVIDIA_SMI_QUERY}", "--format=csv,noheader,nounits"]
+    )
+    results = chk.gpu_checks(smi[1] if smi else None, smi[0] if smi else 0, gpus)
+    if mode == "epilog":
+        query = f"--query-compute-apps={chk.NVIDIA_SMI_APPS_QUERY}"
+        apps = chk.run_tool(["nvidia-smi", query, "--format=csv,noheader,nounits"])
+        results += chk.leftover_process_checks(apps[1] if apps else None, apps[0] if apps else 0)
+    ib = chk.run_tool(["ibstat"])
+    hcas = tuple(h.split(":")[0] for h in (ib_hca or "").split(",") if h)
+    results += chk.ib_checks(ib[1] if ib else None, ib[0] if ib else 0, hcas, ib_rate)
+    return results, smi
 
 
 def _report_checks(results: list, gemm: list[dict], comm: list[dict], as_json: bool) -> None:
