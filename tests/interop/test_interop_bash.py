@@ -170,3 +170,11 @@ def test_a_flag_whose_value_expands_to_nothing_names_the_variable() -> None:
         import_megatron(_launch("", tail))
     # a switch followed by an empty expansion is still the switch
     assert import_megatron(_launch("", "--bf16 $EXTRA")).spec().training.precision == "bf16"
+
+
+def test_a_world_that_tp_pp_cp_do_not_divide_is_refused_with_megatrons_reason() -> None:
+    """8 GPUs cannot hold tp 4 x pp 4: Megatron-LM's model-parallel groups refuse it; the
+    import names the GPUs and the degrees (it said `parallel.dp = 0`, naming neither)."""
+    text = _launch("", "--tensor-model-parallel-size 4 --pipeline-model-parallel-size 4")
+    with pytest.raises(SpecError, match=r"world size 8 is not divisible by .* 4 x 4 x 1 = 16"):
+        import_megatron(text)

@@ -99,6 +99,15 @@ def _parallel(a: Args, num_layers: int, world: int, moe: bool, notes: list[str])
     pp = a.int("--pipeline-model-parallel-size", 1)
     cp = a.int("--context-parallel-size", 1)
     mbs = require(a.int("--micro-batch-size"), "--micro-batch-size", "required by Megatron-LM")
+    if world % (tp * pp * cp):
+        # parallel_state.initialize_model_parallel: the world must split into tp x pp x cp
+        # groups; a plan that does not gets dp = 0, which named neither the GPUs nor the degrees
+        raise SpecError(
+            "--tensor-model-parallel-size",
+            tp,
+            f"Megatron-LM refuses it: the world size {world} is not divisible by tensor x "
+            f"pipeline x context parallel size {tp} x {pp} x {cp} = {tp * pp * cp}",
+        )
     dp = world // (tp * pp * cp)
     vpp = a.int("--num-virtual-stages-per-pipeline-rank")
     per_stage = a.int("--num-layers-per-virtual-pipeline-stage")
