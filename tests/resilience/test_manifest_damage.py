@@ -10,41 +10,14 @@ import json
 
 import pytest
 import torch
+from checkpoint_box import Box, load, save_steps
 
 from aihpc.resilience import (
     MANIFEST,
     CheckpointCorruptError,
-    CheckpointManager,
     CheckpointMismatchError,
     verify_checkpoint,
 )
-
-
-class Box:
-    def __init__(self, seed: int = 0):
-        self.t = torch.randn(16, 8, generator=torch.Generator().manual_seed(seed))
-        self.n = seed
-
-    def state_dict(self):
-        return {"t": self.t, "n": self.n}
-
-    def load_state_dict(self, sd):
-        self.t.copy_(sd["t"])
-        self.n = sd["n"]
-
-
-def save_steps(root, steps, identity=None):
-    with CheckpointManager(root, async_save=False, identity=identity) as mgr:
-        for s in steps:
-            mgr.save(s, {"box": Box(s)})
-
-
-def load(root, identity=None):
-    box = Box(99)
-    with CheckpointManager(root, identity=identity) as mgr:
-        step = mgr.load_latest({"box": box})
-        problems = mgr.problems
-    return step, box, problems
 
 
 def edit(manifest: dict, change) -> dict:

@@ -10,6 +10,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from local_host_spec import HOST_COPY
 
 from aihpc.cli.train import _performance_line
 from aihpc.perf.step import estimate
@@ -28,31 +29,8 @@ gpus_per_node = 2
 micro_batch_size = 1
 global_batch_size = 4
 """
-# [cluster] as `aihpc calibrate --local --nproc N` writes it for a 2-core CPU host
-LOCAL = """[model]
-preset = "tiny-llama"
-[cluster]
-num_gpus = {n}
-gpus_per_node = {n}
-[cluster.gpu_spec]
-name = "CPU x86_64 (1 threads) as {n} rank(s)"
-bf16_tflops = 0.0951
-fp32_tflops = 0.0951
-hbm_gib = 11.8
-hbm_bw_GBps = 19.6
-scale_up_bw_GBps = 1.39
-scale_up_domain = {n}
-scale_out_bw_GBps = 1.39
-gpus_per_node = {n}
-gemm_efficiency = 1.0
-attention_fwd_efficiency = 0.164
-attention_bwd_efficiency = 0.188
-attention_tokens = 64
-host_is_device = true
-[parallel]
-micro_batch_size = 1
-global_batch_size = 4
-"""
+# the host's spec as `aihpc calibrate --local --nproc N` writes it, with the plan's batch
+LOCAL = HOST_COPY + "[parallel]\nmicro_batch_size = 1\nglobal_batch_size = 4\n"
 STEPS = [0.9, 0.12, 0.10, 0.11]  # the first pays for allocations: left out of the median
 
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from local_host_spec import HOST_COPY
 from train_cli import events, losses, ok
 from train_cli import train as run_train
 from typer.testing import CliRunner
@@ -113,31 +114,6 @@ def test_summary_sets_measured_beside_predicted(ref1, tmp_path):
     err = perf["predicted_step_time_s"] / perf["measured_step_time_s"] - 1
     assert perf["step_time_error"] == pytest.approx(err, rel=1e-12)
     assert perf["no_prediction"] is None
-
-
-# [cluster] as `aihpc calibrate --local --nproc N` wrote it on the 2-core CI host
-HOST_COPY = """
-[model]
-preset = "tiny-llama"
-[cluster]
-num_gpus = {n}
-gpus_per_node = {n}
-[cluster.gpu_spec]
-name = "CPU x86_64 (1 threads) as {n} rank(s)"
-bf16_tflops = 0.0951
-fp32_tflops = 0.0951
-hbm_gib = 11.8
-hbm_bw_GBps = 19.6
-scale_up_bw_GBps = 1.39
-scale_up_domain = {n}
-scale_out_bw_GBps = 1.39
-gpus_per_node = {n}
-gemm_efficiency = 1.0
-attention_fwd_efficiency = 0.164
-attention_bwd_efficiency = 0.188
-attention_tokens = 64
-host_is_device = true
-"""
 
 
 @pytest.fixture(scope="module")
