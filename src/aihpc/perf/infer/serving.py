@@ -24,7 +24,7 @@ from typing import Any
 
 from aihpc.perf.infer.comm import kv_transfer_s
 from aihpc.perf.infer.estimate import engine_for
-from aihpc.perf.infer.kernels import Work
+from aihpc.perf.infer.kernels import Engine, Work
 from aihpc.perf.infer.kv import ServingPlan, kv_bytes_per_token
 from aihpc.perf.infer.memory import InferenceMemory, inference_memory
 from aihpc.perf.infer.step import StepTime, step_time
@@ -57,6 +57,18 @@ class Load:
     chunked_prefill: bool = True
     prefix_hit: float = 0.0
     gpu_memory_utilization: float = 0.9
+    # TensorRT-LLM's kv_cache_free_gpu_mem_fraction: the KV cache's share of the memory left
+    # free (in place of gpu_memory_utilization's share of the whole GPU); None: not used.
+    kv_free_fraction: float | None = None
+    # The scheduler reserves a sequence's whole length (prompt + output) when it admits it
+    # (TensorRT-LLM's default capacity policy GUARANTEED_NO_EVICT), instead of taking pages as
+    # the sequence grows (vLLM, SGLang: its mean length, prompt + output / 2).
+    reserve_full: bool = False
+
+    @property
+    def held_len(self) -> float:
+        """KV tokens a sequence in flight holds, on average."""
+        return self.prompt_len + (self.output_len if self.reserve_full else self.output_len / 2)
 
     def check(self) -> None:
         for name in ("prompt_len", "output_len"):
@@ -71,6 +83,9 @@ class Load:
             )
         if not 0 <= self.prefix_hit < 1:
             raise SpecError("inference.prefix_hit", self.prefix_hit, "a fraction in [0, 1)")
+        frac = self.kv_free_fraction
+        if frac is not None and not 0 < frac <= 1:
+            raise SpecError("inference.kv_free_fraction", frac, "a fraction in (0, 1]")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise SpecError(
                 "inference.gpu_memory_utilization",
@@ -129,6 +144,23 @@ def _batch(load: Load, memory: InferenceMemory) -> tuple[int, str]:
     return max(memory.max_batch, 0), "kv_cache"
 
 
+def _memory(
+    model: ModelSpec, cluster: ClusterSpec, plan: ServingPlan, e: Engine, load: Load, batch: int
+) -> InferenceMemory:
+    return inference_memory(
+        model,
+        cluster.gpu.hbm_gib,
+        plan,
+        e.params,
+        batch=batch,
+        seq_len=load.held_len,
+        step_tokens=load.max_batched_tokens,
+        gpu_memory_utilization=load.gpu_memory_utilization,
+        act_bytes=e.act_bytes,
+        kv_free_fraction=load.kv_free_fraction,
+    )
+
+
 def steady_state(
     model: ModelSpec,
     gpu: GPUSpec | ClusterSpec,
@@ -143,18 +175,8 @@ def steady_state(
     load.check()
     e, cluster = engine_for(model, gpu, plan, params, calibration)
     isl, osl = load.prompt_len, load.output_len
-    mean_len = isl + osl / 2  # pages are taken as a sequence grows (vLLM, SGLang)
-    memory = inference_memory(
-        model,
-        cluster.gpu.hbm_gib,
-        plan,
-        e.params,
-        batch=batch or 1,
-        seq_len=mean_len,
-        step_tokens=load.max_batched_tokens,
-        gpu_memory_utilization=load.gpu_memory_utilization,
-        act_bytes=e.act_bytes,
-    )
+    mean_len = isl + osl / 2  # the mean context a decoding sequence attends to
+    memory = _memory(model, cluster, plan, e, load, batch or 1)
     if batch is None:
         batch, limit = _batch(load, memory)
     else:
@@ -166,17 +188,7 @@ def steady_state(
             f"leaves no KV cache: the weights take {memory.weights:.1f} GiB of "
             f"{memory.usable:.1f} GiB per GPU; use more GPUs (tp, pp, ep) or lower precision",
         )
-    memory = inference_memory(
-        model,
-        cluster.gpu.hbm_gib,
-        plan,
-        e.params,
-        batch=batch,
-        seq_len=mean_len,
-        step_tokens=load.max_batched_tokens,
-        gpu_memory_utilization=load.gpu_memory_utilization,
-        act_bytes=e.act_bytes,
-    )
+    memory = _memory(model, cluster, plan, e, load, batch)
     b = batch / plan.dp
     new = b * isl / osl * (1 - load.prefix_hit)  # computed prompt tokens per step
     keys = isl * load.prefix_hit + isl * (1 - load.prefix_hit) / 2
@@ -282,6 +294,8 @@ def disaggregated(
         chunked_prefill=True,
         prefix_hit=0.0,
         gpu_memory_utilization=load.gpu_memory_utilization,
+        kv_free_fraction=load.kv_free_fraction,
+        reserve_full=load.reserve_full,
     )
     e, cluster = engine_for(model, gpu, decode_plan, params)
     decode = steady_state(model, gpu, decode_plan, decode_load, params, batch=decode_batch)

@@ -68,6 +68,8 @@ def predict_row(row: dict[str, Any], params: ModelParams | None = None) -> float
         max_batched_tokens=row.get("max_batched_tokens", 8192),
         prefix_hit=row.get("prefix_hit", 0.0),
         gpu_memory_utilization=row.get("gpu_memory_utilization", 0.9),
+        kv_free_fraction=row.get("kv_free_fraction"),
+        reserve_full=row.get("scheduler") == "guaranteed_no_evict",
     )
     mode = row["mode"]
     if mode == "serving":
