@@ -21,7 +21,17 @@ from aihpc.runspec.training import COMM_CTA_CAPS, CheckpointSpec, TrainingSpec
 
 __all__ = ["RunSpec", "load_runspec", "runspec_from_dict"]
 
-SECTIONS = ("model", "cluster", "parallel", "training", "checkpoint", "reliability")
+# [inference] is read by `aihpc infer` (perf/infer/config.py checks its fields); the training
+# commands leave it alone.
+SECTIONS = (
+    "model",
+    "cluster",
+    "parallel",
+    "training",
+    "checkpoint",
+    "reliability",
+    "inference",
+)
 
 
 @dataclass(frozen=True)
@@ -33,6 +43,7 @@ class RunSpec:
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     reliability: ReliabilitySpec = field(default_factory=ReliabilitySpec)
     path: str = ""
+    inference: dict[str, Any] = field(default_factory=dict)  # as written; aihpc infer checks it
 
     def __post_init__(self) -> None:
         if self.cluster.gpu.p2p_channel_bw_GBps is None:
@@ -90,6 +101,7 @@ def runspec_from_dict(
         checkpoint=from_table(CheckpointSpec, _table(data, "checkpoint"), "checkpoint"),
         reliability=from_table(ReliabilitySpec, _table(data, "reliability"), "reliability"),
         path=path,
+        inference=_table(data, "inference"),
     )
 
 

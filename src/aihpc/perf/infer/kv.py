@@ -55,6 +55,9 @@ class ServingPlan:
         if self.weight_dtype not in DTYPE_BYTES:
             allowed = ", ".join(DTYPE_BYTES)
             raise SpecError("inference.weight_dtype", self.weight_dtype, f"one of {allowed}")
+        heads = model.num_attention_heads
+        if heads % self.tp:
+            raise SpecError("inference.tp", self.tp, f"must divide num_attention_heads {heads}")
         if self.ep > 1 and not model.is_moe:
             raise SpecError("inference.ep", self.ep, f"needs an MoE model; {model.name} is dense")
         if (self.tp * self.dp) % self.ep:

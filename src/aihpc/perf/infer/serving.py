@@ -189,6 +189,9 @@ def steady_state(
             f"{memory.usable:.1f} GiB per GPU; use more GPUs (tp, pp, ep) or lower precision",
         )
     memory = _memory(model, cluster, plan, e, load, batch)
+    if limit == "kv_cache" and memory.max_batch < batch:  # the batch's own logits took room
+        batch = memory.max_batch
+        memory = _memory(model, cluster, plan, e, load, batch)
     b = batch / plan.dp
     new = b * isl / osl * (1 - load.prefix_hit)  # computed prompt tokens per step
     keys = isl * load.prefix_hit + isl * (1 - load.prefix_hit) / 2
