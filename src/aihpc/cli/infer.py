@@ -13,8 +13,8 @@ from aihpc.cli._common import RUNSPEC_HELP, guarded, print_json
 from aihpc.runspec import SpecError, load_runspec
 
 if TYPE_CHECKING:
-    from aihpc.perf.infer.config import InferenceConfig
     from aihpc.runspec import RunSpec
+    from aihpc.runspec.inference import InferenceSpec as InferenceConfig
 
 __all__ = ["register"]
 
@@ -47,7 +47,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Inference: TTFT, TPOT, tokens/s per GPU and per request, memory and the bottleneck
         (docs/inference.md)."""
-        from aihpc.perf.infer.config import inference_from_table
+        from aihpc.runspec.inference import inference_from_table
 
         spec = load_runspec(runspec)
         overrides = {
@@ -64,7 +64,7 @@ def register(app: typer.Typer) -> None:
             "tpot_ms": tpot_ms,
             "ttft_ms": ttft_ms,
         }
-        cfg = inference_from_table(spec.inference, overrides)
+        cfg = inference_from_table(spec.inference.to_json(), overrides)
         if top < 1:
             raise SpecError("--top", top, "a whole number >= 1")
         if search:
@@ -78,6 +78,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _price(spec: RunSpec, cfg: InferenceConfig) -> dict[str, Any]:
+    from aihpc.perf.infer.config import prefill_plan_of, serving_load, serving_plan
     from aihpc.perf.infer.estimate import (
         bottleneck_sentence,
         engine_for,
@@ -89,7 +90,7 @@ def _price(spec: RunSpec, cfg: InferenceConfig) -> dict[str, Any]:
     model, cluster = spec.model, spec.cluster
     head = {"model": model.name, "gpu": cluster.gpu.id, "mode": cfg.mode}
     if cfg.mode == "static":
-        p = cfg.plan()
+        p = serving_plan(cfg)
         est = estimate_inference(
             model,
             cluster,
@@ -108,14 +109,16 @@ def _price(spec: RunSpec, cfg: InferenceConfig) -> dict[str, Any]:
         )
         return {**head, **est.to_json()}
     if cfg.mode == "serving":
-        est = steady_state(model, cluster, cfg.plan(), cfg.load(), batch=cfg.batch)
+        est = steady_state(model, cluster, serving_plan(cfg), serving_load(cfg), batch=cfg.batch)
         out = est.to_json()
-        reads = weight_read_s(engine_for(model, cluster, cfg.plan())[0], est.memory)
+        reads = weight_read_s(engine_for(model, cluster, serving_plan(cfg))[0], est.memory)
         out["bottleneck"] = bottleneck_sentence(est.step, est.memory, cfg.tp, reads)
         return {**head, **out}
-    dis = disaggregated(model, cluster, cfg.prefill_plan(), cfg.plan(), cfg.load(), None, cfg.batch)
+    dis = disaggregated(
+        model, cluster, prefill_plan_of(cfg), serving_plan(cfg), serving_load(cfg), None, cfg.batch
+    )
     out = dis.to_json()
-    reads = weight_read_s(engine_for(model, cluster, cfg.plan())[0], dis.decode.memory)
+    reads = weight_read_s(engine_for(model, cluster, serving_plan(cfg))[0], dis.decode.memory)
     out["bottleneck"] = bottleneck_sentence(dis.decode.step, dis.decode.memory, cfg.tp, reads)
     return {**head, **out}
 
@@ -173,6 +176,7 @@ def _lines(spec: RunSpec, cfg: InferenceConfig, r: dict[str, Any]) -> list[str]:
 
 
 def _search(spec: RunSpec, cfg: InferenceConfig, gpus: int, top: int, json_out: bool) -> None:
+    from aihpc.perf.infer.config import serving_load, serving_plan
     from aihpc.perf.infer.search import search_serving
 
     if cfg.tpot_ms is None and cfg.ttft_ms is None:
@@ -181,8 +185,8 @@ def _search(spec: RunSpec, cfg: InferenceConfig, gpus: int, top: int, json_out: 
         spec.model,
         spec.cluster,
         gpus,
-        cfg.load(),
-        cfg.plan(),
+        serving_load(cfg),
+        serving_plan(cfg),
         tpot_ms=cfg.tpot_ms,
         ttft_ms=cfg.ttft_ms,
     )

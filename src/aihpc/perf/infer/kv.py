@@ -17,6 +17,7 @@ from typing import Any
 
 from aihpc.perf.step.flops import attention_params, mlp_params
 from aihpc.runspec.errors import SpecError
+from aihpc.runspec.inference import KV_DTYPES, WEIGHT_DTYPES
 from aihpc.runspec.model import ModelSpec
 
 __all__ = [
@@ -30,7 +31,7 @@ __all__ = [
 # Bytes per element. int4 weight-only formats (AWQ, GPTQ) keep a 16-bit scale per group of 128
 # weights: 0.5 + 2 / 128.
 DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5 + 2 / 128}
-KV_DTYPES = ("bf16", "fp16", "fp8")
+assert set(DTYPE_BYTES) == set(WEIGHT_DTYPES) >= set(KV_DTYPES)
 
 
 @dataclass(frozen=True)
