@@ -149,7 +149,7 @@ def _lines(spec: RunSpec, cfg: InferenceConfig, r: dict[str, Any]) -> list[str]:
             f"{cfg.prefill_dp} ep {cfg.prefill_ep}; decode pool {_plan_text(d['plan'])}",
             f"  prefill       {r['prefill_tokens_per_s_per_gpu']:,.0f} prompt tokens/s per GPU",
             f"  KV transfer   {r['kv_transfer_s'] * 1e3:.1f} ms per prompt",
-            f"  TTFT          {r['ttft_s'] * 1e3:.0f} ms (prefill step + transfer, no queue)",
+            f"  TTFT          {r['ttft_s'] * 1e3:,.0f} ms (prefill step + transfer, no queue)",
             f"  TPOT          {d['tpot_s'] * 1e3:.1f} ms at {d['batch']:,} in flight",
             f"  decode        {d['tokens_per_s_per_gpu']:,.0f} output tokens/s per GPU",
             f"  pools         {r['decode_gpus_per_prefill_gpu']:.2f} decode GPUs per prefill GPU",

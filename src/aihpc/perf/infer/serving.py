@@ -256,6 +256,25 @@ def prefill_throughput(
         prefill_keys=isl * hit + isl * (1 - hit) / 2,
         prefill_len=isl,
     )
+    mem = inference_memory(
+        model,
+        cluster.gpu.hbm_gib,
+        plan,
+        e.params,
+        batch=math.ceil(prompts) * plan.dp,
+        seq_len=isl,
+        step_tokens=load.max_batched_tokens,
+        gpu_memory_utilization=load.gpu_memory_utilization,
+        act_bytes=e.act_bytes,
+        kv_free_fraction=load.kv_free_fraction,
+    )
+    if not mem.fits:
+        raise SpecError(
+            "inference.prefill_ep" if model.is_moe else "inference.prefill_tp",
+            plan.ep if model.is_moe else plan.tp,
+            f"the prefill pool's weights ({mem.weights:.1f} GiB per GPU) and one step's prompts "
+            f"do not fit {mem.usable:.1f} GiB per GPU: spread them over more GPUs",
+        )
     step = step_time(e, cluster, work)
     return prompts * isl * plan.dp / step.total / plan.gpus, step
 
