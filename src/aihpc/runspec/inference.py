@@ -21,8 +21,8 @@ __all__ = [
 ]
 
 INFERENCE_MODES = ("static", "serving", "disaggregated")
-KV_DTYPES = ("bf16", "fp16", "fp8")
-WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4")
+KV_DTYPES = ("bf16", "fp16", "fp8", "fp32")  # fp32: a CPU host computing in fp32
+WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4", "fp32")
 _COUNTS = (
     "prompt_len",
     "output_len",

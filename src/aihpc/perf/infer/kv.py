@@ -30,7 +30,14 @@ __all__ = [
 
 # Bytes per element. int4 weight-only formats (AWQ, GPTQ) keep a 16-bit scale per group of 128
 # weights: 0.5 + 2 / 128.
-DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5 + 2 / 128}
+DTYPE_BYTES = {
+    "bf16": 2.0,
+    "fp16": 2.0,
+    "fp8": 1.0,
+    "int8": 1.0,
+    "int4": 0.5 + 2 / 128,
+    "fp32": 4.0,
+}
 assert set(DTYPE_BYTES) == set(WEIGHT_DTYPES) >= set(KV_DTYPES)
 
 
