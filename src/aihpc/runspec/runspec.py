@@ -18,10 +18,19 @@ from aihpc.runspec.model import ModelSpec, model_from_table
 from aihpc.runspec.parallel import ParallelPlan, PartialPlan, partial_from_table, resolve_plan
 from aihpc.runspec.reliability import ReliabilitySpec
 from aihpc.runspec.training import COMM_CTA_CAPS, CheckpointSpec, TrainingSpec
+from aihpc.runspec.vision import MultimodalSpec, VisionSpec, multimodal_from_table, split_vision
 
 __all__ = ["RunSpec", "load_runspec", "runspec_from_dict"]
 
-SECTIONS = ("model", "cluster", "parallel", "training", "checkpoint", "reliability")
+SECTIONS = (
+    "model",
+    "cluster",
+    "parallel",
+    "training",
+    "checkpoint",
+    "reliability",
+    "multimodal",
+)
 
 
 @dataclass(frozen=True)
@@ -33,6 +42,10 @@ class RunSpec:
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     reliability: ReliabilitySpec = field(default_factory=ReliabilitySpec)
     path: str = ""
+    # A vision-language model's encoder + projector ([model.vision]) and its data fact
+    # ([multimodal]); None for a text-only model (docs/multimodal.md)
+    vision: VisionSpec | None = None
+    multimodal: MultimodalSpec | None = None
 
     def __post_init__(self) -> None:
         if self.cluster.gpu.p2p_channel_bw_GBps is None:
@@ -82,14 +95,26 @@ def runspec_from_dict(
         if not cal_path.is_absolute() and base_dir is not None:
             cal_path = base_dir / cal_path
         calibration = load_calibration(cal_path)
+    llm_table, vision = split_vision(_table(data, "model"))
+    multimodal = None
+    if "multimodal" in data:
+        if vision is None:
+            raise SpecError(
+                "multimodal", "[table]", "needs a vision encoder: [model.vision] or a VLM preset"
+            )
+        multimodal = multimodal_from_table(_table(data, "multimodal"))
+    elif vision is not None:
+        multimodal = MultimodalSpec()
     return RunSpec(
-        model=model_from_table(_table(data, "model")),
+        model=model_from_table(llm_table),
         cluster=cluster_from_table(cluster_table, calibration),
         parallel=partial_from_table(_table(data, "parallel")),
         training=from_table(TrainingSpec, _table(data, "training"), "training"),
         checkpoint=from_table(CheckpointSpec, _table(data, "checkpoint"), "checkpoint"),
         reliability=from_table(ReliabilitySpec, _table(data, "reliability"), "reliability"),
         path=path,
+        vision=vision,
+        multimodal=multimodal,
     )
 
 
