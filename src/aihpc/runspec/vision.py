@@ -229,6 +229,10 @@ class MultimodalSpec:
     # true: samples packed into model.seq_length sequences; false: one sample a sequence,
     # padded to the longest of its micro-batch (at most model.seq_length)
     packing: bool = True
+    # Unpacked, a micro-batch is padded to: its longest sample (longest: the expected maximum
+    # of micro_batch_size lengths), about its mean (grouped: a length-grouped sampler, LLaVA's
+    # group_by_modality_length), or model.seq_length (max: Megatron-LM's fixed-length samples)
+    padding: str = "longest"
     freeze_encoder: bool = False
     freeze_projector: bool = False
     freeze_llm: bool = False
@@ -242,6 +246,7 @@ class MultimodalSpec:
 
     def __post_init__(self) -> None:
         check_choice("multimodal.placement", self.placement, ("auto", *PLACEMENTS))
+        check_choice("multimodal.padding", self.padding, ("longest", "grouped", "max"))
         check_choice("multimodal.encoder_recompute", self.encoder_recompute, ("full", "none"))
         check_positive("multimodal.encoder_tp", self.encoder_tp, allow_zero=True)
         check_positive("multimodal.encoder_gpus", self.encoder_gpus, allow_zero=True)

@@ -69,7 +69,9 @@ def layout(model: ModelSpec, v: VisionSpec, mm: MultimodalSpec, micro_batch: int
     if mm.packing:
         k = max(1, int(model.seq_length // max(lengths.mean, 1.0)))
         return Layout(k, model.seq_length, True)
-    padded = expected_max(lengths, micro_batch)
+    if mm.padding == "max":
+        return Layout(1, model.seq_length, False)
+    padded = lengths.mean if mm.padding == "grouped" else expected_max(lengths, micro_batch)
     return Layout(1, max(1, min(model.seq_length, math.ceil(padded))), False)
 
 
