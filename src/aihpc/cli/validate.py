@@ -64,6 +64,9 @@ def register(app: typer.Typer) -> None:
         ),
         calibration: Path | None = VALIDATE_CALIBRATION,
         runs_template: bool = RUNS_TEMPLATE,
+        vlm: bool = typer.Option(
+            False, "--vlm", help="The vision-language runs (issue 40's set; with --runs, yours)."
+        ),
     ) -> None:
         """Predicted vs measured tokens/s/GPU and memory on published runs or your own
         (--runs); MAPE per source."""
@@ -73,6 +76,9 @@ def register(app: typer.Typer) -> None:
 
         if runs_template:
             _print_runs_template(json_out)
+            return
+        if vlm:
+            _validate_vlm(runs, memory, heldout, moe, calibration, json_out)
             return
         cal = None
         if calibration is not None:
@@ -110,6 +116,29 @@ def register(app: typer.Typer) -> None:
         typer.echo(validation_table(report))
         if report.calibration:
             typer.echo(f"\nEvery row priced with the calibration {report.calibration}.")
+
+
+def _validate_vlm(
+    runs: Path | None,
+    memory: Path | None,
+    heldout: bool,
+    moe: bool,
+    calibration: Path | None,
+    json_out: bool,
+) -> None:
+    """--vlm: the vision-language set (or a runs CSV of that layout), samples/s/GPU."""
+    from aihpc.cli.vlm import print_vlm_validation
+    from aihpc.perf.fit.vlm_validate import validate_vlm
+
+    for name, given in (("--memory", memory), ("--calibration", calibration)):
+        if given is not None:
+            raise SpecError(name, str(given), "not with --vlm (its rows carry their own facts)")
+    if heldout or moe:
+        flag = "--heldout" if heldout else "--moe"
+        raise SpecError(flag, True, "not with --vlm: choose one set of runs")
+    if runs is not None and not os.path.exists(runs):
+        raise SpecError("--runs", str(runs), "file not found")
+    print_vlm_validation(validate_vlm(runs), json_out)
 
 
 def validation_table(report: ValidationReport) -> str:

@@ -135,8 +135,11 @@ def row_spec(row: dict[str, str]) -> RunSpec:
     if cell(row, "sequence_parallel"):
         parallel["sequence_parallel"] = _bool(row, "sequence_parallel")
     training: dict[str, Any] = {"precision": cell(row, "precision") or "bf16"}
-    if cell(row, "attention"):
-        training["attention"] = cell(row, "attention")
+    for text in ("attention", "cross_entropy", "zero3_gather"):
+        if cell(row, text):
+            training[text] = cell(row, text)
+    if cell(row, "fused_kernels"):
+        training["fused_kernels"] = _bool(row, "fused_kernels")
     mm: dict[str, Any] = {
         "images_per_sample": _number_or_table(row, "images_per_sample"),
         "image_tokens": _number_or_table(row, "image_tokens"),

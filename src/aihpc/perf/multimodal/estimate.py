@@ -149,6 +149,8 @@ def estimate_vlm(
         e_tp = plan.tp
     extra = _extra_gpus(spec, plan, where, e_tp, encoder_gpus)
     plan = _reshape(plan, spec.cluster.num_gpus - extra, where)
+    if where == "stage":  # the replicas that fit, each with its encoder stage
+        extra = plan.dp * e_tp
     est = _llm(spec, plan, lay, plan.tp * plan.pp * plan.cp * plan.dp, params)
     return _price(spec, plan, lay, est, where, e_tp, extra, params)
 

@@ -1,0 +1,137 @@
+"""What ``aihpc estimate`` and ``aihpc search`` print for a vision-language run spec (one with
+``[model.vision]``), and ``aihpc validate --vlm``'s table: the encoder's placement, its terms and
+the imbalance beside the language model's."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from aihpc.cli import _common
+from aihpc.cli._common import print_json
+
+if TYPE_CHECKING:  # the planner loads inside the command
+    from aihpc.perf.fit.vlm_validate import VlmReport
+    from aihpc.perf.multimodal import VlmEstimate
+    from aihpc.runspec import RunSpec
+
+__all__ = ["vlm_estimate", "vlm_search", "vlm_validation_table"]
+
+_TERMS = ("compute", "recompute", "tp_comm", "dp_comm", "pipeline_bubble", "encoder")
+_TERMS += ("encoder_imbalance", "encoder_fill", "cross_attention")
+
+
+def _plan_text(e: VlmEstimate) -> str:
+    p = e.llm.plan
+    text = f"tp{p.tp} pp{p.pp} v{p.vpp} cp{p.cp} dp{p.dp} z{p.zero_stage} {p.recompute} mbs{p.micro_batch_size}"
+    return text
+
+
+def _where(e: VlmEstimate) -> str:
+    if e.placement in ("stage", "pool"):
+        return f"{e.placement} (tp{e.encoder_tp}, {e.encoder_gpus} GPUs)"
+    return f"{e.placement} (tp{e.encoder_tp})"
+
+
+def vlm_estimate(spec: RunSpec, json_out: bool) -> None:
+    """``aihpc estimate`` of a vision-language spec: its placement (auto: tp) priced; exits 1
+    when the plan does not fit."""
+    from aihpc.perf.multimodal import estimate_vlm
+
+    est = estimate_vlm(spec)
+    if json_out:
+        out = est.to_json()
+        out["model"] = spec.model.name
+        print_json(out)
+    else:
+        con = _common.console
+        con.print(
+            f"{spec.model.name} on {spec.cluster.num_gpus} × {spec.cluster.gpu.id}, encoder "
+            f"{_where(est)}; language model {_plan_text(est)}",
+            highlight=False,
+        )
+        con.print(
+            f"step {est.step_time_s:.3f} s · {est.samples_per_s_per_gpu:.3f} samples/s/GPU · "
+            f"{est.tokens_per_s_per_gpu:,.0f} tokens/s/GPU · memory {est.memory_gib:.1f} GiB "
+            f"(encoder {est.encoder_memory_gib:.1f}) of {est.llm.hbm_gib:.0f}",
+            highlight=False,
+        )
+        terms = " · ".join(f"{k} {est.time_s[k]:.3f}" for k in _TERMS if est.time_s.get(k))
+        con.print(f"terms (s): {terms}", highlight=False)
+    if not est.fits:
+        raise typer.Exit(1)
+
+
+def vlm_search(spec: RunSpec, top: int, json_out: bool) -> None:
+    """``aihpc search`` of a vision-language spec: plans x placements, and the best of each
+    placement side by side."""
+    from aihpc.perf.multimodal.search import search_vlm
+
+    result = search_vlm(spec, top=top)
+    if json_out:
+        print_json(result.to_json(top))
+        return
+    con = _common.console
+    con.print(
+        f"{spec.model.name} on {spec.cluster.num_gpus} × {spec.cluster.gpu.id}: "
+        f"{result.llm_plans:,} language-model plans evaluated, {result.priced:,} "
+        "(plan, placement) pairs priced",
+        highlight=False,
+    )
+    if not result.plans:
+        con.print("No plan fits.")
+        raise typer.Exit(1)
+    lines = [_header()]
+    lines += [_row(e) for e in result.plans[:top]]
+    con.print("\n".join(lines), highlight=False)
+    con.print("\nBest plan of each encoder placement:", highlight=False)
+    best = sorted(result.best_by_placement.values(), key=lambda e: -e.samples_per_s_per_gpu)
+    con.print("\n".join([_header(), *(_row(e) for e in best)]), highlight=False)
+
+
+def _header() -> str:
+    return (
+        "| encoder | language model | step s | samples/s/GPU | encoder s | imbalance s | "
+        "memory GiB |\n|---|---|---:|---:|---:|---:|---:|"
+    )
+
+
+def _row(e: VlmEstimate) -> str:
+    enc = e.time_s.get("encoder", 0.0) + e.time_s.get("encoder_fill", 0.0)
+    return (
+        f"| {_where(e)} | {_plan_text(e)} | {e.step_time_s:.2f} | "
+        f"{e.samples_per_s_per_gpu:.3f} | {enc:.2f} | "
+        f"{e.time_s.get('encoder_imbalance', 0.0):.2f} | {e.memory_gib:.1f} |"
+    )
+
+
+def vlm_validation_table(report: VlmReport) -> str:
+    lines = [
+        "| id | model | GPUs | held out | encoder | measured samples/s/GPU | predicted | error |",
+        "|---|---|---:|---|---|---:|---:|---:|",
+    ]
+    for r in report.rows:
+        lines.append(
+            f"| {r.id} | {r.model} | {r.num_gpus} | {'yes' if r.heldout else ''} | "
+            f"{r.estimate.placement} | {r.measured:.3f} | {r.predicted:.3f} | {r.error:+.1%} |"
+        )
+    dev, held = report.subset_mape(False), report.subset_mape(True)
+    lines.append("")
+    lines.append(
+        f"MAPE {report.mape:.1%} (development {_pct(dev)}, held out {_pct(held)}), "
+        f"max |error| {report.max_error:.1%}; targets 15% / 30%: "
+        + ("met" if report.passed else "NOT met")
+    )
+    return "\n".join(lines)
+
+
+def _pct(x: Any) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def print_vlm_validation(report: VlmReport, json_out: bool) -> None:
+    if json_out:
+        print_json(report.to_json())
+    else:
+        typer.echo(vlm_validation_table(report))
