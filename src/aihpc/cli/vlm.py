@@ -24,8 +24,8 @@ _TERMS += ("encoder_imbalance", "encoder_fill", "cross_attention")
 
 def _plan_text(e: VlmEstimate) -> str:
     p = e.llm.plan
-    text = f"tp{p.tp} pp{p.pp} v{p.vpp} cp{p.cp} dp{p.dp} z{p.zero_stage} {p.recompute} mbs{p.micro_batch_size}"
-    return text
+    shape = f"tp{p.tp} pp{p.pp} v{p.vpp} cp{p.cp} dp{p.dp}"
+    return f"{shape} z{p.zero_stage} {p.recompute} mbs{p.micro_batch_size}"
 
 
 def _where(e: VlmEstimate) -> str:

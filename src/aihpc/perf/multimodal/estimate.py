@@ -12,17 +12,11 @@ the attention core, whose backward is all input gradient), and it has no gradien
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aihpc.perf.multimodal import placement as pl
-from aihpc.perf.multimodal.encoder import (
-    encoder_activation_bytes,
-    encoder_memory_bytes,
-    encoder_params,
-    projector_params,
-)
+from aihpc.perf.multimodal.encoder import encoder_activation_bytes, encoder_memory_bytes
 from aihpc.perf.multimodal.imbalance import Grid
 from aihpc.perf.multimodal.workload import (
     Layout,
@@ -36,7 +30,6 @@ from aihpc.perf.step.estimate import Estimate, estimate_plan
 from aihpc.perf.step.flops import counted_keys, layer_flops
 from aihpc.perf.step.memory import GiB
 from aihpc.perf.step.params import DEFAULT_PARAMS, ModelParams
-from aihpc.runspec.cluster import ClusterSpec
 from aihpc.runspec.errors import SpecError
 from aihpc.runspec.parallel import ParallelPlan
 from aihpc.runspec.runspec import RunSpec
@@ -105,9 +98,13 @@ def frozen_llm_factor(spec: RunSpec, seq: int) -> float:
     return (2 * g + 3.5 * a) / (3 * g + 3.5 * a)
 
 
-def _llm(spec: RunSpec, plan: ParallelPlan, lay: Layout, gpus: int, params: ModelParams) -> Estimate:  # fmt: skip
+def _llm(
+    spec: RunSpec, plan: ParallelPlan, lay: Layout, gpus: int, params: ModelParams
+) -> Estimate:
     model = replace(spec.model, seq_length=lay.llm_seq)
-    cluster = spec.cluster if gpus == spec.cluster.num_gpus else replace(spec.cluster, num_gpus=gpus)
+    cluster = (
+        spec.cluster if gpus == spec.cluster.num_gpus else replace(spec.cluster, num_gpus=gpus)
+    )
     return estimate_plan(model, cluster, plan, spec.training, params)
 
 
@@ -175,7 +172,7 @@ def _reshape(plan: ParallelPlan, gpus: int, where: str) -> ParallelPlan:
     return replace(plan, dp=dp)
 
 
-def _extra_gpus(spec: RunSpec, plan: ParallelPlan, where: str, e_tp: int, gpus: int | None) -> int:  # fmt: skip
+def _extra_gpus(spec: RunSpec, plan: ParallelPlan, where: str, e_tp: int, gpus: int | None) -> int:
     """GPUs taken from the language model for the encoder."""
     mm = spec.multimodal
     assert mm is not None
@@ -220,8 +217,10 @@ def _price(
     mean = mean_works(works)
     flops = mean.flops_fwd(v, spec.model.hidden_size) * mm.images_per_sample.mean
     enc_mem = _encoder_memory(spec, plan, where, e_tp, mb, samples_mb, m)
-    mem = (est.memory.total + enc_mem) if where in ("replicated", "tp", "bubble") else max(
-        est.memory.total, enc_mem
+    mem = (
+        (est.memory.total + enc_mem)
+        if where in ("replicated", "tp", "bubble")
+        else max(est.memory.total, enc_mem)
     )
     return VlmEstimate(
         placement=where,
@@ -268,7 +267,9 @@ def _placement_terms(
     return _pool_terms(spec, plan, lay, e_tp, extra, llm_step, m)
 
 
-def _forward_only(spec: RunSpec, e_tp: int, samples: int, params: ModelParams = DEFAULT_PARAMS) -> float:  # fmt: skip
+def _forward_only(
+    spec: RunSpec, e_tp: int, samples: int, params: ModelParams = DEFAULT_PARAMS
+) -> float:
     """Mean forward seconds of a micro-batch's images."""
     v, mm = spec.vision, spec.multimodal
     assert v is not None and mm is not None
@@ -276,17 +277,28 @@ def _forward_only(spec: RunSpec, e_tp: int, samples: int, params: ModelParams = 
     return sample_cost(v, mm, rates, False, False).mean * samples
 
 
-def _pool_terms(spec: RunSpec, plan: ParallelPlan, lay: Layout, e_tp: int, gpus: int, llm_step: float, m: int) -> pl.PlacementTerms:  # fmt: skip
+def _pool_terms(
+    spec: RunSpec, plan: ParallelPlan, lay: Layout, e_tp: int, gpus: int, llm_step: float, m: int
+) -> pl.PlacementTerms:
     v, mm = spec.vision, spec.multimodal
     assert v is not None and mm is not None
     samples_step = plan.global_batch_size * lay.samples_per_seq
     images = samples_step * mm.images_per_sample.mean
     per_gpu = max(1.0, images / gpus)
-    rates = rates_for(v, spec.model, mm, spec.cluster, spec.training, DEFAULT_PARAMS, e_tp, per_gpu / max(1e-9, mm.images_per_sample.mean))  # noqa: E501
+    rates = rates_for(
+        v,
+        spec.model,
+        mm,
+        spec.cluster,
+        spec.training,
+        DEFAULT_PARAMS,
+        e_tp,
+        per_gpu / max(1e-9, mm.images_per_sample.mean),
+    )
     works = image_works(v, mm)
     trained = not mm.freeze_encoder
-    img = Grid.of([rates.image_s(w, trained, not mm.freeze_projector) for w, _ in works],
-                  [q for _, q in works])  # fmt: skip
+    costs = [rates.image_s(w, trained, not mm.freeze_projector) for w, _ in works]
+    img = Grid.of(costs, [q for _, q in works])
     pool_gpus = max(1, gpus // e_tp)
     first = img.mean * mm.images_per_sample.mean * plan.micro_batch_size * lay.samples_per_seq
     tokens = mean_works(works).lm_tokens * mm.images_per_sample.mean * lay.samples_per_seq
@@ -296,7 +308,9 @@ def _pool_terms(spec: RunSpec, plan: ParallelPlan, lay: Layout, e_tp: int, gpus:
     return pl.pool(img, images, pool_gpus, llm_step, first, moved)
 
 
-def _cross_attention_s(spec: RunSpec, plan: ParallelPlan, lay: Layout, est: Estimate, m: int) -> float:  # fmt: skip
+def _cross_attention_s(
+    spec: RunSpec, plan: ParallelPlan, lay: Layout, est: Estimate, m: int
+) -> float:
     """Cross-attention layers (Llama 3.2 Vision): their K/V projections over the image tokens
     and the text-to-image attention, beyond what pricing them as self-attention over the
     text counted; spread over the stages, at the layer GEMMs' achieved rate."""
@@ -314,7 +328,9 @@ def _cross_attention_s(spec: RunSpec, plan: ParallelPlan, lay: Layout, est: Esti
     return m * flops / plan.tp / plan.pp / max(rate, 1.0)
 
 
-def _encoder_memory(spec: RunSpec, plan: ParallelPlan, where: str, e_tp: int, mb: Grid, samples: int, m: int) -> float:  # fmt: skip
+def _encoder_memory(
+    spec: RunSpec, plan: ParallelPlan, where: str, e_tp: int, mb: Grid, samples: int, m: int
+) -> float:
     """The encoder's bytes on the GPU that holds it: weights and state (sharded as the plan's
     ZeRO stage shards), and a trained encoder's activations for the micro-batches in flight on
     its stage (min(p, m) under 1F1B), sized at the 99th-percentile micro-batch."""
@@ -341,13 +357,3 @@ def _encoder_memory(spec: RunSpec, plan: ParallelPlan, where: str, e_tp: int, mb
     in_flight = min(plan.pp, m) if where in ("replicated", "tp") else 1
     acts = encoder_activation_bytes(v, patches, tp, mm.encoder_recompute) * in_flight / split
     return state + acts
-
-
-def total_params(spec: RunSpec) -> int:
-    v = spec.vision
-    assert v is not None
-    return encoder_params(v) + projector_params(v, spec.model.hidden_size)
-
-
-def ceil_div(a: int, b: int) -> int:
-    return math.ceil(a / b)

@@ -41,8 +41,11 @@ class Grid:
         return Grid(float(value), 1.0, np.ones(1))
 
     @staticmethod
-    def of(values: list[float] | tuple[float, ...], weights: list[float] | tuple[float, ...],
-           cells: int = 512) -> Grid:  # fmt: skip
+    def of(
+        values: list[float] | tuple[float, ...],
+        weights: list[float] | tuple[float, ...],
+        cells: int = 512,
+    ) -> Grid:
         """A discrete distribution put on a grid of ``cells`` cells spanning its values; each
         value's weight is split between its two neighbouring points so that the mean is
         kept exactly."""
@@ -89,9 +92,7 @@ class Grid:
     def coarsen(self) -> Grid:
         """Two cells into one, at the pair's weighted position split to keep the mean."""
         p = self.p if len(self.p) % 2 == 0 else np.append(self.p, 0.0)
-        return Grid.of(
-            list(self.lo + self.step * np.arange(len(p))), list(p), cells=len(p) // 2
-        )
+        return Grid.of(list(self.lo + self.step * np.arange(len(p))), list(p), cells=len(p) // 2)
 
     def fit(self, step: float) -> Grid:
         """Coarsened until its step is at least ``step``."""

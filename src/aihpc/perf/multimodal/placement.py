@@ -39,14 +39,14 @@ __all__ = ["PlacementTerms", "first_stage", "in_bubbles", "own_stage", "pool"]
 @dataclass(frozen=True)
 class PlacementTerms:
     """Seconds a placement adds to the step: the mean encoder time on the critical path, the
-    imbalance (expected maximum over ranks minus the mean), transfers and fill; and the step
-    it replaces the language model's with (``llm_floor``: the pool's max(T_llm, T_pool))."""
+    imbalance (expected maximum over ranks minus the mean), transfers and fill; for the pool,
+    encoder + imbalance is what the pool's slowest GPU takes beyond the language model's step,
+    so that step + encoder + imbalance = max(T_llm, T_pool)."""
 
     encoder: float
     imbalance: float
     fill: float = 0.0
     transfer: float = 0.0
-    llm_floor: float = 0.0
 
 
 def _rank(mb: Grid, m: int, ranks: int) -> tuple[float, float]:
@@ -81,17 +81,17 @@ def pool(
     load = image_s.times(per_gpu)
     mean = load.mean * images_per_step / (per_gpu * gpus)  # the exact share of the images
     worst = expected_max(load, gpus) * images_per_step / (per_gpu * gpus)
-    floor = max(llm_step_s, worst)
     return PlacementTerms(
         encoder=max(0.0, mean - llm_step_s),
         imbalance=max(0.0, worst - max(mean, llm_step_s)),
         fill=first_mb_s,
         transfer=transfer_s,
-        llm_floor=floor,
     )
 
 
-def in_bubbles(mb: Grid, mb_fwd_mean: float, m: int, dp: int, pp: int, bubble_s: float) -> PlacementTerms:  # fmt: skip
+def in_bubbles(
+    mb: Grid, mb_fwd_mean: float, m: int, dp: int, pp: int, bubble_s: float
+) -> PlacementTerms:
     """bubble: the encoder's share per stage fills the bubble; the rest is exposed."""
     mean, worst = _rank(mb, m, dp)
     exposed_mean = max(0.0, mean / pp - bubble_s)

@@ -47,8 +47,10 @@ def placement_options(spec: RunSpec, placements: tuple[str, ...]) -> list[tuple[
     node = spec.cluster.gpus_per_node
     tps = [mm.encoder_tp] if mm.encoder_tp else [t for t in (1, 2, 4, 8) if node % t == 0]
     n = spec.cluster.num_gpus
-    pools = [mm.encoder_gpus] if mm.encoder_gpus else sorted(
-        {max(node, (n // f) // node * node) for f in (16, 8, 4)} - {n}
+    pools = (
+        [mm.encoder_gpus]
+        if mm.encoder_gpus
+        else sorted({max(node, (n // f) // node * node) for f in (16, 8, 4)} - {n})
     )
     out: list[tuple[str, int, int]] = []
     for where in placements:

@@ -20,7 +20,7 @@ from aihpc.perf.step.params import ModelParams
 from aihpc.runspec.cluster import ClusterSpec
 from aihpc.runspec.model import ModelSpec
 from aihpc.runspec.training import TrainingSpec
-from aihpc.runspec.vision import Distribution, MultimodalSpec, VisionSpec
+from aihpc.runspec.vision import MultimodalSpec, VisionSpec
 
 __all__ = ["Layout", "image_works", "layout", "mean_works", "sample_cost", "sample_lengths"]
 
@@ -110,15 +110,3 @@ def sample_cost(
     costs = [rates.image_s(w, trained, projector) for w, _ in works]
     img = Grid.of(costs, [q for _, q in works])
     return compound(mm.images_per_sample, img)
-
-
-def micro_batch_cost(sample: Grid, samples: int) -> Grid:
-    return sample.times(samples)
-
-
-def images_mean(mm: MultimodalSpec) -> float:
-    return mm.images_per_sample.mean
-
-
-def point(value: float) -> Distribution:
-    return Distribution((float(value),), (1.0,))
