@@ -104,7 +104,7 @@ def test_a_vision_table_on_a_text_preset_and_its_overrides() -> None:
     assert spec.vision is not None and spec.vision.patches_per_tile == 577
     over = _spec({"preset": "qwen2.5-vl-7b", "vision": {"full_attention_layers": 8}})
     assert over.vision is not None and over.vision.full_attention_layers == 8
-    with pytest.raises(SpecError, match="model.vision.num_attention_heads"):
+    with pytest.raises(SpecError, match=r"model\.vision\.num_attention_heads"):
         _spec({"preset": "llama3-8b", "vision": {**clip, "num_attention_heads": 15}})
 
 
