@@ -217,11 +217,11 @@ def _price(
     mean = mean_works(works)
     flops = mean.flops_fwd(v, spec.model.hidden_size) * mm.images_per_sample.mean
     enc_mem = _encoder_memory(spec, plan, where, e_tp, mb, samples_mb, m)
-    mem = (
-        (est.memory.total + enc_mem)
-        if where in ("replicated", "tp", "bubble")
-        else max(est.memory.total, enc_mem)
-    )
+    llm_mem = est.memory.total
+    if mm.freeze_llm:  # 16-bit weights only: no gradients, no optimizer state
+        llm_mem -= est.memory.gradients + est.memory.optimizer
+    shared = where in ("replicated", "tp", "bubble")
+    mem = llm_mem + enc_mem if shared else max(llm_mem, enc_mem)
     return VlmEstimate(
         placement=where,
         encoder_tp=e_tp,
