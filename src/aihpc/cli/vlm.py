@@ -30,7 +30,8 @@ def _plan_text(e: VlmEstimate) -> str:
 
 def _where(e: VlmEstimate) -> str:
     if e.placement in ("stage", "pool"):
-        return f"{e.placement} (tp{e.encoder_tp}, {e.encoder_gpus} GPUs)"
+        idle = f", {e.idle_gpus} idle" if e.idle_gpus else ""
+        return f"{e.placement} (tp{e.encoder_tp}, {e.encoder_gpus} GPUs{idle})"
     return f"{e.placement} (tp{e.encoder_tp})"
 
 

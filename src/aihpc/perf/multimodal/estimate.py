@@ -59,6 +59,12 @@ class VlmEstimate:
         return self.llm.fits and self.memory_gib <= self.llm.hbm_gib - self.llm.headroom_gib
 
     @property
+    def idle_gpus(self) -> int:
+        """GPUs neither part uses (replicas that would not divide the batch)."""
+        p = self.llm.plan
+        return self.num_gpus - p.tp * p.pp * p.cp * p.dp - self.encoder_gpus
+
+    @property
     def samples_per_s_per_gpu(self) -> float:
         return self.samples_per_step / self.step_time_s / self.num_gpus
 
@@ -73,6 +79,7 @@ class VlmEstimate:
             "placement": self.placement,
             "encoder_tp": self.encoder_tp,
             "encoder_gpus": self.encoder_gpus,
+            "idle_gpus": self.idle_gpus,
             "fits": self.fits,
             "step_time_s": self.step_time_s,
             "samples_per_s_per_gpu": self.samples_per_s_per_gpu,

@@ -4,8 +4,9 @@ The language model's plans come from the step model's search (perf/search, every
 completion of ``[parallel]`` priced as arrays, at the layout's sequence length); its best
 ``candidates`` that fit are then priced with the encoder at every placement the spec allows
 (``multimodal.placement = "auto"``: all five), the encoder's own TP for a stage or a pool among
-1, 2, 4 and 8 (what divides the node), and a pool of 1/16, 1/8 or 1/4 of the GPUs (whole
-nodes). Ranked by samples per second per GPU of the whole cluster among those that fit.
+1, 2, 4 and 8 (what divides the node), and pools of the GPUs that fewer language-model replicas
+leave (``placement_options``). Ranked by samples per second per GPU of the whole cluster
+among those that fit.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from aihpc.perf.multimodal.workload import layout
 from aihpc.perf.search.ranking import search_plans
 from aihpc.perf.step.params import DEFAULT_PARAMS, ModelParams
 from aihpc.runspec.errors import SpecError
+from aihpc.runspec.parallel import ParallelPlan
 from aihpc.runspec.runspec import RunSpec
 from aihpc.runspec.vision import PLACEMENTS
 
@@ -40,18 +42,24 @@ class VlmSearch:
         }
 
 
-def placement_options(spec: RunSpec, placements: tuple[str, ...]) -> list[tuple[str, int, int]]:
-    """(placement, encoder TP, pool GPUs) pairs to price; 0 means the placement's own."""
+def placement_options(
+    spec: RunSpec, placements: tuple[str, ...], plan: ParallelPlan
+) -> list[tuple[str, int, int]]:
+    """(placement, encoder TP, pool GPUs) to price with ``plan``; 0 means the placement's own.
+    A pool takes the GPUs that fewer language-model replicas leave (replicas that divide the
+    batch, so that no GPU idles), at most half the cluster, the three smallest such pools."""
     mm = spec.multimodal
     assert mm is not None
     node = spec.cluster.gpus_per_node
     tps = [mm.encoder_tp] if mm.encoder_tp else [t for t in (1, 2, 4, 8) if node % t == 0]
     n = spec.cluster.num_gpus
-    pools = (
-        [mm.encoder_gpus]
-        if mm.encoder_gpus
-        else sorted({max(node, (n // f) // node * node) for f in (16, 8, 4)} - {n})
-    )
+    if mm.encoder_gpus:
+        pools = [mm.encoder_gpus]
+    else:
+        mp = plan.tp * plan.pp * plan.cp
+        per_step = plan.global_batch_size // plan.micro_batch_size
+        sizes = {n - d * mp for d in range(1, n // mp + 1) if per_step % d == 0}
+        pools = sorted(g for g in sizes if 0 < g <= n // 2)[:3]
     out: list[tuple[str, int, int]] = []
     for where in placements:
         if where in ("replicated", "tp", "bubble"):
@@ -79,9 +87,8 @@ def search_vlm(
     llm = search_plans(model, spec.cluster, spec.parallel, spec.training, candidates, params)
     priced: list[VlmEstimate] = []
     count = 0
-    options = placement_options(spec, placements)
     for est in llm.plans:
-        for where, e_tp, gpus in options:
+        for where, e_tp, gpus in placement_options(spec, placements, est.plan):
             count += 1
             try:
                 got = estimate_vlm(spec, est.plan, where, e_tp or None, gpus or None, params)
