@@ -97,3 +97,19 @@ def test_a_bad_vlm_config_json_names_the_key(tmp_path: Path) -> None:
     r = CliRunner().invoke(app, ["import", "hf", str(path)])
     assert r.exit_code == 2 and "vision_config depth" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_presets_list_the_vision_language_models() -> None:
+    from aihpc.runspec.vision import vlm_presets
+
+    data = json.loads(CliRunner().invoke(app, ["presets", "--json"]).stdout)
+    names = {r["preset"] for r in data["vlm_presets"]}
+    assert names == set(vlm_presets())
+    # Llama 3.2 Vision's model cards: 10.6B and 88.6B parameters in all
+    rows = {r["preset"]: r for r in data["vlm_presets"]}
+    for name, published in (("llama3.2-vision-11b", 10.6e9), ("llama3.2-vision-90b", 88.6e9)):
+        r = rows[name]
+        total = r["llm_params"] + r["encoder_params"] + r["projector_params"]
+        assert abs(total - published) / published < 0.02, (name, total)
+    text = CliRunner(env={"COLUMNS": "250"}).invoke(app, ["presets"]).stdout
+    assert "Vision-language presets" in text and "qwen2.5-vl-72b" in text

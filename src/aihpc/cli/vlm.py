@@ -16,7 +16,13 @@ if TYPE_CHECKING:  # the planner loads inside the command
     from aihpc.perf.multimodal import VlmEstimate
     from aihpc.runspec import RunSpec
 
-__all__ = ["vlm_estimate", "vlm_search", "vlm_validation_table"]
+__all__ = [
+    "vlm_estimate",
+    "vlm_preset_rows",
+    "vlm_presets_table",
+    "vlm_search",
+    "vlm_validation_table",
+]
 
 _TERMS = ("compute", "recompute", "tp_comm", "dp_comm", "pipeline_bubble", "encoder")
 _TERMS += ("encoder_imbalance", "encoder_fill", "cross_attention")
@@ -136,3 +142,53 @@ def print_vlm_validation(report: VlmReport, json_out: bool) -> None:
         print_json(report.to_json())
     else:
         typer.echo(vlm_validation_table(report))
+
+
+def vlm_preset_rows() -> list[dict[str, Any]]:
+    """Every vision-language preset: its language model's and encoder's sizes, the tokens an
+    image becomes, and the source."""
+    from aihpc.perf.multimodal.encoder import encoder_params, projector_params
+    from aihpc.perf.step.flops import num_params
+    from aihpc.runspec import runspec_from_dict
+    from aihpc.runspec.vision import vlm_presets
+
+    rows = []
+    for name in sorted(vlm_presets()):
+        spec = runspec_from_dict(
+            {"model": {"preset": name}, "cluster": {"gpu": "h100-sxm", "num_gpus": 8}}
+        )
+        v = spec.vision
+        assert v is not None
+        rows.append(
+            {
+                "preset": name,
+                "llm_params": num_params(spec.model),
+                "encoder_params": encoder_params(v),
+                "projector_params": projector_params(v, spec.model.hidden_size),
+                "encoder_layers": v.num_layers,
+                "encoder_hidden": v.hidden_size,
+                "resolution": v.resolution,
+                "tokens_per_tile": v.tokens_per_tile if v.resolution == "tiles" else None,
+                "max_image_tokens": v.max_image_tokens,
+                "cross_attention_layers": v.cross_attention_layers,
+                "source": vlm_presets()[name]["source"],
+            }
+        )
+    return rows
+
+
+def vlm_presets_table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "Vision-language presets: [model] preset = NAME ([model.vision] from the preset)",
+        "| preset | LLM params | encoder | projector | encoder layers x width | tokens a tile | "
+        "max tokens an image |",
+        "|---|---:|---:|---:|---|---:|---:|",
+    ]
+    for r in rows:
+        tile = f"{r['tokens_per_tile']:,}" if r["tokens_per_tile"] else "native"
+        lines.append(
+            f"| {r['preset']} | {r['llm_params'] / 1e9:.1f}B | {r['encoder_params'] / 1e9:.2f}B | "
+            f"{r['projector_params'] / 1e6:.0f}M | {r['encoder_layers']} x {r['encoder_hidden']:,} "
+            f"| {tile} | {r['max_image_tokens']:,} |"
+        )
+    return "\n".join(lines)
