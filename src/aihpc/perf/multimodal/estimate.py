@@ -260,7 +260,8 @@ def _placement_terms(
     m: int,
 ) -> pl.PlacementTerms:
     if where in ("replicated", "tp"):
-        return pl.first_stage(mb, m, plan.dp)
+        slots = (plan.pp - 1) / plan.vpp if plan.pp > 1 else 0.0
+        return pl.first_stage(mb, m, plan.dp, slots)
     if where == "stage":
         busy = est.time_s.get("compute", 0.0) + est.time_s.get("recompute", 0.0)
         slot = busy / max(1, m)

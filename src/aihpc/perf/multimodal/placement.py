@@ -7,7 +7,8 @@ rank's, and the step waits for the slowest of the D ranks: E[max of D copies of 
 
 - ``replicated``: on the first pipeline stage, the whole encoder on every TP rank (each encodes
   all of the micro-batch's images; no TP traffic, t x redundant work). Stage 0's micro-batch
-  slot grows by X_j, so the step grows by E[max S] (with p > 1 the other stages wait on it).
+  slot grows by X_j, so the step grows by E[max S]; with p > 1 stage 0 sets the pipeline's
+  pace, and its (p - 1) / v slots of fill and drain grow by E[X] each.
 - ``tp``: on the first stage, split with the language model's TP (Megatron-Core's and NeMo's
   default): X_j at the encoder's TP-t rates, plus two all-reduces per layer and direction.
 - ``stage``: its own pipeline stage on e GPUs of each pipeline (Megatron-Core's
@@ -55,10 +56,12 @@ def _rank(mb: Grid, m: int, ranks: int) -> tuple[float, float]:
     return total.mean, expected_max(total, ranks)
 
 
-def first_stage(mb: Grid, m: int, dp: int) -> PlacementTerms:
-    """replicated / tp: the rank's encoder seconds join stage 0's critical path."""
+def first_stage(mb: Grid, m: int, dp: int, bubble_slots: float = 0.0) -> PlacementTerms:
+    """replicated / tp: the rank's encoder seconds join stage 0's critical path; with a
+    pipeline, stage 0 is the slowest stage, so every stage's slot in the fill and drain grows by
+    a micro-batch's encoder seconds too (``bubble_slots``: (p - 1) / v of them)."""
     mean, worst = _rank(mb, m, dp)
-    return PlacementTerms(encoder=mean, imbalance=worst - mean)
+    return PlacementTerms(encoder=mean, imbalance=worst - mean, fill=bubble_slots * mb.mean)
 
 
 def own_stage(mb: Grid, m: int, dp: int, slot_s: float) -> PlacementTerms:
