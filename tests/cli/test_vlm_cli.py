@@ -113,3 +113,10 @@ def test_presets_list_the_vision_language_models() -> None:
         assert abs(total - published) / published < 0.02, (name, total)
     text = CliRunner(env={"COLUMNS": "250"}).invoke(app, ["presets"]).stdout
     assert "Vision-language presets" in text and "qwen2.5-vl-72b" in text
+
+
+def test_search_options_a_vlm_spec_does_not_take_are_refused() -> None:
+    for extra in (["--explain"], ["--for", "megatron"], ["--tokens", "1T"]):
+        r = CliRunner().invoke(app, ["search", str(EXAMPLE), *extra])
+        assert r.exit_code == 2 and extra[0] in r.stderr, (extra, r.output)
+        assert len(r.stderr.strip().splitlines()) == 1

@@ -149,8 +149,11 @@ def _register_search(app: typer.Typer) -> None:
             check_output_path(output, "--output", ".toml")
         spec = with_headroom(load_runspec(runspec), headroom)
         if spec.vision is not None:  # plans x encoder placements (perf/multimodal/search.py)
-            from aihpc.cli.vlm import vlm_search
+            from aihpc.cli.vlm import refuse_vlm_flags, vlm_search
 
+            flags = {"--explain": explain, "--rank-by": rank_by != "throughput"}
+            flags |= {"--tokens": tokens, "--output": output, "--for": framework}
+            refuse_vlm_flags(flags)
             vlm_search(spec, top, json_out)
             return
         accept = None

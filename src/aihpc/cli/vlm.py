@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # the planner loads inside the command
     from aihpc.runspec import RunSpec
 
 __all__ = [
+    "refuse_vlm_flags",
     "vlm_estimate",
     "vlm_preset_rows",
     "vlm_presets_table",
@@ -68,6 +69,17 @@ def vlm_estimate(spec: RunSpec, json_out: bool) -> None:
         con.print(f"terms (s): {terms}", highlight=False)
     if not est.fits:
         raise typer.Exit(1)
+
+
+def refuse_vlm_flags(flags: dict[str, Any]) -> None:
+    """The search options a vision-language spec does not take yet, refused in one line."""
+    from aihpc.runspec import SpecError
+
+    for flag, given in flags.items():
+        if given:
+            raise SpecError(
+                flag, given, "not with a vision-language run spec yet ([model.vision]): omit it"
+            )
 
 
 def vlm_search(spec: RunSpec, top: int, json_out: bool) -> None:
