@@ -120,3 +120,9 @@ def test_search_options_a_vlm_spec_does_not_take_are_refused() -> None:
         r = CliRunner().invoke(app, ["search", str(EXAMPLE), *extra])
         assert r.exit_code == 2 and extra[0] in r.stderr, (extra, r.output)
         assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_export_refuses_a_vlm_spec_rather_than_drop_its_encoder() -> None:
+    r = CliRunner().invoke(app, ["export", str(EXAMPLE), "--to", "megatron"])
+    assert r.exit_code == 2 and "model.vision" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
