@@ -223,7 +223,7 @@ def _price(
     works = image_works(v, mm)
     mean = mean_works(works)
     flops = mean.flops_fwd(v, spec.model.hidden_size) * mm.images_per_sample.mean
-    enc_mem = _encoder_memory(spec, plan, where, e_tp, mb, samples_mb, m)
+    enc_mem = _encoder_memory(spec, plan, where, e_tp, mb, samples_mb, m, extra)
     llm_mem = est.memory.total
     if mm.freeze_llm:  # 16-bit weights only: no gradients, no optimizer state
         llm_mem -= est.memory.gradients + est.memory.optimizer
@@ -337,11 +337,19 @@ def _cross_attention_s(
 
 
 def _encoder_memory(
-    spec: RunSpec, plan: ParallelPlan, where: str, e_tp: int, mb: Grid, samples: int, m: int
+    spec: RunSpec,
+    plan: ParallelPlan,
+    where: str,
+    e_tp: int,
+    mb: Grid,
+    samples: int,
+    m: int,
+    extra: int,
 ) -> float:
     """The encoder's bytes on the GPU that holds it: weights and state (sharded as the plan's
     ZeRO stage shards), and a trained encoder's activations for the micro-batches in flight on
-    its stage (min(p, m) under 1F1B), sized at the 99th-percentile micro-batch."""
+    its stage (min(p, m) under 1F1B), sized at the 99th-percentile micro-batch; a pool GPU
+    keeps its whole share of the step's images until their gradients come back."""
     v, mm = spec.vision, spec.multimodal
     assert v is not None and mm is not None
     tp = 1 if where == "replicated" else e_tp
@@ -363,5 +371,7 @@ def _encoder_memory(
     scale = mb.quantile(0.99) / max(mb.mean, 1e-30)
     patches = mean_img.patches * mm.images_per_sample.mean * samples * scale
     in_flight = min(plan.pp, m) if where in ("replicated", "tp") else 1
+    if where == "pool":  # the step's images spread over the pool's extra / e_tp replicas
+        in_flight = m * plan.dp / max(1, extra // e_tp) / scale
     acts = encoder_activation_bytes(v, patches, tp, mm.encoder_recompute) * in_flight / split
     return state + acts
