@@ -56,7 +56,8 @@ class VlmEstimate:
 
     @property
     def fits(self) -> bool:
-        return self.llm.fits and self.memory_gib <= self.llm.hbm_gib - self.llm.headroom_gib
+        # the combined memory (a frozen language model's without its gradients and optimizer)
+        return self.memory_gib <= self.llm.hbm_gib - self.llm.headroom_gib
 
     @property
     def idle_gpus(self) -> int:

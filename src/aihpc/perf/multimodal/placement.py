@@ -34,7 +34,14 @@ from dataclasses import dataclass
 from aihpc.perf.multimodal.imbalance import Grid, expected_max
 from aihpc.perf.step.comm import p2p_time_s
 
-__all__ = ["PlacementTerms", "first_stage", "in_bubbles", "own_stage", "pool"]
+__all__ = [
+    "PlacementTerms",
+    "embedding_transfer_s",
+    "first_stage",
+    "in_bubbles",
+    "own_stage",
+    "pool",
+]
 
 
 @dataclass(frozen=True)

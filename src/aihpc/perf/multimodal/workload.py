@@ -22,7 +22,15 @@ from aihpc.runspec.model import ModelSpec
 from aihpc.runspec.training import TrainingSpec
 from aihpc.runspec.vision import MultimodalSpec, VisionSpec
 
-__all__ = ["Layout", "image_works", "layout", "mean_works", "sample_cost", "sample_lengths"]
+__all__ = [
+    "Layout",
+    "image_works",
+    "layout",
+    "mean_works",
+    "rates_for",
+    "sample_cost",
+    "sample_lengths",
+]
 
 
 @dataclass(frozen=True)
