@@ -28,10 +28,11 @@ def test_the_page_is_what_the_code_generates() -> None:
 
 
 def test_sections_are_the_run_specs_tables() -> None:
-    """Every table the loader accepts has a section on the page (and [cluster.gpu_spec])."""
+    """Every table the loader accepts has a section on the page (and [cluster.gpu_spec],
+    [model.vision])."""
     from aihpc.runspec.runspec import SECTIONS
 
-    assert set(reference.section_fields()) == {*SECTIONS, "gpu_spec"}
+    assert set(reference.section_fields()) == {*SECTIONS, "gpu_spec", "vision"}
 
 
 @pytest.mark.parametrize(

@@ -88,9 +88,12 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
         r"""List the model presets (\[model] preset = "...") with their shapes and sources."""
+        from aihpc.cli.vlm import vlm_preset_rows, vlm_presets_table
+
         rows = preset_rows()
+        vlm_rows = vlm_preset_rows()
         if json_out:
-            print_json({"presets": rows})
+            print_json({"presets": rows, "vlm_presets": vlm_rows})
             return
         t = Table(title=escape("Model presets: [model] preset = NAME"), show_edge=False)
         cols = ("preset", "params", "active", "layers", "hidden", "heads", "kv", "ffn", "vocab")
@@ -112,6 +115,7 @@ def register(app: typer.Typer) -> None:
                 escape(_short_source(r["source"])),
             )
         console.print(t)
+        console.print(vlm_presets_table(vlm_rows), highlight=False)
         console.print("Full sources: aihpc presets --json", highlight=False)
 
     @app.command()

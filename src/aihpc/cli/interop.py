@@ -154,6 +154,12 @@ def _register_export(app: typer.Typer) -> None:
         if to not in FRAMEWORKS:
             raise SpecError("--to", to, "allowed: " + " | ".join(FRAMEWORKS))
         spec = load_runspec(runspec)
+        if spec.vision is not None:  # the exports write a text model; its encoder would be lost
+            raise SpecError(
+                "RUNSPEC",
+                str(runspec),
+                "a vision-language run spec ([model.vision]) has no export yet",
+            )
         if to == "megatron":
             text, dropped = export_megatron(spec, str(runspec))
         elif to == "torchtitan":

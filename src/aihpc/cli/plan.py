@@ -86,6 +86,11 @@ def _register_estimate(app: typer.Typer) -> None:
         from aihpc.perf.step.estimate import estimate as run_estimate
 
         spec = with_headroom(load_runspec(runspec), headroom)
+        if spec.vision is not None:  # a vision-language model: the encoder's terms beside
+            from aihpc.cli.vlm import vlm_estimate
+
+            vlm_estimate(spec, json_out)
+            return
         est = run_estimate(spec)
         use = calibration_use(spec)
         warn_calibration(use)
@@ -143,6 +148,14 @@ def _register_search(app: typer.Typer) -> None:
         if output is not None:
             check_output_path(output, "--output", ".toml")
         spec = with_headroom(load_runspec(runspec), headroom)
+        if spec.vision is not None:  # plans x encoder placements (perf/multimodal/search.py)
+            from aihpc.cli.vlm import refuse_vlm_flags, vlm_search
+
+            flags = {"--explain": explain, "--rank-by": rank_by != "throughput"}
+            flags |= {"--tokens": tokens, "--output": output, "--for": framework}
+            refuse_vlm_flags(flags)
+            vlm_search(spec, top, json_out)
+            return
         accept = None
         if framework is not None:
             from aihpc.cli._frameworks import plan_rules

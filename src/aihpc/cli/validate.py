@@ -69,6 +69,9 @@ def register(app: typer.Typer) -> None:
             "--inference",
             help="The inference model against published serving runs (docs/inference.md).",
         ),
+        vlm: bool = typer.Option(
+            False, "--vlm", help="The vision-language runs (issue 40's set; with --runs, yours)."
+        ),
     ) -> None:
         """Predicted vs measured tokens/s/GPU and memory on published runs or your own
         (--runs); MAPE per source."""
@@ -77,10 +80,13 @@ def register(app: typer.Typer) -> None:
         from aihpc.perf.fit.validate import validate as run_validate
 
         if inference:
-            _validate_inference(json_out, heldout, runs, moe or calibration is not None)
+            _validate_inference(json_out, heldout, runs, moe or vlm or calibration is not None)
             return
         if runs_template:
             _print_runs_template(json_out)
+            return
+        if vlm:
+            _validate_vlm(runs, memory, heldout, moe, calibration, json_out)
             return
         cal = None
         if calibration is not None:
@@ -126,7 +132,7 @@ def _validate_inference(json_out: bool, heldout: bool, runs: Path | None, other:
     from aihpc.perf.infer.validate import MAPE_TARGET, MAX_TARGET, validate_inference
 
     if other:
-        raise SpecError("--inference", True, "not with --moe or --calibration")
+        raise SpecError("--inference", True, "not with --moe, --vlm or --calibration")
     if runs is not None and not os.path.exists(runs):
         raise SpecError("--runs", str(runs), "file not found")
     report = validate_inference(runs, heldout=True if heldout else None)
@@ -156,6 +162,29 @@ def _validate_inference(json_out: bool, heldout: bool, runs: Path | None, other:
         f"(targets {MAPE_TARGET:.0%} / {MAX_TARGET:.0%}): {verdict}",
     ]
     typer.echo("\n".join(lines))
+
+
+def _validate_vlm(
+    runs: Path | None,
+    memory: Path | None,
+    heldout: bool,
+    moe: bool,
+    calibration: Path | None,
+    json_out: bool,
+) -> None:
+    """--vlm: the vision-language set (or a runs CSV of that layout), samples/s/GPU."""
+    from aihpc.cli.vlm import print_vlm_validation
+    from aihpc.perf.fit.vlm_validate import validate_vlm
+
+    for name, given in (("--memory", memory), ("--calibration", calibration)):
+        if given is not None:
+            raise SpecError(name, str(given), "not with --vlm (its rows carry their own facts)")
+    if heldout or moe:
+        flag = "--heldout" if heldout else "--moe"
+        raise SpecError(flag, True, "not with --vlm: choose one set of runs")
+    if runs is not None and not os.path.exists(runs):
+        raise SpecError("--runs", str(runs), "file not found")
+    print_vlm_validation(validate_vlm(runs), json_out)
 
 
 def validation_table(report: ValidationReport) -> str:

@@ -24,7 +24,16 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from aihpc.runspec import cluster, inference, model, parallel, reliability, runspec, training
+from aihpc.runspec import (
+    cluster,
+    inference,
+    model,
+    parallel,
+    reliability,
+    runspec,
+    training,
+    vision,
+)
 from aihpc.runspec._table import _allowed_types, _type_name, from_table
 from aihpc.runspec.errors import SpecError
 
@@ -51,6 +60,8 @@ _SPEC_CLASSES = (
     reliability.ReliabilitySpec,
     inference.InferenceSpec,
     runspec.RunSpec,
+    vision.VisionSpec,
+    vision.MultimodalSpec,
 )
 _BASE_GPU = "h100-sxm"  # the part whose figures the [cluster] and gpu_spec probes start from
 
@@ -75,6 +86,7 @@ def section_fields() -> dict[str, list[str]]:
     cluster_keys = list(cluster._CLUSTER_KEYS)
     return {
         "model": ["preset", *(f.name for f in _init_fields(model.ModelSpec))],
+        "vision": [f.name for f in _init_fields(vision.VisionSpec)],
         "cluster": cluster_keys,
         "gpu_spec": [f.name for f in _init_fields(cluster.GPUSpec)],
         "parallel": [f.name for f in _init_fields(parallel.PartialPlan)],
@@ -82,6 +94,7 @@ def section_fields() -> dict[str, list[str]]:
         "checkpoint": [f.name for f in _init_fields(training.CheckpointSpec)],
         "reliability": [f.name for f in _init_fields(reliability.ReliabilitySpec)],
         "inference": [f.name for f in _init_fields(inference.InferenceSpec)],
+        "multimodal": [f.name for f in _init_fields(vision.MultimodalSpec)],
     }
 
 
@@ -94,8 +107,16 @@ _CLASS = {
     "checkpoint": training.CheckpointSpec,
     "reliability": reliability.ReliabilitySpec,
     "inference": inference.InferenceSpec,
+    "vision": vision.VisionSpec,
+    "multimodal": vision.MultimodalSpec,
 }
-_SPECIAL_TYPES = {("model", "preset"): str, ("cluster", "gpu"): str, ("cluster", "gpu_spec"): dict}
+_SPECIAL_TYPES: dict[tuple[str, str], Any] = {
+    ("model", "preset"): str,
+    ("cluster", "gpu"): str,
+    ("cluster", "gpu_spec"): dict,
+}
+for _d in ("images_per_sample", "image_tokens", "text_tokens"):
+    _SPECIAL_TYPES[("multimodal", _d)] = float | dict
 _SPECIAL_TYPES[("cluster", "calibration")] = str
 
 
@@ -135,8 +156,12 @@ def _default(section: str, name: str) -> str:
 def _builder(section: str) -> Callable[[dict[str, Any]], Any]:
     """Builds the section from a one-field table, the way a run spec would."""
     gpu = cluster.gpu_catalog()[_BASE_GPU]
+    clip = {"num_layers": 24, "hidden_size": 1024, "num_attention_heads": 16}
+    clip |= {"ffn_hidden_size": 4096, "patch_size": 14}
     return {
         "model": lambda t: model.model_from_table({"preset": "tiny-llama", **t}),
+        "vision": lambda t: vision.vision_from_table({**clip, **t}),
+        "multimodal": lambda t: vision.multimodal_from_table(t),
         "cluster": lambda t: cluster.cluster_from_table({"gpu": _BASE_GPU, "num_gpus": 8, **t}),
         "gpu_spec": lambda t: from_table(cluster.GPUSpec, {**gpu, **t}, "cluster.gpu_spec"),
     }.get(section, lambda t: from_table(_CLASS[section], t, section))
@@ -156,7 +181,7 @@ def _allowed(section: str, name: str) -> str:
         probe = -1
     else:
         return ""
-    where = "cluster.gpu_spec" if section == "gpu_spec" else section
+    where = {"gpu_spec": "cluster.gpu_spec", "vision": "model.vision"}.get(section, section)
     try:
         _builder(section)({name: probe})
     except SpecError as err:
@@ -234,6 +259,8 @@ HEADINGS = {
     "model": "`[model]`: what is trained",
     "cluster": "`[cluster]`: where",
     "gpu_spec": "`[cluster.gpu_spec]`: a GPU part's figures",
+    "vision": "`[model.vision]`: a vision-language model's encoder and projector",
+    "multimodal": "`[multimodal]`: the images a vision-language run carries, and its choices",
     "parallel": "`[parallel]`: how (a field left out is searched by `aihpc search`)",
     "training": "`[training]`: numerics, kernels and the trainer's schedule",
     "checkpoint": "`[checkpoint]`: the trainer's checkpoints",

@@ -19,6 +19,7 @@ from aihpc.runspec.model import ModelSpec, model_from_table
 from aihpc.runspec.parallel import ParallelPlan, PartialPlan, partial_from_table, resolve_plan
 from aihpc.runspec.reliability import ReliabilitySpec
 from aihpc.runspec.training import COMM_CTA_CAPS, CheckpointSpec, TrainingSpec
+from aihpc.runspec.vision import MultimodalSpec, VisionSpec, multimodal_from_table, split_vision
 
 __all__ = ["RunSpec", "load_runspec", "runspec_from_dict"]
 
@@ -31,6 +32,7 @@ SECTIONS = (
     "checkpoint",
     "reliability",
     "inference",
+    "multimodal",
 )
 
 
@@ -44,6 +46,10 @@ class RunSpec:
     reliability: ReliabilitySpec = field(default_factory=ReliabilitySpec)
     path: str = ""
     inference: InferenceSpec = field(default_factory=InferenceSpec)  # read by aihpc infer
+    # A vision-language model's encoder + projector ([model.vision]) and its data fact
+    # ([multimodal]); None for a text-only model (docs/multimodal.md)
+    vision: VisionSpec | None = None
+    multimodal: MultimodalSpec | None = None
 
     def __post_init__(self) -> None:
         if self.cluster.gpu.p2p_channel_bw_GBps is None:
@@ -93,8 +99,18 @@ def runspec_from_dict(
         if not cal_path.is_absolute() and base_dir is not None:
             cal_path = base_dir / cal_path
         calibration = load_calibration(cal_path)
+    llm_table, vision = split_vision(_table(data, "model"))
+    multimodal = None
+    if "multimodal" in data:
+        if vision is None:
+            raise SpecError(
+                "multimodal", "[table]", "needs a vision encoder: [model.vision] or a VLM preset"
+            )
+        multimodal = multimodal_from_table(_table(data, "multimodal"))
+    elif vision is not None:
+        multimodal = MultimodalSpec()
     return RunSpec(
-        model=model_from_table(_table(data, "model")),
+        model=model_from_table(llm_table),
         cluster=cluster_from_table(cluster_table, calibration),
         parallel=partial_from_table(_table(data, "parallel")),
         training=from_table(TrainingSpec, _table(data, "training"), "training"),
@@ -102,6 +118,8 @@ def runspec_from_dict(
         reliability=from_table(ReliabilitySpec, _table(data, "reliability"), "reliability"),
         path=path,
         inference=inference_from_table(_table(data, "inference")),
+        vision=vision,
+        multimodal=multimodal,
     )
 
 

@@ -11,6 +11,7 @@ from pathlib import PurePath
 from typing import Any
 
 from aihpc.interop._common import Imported, cluster_table, model_table
+from aihpc.interop.hf.vision import hf_vision, is_vlm_config
 from aihpc.runspec import SpecError
 from aihpc.runspec.cluster import gpu_from_id
 from aihpc.runspec.inputs import parse_json
@@ -239,6 +240,10 @@ def import_hf(
     if not isinstance(config, dict):
         raise SpecError("CONFIG", path, "expected a JSON object (a config.json)")
     notes: list[str] = []
+    vision = None
+    if is_vlm_config(config):  # a vision-language model: its language model and [model.vision]
+        config, vision, note = hf_vision(config, "CONFIG")
+        notes += [f"model.vision.{note}"] if note else []
     shape = hf_model_shape(config, seq_length, "CONFIG")
     if seq_length is None:
         notes.append(
@@ -248,6 +253,8 @@ def import_hf(
     model = model_table(shape)
     if "preset" not in model:
         model = {"name": hf_model_name(config, path), **model, "source": f"config.json {path}"}
+    if vision is not None:
+        model["vision"] = vision
     if num_gpus is None:
         num_gpus = gpus_per_node or gpu_from_id(gpu).gpus_per_node
         notes.append(f"cluster.num_gpus = {num_gpus}: one node; --num-gpus sets it")

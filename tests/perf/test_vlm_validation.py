@@ -1,0 +1,49 @@
+"""The VLM validation set (issue 40): at least 8 published measured runs with their sources,
+held-out rows priced once before the model changed, and the targets (MAPE <= 15%, no row
+beyond 30%) checked as they stand."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from aihpc.perf.fit.validate import data_file
+from aihpc.perf.fit.vlm_validate import TARGET_VLM_MAPE, TARGET_VLM_MAX_ERROR, validate_vlm
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def report():  # type: ignore[no-untyped-def]
+    return validate_vlm()
+
+
+def test_at_least_eight_published_runs_each_with_its_source(report) -> None:  # type: ignore[no-untyped-def]
+    assert len(report.rows) >= 8
+    for r in report.rows:
+        assert len(r.source) > 60 and r.measured > 0 and r.predicted > 0
+    rows = list(csv.DictReader(data_file("vlm_runs.csv").open()))
+    for row, r in zip(rows, report.rows, strict=True):
+        per_gpu = float(row["samples"]) / (float(row["measured_hours"]) * 3600)
+        assert r.measured == pytest.approx(per_gpu / int(row["num_gpus"]))
+
+
+def test_held_out_rows_were_priced_once_before_any_change(report) -> None:  # type: ignore[no-untyped-def]
+    held = [r.id for r in report.rows if r.heldout]
+    assert len(held) >= 3
+    first = (ROOT / "benchmarks" / "results" / "vlm_heldout_first.md").read_text()
+    for rid in held:
+        assert f"| {rid} | yes |" in first
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 40's targets are not met yet: the published times are wall-clock (restarts, "
+    "evaluation, checkpoints, data loading) and HF-Trainer runs lose more than the step model "
+    "prices; docs/multimodal.md names what each miss lacks",
+)
+def test_vlm_targets(report) -> None:  # type: ignore[no-untyped-def]
+    assert report.mape <= TARGET_VLM_MAPE
+    assert report.max_error <= TARGET_VLM_MAX_ERROR
