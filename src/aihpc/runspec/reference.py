@@ -24,7 +24,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from aihpc.runspec import cluster, model, parallel, reliability, runspec, training
+from aihpc.runspec import cluster, inference, model, parallel, reliability, runspec, training
 from aihpc.runspec._table import _allowed_types, _type_name, from_table
 from aihpc.runspec.errors import SpecError
 
@@ -49,6 +49,7 @@ _SPEC_CLASSES = (
     training.TrainingSpec,
     training.CheckpointSpec,
     reliability.ReliabilitySpec,
+    inference.InferenceSpec,
     runspec.RunSpec,
 )
 _BASE_GPU = "h100-sxm"  # the part whose figures the [cluster] and gpu_spec probes start from
@@ -80,6 +81,7 @@ def section_fields() -> dict[str, list[str]]:
         "training": [f.name for f in _init_fields(training.TrainingSpec)],
         "checkpoint": [f.name for f in _init_fields(training.CheckpointSpec)],
         "reliability": [f.name for f in _init_fields(reliability.ReliabilitySpec)],
+        "inference": [f.name for f in _init_fields(inference.InferenceSpec)],
     }
 
 
@@ -91,6 +93,7 @@ _CLASS = {
     "training": training.TrainingSpec,
     "checkpoint": training.CheckpointSpec,
     "reliability": reliability.ReliabilitySpec,
+    "inference": inference.InferenceSpec,
 }
 _SPECIAL_TYPES = {("model", "preset"): str, ("cluster", "gpu"): str, ("cluster", "gpu_spec"): dict}
 _SPECIAL_TYPES[("cluster", "calibration")] = str
@@ -217,8 +220,8 @@ INTRO = """# Run spec reference
 src/aihpc/runspec/data/fields.toml. Do not edit it by hand: tests/runspec/test_run_spec_doc.py fails
 when it differs from what the code generates. -->
 
-A run spec is one TOML file with the tables below; `aihpc estimate`, `search`, `goodput` and
-`train` read it (the shared contract, RUN_SPEC.md, fixes the field names). Examples:
+A run spec is one TOML file with the tables below; `aihpc estimate`, `search`, `goodput`,
+`infer` and `train` read it (the shared contract, RUN_SPEC.md, fixes the field names). Examples:
 [examples/](../examples/). An unknown table or field, a value of the wrong type or outside what is
 allowed is answered with exit code 2 and one line naming the field, the value and what is
 allowed; the *allowed* column quotes that line. *Read by* names the parts of aihpc whose code
@@ -235,6 +238,7 @@ HEADINGS = {
     "training": "`[training]`: numerics, kernels and the trainer's schedule",
     "checkpoint": "`[checkpoint]`: the trainer's checkpoints",
     "reliability": "`[reliability]`: failures and recovery, for the goodput model",
+    "inference": "`[inference]`: what `aihpc infer` prices (docs/inference.md)",
 }
 
 

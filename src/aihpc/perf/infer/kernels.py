@@ -8,6 +8,7 @@ All times in seconds, for one GPU of one pipeline stage, summed over that stage'
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from aihpc.perf.infer.kv import ServingPlan, kv_elems_per_token_layer, stage_layer_counts
@@ -27,6 +28,11 @@ __all__ = ["Engine", "Work", "attention_decode_s", "attention_prefill_s", "gemm_
 # the router, top-k, permute, the grouped GEMMs' activation and the un-permute.
 KERNELS_PER_LAYER = 10
 KERNELS_PER_MOE_LAYER = 16
+# Rows of a GEMM's M dimension one tensor-core instruction covers: Hopper's wgmma computes 64
+# rows per warpgroup (PTX ISA, "wgmma.mma_async": shape m64nNk16), Ampere's tiles are 64 or 128
+# rows too, so a GEMM of m tokens does the work of ceil(m / 64) x 64 rows. It matters in decode,
+# where m is the batch (m = 200 computes 256 rows); prefill's thousands of rows lose little.
+GEMM_M_TILE = 64
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,8 @@ class Engine:
         int8 / int4 weights are dequantised into 16-bit GEMMs (weight-only formats)."""
         if self.plan.weight_dtype == "fp8" and self.gpu.fp8_tflops:
             return "fp8"
+        # fp32 (a CPU host): priced on the part's 16-bit peak, which `calibrate --local` sets
+        # to the host's best fp32 GEMM rate (its GEMM table is written for both)
         return "fp16" if self.act_dtype == "fp16" else "bf16"
 
     @property
@@ -83,13 +91,21 @@ class Work:
         return self.prefill_tokens + self.decode_seqs
 
 
+def _padded(e: Engine, m: float) -> float:
+    """Rows the tensor cores compute for ``m`` rows: whole 64-row tiles on a GPU; a CPU host
+    (no tensor-core tiles) computes m."""
+    if e.gpu.host_is_device:
+        return m
+    return math.ceil(m / GEMM_M_TILE) * GEMM_M_TILE
+
+
 def gemm_s(e: Engine, m: float, k: float, n: float, weight_share: float = 1.0) -> float:
     """(m x k) @ (k x n) with k x n weights, of which ``weight_share`` are read this step (the
     active experts'): the slower of compute at the part's efficiency for this size and the
     bytes of weights and activations at HBM bandwidth."""
     if m <= 0:
         return 0.0
-    flops = 2.0 * m * k * n
+    flops = 2.0 * _padded(e, m) * k * n
     peak = e.gpu.sustained_peak_tflops(e.precision)
     eff = gemm_efficiency(e.gpu, e.precision, flops / 1e9, e.params, e.calibration, k, peak)
     compute = flops / (peak * 1e12 * eff)
@@ -205,7 +221,8 @@ def routed_experts_s(e: Engine, tokens_per_dp: float) -> float:
     if copies <= 0:
         return 0.0
     per_expert = copies / max(local * touched, 1e-9)
-    flops = 2.0 * copies * expert / p.etp
+    active = max(local * touched, 1e-9)
+    flops = 2.0 * _padded(e, per_expert) * active * expert / p.etp  # each expert's rows padded
     peak = e.gpu.sustained_peak_tflops(e.precision)
     k = m.hidden_size
     gflop = 2.0 * per_expert * expert / p.etp / 1e9

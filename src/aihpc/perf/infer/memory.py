@@ -91,14 +91,21 @@ def inference_memory(
     step_tokens: float,
     gpu_memory_utilization: float,
     act_bytes: float = 2.0,
+    kv_free_fraction: float | None = None,
 ) -> InferenceMemory:
     """The memory of serving ``batch`` sequences (the whole instance's) of ``seq_len`` tokens
-    each (prompt and output), steps of at most ``step_tokens`` tokens per data-parallel rank."""
+    each (prompt and output), steps of at most ``step_tokens`` tokens per data-parallel rank.
+    The engine may use ``gpu_memory_utilization`` of the GPU (vLLM's convention), or, with
+    ``kv_free_fraction``, give the KV cache that share of what the weights, workspace and
+    runtime leave free (TensorRT-LLM's kv_cache_free_gpu_mem_fraction)."""
     usable = hbm_gib * gpu_memory_utilization
     weights = weight_bytes_per_gpu(model, plan) / GIB
     per_dp = batch / plan.dp
     acts = activation_bytes(model, plan, step_tokens, per_dp, act_bytes) / GIB
     runtime = params.runtime_overhead_gib
+    if kv_free_fraction is not None:
+        free = hbm_gib - weights - acts - runtime
+        usable = weights + acts + runtime + kv_free_fraction * max(free, 0.0)
     per_token = kv_bytes_per_token(model, plan, seq_len)
     pages = paged_tokens(seq_len, plan.block_size)
     kv = per_dp * pages * per_token / GIB
