@@ -215,12 +215,60 @@ def storage_dtype(gpu: bool) -> str:
     return "fp32"
 
 
-def predict(spec, batch: int, prompt: int, output: int, gpu: bool):
+def linear_rates(model, repeats: int = 3) -> dict:
+    """What the model's own linears reach on this thread's CPU clock, one after the other as a
+    forward runs them, medians of ``repeats``: at one row, a decode step's weights streamed from
+    memory (bytes over time, GB/s); at 16-1024 rows, (GFLOP of one call, TFLOP/s) points of a
+    GEMM curve (a calibration's ``[[gemm]] points``, but timed on the CPU clock)."""
+    import torch
+    import torch.nn.functional as F
+
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    nbytes = sum(w.numel() * w.element_size() for w in weights)
+    out: dict = {"weight_bytes": nbytes, "gemm_points": []}
+    with torch.inference_mode():
+        for rows in (1, 16, 64, 256, 1024):
+            xs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in weights}
+            times = []
+            for _ in range(repeats + 1):
+                t0 = time.thread_time()
+                for w in weights:
+                    F.linear(xs[w.shape[1]], w)
+                times.append(time.thread_time() - t0)
+            t = statistics.median(times[1:])
+            flops = sum(2.0 * rows * w.numel() for w in weights)
+            if rows == 1:
+                out["decode_weight_GBps"] = nbytes / t / 1e9
+            else:
+                out["gemm_points"].append((flops / len(weights) / 1e9, flops / t / 1e12))
+    return out
+
+
+def host_cluster(spec, host: dict):
+    """The calibrated cluster with this host's CPU terms as the benchmark measured them: the
+    GEMM curve of the model's own linears and the weight-streaming rate of a decode step
+    (as the memory bandwidth the estimate reads weights and KV at), both on the CPU clock."""
+    import dataclasses
+
+    from aihpc.perf.step.params import DEFAULT_PARAMS
+    from aihpc.runspec.calibration import Calibration, GemmFit
+
+    lin = host["linears"]
+    gpu = dataclasses.replace(
+        spec.cluster.gpu, hbm_bw_GBps=lin["decode_weight_GBps"] / DEFAULT_PARAMS.hbm_efficiency
+    )
+    points = tuple(sorted(tuple(p) for p in lin["gemm_points"]))
+    cal = spec.cluster.calibration or Calibration()
+    cal = dataclasses.replace(cal, gemm={p: GemmFit(p, points) for p in ("bf16", "fp32")})
+    return dataclasses.replace(spec.cluster, gpu=gpu, calibration=cal)
+
+
+def predict(spec, batch: int, prompt: int, output: int, gpu: bool, cluster=None):
     from aihpc.perf.infer import estimate_inference
 
     dtype = storage_dtype(gpu)
     return estimate_inference(
-        spec.model, spec.cluster, batch=batch, prompt_len=prompt, output_len=output,
+        spec.model, cluster or spec.cluster, batch=batch, prompt_len=prompt, output_len=output,
         act_dtype="bf16" if gpu else "fp32", weight_dtype=dtype, kv_dtype=dtype,
     )  # fmt: skip
 
@@ -233,11 +281,14 @@ def rows_for(spec, args: argparse.Namespace, device) -> tuple[list[dict], dict |
     host = None
     if not args.gpu:  # the eager host's share, for the host term the estimate lacks (see docs)
         ops = count_ops(model, 1, 8)
-        host = {"ops": ops, "op_s": host_op_s()}
+        host = {"ops": ops, "op_s": host_op_s(), "linears": linear_rates(model)}
+        cpu = host_cluster(spec, host)
         print(
             f"eager ops: {ops['decode']['per_layer']} a layer and {ops['decode']['outside']} "
             f"outside in a decode step, {ops['prefill']['per_layer']} and "
-            f"{ops['prefill']['outside']} in a prefill; {host['op_s'] * 1e6:.1f} us an op",
+            f"{ops['prefill']['outside']} in a prefill; {host['op_s'] * 1e6:.1f} us an op; "
+            f"the linears: {host['linears']['decode_weight_GBps']:.1f} GB/s of weights at one "
+            f"row, {host['linears']['gemm_points'][-1][1]:.3f} TFLOP/s at 1024",
             flush=True,
         )
     rows = []
@@ -256,7 +307,7 @@ def rows_for(spec, args: argparse.Namespace, device) -> tuple[list[dict], dict |
             first = rows[-len(args.outputs) - 1]
             if host is not None:
                 for r in rows[-len(args.outputs) - 1 :]:
-                    with_host(r, host)
+                    with_host(r, host, predict(spec, batch, prompt, r["output"] or 2, False, cpu))
             print(
                 f"batch {batch}, prompt {prompt}: prefill {first['measured_s'] * 1e3:.1f} ms "
                 f"(predicted {first['predicted_s'] * 1e3:.1f}), decode step "
@@ -283,14 +334,18 @@ def row(kind: str, batch: int, prompt: int, output: int | None, times: list, wal
     }
 
 
-def with_host(r: dict, host: dict) -> None:
-    """The estimate with the eager host's time in place of its launch term: the ops counted
-    in this step, at this host's time an op (a CPU runs each op's dispatch before its work)."""
+def with_host(r: dict, host: dict, est) -> None:
+    """The estimate for the host's CPU terms (``host_cluster``), with the eager host's time in
+    place of its launch term: the ops counted in this step at this host's time an op (a CPU
+    runs each op's dispatch before its work)."""
+    step = est.prefill if r["kind"] == "prefill" else est.decode
     ops = host["ops"]["prefill" if r["kind"] == "prefill" else "decode"]
     n = ops["per_layer"] * host["ops"]["layers"] + ops["outside"]
-    pred = r["predicted_s"] - r["terms_s"]["launches_s"] + n * host["op_s"]
+    terms = step.to_json()
+    pred = terms["total_s"] - terms["launches_s"] + n * host["op_s"]
     r["predicted_with_host_s"] = pred
     r["error_with_host"] = pred / r["measured_s"] - 1
+    r["terms_with_host_s"] = {**terms, "launches_s": n * host["op_s"], "total_s": pred}
 
 
 def summary(rows: list[dict], key: str = "predicted_s") -> dict:
@@ -317,7 +372,7 @@ def table(rows: list[dict], stats: dict, host_stats: dict) -> str:
     host = bool(host_stats)
     lines = [
         "| kind | batch | prompt | output | measured ms | wall ms | predicted ms | error |"
-        + (" with host ms | error |" if host else ""),
+        + (" with CPU terms ms | error |" if host else ""),
         "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if host else ""),
     ]
     for r in rows:
@@ -330,7 +385,7 @@ def table(rows: list[dict], stats: dict, host_stats: dict) -> str:
             line += f" {r['predicted_with_host_s'] * 1e3:.2f} | {r['error_with_host']:+.0%} |"
         lines.append(line)
     lines.append("")
-    for title, table_stats in (("estimate", stats), ("with the host term", host_stats)):
+    for title, table_stats in (("estimate", stats), ("with this host's CPU terms", host_stats)):
         for name, s in table_stats.items():
             rho = "-" if s["rho"] is None else f"{s['rho']:.2f}"
             lines.append(
@@ -387,6 +442,9 @@ def main() -> None:
         "machine": machine(),
         "device": torch.cuda.get_device_name() if args.gpu else "cpu, 1 thread",
         "gpu_spec": {k: v for k, v in vars(spec.cluster.gpu).items() if v is not None},
+        "calibration_gemm_points": {
+            k: g.points for k, g in getattr(spec.cluster.calibration, "gemm", {}).items()
+        },
         "repeats": args.repeats,
         "priced_dtype": {
             "activations": "bf16" if args.gpu else "fp32",
