@@ -50,6 +50,12 @@
 #    local experts per launch and grouped, the weighted unpermute; forward and backward; BF16):
 #    wall time, GPU kernel time and the GPU's idle time beside the model's GPU time for the same
 #    work (moe_layer_eager.py). Does eager plumbing at these shapes cost what the model prices?
+# 10. Incremental decoding on the GPU: the trainer's Llama (1.2 B parameters, bf16, eager) with
+#    its KV cache, prefill and decode-step times across batch 1 / 8 / 32, prompt 512 / 2048 and
+#    output 64 / 256, beside the inference estimate for the catalog GPU
+#    (inference_vs_measured.py --gpu): is eager decoding launch-bound as the model prices it
+#    (kernel launches, KERNELS_PER_LAYER of perf/infer/kernels.py) or does it read the weights
+#    at HBM bandwidth? About 2 minutes on an H100.
 # Each writes <name>.json and <name>.md (6: a JSON only); docs/performance-model.md (I08, I09, the
 # CP exchange) and docs/moe.md say what each outcome would mean.
 set -uo pipefail
@@ -132,10 +138,15 @@ step7() { run_step 7 300 "$py" kernel_efficiency.py --backward --out "$out/kerne
 step8() { run_step 8 150 "$py" moe_expert_gemms.py --results "$out"; }
 step9() { run_step 9 180 "$py" moe_layer_eager.py --results "$out"; }
 
-steps=${GPU_CHECKS_STEPS:-8 9 3 4 7 1 2 5 6}
+step10() {
+    run_step 10 300 "$py" inference_vs_measured.py --gpu --batches 1 8 32 --prompts 512 2048 \
+        --outputs 64 256 --results "$out"
+}
+
+steps=${GPU_CHECKS_STEPS:-8 9 3 4 7 1 2 5 6 10}
 for n in $steps; do
     if ! declare -F "step$n" >/dev/null; then
-        echo "gpu_checks.sh: GPU_CHECKS_STEPS: no step '$n' (steps are 1 to 9)" >&2
+        echo "gpu_checks.sh: GPU_CHECKS_STEPS: no step '$n' (steps are 1 to 10)" >&2
         exit 2
     fi
 done

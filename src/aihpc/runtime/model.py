@@ -15,6 +15,9 @@ What parallelism needs from the model, and nothing more:
   rank, one row each, and ``positions`` is this rank's row, so context parallel can hand each
   rank any subset of the sequence; ``Attention.cp_group`` switches its core to ring attention
   over that group, which masks every rank's block by its row.
+
+Incremental decoding (``prefill``, ``decode_step``, ``extend``) runs the same layers over new
+tokens with their keys and values in a ``kvcache.KVCache``; generation is generate.py's.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from torch.utils.checkpoint import (
 from aihpc.runspec._table import check_choice
 from aihpc.runspec.parallel import RECOMPUTE
 from aihpc.runtime.config import LlamaConfig
+from aihpc.runtime.kvcache import KVCache
 from aihpc.runtime.moe import MoE
 
 __all__ = ["Llama", "LlamaConfig"]
@@ -102,11 +106,13 @@ def rope_tables(
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (batch, heads, seq, head_dim); rotates consecutive pairs (x[2i], x[2i+1])."""
+    """x: (batch, heads, seq, head_dim); rotates consecutive pairs (x[2i], x[2i+1]). cos, sin:
+    (seq', head_dim / 2), of which the first ``seq`` rows are used, or (batch, 1, seq,
+    head_dim / 2), each row's own positions (cached decoding of left-padded prompts)."""
     seq = x.shape[-2]
     xf = x.float().unflatten(-1, (-1, 2))
     x0, x1 = xf[..., 0], xf[..., 1]
-    c, s = cos[:seq], sin[:seq]
+    c, s = (cos[:seq], sin[:seq]) if cos.dim() == 2 else (cos, sin)
     out = torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1).flatten(-2)
     return out.type_as(x)
 
@@ -122,14 +128,20 @@ class Attention(nn.Module):
         self.wo = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.dim, bias=False)
         self.cp_group: Any = None  # context parallel: ring attention over this group
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: torch.Tensor
-    ) -> torch.Tensor:
+    def _qkv(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, s, _ = x.shape  # (batch, seq, dim); under tensor parallel wq/wk/wv give local heads
         q = self.wq(x).view(b, s, -1, self.head_dim).transpose(1, 2)  # (b, heads, s, head_dim)
         k = self.wk(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: torch.Tensor
+    ) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = self._qkv(x, cos, sin)
         core = _causal_attention
         if self.cp_group is not None:
             from aihpc.comm.ring import ring_attention
@@ -139,6 +151,24 @@ class Attention(nn.Module):
             out = checkpoint(core, q, k, v, use_reentrant=False)
         else:
             out = core(q, k, v)
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+    def forward_cached(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: Any
+    ) -> torch.Tensor:
+        """Incremental decoding: x's tokens (batch, s, dim) follow the ones ``kv`` (a
+        ``kvcache.LayerKV``) holds; their K/V join it and they attend to every key it lets them
+        see (its mask: causal, without the left padding; None: all of them)."""
+        if self.cp_group is not None:
+            raise ValueError("cached decoding runs without context parallel (cp_group is set)")
+        b, s, _ = x.shape
+        q, k, v = self._qkv(x, cos, sin)
+        k, v, mask = kv.append(k, v)
+        gqa = q.shape[1] != k.shape[1]
+        if mask is None and s > 1:  # an empty cache and no padding: the training kernel
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -192,6 +222,13 @@ class Block(nn.Module):
         x = x + self.attention(self.attention_norm(x), cos, sin, layout)
         return x + self.feed_forward(self.ffn_norm(x))
 
+    def forward_cached(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: Any
+    ) -> torch.Tensor:
+        """The layer on new tokens after the ones ``kv`` holds (incremental decoding)."""
+        x = x + self.attention.forward_cached(self.attention_norm(x), cos, sin, kv)
+        return x + self.feed_forward(self.ffn_norm(x))
+
 
 class Llama(nn.Module):
     def __init__(self, cfg: LlamaConfig, recompute: str = "none"):
@@ -234,6 +271,41 @@ class Llama(nn.Module):
         """tokens: (batch, seq) int64 → logits (batch, seq, vocab), on a model that holds every
         part (no pipeline stage removed any)."""
         return self.run_layers(self.tok_embeddings(tokens), self.layers.values(), last=True)
+
+    def prefill(
+        self,
+        tokens: torch.Tensor,
+        lengths: torch.Tensor | None = None,
+        capacity: int | None = None,
+        all_logits: bool = False,
+    ) -> tuple[torch.Tensor, KVCache]:
+        """Incremental decoding, first step: ``tokens`` (batch, s), prompts left-padded to s,
+        ``lengths`` (batch,) each row's real tokens (None: all s), ``capacity`` the slots per
+        row (prompt + new tokens; None: s) → the last position's logits (batch, vocab), or every
+        position's (batch, s, vocab) with ``all_logits``, and the cache (runtime/kvcache.py)."""
+        cache = KVCache.for_prompts(tokens, lengths, capacity, self.rope_cos.shape[0])
+        return self.extend(tokens, cache, all_logits), cache
+
+    def decode_step(self, tokens: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, KVCache]:
+        """One new token per row, (batch,) or (batch, 1), after the ones ``cache`` holds →
+        its logits (batch, vocab) and the cache, which now holds it too."""
+        return self.extend(tokens.reshape(cache.batch, 1), cache), cache
+
+    def extend(
+        self, tokens: torch.Tensor, cache: KVCache, all_logits: bool = False
+    ) -> torch.Tensor:
+        """``tokens`` (batch, s) after the ones ``cache`` holds, through every layer, their
+        K/V added to the cache; logits as ``prefill``'s. Needs the whole model (no pipeline
+        stage) on local tensors."""
+        if self.tok_embeddings is None or self.output is None or self.norm is None:
+            raise ValueError("cached decoding needs the whole model (this is a pipeline stage)")
+        cos, sin = cache.begin(tokens.shape[1], self.rope_cos, self.rope_sin)
+        h = self.tok_embeddings(tokens)
+        for name, layer in self.layers.items():
+            h = layer.forward_cached(h, cos, sin, cache.layer(name))
+        cache.advance()
+        logits = self.output(self.norm(h if all_logits else h[:, -1]))
+        return logits
 
     def rope(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(cos, sin) of this rank's tokens, (seq, head_dim / 2) each, and the layout
