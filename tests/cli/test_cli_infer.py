@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LLAMA = ROOT / "examples" / "llama3-70b-serving.toml"
-DSV3 = ROOT / "examples" / "deepseek-v3-decode.toml"
+LLAMA = ROOT / "examples" / "serving" / "llama3-70b.toml"
+DSV3 = ROOT / "examples" / "serving" / "deepseek-v3-decode.toml"
 
 
 def aihpc(*args: str) -> subprocess.CompletedProcess:
