@@ -13,6 +13,7 @@ import numpy as np
 
 from aihpc.perf.step import comm, compute, tp_overlap
 from aihpc.perf.step.memory import activation_bytes_per_layer
+from aihpc.perf.step.moe_stack import stack_of
 from aihpc.perf.step.params import ModelParams
 from aihpc.perf.step.plan_batch import PlanBatch, group
 from aihpc.runspec.cluster import ClusterSpec
@@ -284,17 +285,47 @@ def moe_comm_fwd_s(
     load = training.moe_imbalance  # the busiest rank receives this much more
     if model.moe_capacity_factor is not None:
         load = min(load, model.moe_capacity_factor)
-    _, domains = comm.group_tiers(cluster, plan.ep, plan.etp)
+    stack = stack_of(training)
+    reach = stack.nvlink_reach if stack is not None else 0
+    if stack is not None and stack.capacity_padding:  # every expert receives its capacity
+        load = model.moe_capacity_factor or 1.0
+    _, domains = comm.group_tiers(cluster, plan.ep, plan.etp, reach)
     remote = comm.remote_domains_per_token(
         domains, k, model.moe_router_groups, model.moe_router_group_topk
     )
-    hier = training.moe_dispatcher == "hierarchical"
+    hier = (stack.dispatcher if stack else training.moe_dispatcher) == "hierarchical"
+    limit = (model.moe_router_groups, model.moe_router_group_topk)
     out = 0.0
-    for nbytes in (1.0 if training.moe_dispatch_dtype == "fp8" else 2.0, 2.0):
+    fp8 = training.moe_dispatch_dtype == "fp8"
+    for nbytes, column in (
+        (1.0 if fp8 else 2.0, "dispatch_fp8" if fp8 else "dispatch_bf16"),
+        (2.0, "combine"),
+    ):
         one = tokens * h * nbytes
-        out += load * comm.moe_all_to_all_time_s(
-            cluster, one * k, one, plan.ep, plan.etp, hier, remote, params
-        )
+        if stack is not None and stack.dispatcher == "allgather":  # gather in, scatter out
+            what = "all_gather" if column != "combine" else "reduce_scatter"
+            out += collective(what, one * plan.ep, plan.ep, plan.etp)
+            continue
+        t = None
+        if stack is not None and stack.kernel != "nccl":
+            t = comm.moe_kernel_a2a_time_s(
+                cluster,
+                stack.kernel,
+                stack.sms,
+                column,
+                one,
+                k,
+                plan.ep,
+                plan.etp,
+                reach,
+                limit,
+                params,
+            )
+        if t is None:
+            t = comm.moe_all_to_all_time_s(
+                cluster, one * k, one, plan.ep, plan.etp, hier, remote, params, reach
+            )
+        out += load * t
     if plan.etp > 1:
         recv = tokens * k * h * 2.0 * load
         out += collective("all_gather", recv * plan.etp, plan.etp, 1)

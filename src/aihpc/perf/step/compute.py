@@ -20,6 +20,7 @@ from aihpc.perf.step.flops import layer_gemms, mla_gemms, mla_head_dims, op_sac_
 from aihpc.perf.step.gemm import gemm_bwd_s, gemm_time_s, stream_time_s
 from aihpc.perf.step.moe_host import moe_host_excess_s
 from aihpc.perf.step.moe_kernels import routed_expert_gemms, routed_tokens
+from aihpc.perf.step.moe_stack import stack_of
 from aihpc.perf.step.numeric import where
 from aihpc.perf.step.params import ModelParams
 from aihpc.runspec.calibration import Calibration
@@ -95,12 +96,13 @@ def layer_times(
         unsaved_op,
         module_times(k),
     )
-    if moe and training.cuda_graphs == "none":
-        # An eager MoE layer runs no faster than its host issues it (perf/step/moe_host.py).
+    stack = stack_of(training)
+    host = stack.host if stack is not None else training.moe_dispatcher
+    if moe and training.cuda_graphs == "none" and host != "none":
+        # An eager MoE layer runs no faster than its host issues it (perf/step/moe_host.py);
+        # ops counted for Megatron-Core's dispatchers only (data/moe_stacks.toml, host).
         local = model.num_experts / plan.ep
-        waits = moe_host_excess_s(
-            lt.fwd, lt.bwd, training.moe_dispatcher, training.precision, local, params
-        )
+        waits = moe_host_excess_s(lt.fwd, lt.bwd, host, training.precision, local, params)
         lt = replace(lt, fwd_host=waits[0], bwd_host=waits[1])
     return _with_dtensor_host(lt, gpu, plan, training, params, calibration)
 
