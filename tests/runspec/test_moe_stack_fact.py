@@ -31,7 +31,7 @@ def test_a_dispatcher_the_stack_does_not_run_is_refused() -> None:
     assert TrainingSpec(moe_stack="megatron-deepep", moe_dispatcher="hierarchical")
 
 
-@pytest.mark.parametrize("stack", ["megatron-alltoall", "megatron-deepep", "torch-native"])
+@pytest.mark.parametrize("stack", ["megatron-deepep", "torch-native", "torch-deepep"])
 def test_full_cuda_graphs_need_a_sync_free_dispatcher(stack: str) -> None:
     with pytest.raises(SpecError) as err:
         TrainingSpec(moe_stack=stack, cuda_graphs="full")

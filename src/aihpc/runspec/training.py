@@ -59,6 +59,7 @@ MOE_STACKS = (
     "megatron-hybridep",
     "torch-native",
     "torch-deepep",
+    "torch-hybridep",
     "deepspeed-moe",
 )
 # The moe_dispatcher each stack runs (a spec that names both must agree).
@@ -69,15 +70,16 @@ MOE_STACK_DISPATCHER = {
     "megatron-hybridep": "hierarchical",
     "torch-native": "alltoall",
     "torch-deepep": "hierarchical",
+    "torch-hybridep": "hierarchical",
     "deepspeed-moe": "alltoall",
 }
-# Stacks whose dispatch waits on the host for the routed token counts, so a whole-iteration CUDA
-# graph cannot hold an MoE layer: Megatron-Core's alltoall dispatcher (the split sizes' device-
-# to-host copy), DeepEP's normal kernels ("the CPU will wait for GPU's signal to arrive, so this
-# is not compatible with CUDA graph", deepseek-ai/DeepEP docs/legacy.md), torchtitan's
-# all_to_all_single splits (.tolist()), DeepSpeed-MoE (eager).
+# Stacks whose dispatch always waits on the host for the routed token counts, so a whole-
+# iteration CUDA graph cannot hold an MoE layer: DeepEP's normal kernels ("the CPU will wait for
+# GPU's signal to arrive, so this is not compatible with CUDA graph", deepseek-ai/DeepEP
+# docs/legacy.md), torchtitan's all_to_all_single splits (.tolist()), DeepSpeed-MoE (eager).
+# Megatron-Core's alltoall dispatcher syncs on its split sizes only when dropless: padded to
+# capacity (--moe-pad-expert-input-to-capacity) its shapes are static and it graphs.
 _HOST_SYNC_STACKS = (
-    "megatron-alltoall",
     "megatron-deepep",
     "torch-native",
     "torch-deepep",
