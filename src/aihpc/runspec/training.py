@@ -42,7 +42,7 @@ CP_EXCHANGES = ("ring", "allgather")
 # each); the first is the default.
 TP_COMM_OVERLAPS = ("backward", "none", "userbuffers", "async_tp")
 PIPELINE_SPLITS = ("uneven", "even", "balanced")
-FP8_SAVED_INPUTS = ("fp8", "bf16")
+FP8_SAVED_INPUTS = ("fp8", "bf16", "deepseek")
 CROSS_ENTROPY = ("fused", "vocab_parallel", "eager")
 MOE_DISPATCHERS = ("alltoall", "hierarchical")
 MOE_DISPATCH_DTYPES = ("bf16", "fp8")
@@ -169,7 +169,10 @@ class TrainingSpec:
     pipeline_split: str = "uneven"
     # What an FP8 linear layer keeps of its input for the backward (precision = "fp8"). fp8:
     # the FP8 cast, 1 byte per value (Transformer Engine: Megatron, NeMo). bf16: the 16-bit input,
-    # cast again in the backward (torchao's Float8Linear, torchtitan).
+    # cast again in the backward (torchao's Float8Linear, torchtitan). deepseek: DeepSeek-V3's
+    # low-precision caching (report sec. 3.3.3): fp8's, and the MoE SwiGLU inputs cached in FP8
+    # too, the attention output kept once in E5M6 (1.5 bytes) for both the output projection's
+    # weight gradient and the attention backward.
     fp8_saved_inputs: str = "fp8"
     # true: data-parallel parameter gathers move the layers' linear weights in FP8, 1 byte per
     # parameter instead of 2 (precision = "fp8"): Megatron/NeMo FP8 parameters (`fp8_params`,
