@@ -40,7 +40,8 @@ __all__ = [
 
 def group_tiers(cluster: ClusterSpec, n: int, stride: int, reach: int = 0) -> tuple[int, int]:
     """(members per scale-up domain, number of domains spanned) for a group of n ranks;
-    ``reach`` > 0: a kernel that reaches at most that many ranks over NVLink (DeepEP's 8)."""
+    ``reach`` > 0: a kernel that reaches at most that many ranks over NVLink (torchtitan's
+    DeepEP: 8)."""
     domain = min(cluster.nvlink_domain, reach) if reach else cluster.nvlink_domain
     k = min(n, domain // stride) if stride < domain else 1
     k = max(1, k)
