@@ -870,6 +870,8 @@ def memory_breakdown(
         last_in_flight = min(m, (min((v - 1) * p, m * v) + 1) / v)
     else:
         in_flight, last_in_flight = micro_batches, 1
+    if plan.moe_a2a_overlap == "dualpipe":  # PP + 1 micro-batches (DeepSeek-V3 Table 2)
+        in_flight = min(p + 1, m)
     resident, offloaded = offload_split(layers_per_stage, plan.offload_layers)
     first_acts = act_layer * resident * in_flight + working
     last_acts = act_layer * layers_per_stage * last_in_flight + working
