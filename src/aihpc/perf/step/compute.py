@@ -112,7 +112,8 @@ def layer_times(
         # An eager MoE layer runs no faster than its host issues it (perf/step/moe_host.py);
         # ops counted for Megatron-Core's dispatchers only (data/moe_stacks.toml, host).
         local = model.num_experts / plan.ep
-        waits = moe_host_excess_s(lt.fwd, lt.bwd, host, training.precision, local, params)
+        prec = training.precision
+        waits = moe_host_excess_s(lt.fwd, lt.bwd, host, prec, local, params, lt.mlp_fwd)
         lt = replace(lt, fwd_host=waits[0], bwd_host=waits[1])
     return _with_dtensor_host(lt, gpu, plan, training, params, calibration)
 
