@@ -50,7 +50,12 @@
 #    local experts per launch and grouped, the weighted unpermute; forward and backward; BF16):
 #    wall time, GPU kernel time and the GPU's idle time beside the model's GPU time for the same
 #    work (moe_layer_eager.py). Does eager plumbing at these shapes cost what the model prices?
-# 10. Incremental decoding on the GPU: the trainer's Llama (1.2 B parameters, bf16, eager) with
+# 10. The routed experts' GEMMs of the held-out MoE rows (issue 37; moe_heldout_runs.csv): T01,
+#    torchtitan's Qwen3-30B-A3B on 8 B200 (16 local experts of 768, one grouped GEMM per
+#    projection, 16,384 rows each; priced 42% fast) and Q05, Megatron-Core's Qwen3-235B at TP 4 EP 8 on
+#    H100 (priced 64% fast). On a GPU of another kind the "model here" column is the comparison.
+#    Are the experts' GEMMs the miss of these rows too?
+# 11. Incremental decoding on the GPU: the trainer's Llama (1.2 B parameters, bf16, eager) with
 #    its KV cache, prefill and decode-step times across batch 1 / 8 / 32, prompt 512 / 2048 and
 #    output 64 / 256, beside the inference estimate for the catalog GPU
 #    (inference_vs_measured.py --gpu): is eager decoding launch-bound as the model prices it
@@ -72,9 +77,12 @@ export PYTHONUNBUFFERED=1
 "$py" - <<'PY' || exit 2
 import sys
 
-import torch
+try:
+    import torch
 
-import aihpc
+    import aihpc
+except ImportError as err:
+    sys.exit(f"gpu_checks.sh: {err.name} does not import with {sys.executable} (set PYTHON)")
 
 if not torch.cuda.is_available():
     sys.exit("gpu_checks.sh: no CUDA GPU visible; these checks measure one")
@@ -137,16 +145,20 @@ step6() {
 step7() { run_step 7 300 "$py" kernel_efficiency.py --backward --out "$out/kernel_efficiency"; }
 step8() { run_step 8 150 "$py" moe_expert_gemms.py --results "$out"; }
 step9() { run_step 9 180 "$py" moe_layer_eager.py --results "$out"; }
-
 step10() {
-    run_step 10 300 "$py" inference_vs_measured.py --gpu --batches 1 8 32 --prompts 512 2048 \
+    run_step 10 150 "$py" moe_expert_gemms.py --csv moe_heldout_runs.csv --rows T01 Q05 \
+        --name moe_expert_gemms_heldout --results "$out"
+}
+
+step11() {
+    run_step 11 300 "$py" inference_vs_measured.py --gpu --batches 1 8 32 --prompts 512 2048 \
         --outputs 64 256 --results "$out"
 }
 
-steps=${GPU_CHECKS_STEPS:-8 9 3 4 7 1 2 5 6 10}
+steps=${GPU_CHECKS_STEPS:-8 10 9 3 4 7 1 2 5 6 11}
 for n in $steps; do
     if ! declare -F "step$n" >/dev/null; then
-        echo "gpu_checks.sh: GPU_CHECKS_STEPS: no step '$n' (steps are 1 to 10)" >&2
+        echo "gpu_checks.sh: GPU_CHECKS_STEPS: no step '$n' (steps are 1 to 11)" >&2
         exit 2
     fi
 done

@@ -48,9 +48,9 @@ from aihpc.runspec.cluster import gpu_from_id
 ROWS = ("H08", "H09", "H12", "H13")
 
 
-def shapes(row_id: str) -> dict[str, Any]:
+def shapes(row_id: str, csv_name: str = "moe_runs.csv") -> dict[str, Any]:
     """One MoE layer's routed-expert products on the busiest GPU of the row's plan."""
-    with open(data_file("moe_runs.csv"), newline="") as f:
+    with open(data_file(csv_name), newline="") as f:
         row = next(r for r in csv.DictReader(f) if r["id"] == row_id)
     spec = row_runspec(row)
     model, plan, training = spec.model, spec.plan(), spec.training
@@ -252,6 +252,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_results_arg(ap)
     ap.add_argument("--model-only", action="store_true", help="the model's figures alone")
+    ap.add_argument("--csv", default="moe_runs.csv", help="validation file of the rows")
+    ap.add_argument("--rows", nargs="+", default=list(ROWS), help="row ids in that file")
+    ap.add_argument("--name", default="moe_expert_gemms", help="results file name")
     args = ap.parse_args()
     measured = not args.model_only
     if measured:
@@ -262,8 +265,8 @@ def main() -> int:
             return 2
     here_gpu = catalog_gpu() if measured else None
     results = []
-    for row_id in ROWS:
-        s = shapes(row_id)
+    for row_id in args.rows:
+        s = shapes(row_id, args.csv)
         fwd, bwd = model_ms(s)
         r = {k: v for k, v in s.items() if k != "spec"}
         r.update(model_fwd_ms=fwd, model_bwd_ms=bwd)
@@ -282,7 +285,7 @@ def main() -> int:
         f"({data.get('device', 'none: --model-only')}); 'model here': the same GEMMs priced "
         f"for that GPU's catalog entry ({here_gpu}), the figure to compare them with."
     )
-    save("moe_expert_gemms", data, table(results, measured) + "\n\n" + note, args.results)
+    save(args.name, data, table(results, measured) + "\n\n" + note, args.results)
     return 0
 
 

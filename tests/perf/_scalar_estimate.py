@@ -204,7 +204,8 @@ def estimate_plan(
     ep_mb = 0.0
     if moe_frac and (plan.ep > 1 or plan.etp > 1):
         assert lt_moe is not None
-        ep_fwd = _moe_comm_fwd(model, cluster, plan, training, params, collective)
+        disp, comb = _moe_comm_fwd(model, cluster, plan, training, params, collective)
+        ep_fwd = disp + comb
         reps = 2 if plan.recompute == "full" else 1  # the recompute dispatches again
         # The backward moves the same bytes: the combine's gradient goes out as a dispatch, the
         # dispatch's gradient comes back as a combine.
@@ -220,8 +221,19 @@ def estimate_plan(
             if plan.moe_a2a_overlap == "1f1b":
                 warm = warmup_chunks(p, v, m) if p > 1 else 1
                 paired = max(0.0, 1 - warm / (m * v))
-            window = params.overlap_efficiency * layers * moe_frac * (lt_moe.fwd + lt_moe.bwd)
-            hidden_ep = min(paired * ep_all, window)
+            eff = params.overlap_efficiency
+            if plan.moe_a2a_overlap == "dualpipe":  # "fully hidden" up to the layer's compute
+                hidden_ep = min(ep_all, eff * layers * moe_frac * (lt_moe.fwd + lt_moe.bwd))
+            else:
+                # Megatron-Core's combined 1F1B: each transfer beside one sub-module of the
+                # other micro-batch (combine_bwd | attn_fwd, dispatch_fwd | mlp_bwd,
+                # dispatch_bwd | mlp_fwd, combine_fwd | attn_bwd); backward transfers move
+                # 16-bit gradients of the combine's size.
+                attn_f, attn_b = lt_moe.fwd - lt_moe.mlp_fwd, lt_moe.bwd - lt_moe.mlp_bwd
+                pairs = ((comb, attn_f), (disp, lt_moe.mlp_bwd), (comb, lt_moe.mlp_fwd))
+                left = sum(max(0.0, x - eff * c) for x, c in (*pairs, (comb, attn_b)))
+                exposed = layers * moe_frac * (left + (reps - 1) * ep_fwd)
+                hidden_ep = paired * max(0.0, ep_all - exposed)
             ep_mb = ep_all - hidden_ep
             hidden_mb += hidden_ep
 
@@ -496,8 +508,8 @@ def _moe_comm_fwd(
     training: TrainingSpec,
     params: ModelParams,
     collective: Any,
-) -> float:
-    """Forward dispatch + combine of one MoE layer for one micro-batch on one GPU, seconds.
+) -> tuple[float, float]:
+    """Forward (dispatch, combine) of one MoE layer for one micro-batch on one GPU, seconds.
 
     The layer's input is split over tp x cp (sequence parallel): each rank routes its own
     tokens. Dispatch moves each token's top-k copies in ``moe_dispatch_dtype``, combine brings
@@ -514,17 +526,17 @@ def _moe_comm_fwd(
         domains, k, model.moe_router_groups, model.moe_router_group_topk
     )
     hier = training.moe_dispatcher == "hierarchical"
-    out = 0.0
-    for nbytes in (1.0 if training.moe_dispatch_dtype == "fp8" else 2.0, 2.0):
+    out = [0.0, 0.0]  # dispatch, combine
+    for i, nbytes in enumerate((1.0 if training.moe_dispatch_dtype == "fp8" else 2.0, 2.0)):
         one = tokens * h * nbytes
-        out += load * comm.moe_all_to_all_time_s(
+        out[i] += load * comm.moe_all_to_all_time_s(
             cluster, one * k, one, plan.ep, plan.etp, hier, remote, params
         )
     if plan.etp > 1:
         recv = tokens * k * h * 2.0 * load
-        out += collective("all_gather", recv * plan.etp, plan.etp, 1)
-        out += collective("reduce_scatter", recv * plan.etp, plan.etp, 1)
-    return out
+        out[0] += collective("all_gather", recv * plan.etp, plan.etp, 1)
+        out[1] += collective("reduce_scatter", recv * plan.etp, plan.etp, 1)
+    return out[0], out[1]
 
 
 def _token_flops(model: ModelSpec, recompute: str) -> tuple[float, float]:
@@ -673,6 +685,7 @@ def layer_times(
     else:
         # Q, K and V run as one fused GEMM (Megatron, TE); the FFN input as one (gate and up).
         fwd_gemm = layer_gemm(tokens, (hq + 2 * hkv) / t, h) + layer_gemm(tokens, h, hq / t)
+    attn_gemm_f, attn_gemm_b = fwd_gemm, sum(bwd_parts)  # the attention side's projections
     stream_moe = 0.0
     modules = plan.recompute_modules
     fwd_modules = 0.0
@@ -768,6 +781,11 @@ def layer_times(
     if moe:  # router, permute, expert activation, unpermute: forward 5 kernels, backward twice
         fwd_stream += compute.stream_time_s(stream_moe, gpu, params, kernels=5)
         bwd_stream += compute.stream_time_s(2 * stream_moe, gpu, params, kernels=10)
+    mlp_fwd = mlp_bwd = 0.0
+    if moe:  # the MoE block: its GEMMs and router / permute / activation / unpermute traffic
+        mlp_fwd = fwd_gemm - attn_gemm_f + compute.stream_time_s(stream_moe, gpu, params, kernels=5)
+        mlp_bwd = bwd_gemm - attn_gemm_b
+        mlp_bwd += compute.stream_time_s(2 * stream_moe, gpu, params, kernels=10)
     return compute.LayerTimes(
         fwd_gemm,
         fwd_attn + softmax,
@@ -777,6 +795,8 @@ def layer_times(
         bwd_stream,
         unsaved_op,
         fwd_modules,
+        mlp_fwd=mlp_fwd,
+        mlp_bwd=mlp_bwd,
     )
 
 
@@ -870,6 +890,8 @@ def memory_breakdown(
         last_in_flight = min(m, (min((v - 1) * p, m * v) + 1) / v)
     else:
         in_flight, last_in_flight = micro_batches, 1
+    if plan.moe_a2a_overlap == "dualpipe":  # PP + 1 micro-batches (DeepSeek-V3 Table 2)
+        in_flight = min(p + 1, m)
     resident, offloaded = offload_split(layers_per_stage, plan.offload_layers)
     first_acts = act_layer * resident * in_flight + working
     last_acts = act_layer * layers_per_stage * last_in_flight + working

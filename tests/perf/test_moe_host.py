@@ -7,6 +7,7 @@ import pytest
 
 from aihpc.perf.step.compute import layer_times
 from aihpc.perf.step.moe_host import host_bound_s, moe_host_excess_s, moe_host_ops, moe_host_syncs
+from aihpc.perf.step.moe_issue import SPLIT_DISPATCH_OPS, sync_ordered_s
 from aihpc.perf.step.params import DEFAULT_PARAMS
 from aihpc.runspec.errors import SpecError
 from aihpc.runspec.runspec import runspec_from_dict
@@ -85,3 +86,29 @@ def test_host_time_does_not_grow_with_the_micro_batch() -> None:
 def test_cuda_graphs_is_checked() -> None:
     with pytest.raises(SpecError, match=r"training\.cuda_graphs"):
         TrainingSpec(cuda_graphs="yes")
+
+
+def test_the_moe_blocks_host_time_does_not_hide_behind_the_attention_after_it() -> None:
+    # After the sync the stream starts empty: the MoE block (host-bound) then the attention
+    # side (GPU-bound). max(GPU, host) over the layer would give 3 ms; in order it is 2 + 2.
+    assert sync_ordered_s(2e-3, 0.5e-3, 0.2e-3, 2e-3, 1, 8e-6) == pytest.approx(4e-3)
+    assert host_bound_s(2.5e-3, 2.2e-3, 1, 8e-6) < 4e-3
+    # Both blocks GPU-bound: the GPU's time and one issue latency per sync, as before.
+    assert sync_ordered_s(2e-3, 1e-3, 0.2e-3, 0.3e-3, 2, 8e-6) == pytest.approx(3e-3 + 16e-6)
+    # Both host-bound: the host's time.
+    assert sync_ordered_s(0.1e-3, 0.1e-3, 1e-3, 2e-3, 1, 8e-6) == pytest.approx(3e-3)
+
+
+def test_the_dispatch_ops_split_at_the_sync_adds_up_to_the_count() -> None:
+    for dispatcher, (before, after) in SPLIT_DISPATCH_OPS.items():
+        whole, _ = moe_host_ops(dispatcher, "bf16", 1)
+        assert before + after + 30 + 17 + 17 == whole and before > 0 and after > 0
+
+
+def test_the_ordered_forward_is_never_faster_than_the_whole_layer_bound() -> None:
+    p = DEFAULT_PARAMS
+    for gpu_moe in (0.0, 0.2e-3, 1e-3):
+        for disp in ("alltoall", "hierarchical"):
+            plain = moe_host_excess_s(1.5e-3, 3e-3, disp, "fp8", 16, p)
+            ordered = moe_host_excess_s(1.5e-3, 3e-3, disp, "fp8", 16, p, gpu_moe)
+            assert ordered[0] >= plain[0] - 1e-12 and ordered[1] == plain[1]

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from aihpc.cli import _common
 from aihpc.cli._plan_views import render_calibration
+from aihpc.perf.step.moe_stack import stack_of
 from aihpc.runspec import RunSpec
 
 if TYPE_CHECKING:  # the planner loads inside the commands
@@ -89,12 +90,20 @@ def _software_line(spec: RunSpec, est: Estimate) -> str:
         )
     if est.moe and (est.plan.ep > 1 or est.plan.etp > 1):
         parts.append(
-            f"MoE dispatch {tr.moe_dispatcher} in {tr.moe_dispatch_dtype}"
+            (
+                f"MoE dispatch {stack.dispatcher} ({stack.id})"
+                if (stack := stack_of(tr)) is not None
+                else f"MoE dispatch {tr.moe_dispatcher}"
+            )
+            + f" in {tr.moe_dispatch_dtype}"
             + (f", busiest rank {tr.moe_imbalance:g}x balanced" if tr.moe_imbalance > 1 else "")
             + (", one GEMM launch per expert" if tr.moe_expert_gemm == "per_expert" else "")
         )
     if tr.precision == "fp8":
-        parts.append(f"FP8 linear inputs kept in {tr.fp8_saved_inputs}")
+        kept = tr.fp8_saved_inputs
+        if kept == "deepseek":
+            kept = "fp8, SwiGLU inputs too, attention output once in E5M6 (DeepSeek-V3)"
+        parts.append(f"FP8 linear inputs kept in {kept}")
         if tr.fp8_param_gather:
             parts.append("parameters gathered in FP8")
     return " · ".join(parts)

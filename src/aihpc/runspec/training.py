@@ -21,6 +21,8 @@ __all__ = [
     "MOE_DISPATCHERS",
     "MOE_DISPATCH_DTYPES",
     "MOE_EXPERT_GEMMS",
+    "MOE_STACKS",
+    "MOE_STACK_DISPATCHER",
     "OPTIMIZERS",
     "PIPELINE_SPLITS",
     "STATE_DTYPES",
@@ -40,12 +42,49 @@ CP_EXCHANGES = ("ring", "allgather")
 # each); the first is the default.
 TP_COMM_OVERLAPS = ("backward", "none", "userbuffers", "async_tp")
 PIPELINE_SPLITS = ("uneven", "even", "balanced")
-FP8_SAVED_INPUTS = ("fp8", "bf16")
+FP8_SAVED_INPUTS = ("fp8", "bf16", "deepseek")
 CROSS_ENTROPY = ("fused", "vocab_parallel", "eager")
 MOE_DISPATCHERS = ("alltoall", "hierarchical")
 MOE_DISPATCH_DTYPES = ("bf16", "fp8")
 MOE_EXPERT_GEMMS = ("grouped", "per_expert")
 CUDA_GRAPHS = ("unknown", "none", "partial", "full")
+# The software that runs an MoE layer (perf/step/moe_stack.py; its figures and their sources in
+# perf/step/data/moe_stacks.toml): framework-dispatcher. unknown: not stated, priced from
+# moe_dispatcher and the link efficiencies as before the fact existed.
+MOE_STACKS = (
+    "unknown",
+    "megatron-alltoall",
+    "megatron-allgather",
+    "megatron-deepep",
+    "megatron-hybridep",
+    "torch-native",
+    "torch-deepep",
+    "torch-hybridep",
+    "deepspeed-moe",
+)
+# The moe_dispatcher each stack runs (a spec that names both must agree).
+MOE_STACK_DISPATCHER = {
+    "megatron-alltoall": "alltoall",
+    "megatron-allgather": "alltoall",
+    "megatron-deepep": "hierarchical",
+    "megatron-hybridep": "hierarchical",
+    "torch-native": "alltoall",
+    "torch-deepep": "hierarchical",
+    "torch-hybridep": "hierarchical",
+    "deepspeed-moe": "alltoall",
+}
+# Stacks whose dispatch always waits on the host for the routed token counts, so a whole-
+# iteration CUDA graph cannot hold an MoE layer: DeepEP's normal kernels ("the CPU will wait for
+# GPU's signal to arrive, so this is not compatible with CUDA graph", deepseek-ai/DeepEP
+# docs/legacy.md), torchtitan's all_to_all_single splits (.tolist()), DeepSpeed-MoE (eager).
+# Megatron-Core's alltoall dispatcher syncs on its split sizes only when dropless: padded to
+# capacity (--moe-pad-expert-input-to-capacity) its shapes are static and it graphs.
+_HOST_SYNC_STACKS = (
+    "megatron-deepep",
+    "torch-native",
+    "torch-deepep",
+    "deepspeed-moe",
+)
 DTENSOR_DISPATCH = ("none", "eager")
 # The [training] fields that cap a communicator's NCCL CTAs (point-to-point transfers only).
 COMM_CTA_CAPS = ("cp_comm_ctas", "pp_comm_ctas")
@@ -130,7 +169,10 @@ class TrainingSpec:
     pipeline_split: str = "uneven"
     # What an FP8 linear layer keeps of its input for the backward (precision = "fp8"). fp8:
     # the FP8 cast, 1 byte per value (Transformer Engine: Megatron, NeMo). bf16: the 16-bit input,
-    # cast again in the backward (torchao's Float8Linear, torchtitan).
+    # cast again in the backward (torchao's Float8Linear, torchtitan). deepseek: DeepSeek-V3's
+    # low-precision caching (report sec. 3.3.3): fp8's, and the MoE SwiGLU inputs cached in FP8
+    # too, the attention output kept once in E5M6 (1.5 bytes) for both the output projection's
+    # weight gradient and the attention backward.
     fp8_saved_inputs: str = "fp8"
     # true: data-parallel parameter gathers move the layers' linear weights in FP8, 1 byte per
     # parameter instead of 2 (precision = "fp8"): Megatron/NeMo FP8 parameters (`fp8_params`,
@@ -161,6 +203,10 @@ class TrainingSpec:
     # moe_router moe_preprocess), full: the whole iteration; unknown: not stated. Only none is
     # priced (the host term); the others price the GPU's kernels alone, as before the term.
     cuda_graphs: str = "unknown"
+    # Which software runs the MoE layer (MOE_STACKS): its dispatcher, the kernels that move the
+    # tokens (each priced at its own published bandwidth on the fabric it reaches), and its host
+    # costs. See perf/step/moe_stack.py and docs/moe.md ("The MoE layer, term by term").
+    moe_stack: str = "unknown"
     # How ops on DTensors run. none: no DTensor in the step (Megatron-Core), or traced away by
     # torch.compile (torchtitan's compiled blocks). eager: PyTorch-native tensor parallel and
     # FSDP2 run eagerly, so every op on a DTensor (a TP layer's, the loss parallel's, the
@@ -194,6 +240,7 @@ class TrainingSpec:
         check_choice("training.moe_dispatch_dtype", self.moe_dispatch_dtype, MOE_DISPATCH_DTYPES)
         check_choice("training.moe_expert_gemm", self.moe_expert_gemm, MOE_EXPERT_GEMMS)
         check_choice("training.cuda_graphs", self.cuda_graphs, CUDA_GRAPHS)
+        self._check_moe_stack()
         check_choice("training.dtensor_dispatch", self.dtensor_dispatch, DTENSOR_DISPATCH)
         if not (math.isfinite(self.moe_imbalance) and self.moe_imbalance >= 1):
             check_choice("training.moe_imbalance", self.moe_imbalance, ["a number >= 1"])
@@ -218,6 +265,29 @@ class TrainingSpec:
                 check_choice(f"training.{beta}", getattr(self, beta), ["a number in [0, 1)"])
         if not -(2**63) <= self.seed < 2**64:  # torch.manual_seed's range
             check_choice("training.seed", self.seed, ["an integer in [-2**63, 2**64)"])
+
+    def _check_moe_stack(self) -> None:
+        """moe_stack is a known stack, agrees with moe_dispatcher where both are named, and a
+        stack that waits on the host for its token counts cannot run under full CUDA graphs."""
+        check_choice("training.moe_stack", self.moe_stack, MOE_STACKS)
+        if self.moe_stack == "unknown":
+            return
+        runs = MOE_STACK_DISPATCHER[self.moe_stack]
+        if self.moe_dispatcher not in (runs, "alltoall"):  # alltoall is the field's default
+            raise SpecError(
+                "training.moe_dispatcher",
+                self.moe_dispatcher,
+                f'moe_stack "{self.moe_stack}" dispatches {runs}: leave moe_dispatcher unset '
+                f"or set it to {runs!r}",
+            )
+        if self.cuda_graphs == "full" and self.moe_stack in _HOST_SYNC_STACKS:
+            raise SpecError(
+                "training.cuda_graphs",
+                self.cuda_graphs,
+                f'moe_stack "{self.moe_stack}" waits on the host for its token counts, so no '
+                'whole-iteration CUDA graph holds its MoE layers: "full" needs a sync-free '
+                'dispatcher (megatron-hybridep); use "partial" or "none"',
+            )
 
 
 @dataclass(frozen=True)

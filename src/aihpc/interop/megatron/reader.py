@@ -173,11 +173,21 @@ def _dispatcher(a: Args, notes: list[str]) -> str:
         return "hierarchical"
     if kind == "allgather":
         notes.append(
-            "--moe-token-dispatcher-type allgather (Megatron's default) priced as alltoall"
+            "--moe-token-dispatcher-type allgather (Megatron's default): training.moe_stack "
+            '"megatron-allgather"'
         )
     elif kind != "alltoall":
         raise SpecError("--moe-token-dispatcher-type", kind, "allowed: allgather | alltoall | flex")
     return "alltoall"
+
+
+def _moe_stack(a: Args) -> str:
+    """training.moe_stack from the dispatcher flags _dispatcher has checked: alltoall and
+    allgather as named; flex (or the older --moe-enable-deepep) with DeepEP or HybridEP."""
+    kind = a.get("--moe-token-dispatcher-type", "allgather")
+    if a.flag("--moe-enable-deepep") or kind == "flex":
+        return f"megatron-{a.get('--moe-flex-dispatcher-backend', 'deepep')}"
+    return f"megatron-{kind}"
 
 
 def _expert_gemm(a: Args) -> str:
@@ -362,11 +372,12 @@ def import_megatron(
     training["cuda_graphs"] = _cuda_graphs(a)
     if shape.get("num_experts"):
         training["moe_dispatcher"] = _dispatcher(a, notes)
+        training["moe_stack"] = _moe_stack(a)
         training["moe_expert_gemm"] = _expert_gemm(a)
     else:
         for name in ("--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend"):
             a.get(name)
-        for name in ("--moe-grouped-gemm", "--moe-use-legacy-grouped-gemm"):
+        for name in ("--moe-grouped-gemm", "--moe-use-legacy-grouped-gemm", "--moe-enable-deepep"):
             a.flag(name)  # Megatron reads them only with --num-experts
     tables: dict[str, dict[str, Any]] = {
         "model": model_table(shape),

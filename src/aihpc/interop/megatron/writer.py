@@ -19,6 +19,7 @@ from aihpc.interop.megatron.runs import (
 )
 from aihpc.interop.megatron.shape import freq_pattern
 from aihpc.runspec import RunSpec, SpecError
+from aihpc.runspec.training import MOE_STACK_DISPATCHER, TrainingSpec
 
 __all__ = ["export_megatron", "megatron_as_run"]
 
@@ -73,6 +74,17 @@ def megatron_as_run(spec: RunSpec) -> tuple[RunSpec, list[str]]:
     return ran, [f"{n} = {mine!r} -> {theirs!r}" for n, mine, theirs in changes]
 
 
+def megatron_stack(t: TrainingSpec) -> str:
+    """The Megatron-Core dispatcher that runs the spec's MoE layers (training.moe_stack): its
+    own where it names one, else by the dispatcher (hierarchical: DeepEP, or HybridEP under a
+    whole-iteration CUDA graph, which DeepEP's host wait rules out)."""
+    if t.moe_stack.startswith("megatron-"):
+        return t.moe_stack
+    if MOE_STACK_DISPATCHER.get(t.moe_stack, t.moe_dispatcher) == "hierarchical":
+        return "megatron-hybridep" if t.cuda_graphs == "full" else "megatron-deepep"
+    return "megatron-alltoall"
+
+
 def _changes(spec: RunSpec) -> list[tuple[str, Any, Any]]:
     """(field, the run spec's value, what Megatron-LM runs) for each field it runs otherwise."""
     t, p, m = spec.training, spec.plan(), spec.model
@@ -83,6 +95,12 @@ def _changes(spec: RunSpec) -> list[tuple[str, Any, Any]]:
     overlap = t.tp_comm_overlap
     if overlap in ("none", "async_tp") or (overlap == "userbuffers" and not p.sequence_parallel):
         out.append(("training.tp_comm_overlap", overlap, "backward"))
+    stack = megatron_stack(t)
+    if m.is_moe and t.moe_stack != stack:  # the dispatcher Megatron-LM runs
+        out.append(("training.moe_stack", t.moe_stack, stack))
+    runs = MOE_STACK_DISPATCHER.get(t.moe_stack, t.moe_dispatcher)  # a named stack's own
+    if m.is_moe and runs != MOE_STACK_DISPATCHER[stack]:
+        out.append(("training.moe_dispatcher", runs, MOE_STACK_DISPATCHER[stack]))
     if m.is_moe and t.moe_expert_gemm == "grouped":  # d98e8a6 builds TEGroupedMLP only
         out.append(("training.moe_expert_gemm", "grouped", "per_expert"))
     padded = padded_vocab(m.vocab_size, vocab_divisor(m.vocab_size, p.tp), p.tp)
@@ -262,11 +280,12 @@ def _training_args(spec: RunSpec) -> list[tuple[str, Any]]:
         args.append(("--tp-comm-overlap", None))  # Megatron asserts it needs SP
     if t.cp_exchange == "allgather":
         args.append(("--cp-comm-type", "all_gather"))
-    if spec.model.is_moe and t.moe_dispatcher == "hierarchical":
+    stack = megatron_stack(t)
+    if spec.model.is_moe and stack in ("megatron-deepep", "megatron-hybridep"):
         args += [("--moe-token-dispatcher-type", "flex")]
-        args += [("--moe-flex-dispatcher-backend", "deepep")]
+        args += [("--moe-flex-dispatcher-backend", stack.removeprefix("megatron-"))]
     elif spec.model.is_moe:
-        args.append(("--moe-token-dispatcher-type", "alltoall"))
+        args.append(("--moe-token-dispatcher-type", stack.removeprefix("megatron-")))
     if spec.model.is_moe:  # TEGroupedMLP: d98e8a6 has no legacy GroupedMLP flag any more
         args.append(("--moe-grouped-gemm", None))
     if t.cuda_graphs == "full":  # _cuda_graphs; validate_args asserts the NaN check is off

@@ -187,6 +187,7 @@ def import_torchtitan(
         parallel["dp_shard"] = d["shard"]
     parallel.update(_cp_and_precision(t, notes))
     training = _training(t, parallel.pop("_training"))
+    training.update(_moe_stack(t, parallel["ep"]))
     tables: dict[str, dict[str, Any]] = {
         "model": model_table(shape),
         "cluster": cluster_table(gpu, world, gpus_per_node),
@@ -204,6 +205,19 @@ def import_torchtitan(
     for key in ("folder", "interval", "keep_latest_k", "async_mode"):
         t.get("checkpoint", key)
     return Imported(FRAMEWORK, tables, t.unread(), notes)
+
+
+# parallelism.expert_parallel_comm_backend -> training.moe_stack (torchtitan's parallelize: the
+# backend falls back to "standard" when EP is off)
+_EP_BACKENDS = {"standard": "torch-native", "deepep": "torch-deepep", "hybridep": "torch-hybridep"}
+
+
+def _moe_stack(t: _Toml, ep: int) -> dict[str, Any]:
+    backend = t.get("parallelism", "expert_parallel_comm_backend", "standard", str)
+    if backend not in _EP_BACKENDS:
+        allowed = " | ".join(_EP_BACKENDS)
+        raise SpecError("parallelism.expert_parallel_comm_backend", backend, f"allowed: {allowed}")
+    return {"moe_stack": _EP_BACKENDS[backend]} if ep > 1 else {}
 
 
 def _cp_and_precision(t: _Toml, notes: list[str]) -> dict[str, Any]:

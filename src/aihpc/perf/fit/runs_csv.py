@@ -121,6 +121,7 @@ def _training_table(row: dict[str, str]) -> dict[str, Any]:
             training[flag] = _bool(row, flag)
     text_facts = ("cross_entropy", "grad_reduce_dtype", "optimizer_dtype", "zero3_gather")
     text_facts += ("moe_dispatcher", "moe_dispatch_dtype", "moe_expert_gemm", "cuda_graphs")
+    text_facts += ("moe_stack",)
     if cell(row, "moe_imbalance"):
         training["moe_imbalance"] = _float(row, "moe_imbalance")
     text_facts += ("cp_exchange", "pipeline_split", "fp8_saved_inputs", "tp_comm_overlap")

@@ -131,7 +131,8 @@ class MemoryTerms:
         chunks of L/v layers are live, i.e. (1 + (p-1)/(p v)) times 1F1B's (Narayanan et al.
         SC'21, sec. 2.2.2), but never more than the m v chunks a step has. The last stage: one
         micro-batch under 1F1B; interleaved, its warm-up still runs (v-1)p chunks ahead, so
-        (v-1)p + 1 chunks are live (``warmup_chunks`` + 1). ZB-V keeps 1F1B's activation memory,
+        (v-1)p + 1 chunks are live (``warmup_chunks`` + 1). DualPipe: p + 1 micro-batches of
+        a stage (DeepSeek-V3 Table 2). ZB-V keeps 1F1B's activation memory,
         p micro-batches of a stage's layers (Qi et al. 2024, their comparison table), and rank 0
         holds the first and the last chunk. Offloaded layers' activations are in host memory
         (``memory.offload_split``: never fewer than two layers on the GPU)."""
@@ -141,6 +142,8 @@ class MemoryTerms:
         in_flight = where(
             v > 1, minimum(m, (minimum(2 * (p - 1) + (v - 1) * p, m * v) + 1) / v), mb
         )
+        # DualPipe holds PP + 1 micro-batches of a stage's activations (DeepSeek-V3 Table 2).
+        in_flight = where(b.a2a == A2A_DUALPIPE, minimum(p + 1, m), in_flight)
         last_in_flight = where(v > 1, minimum(m, (minimum((v - 1) * p, m * v) + 1) / v), 1)
         off = b.offload
         self.resident = where(off > 0, maximum(lps - off, minimum(lps, 2)), lps)

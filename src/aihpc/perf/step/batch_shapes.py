@@ -13,6 +13,7 @@ import numpy as np
 
 from aihpc.perf.step import comm, compute, tp_overlap
 from aihpc.perf.step.memory import activation_bytes_per_layer
+from aihpc.perf.step.moe_stack import stack_of
 from aihpc.perf.step.params import ModelParams
 from aihpc.perf.step.plan_batch import PlanBatch, group
 from aihpc.runspec.cluster import ClusterSpec
@@ -108,6 +109,11 @@ class Shapes:
             "lbwd": lbwd,
             "bwd_gemm": lt.bwd_gemm,
             "moe_fb": lt_moe.fwd + lt_moe.bwd if lt_moe is not None else 0.0,
+            # the MoE layer's attention side and MoE block, forward and backward (moe_overlap.py)
+            "moe_af": lt_moe.fwd - lt_moe.mlp_fwd if lt_moe is not None else 0.0,
+            "moe_ab": lt_moe.bwd - lt_moe.mlp_bwd if lt_moe is not None else 0.0,
+            "moe_mf": lt_moe.mlp_fwd if lt_moe is not None else 0.0,
+            "moe_mb": lt_moe.mlp_bwd if lt_moe is not None else 0.0,
             "rec": recs,
             "act": [
                 activation_bytes_per_layer(model, plan, training, recompute=r) for r in RECOMPUTE
@@ -167,13 +173,14 @@ def _shape_comm(
     def collective(kind: str, size: float, n: int, stride: int) -> float:
         return comm.collective_time_s(cluster, kind, size, n, stride, params)
 
-    out = {"act_bytes": act_bytes, "ep_fwd": 0.0}
+    out = {"act_bytes": act_bytes, "ep_fwd": 0.0, "ep_disp": 0.0}
     out.update(dict.fromkeys(TP_TERMS, 0.0))
     if plan.tp > 1:
         terms = tp_layer_s(model, cluster, plan, training, params, act_bytes, collective, moe_frac)
         out.update(zip(TP_TERMS, terms, strict=True))
     if moe_frac and (plan.ep > 1 or plan.etp > 1):
-        out["ep_fwd"] = moe_comm_fwd_s(model, cluster, plan, training, params, collective)
+        parts = moe_comm_fwd_s(model, cluster, plan, training, params, collective, split=True)
+        out["ep_disp"], out["ep_fwd"] = parts[0], parts[0] + parts[1]
     out.update(fwd_c=0.0, fwd_x=0.0, bwd_c=0.0, bwd_x=0.0)
     if plan.cp > 1:
         fwd_c, fwd_x, bwd_c, bwd_x = cp_exchange_s(model, cluster, plan, training, params, lt)
@@ -271,8 +278,11 @@ def moe_comm_fwd_s(
     training: TrainingSpec,
     params: ModelParams,
     collective: Any,
-) -> float:
-    """Forward dispatch + combine of one MoE layer for one micro-batch on one GPU, seconds.
+    split: bool = False,
+) -> Any:
+    """Forward dispatch + combine of one MoE layer for one micro-batch on one GPU, seconds
+    (``split``: the pair (dispatch, combine), the expert-TP all-gather with the dispatch and
+    its reduce-scatter with the combine).
 
     The layer's input is split over tp x cp (sequence parallel): each rank routes its own
     tokens. Dispatch moves each token's top-k copies in ``moe_dispatch_dtype``, combine brings
@@ -284,19 +294,51 @@ def moe_comm_fwd_s(
     load = training.moe_imbalance  # the busiest rank receives this much more
     if model.moe_capacity_factor is not None:
         load = min(load, model.moe_capacity_factor)
-    _, domains = comm.group_tiers(cluster, plan.ep, plan.etp)
+    stack = stack_of(training)
+    reach = stack.nvlink_reach if stack is not None else 0
+    if stack is not None and stack.capacity_padding:  # every expert receives its capacity
+        load = model.moe_capacity_factor or 1.0
+    _, domains = comm.group_tiers(cluster, plan.ep, plan.etp, reach)
     remote = comm.remote_domains_per_token(
         domains, k, model.moe_router_groups, model.moe_router_group_topk
     )
-    hier = training.moe_dispatcher == "hierarchical"
-    out = 0.0
-    for nbytes in (1.0 if training.moe_dispatch_dtype == "fp8" else 2.0, 2.0):
-        one = tokens * h * nbytes
-        out += load * comm.moe_all_to_all_time_s(
-            cluster, one * k, one, plan.ep, plan.etp, hier, remote, params
+    hier = (stack.dispatcher if stack else training.moe_dispatcher) == "hierarchical"
+    limit = (model.moe_router_groups, model.moe_router_group_topk)
+    parts = [0.0, 0.0]
+    fp8 = training.moe_dispatch_dtype == "fp8"
+    for i, (nbytes, column) in enumerate(
+        (
+            (1.0 if fp8 else 2.0, "dispatch_fp8" if fp8 else "dispatch_bf16"),
+            (2.0, "combine"),
         )
+    ):
+        one = tokens * h * nbytes
+        if stack is not None and stack.dispatcher == "allgather":  # gather in, scatter out
+            what = "all_gather" if column != "combine" else "reduce_scatter"
+            parts[i] += collective(what, one * plan.ep, plan.ep, plan.etp)
+            continue
+        t = None
+        if stack is not None and stack.kernel != "nccl":
+            t = comm.moe_kernel_a2a_time_s(
+                cluster,
+                stack.kernel,
+                stack.sms,
+                column,
+                one,
+                k,
+                plan.ep,
+                plan.etp,
+                reach,
+                limit,
+                params,
+            )
+        if t is None:
+            t = comm.moe_all_to_all_time_s(
+                cluster, one * k, one, plan.ep, plan.etp, hier, remote, params, reach
+            )
+        parts[i] += load * t
     if plan.etp > 1:
         recv = tokens * k * h * 2.0 * load
-        out += collective("all_gather", recv * plan.etp, plan.etp, 1)
-        out += collective("reduce_scatter", recv * plan.etp, plan.etp, 1)
-    return out
+        parts[0] += collective("all_gather", recv * plan.etp, plan.etp, 1)
+        parts[1] += collective("reduce_scatter", recv * plan.etp, plan.etp, 1)
+    return (parts[0], parts[1]) if split else parts[0] + parts[1]

@@ -15,6 +15,7 @@ from aihpc.perf.step import dp_comm
 from aihpc.perf.step.compute import optimizer_time_s
 from aihpc.perf.step.dtensor_host import optimizer_host_s
 from aihpc.perf.step.memory import warmup_chunks
+from aihpc.perf.step.moe_overlap import paired_exposed_s
 from aihpc.perf.step.numeric import any_, maximum, minimum, where
 from aihpc.perf.step.pipeline import (
     bubble_slots,
@@ -137,12 +138,24 @@ class StepTerms(StepState):
             return b.zeros(), b.zeros()
         on = (b.ep > 1) | (b.etp > 1)
         reps = where(self.full, 2, 1)
-        ep_all = self.layers * self.moe_frac * (reps + 1) * self.sh["ep_fwd"]
+        sh, moe_layers = self.sh, self.layers * self.moe_frac
+        ep_all = moe_layers * (reps + 1) * sh["ep_fwd"]
         p, v, m = b.pp, b.vpp, self.m
         warm = where(p > 1, warmup_chunks(p, v, m), 1)
         paired = where(b.a2a == A2A_1F1B, maximum(0.0, 1 - warm / (m * v)), 1.0)
-        window = self.params.overlap_efficiency * self.layers * self.moe_frac * self.sh["moe_fb"]
-        hidden_ep = minimum(paired * ep_all, window)
+        # A paired layer's transfers hide behind the one sub-module each is paired with
+        # (perf/step/moe_overlap.py); full recompute's second dispatch has no partner.
+        disp, comb = sh["ep_disp"], sh["ep_fwd"] - sh["ep_disp"]
+        eff = self.params.overlap_efficiency
+        left = paired_exposed_s(
+            disp, comb, sh["moe_af"], sh["moe_ab"], sh["moe_mf"], sh["moe_mb"], eff
+        )
+        exposed_paired = moe_layers * (left + (reps - 1) * sh["ep_fwd"])
+        hidden_ep = paired * maximum(0.0, ep_all - exposed_paired)
+        # DualPipe rearranges a chunk pair's parts and splits the SMs so that the all-to-alls
+        # are "fully hidden" (DeepSeek-V3 report sec. 3.2.1): up to the whole layer's compute.
+        window = eff * moe_layers * sh["moe_fb"]
+        hidden_ep = where(b.a2a == A2A_DUALPIPE, minimum(ep_all, window), hidden_ep)
         none = b.a2a == A2A_NONE
         ep_mb = where(none, ep_all, ep_all - hidden_ep)
         return where(on, ep_mb, 0.0), where(on & (b.a2a != A2A_NONE), hidden_ep, 0.0)

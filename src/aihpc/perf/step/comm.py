@@ -32,14 +32,17 @@ __all__ = [
     "collective_times_s",
     "group_tiers",
     "moe_all_to_all_time_s",
+    "moe_kernel_a2a_time_s",
     "p2p_time_s",
     "remote_domains_per_token",
 ]
 
 
-def group_tiers(cluster: ClusterSpec, n: int, stride: int) -> tuple[int, int]:
-    """(members per scale-up domain, number of domains spanned) for a group of n ranks."""
-    domain = cluster.nvlink_domain
+def group_tiers(cluster: ClusterSpec, n: int, stride: int, reach: int = 0) -> tuple[int, int]:
+    """(members per scale-up domain, number of domains spanned) for a group of n ranks;
+    ``reach`` > 0: a kernel that reaches at most that many ranks over NVLink (torchtitan's
+    DeepEP: 8)."""
+    domain = min(cluster.nvlink_domain, reach) if reach else cluster.nvlink_domain
     k = min(n, domain // stride) if stride < domain else 1
     k = max(1, k)
     return k, math.ceil(n / k)
@@ -218,6 +221,7 @@ def moe_all_to_all_time_s(
     hierarchical: bool,
     remote_domains: float,
     params: ModelParams | None = None,
+    reach: int = 0,
 ) -> float:
     """One MoE dispatch (or combine) over an EP group of ``n`` ranks ``stride`` apart.
 
@@ -235,7 +239,7 @@ def moe_all_to_all_time_s(
     params = params or DEFAULT_PARAMS
     if n <= 1 or copies_bytes <= 0:
         return 0.0
-    k, domains = group_tiers(cluster, n, stride)
+    k, domains = group_tiers(cluster, n, stride, reach)
     up_bw = cluster.scale_up_bw_GBps * params.scale_up_efficiency * 1e9
     out_bw = cluster.scale_out_bw_GBps * params.scale_out_efficiency * 1e9
     up_lat, out_lat = params.scale_up_latency_s, params.scale_out_latency_s
@@ -261,6 +265,57 @@ def moe_all_to_all_time_s(
         intra = copies_bytes * (k - 1) / n
         inter = copies_bytes * (n - k) / n
     return up_lat + out_lat + max(intra / up_bw, inter / out_bw)
+
+
+def moe_kernel_a2a_time_s(
+    cluster: ClusterSpec,
+    kernel: str,
+    sms: int,
+    column: str,
+    token_bytes: float,
+    top_k: int,
+    n: int,
+    stride: int,
+    reach: int,
+    group_limit: tuple[int, int],
+    params: ModelParams | None = None,
+) -> float | None:
+    """One dispatch or combine (``column``: dispatch_fp8, dispatch_bf16, combine) of a
+    deduplicating kernel (DeepEP's normal kernels, HybridEP) at its published bandwidth
+    (perf/step/moe_stack.py), or None where neither tier has a figure for this part, or the
+    calibration fitted the cluster's own all-to-all (the caller prices it as before).
+
+    ``token_bytes``: one rank's tokens once each. A rank receives one row per (token, rank) its
+    experts lie on over NVLink and one per (token, NVLink group) over RDMA (the kernels' own
+    byte counts); a tier without a figure runs at the link efficiency of the other collectives.
+    ``group_limit``: (groups, groups per token) of node-limited routing, (0, 0) for none."""
+    from aihpc.perf.step.moe_stack import kernel_GBps, ranks_touched
+
+    params = params or DEFAULT_PARAMS
+    cal = cluster.calibration
+    if n <= 1 or token_bytes <= 0:
+        return 0.0
+    if cal is not None and any(cal.comm_fit("all_to_all", t) for t in ("scale_up", "scale_out")):
+        return None
+    k, domains = group_tiers(cluster, n, stride, reach)
+    groups, per_token = group_limit
+    cap = per_token * max(1.0, domains / groups) if groups and per_token else 0.0
+    d, r = ranks_touched(n, top_k, domains, cap)
+    gpu = cluster.gpu.id
+    nvl = kernel_GBps(kernel, gpu, "nvlink", k, sms, column, cluster.scale_up_bw_GBps)
+    rdma = kernel_GBps(kernel, gpu, "rdma", n, sms, column, cluster.scale_out_bw_GBps)
+    if nvl is None and (domains == 1 or rdma is None):
+        return None
+    # A tier without a figure moves only the rows bound elsewhere, at the link efficiency.
+    if nvl is None:
+        nvl, r = cluster.scale_up_bw_GBps * params.scale_up_efficiency, r * (k - 1) / k
+    t = params.scale_up_latency_s + token_bytes * r / (nvl * 1e9)
+    if domains > 1:
+        if rdma is None:
+            rdma = cluster.scale_out_bw_GBps * params.scale_out_efficiency
+            d *= (domains - 1) / domains
+        t = max(t, token_bytes * d / (rdma * 1e9)) + params.scale_out_latency_s
+    return t
 
 
 def _tier_times_s(

@@ -20,6 +20,7 @@ from aihpc.perf.step.flops import layer_gemms, mla_gemms, mla_head_dims, op_sac_
 from aihpc.perf.step.gemm import gemm_bwd_s, gemm_time_s, stream_time_s
 from aihpc.perf.step.moe_host import moe_host_excess_s
 from aihpc.perf.step.moe_kernels import routed_expert_gemms, routed_tokens
+from aihpc.perf.step.moe_stack import stack_of
 from aihpc.perf.step.numeric import where
 from aihpc.perf.step.params import ModelParams
 from aihpc.runspec.calibration import Calibration
@@ -55,6 +56,11 @@ class LayerTimes:
     fwd_modules: float = 0.0  # forward of the plan's recompute_modules, run again in backward
     fwd_host: float = 0.0  # an eager MoE layer's wait on its host beyond the GPU time
     bwd_host: float = 0.0
+    # An MoE layer's MoE block (shared and routed experts' GEMMs, the router's, permute,
+    # activation and unpermute traffic), the rest being its attention side: what Megatron-Core's
+    # 1F1B A2A overlap pairs the other micro-batch's transfers with (perf/step/moe_overlap.py).
+    mlp_fwd: float = 0.0
+    mlp_bwd: float = 0.0
 
     @property
     def fwd(self) -> float:
@@ -95,12 +101,19 @@ def layer_times(
         unsaved_op,
         module_times(k),
     )
-    if moe and training.cuda_graphs == "none":
-        # An eager MoE layer runs no faster than its host issues it (perf/step/moe_host.py).
+    if moe:
+        attn_f, attn_b = attention_gemm_times(k)
+        moe_f = fwd_gemm - attn_f + stream_time_s(stream_moe, gpu, params, kernels=5)
+        moe_b = bwd_gemm - attn_b + stream_time_s(2 * stream_moe, gpu, params, kernels=10)
+        lt = replace(lt, mlp_fwd=moe_f, mlp_bwd=moe_b)
+    stack = stack_of(training)
+    host = stack.host if stack is not None else training.moe_dispatcher
+    if moe and training.cuda_graphs == "none" and host != "none":
+        # An eager MoE layer runs no faster than its host issues it (perf/step/moe_host.py);
+        # ops counted for Megatron-Core's dispatchers only (data/moe_stacks.toml, host).
         local = model.num_experts / plan.ep
-        waits = moe_host_excess_s(
-            lt.fwd, lt.bwd, training.moe_dispatcher, training.precision, local, params
-        )
+        prec = training.precision
+        waits = moe_host_excess_s(lt.fwd, lt.bwd, host, prec, local, params, lt.mlp_fwd)
         lt = replace(lt, fwd_host=waits[0], bwd_host=waits[1])
     return _with_dtensor_host(lt, gpu, plan, training, params, calibration)
 
@@ -166,17 +179,12 @@ def _pairs(
     return fa + fb, bwd + ba + bb
 
 
-def gemm_times(k: _Kernels) -> tuple[float, float, float, float]:
-    """(forward GEMM seconds, backward GEMM seconds, the part op-level checkpointing
-    recomputes, the routed experts' element-wise HBM bytes) of one layer: attention projections
-    (QKV fused, as Megatron and TE run them; MLA's projections by their split), then the dense
-    FFN (input GEMM with gate and up fused) or the MoE layer's shared and routed experts. Each
-    backward GEMM is priced at its own contraction length (``gemm_bwd_s``)."""
-    model, plan, t, tokens = k.model, k.plan, k.plan.tp, k.tokens
+def attention_gemm_times(k: _Kernels) -> tuple[float, float]:
+    """(forward, backward) GEMM seconds of one layer's attention projections: QKV fused, as
+    Megatron and TE run them, and the output projection; MLA's projections by their split."""
+    model, t, tokens = k.model, k.plan.tp, k.tokens
     h, d = model.hidden_size, model.kv_channels
     hq, hkv = model.num_attention_heads * d, model.kv_heads * d
-    ffn, f_in = k.ffn
-    # Forward sums keep the order the function has always added them in (bit-for-bit results).
     fwd_gemm = bwd_gemm = 0.0
     if model.is_mla:
         for _, n_in, n_out, split in mla_gemms(model):
@@ -185,8 +193,21 @@ def gemm_times(k: _Kernels) -> tuple[float, float, float, float]:
             else:  # "rep": the down projections run whole on every TP rank
                 fwd, bwd = k.pair(tokens, n_out / (t if split == "col" else 1), n_in)
             fwd_gemm, bwd_gemm = fwd_gemm + fwd, bwd_gemm + bwd
-    else:
-        fwd_gemm, bwd_gemm = _pairs(k, (tokens, (hq + 2 * hkv) / t, h), (tokens, h, hq / t))
+        return fwd_gemm, bwd_gemm
+    return _pairs(k, (tokens, (hq + 2 * hkv) / t, h), (tokens, h, hq / t))
+
+
+def gemm_times(k: _Kernels) -> tuple[float, float, float, float]:
+    """(forward GEMM seconds, backward GEMM seconds, the part op-level checkpointing
+    recomputes, the routed experts' element-wise HBM bytes) of one layer: attention projections
+    (QKV fused, as Megatron and TE run them; MLA's projections by their split), then the dense
+    FFN (input GEMM with gate and up fused) or the MoE layer's shared and routed experts. Each
+    backward GEMM is priced at its own contraction length (``gemm_bwd_s``)."""
+    model, plan, t, tokens = k.model, k.plan, k.plan.tp, k.tokens
+    h = model.hidden_size
+    ffn, f_in = k.ffn
+    # Forward sums keep the order the function has always added them in (bit-for-bit results).
+    fwd_gemm, bwd_gemm = attention_gemm_times(k)
     stream_moe = 0.0
     if k.moe:
         # Shared experts: one dense FFN of num_shared x the expert width, split over TP.

@@ -145,13 +145,15 @@ def _kept_per_token(
     split, hq, hkv = _attention_kept(model, plan, act_in, fc2_in)
     if training.kv_repeat:  # the attention kernel saves the K and V repeated to every head
         split += 4 * (hq - hkv)
-    fp8_in = training.precision == "fp8" and training.fp8_saved_inputs == "fp8"
+    fp8_in = training.precision == "fp8" and training.fp8_saved_inputs in ("fp8", "deepseek")
     if fp8_in:
         # Transformer Engine keeps an FP8 linear's input in FP8 for the weight gradient: the
         # QKV and FFN-in GEMM inputs and the FFN-out input take 1 byte, not 2; the projection's
         # FP8 input is kept beside the attention output the attention backward needs in 16 bits.
+        # DeepSeek-V3 keeps that output once, in E5M6 (1.5 bytes), for both (sec. 3.3.3).
         replicated -= 2 * h / sp
-        split += -fc2_in / 2 + hq
+        e5m6 = training.fp8_saved_inputs == "deepseek"
+        split += -fc2_in / 2 + (-0.5 * hq if e5m6 else hq)
     if "layernorm" in plan.recompute_modules:  # the norms' outputs (the GEMM inputs) remade
         replicated -= (2 if fp8_in else 4) * h / sp
     if training.attention == "unfused" and recompute == "none":
@@ -181,8 +183,10 @@ def _ffn_kept(
     # ranks, each keeping its permuted input (h), its FFN input and activation input split
     # over etp; plus the router's fp32 scores. With FP8 linears keeping FP8 inputs, the
     # permuted input and the FFN-out input take 1 byte per value.
-    fp8 = training.precision == "fp8" and training.fp8_saved_inputs == "fp8"
+    fp8 = training.precision == "fp8" and training.fp8_saved_inputs in ("fp8", "deepseek")
     inp, out_in = (h, fc2_in / 2) if fp8 else (2 * h, fc2_in)
+    if training.precision == "fp8" and training.fp8_saved_inputs == "deepseek":
+        act_in /= 2  # the experts' SwiGLU inputs cached in FP8 (DeepSeek-V3 sec. 3.3.3)
     if "moe_act" in plan.recompute_modules:  # the activation's output is made again
         out_in = 0
     copies = model.moe_top_k * training.moe_imbalance

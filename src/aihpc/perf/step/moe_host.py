@@ -20,6 +20,7 @@ sync and runs at max(GPU, host). The ops are counted from the source (``moe_host
 
 from __future__ import annotations
 
+from aihpc.perf.step.moe_issue import SPLIT_DISPATCH_OPS, sync_ordered_s
 from aihpc.perf.step.params import ModelParams
 
 __all__ = ["host_bound_s", "moe_host_excess_s", "moe_host_ops", "moe_host_syncs"]
@@ -32,7 +33,8 @@ __all__ = ["host_bound_s", "moe_host_excess_s", "moe_host_ops", "moe_host_syncs"
 # casts 3, RandomSTE 3, view, fused top-k, fused aux-loss scores, the counts, fused aux loss,
 # tracker 3, MoEAuxLossAutoScaler 2) 17; TEGroupedMLP outside its per-expert loops (tolist,
 # probs unsqueeze, two GroupedLinear calls of ~6, the weighted SwiGLU 2, bias 1) 17.
-_FIXED_OPS = 30 + 17 + 17
+_ATTN_OPS, _ROUTER_OPS, _MLP_OPS = 30, 17, 17
+_FIXED_OPS = _ATTN_OPS + _ROUTER_OPS + _MLP_OPS
 # The dispatcher's own. alltoall: preprocess (counts, splits, the counts' all-gather, slices and
 # sums) 19, the device-to-host copies on the side stream 12, fused permute 2, two all-to-alls 4,
 # the event sync 1, fused chunk sort and unsort 4, combine all-to-all 2, fused unpermute and view 3.
@@ -81,13 +83,24 @@ def moe_host_excess_s(
     precision: str,
     local_experts: float,
     params: ModelParams,
+    gpu_moe_fwd_s: float | None = None,
 ) -> tuple[float, float]:
     """(forward, backward) seconds an eager MoE layer takes beyond its GPU time, one
     micro-batch: ``host_bound_s`` on the counted ops at ``params.host_eager_op_s`` per
-    Python-issued op and ``params.kernel_overhead_s`` per kernel launched from C++."""
+    Python-issued op and ``params.kernel_overhead_s`` per kernel launched from C++. With the
+    forward's MoE block time ``gpu_moe_fwd_s`` the forward is issued in its order around the
+    sync (perf/step/moe_issue.py): the MoE block's host time does not hide behind the
+    attention side's kernels."""
     ops, launches = moe_host_ops(dispatcher, precision, local_experts)
     op_s, launch_s = params.host_eager_op_s, params.kernel_overhead_s
     host_fwd, host_bwd = ops * op_s + launches * launch_s, ops * op_s + 2 * launches * launch_s
-    fwd = host_bound_s(gpu_fwd_s, host_fwd, moe_host_syncs(dispatcher), op_s) - gpu_fwd_s
+    syncs = moe_host_syncs(dispatcher)
+    fwd = host_bound_s(gpu_fwd_s, host_fwd, syncs, op_s) - gpu_fwd_s
+    if gpu_moe_fwd_s is not None:
+        before, _ = SPLIT_DISPATCH_OPS[dispatcher]
+        host_attn = (_ATTN_OPS + _ROUTER_OPS + before) * op_s
+        gpu_attn = gpu_fwd_s - gpu_moe_fwd_s
+        seg = sync_ordered_s(gpu_attn, gpu_moe_fwd_s, host_attn, host_fwd - host_attn, syncs, op_s)
+        fwd = seg - gpu_fwd_s
     bwd = host_bound_s(gpu_bwd_s, host_bwd, 0, op_s) - gpu_bwd_s
     return fwd, bwd

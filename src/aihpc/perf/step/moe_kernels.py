@@ -26,6 +26,7 @@ expert and projection instead of one, with FP8 a quantize launch per local exper
 from __future__ import annotations
 
 from aihpc.perf.step.gemm import gemm_bwd_s, gemm_time_s
+from aihpc.perf.step.moe_stack import stack_of
 from aihpc.perf.step.params import ModelParams
 from aihpc.runspec.calibration import Calibration
 from aihpc.runspec.cluster import GPUSpec
@@ -100,6 +101,15 @@ def routed_expert_gemms(
     fwd = sum(local_experts(*s) for s in experts) + router(tokens, model.num_experts, h)
     bwd = sum(gemm_bwd_s(local_experts, *s) for s in experts)
     bwd += gemm_bwd_s(router, tokens, model.num_experts, h)
+    stack = stack_of(training)
+    if stack is not None and stack.einsum_dispatch:
+        # DeepSpeed-MoE dispatches and combines with dense einsums over the (tokens, experts,
+        # capacity) masks: ecm = sec x sm contracts over the tokens, sm = sec x ecm over the
+        # E x C slots (deepspeed/moe/sharded_moe.py); E x C = tokens x k x capacity factor.
+        slots = tokens * model.moe_top_k * (model.moe_capacity_factor or 1.0)
+        for m, n, kk in ((slots, h, tokens), (tokens, h, slots)):
+            fwd += router(m, n, kk)
+            bwd += gemm_bwd_s(router, m, n, kk)
     # Bytes: router scores (fp32 logits, softmax / top-k), permute (read the token, write each
     # copy), the expert activation (read f_in, write ffn per copy), unpermute (read each copy
     # and its weight, write the token), all 16-bit.
