@@ -5,7 +5,7 @@ Both engines read it: ``aihpc.perf`` (estimate, search, goodput) and ``aihpc.run
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +17,12 @@ from aihpc.runspec.inputs import parse_toml, read_input
 from aihpc.runspec.model import ModelSpec, model_from_table
 from aihpc.runspec.parallel import ParallelPlan, PartialPlan, partial_from_table, resolve_plan
 from aihpc.runspec.reliability import ReliabilitySpec
+from aihpc.runspec.rl import RLSpec, rl_from_table
 from aihpc.runspec.training import COMM_CTA_CAPS, CheckpointSpec, TrainingSpec
 
 __all__ = ["RunSpec", "load_runspec", "runspec_from_dict"]
 
-SECTIONS = ("model", "cluster", "parallel", "training", "checkpoint", "reliability")
+SECTIONS = ("model", "cluster", "parallel", "training", "checkpoint", "reliability", "rl")
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class RunSpec:
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     reliability: ReliabilitySpec = field(default_factory=ReliabilitySpec)
     path: str = ""
+    rl: RLSpec | None = None  # [rl]: an RL post-training step (perf/rl prices it)
 
     def __post_init__(self) -> None:
         if self.cluster.gpu.p2p_channel_bw_GBps is None:
@@ -45,10 +47,21 @@ class RunSpec:
                         "channel moves over its scale-up links): set it in [cluster.gpu_spec], "
                         "or use 0",
                     )
+        if self.rl is not None:
+            self.rl.check_cluster(
+                self.cluster.num_gpus, self.cluster.gpus_per_node, self.parallel.global_batch_size
+            )
 
     def plan(self) -> ParallelPlan:
-        """The complete plan ``estimate`` evaluates (given fields, defaults for the rest)."""
-        return resolve_plan(self.parallel, self.cluster)
+        """The complete plan ``estimate`` evaluates (given fields, defaults for the rest); with
+        ``[rl]``, the actor's training plan on the training pool."""
+        return resolve_plan(self.parallel, self.training_cluster())
+
+    def training_cluster(self) -> ClusterSpec:
+        """The GPUs that train: the whole cluster, less a disaggregated rollout pool."""
+        if self.rl is None or self.rl.placement == "colocated":
+            return self.cluster
+        return replace(self.cluster, num_gpus=self.rl.pools(self.cluster.num_gpus)[1])
 
 
 def _table(data: dict[str, Any], key: str) -> dict[str, Any]:
@@ -90,6 +103,7 @@ def runspec_from_dict(
         checkpoint=from_table(CheckpointSpec, _table(data, "checkpoint"), "checkpoint"),
         reliability=from_table(ReliabilitySpec, _table(data, "reliability"), "reliability"),
         path=path,
+        rl=rl_from_table(_table(data, "rl")) if "rl" in data else None,
     )
 
 
