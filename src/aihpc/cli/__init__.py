@@ -33,6 +33,7 @@ _AREAS = (
     ("observe", "register"),
     ("interop", "register"),
     ("launch", "register"),
+    ("rl", "register"),
 )
 # The top-level commands each area registers (tests/cli/test_cli_areas.py checks it against
 # the whole tree).
@@ -47,6 +48,7 @@ COMMAND_AREAS: dict[str, tuple[str, str]] = {
     **dict.fromkeys(("doctor", "check", "dashboard"), _AREAS[7]),
     **dict.fromkeys(("import", "export"), _AREAS[8]),
     "launch": _AREAS[9],
+    "rl": _AREAS[10],
 }
 
 

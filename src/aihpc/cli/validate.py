@@ -64,6 +64,9 @@ def register(app: typer.Typer) -> None:
         ),
         calibration: Path | None = VALIDATE_CALIBRATION,
         runs_template: bool = RUNS_TEMPLATE,
+        rl: bool = typer.Option(
+            False, "--rl", help="The RL steps (NeMo-RL's published runs; docs/rl.md)."
+        ),
     ) -> None:
         """Predicted vs measured tokens/s/GPU and memory on published runs or your own
         (--runs); MAPE per source."""
@@ -73,6 +76,11 @@ def register(app: typer.Typer) -> None:
 
         if runs_template:
             _print_runs_template(json_out)
+            return
+        if rl:
+            from aihpc.cli.rl import validate_rl_command
+
+            validate_rl_command(json_out, runs)
             return
         cal = None
         if calibration is not None:

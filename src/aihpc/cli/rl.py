@@ -1,0 +1,136 @@
+"""``aihpc rl estimate RUN.toml`` and ``aihpc rl search RUN.toml``: an RL step ([rl]) priced as
+its phases, and the search over the GPU split, the rollout engines' and the training layout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from aihpc.cli._common import guarded, print_json
+from aihpc.runspec import SpecError, load_runspec
+
+__all__ = ["register"]
+
+_RUNSPEC = typer.Argument(..., help="Run spec TOML with an [rl] table (docs/rl.md).")
+
+
+def register(app: typer.Typer) -> None:
+    rl_app = typer.Typer(
+        help="RL post-training (GRPO, RLOO, PPO): a step's phases priced; the search over "
+        "placements and layouts.",
+        no_args_is_help=True,
+    )
+    app.add_typer(rl_app, name="rl")
+
+    @rl_app.command("estimate")
+    @guarded
+    def estimate(
+        runspec: Path = _RUNSPEC,
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    ) -> None:
+        """One RL step: each phase's seconds, the critical path, tokens/s/GPU, memory."""
+        from aihpc.perf.rl import estimate_rl
+
+        est = estimate_rl(_load(runspec))
+        if as_json:
+            print_json(est.to_json())
+            return
+        typer.echo("\n".join(estimate_lines(est)))
+
+    @rl_app.command("search")
+    @guarded
+    def search(
+        runspec: Path = _RUNSPEC,
+        top: int = typer.Option(5, "--top", help="Layouts to show (>= 1)."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    ) -> None:
+        """Colocated vs every split of whole nodes, the rollout tp, the best training plans:
+        fastest step first."""
+        from aihpc.perf.rl.search import search_rl
+
+        if top < 1:
+            raise SpecError("--top", top, "must be >= 1")
+        found = search_rl(_load(runspec))
+        best = found.ranked[:top]
+        if as_json:
+            print_json(
+                {
+                    "evaluated": found.evaluated,
+                    "refused": found.refused,
+                    "ranked": [e.to_json() for e in best],
+                }
+            )
+            return
+        if not best:
+            raise SpecError("RUNSPEC", str(runspec), "no layout fits: see `aihpc rl estimate`")
+        typer.echo(f"{found.evaluated} layouts priced, {found.refused} refused or not fitting")
+        for i, est in enumerate(best, 1):
+            typer.echo(f"{i}. {_layout(est)}  step {est.step_time_s:.1f} s  ({est.bottleneck})")
+
+
+def _load(path: Path) -> Any:
+    spec = load_runspec(path)
+    if spec.rl is None:
+        raise SpecError("RUNSPEC", str(path), "has no [rl] table (docs/rl.md)")
+    return spec
+
+
+def _layout(est: Any) -> str:
+    p = est.plan
+    train = f"train tp{p.tp} pp{p.pp} cp{p.cp} ep{p.ep} dp{p.dp}"
+    if est.rl.placement == "colocated":
+        where = f"colocated on {est.num_gpus}"
+    else:
+        where = f"disaggregated {est.rollout_gpus} rollout + {est.train_gpus} train"
+    return f"{where}, rollout tp{est.rl.rollout.tp}, {train}"
+
+
+def estimate_lines(est: Any) -> list[str]:
+    """The estimate as text: the layout, each phase, the step and its largest phase."""
+    rl = est.rl
+    mode = f"asynchronous (staleness {rl.staleness})" if rl.staleness else "synchronous"
+    lines = [
+        f"{rl.algorithm.upper()}: {rl.prompts_per_step} prompts x {rl.samples_per_prompt} samples"
+        f", {rl.prompt_len} + {rl.response_len} tokens (max {rl.response_cap}); {mode}",
+        _layout(est),
+        "phase              seconds",
+    ]
+    for name, value in est.phases_s.items():
+        lines.append(f"  {name:16s} {value:8.1f}")
+    r = est.rollout
+    lines.append(
+        f"rollout: {r.engines} engines x {r.slots} slots, {r.iterations} decode iterations, "
+        f"last 10% of them {r.tail_s:.1f} s; KV cache {r.kv_cache_gib:.1f} GiB/GPU"
+    )
+    if est.switch_gib:
+        lines.append(f"colocated switch: {est.switch_gib:.1f} GiB/GPU to host and back")
+    lines.append(
+        f"step {est.step_time_s:.1f} s, {est.tokens_per_s_per_gpu:.0f} tokens/s/GPU; "
+        f"largest phase {est.bottleneck}"
+    )
+    lines += [f"note: {n}" for n in est.notes]
+    return lines
+
+
+def validate_rl_command(as_json: bool, runs: Path | None) -> None:
+    """``aihpc validate --rl [--runs CSV]``: predicted vs measured RL steps, MAPE per set."""
+    import os
+
+    from aihpc.perf.fit.rl_validate import validate_rl
+
+    if runs is not None and not os.path.exists(runs):
+        raise SpecError("--runs", str(runs), "file not found")
+    report = validate_rl(runs)
+    if as_json:
+        print_json(report.to_json())
+        return
+    typer.echo(f"{'run':30s} {'measured s':>10s} {'predicted s':>11s} {'error':>7s}")
+    for r in report.rows:
+        typer.echo(f"{r.id:30s} {r.measured_s:10.1f} {r.predicted_s:11.1f} {r.error:+7.0%}")
+    for which in sorted({r.set for r in report.rows}):
+        typer.echo(
+            f"{which}: MAPE {report.mape(which):.0%}, worst {report.worst(which):.0%} "
+            f"({sum(r.set == which for r in report.rows)} runs)"
+        )

@@ -1,0 +1,88 @@
+"""The search over an RL step's layouts: placement (colocated, or disaggregated with each split
+of whole nodes between the pools), the rollout engines' tensor parallelism and the training plan
+(the step search's best plans on the training pool, perf/search), each priced by step.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from aihpc.perf.rl.phases import packed_model
+from aihpc.perf.rl.step import RLEstimate, estimate_rl
+from aihpc.perf.search.ranking import search_plans
+from aihpc.runspec.errors import SpecError
+from aihpc.runspec.parallel import ParallelPlan
+from aihpc.runspec.rl import RLSpec
+from aihpc.runspec.runspec import RunSpec
+
+__all__ = ["RLSearch", "search_rl"]
+
+
+@dataclass(frozen=True)
+class RLSearch:
+    ranked: list[RLEstimate]  # fitting layouts, fastest step first
+    evaluated: int
+    refused: int  # layouts that broke a rule or did not fit
+
+
+def _splits(spec: RunSpec) -> list[RLSpec]:
+    """The placements to price: colocated (when the spec is on-policy) and every split of
+    whole nodes (or, on one node, of halves and quarters) with the spec's staleness."""
+    rl, cluster = spec.rl, spec.cluster
+    assert rl is not None
+    out = []
+    if not rl.staleness:
+        out.append(replace(rl, placement="colocated", rollout_gpus=0, weight_sync="auto"))
+    n, per = cluster.num_gpus, cluster.gpus_per_node
+    unit = per if n > per else max(1, n // 4)
+    for rollout in range(unit, n, unit):
+        out.append(replace(rl, placement="disaggregated", rollout_gpus=rollout, weight_sync="auto"))
+    return out
+
+
+def _rollout_tps(spec: RunSpec) -> list[int]:
+    model, cluster = spec.model, spec.cluster
+    tps, tp = [], 1
+    while tp <= min(cluster.nvlink_domain, model.num_attention_heads):
+        tps.append(tp)
+        tp *= 2
+    return tps
+
+
+def _training_plans(spec: RunSpec, rl: RLSpec, top: int) -> list[ParallelPlan]:
+    """The step search's ``top`` plans on the training pool for sequences of the packed mean."""
+    trial = replace(spec, rl=rl)
+    cluster = trial.training_cluster()
+    probe = ParallelPlan(global_batch_size=spec.parallel.global_batch_size or 1)
+    model = packed_model(spec.model, rl, probe)
+    found = search_plans(model, cluster, spec.parallel, spec.training, top=top)
+    return [e.plan for e in found.plans if e.fits][:top]
+
+
+def search_rl(spec: RunSpec, top_plans: int = 3) -> RLSearch:
+    """Every placement x rollout tp x the best training plans, priced; fastest first."""
+    if spec.rl is None:
+        raise SpecError("rl", None, "required: an [rl] table (docs/rl.md)")
+    ranked, evaluated, refused = [], 0, 0
+    for placed in _splits(spec):
+        try:
+            plans = _training_plans(spec, placed, top_plans)
+        except SpecError:
+            refused += 1
+            continue
+        for tp in _rollout_tps(spec):
+            rl = replace(placed, rollout=replace(placed.rollout, tp=tp))
+            for plan in plans:
+                evaluated += 1
+                try:
+                    trial = replace(spec, rl=rl)
+                    trial.__post_init__()  # the pool and batch rules of a run spec
+                    est = estimate_rl(trial, plan)
+                except SpecError:
+                    refused += 1
+                    continue
+                if est.fits:
+                    ranked.append(est)
+                else:
+                    refused += 1
+    ranked.sort(key=lambda e: e.step_time_s)
+    return RLSearch(ranked, evaluated, refused)
