@@ -1,0 +1,174 @@
+"""verl's PPO/GRPO trainer config → a run spec with ``[rl]``.
+
+SOURCE is verl's Hydra config as a YAML file (``ppo_trainer.yaml``-shaped) or a launch script
+that runs ``python3 -m verl.trainer.main_ppo key=value ...`` (verl's example scripts): the
+script is read by the bash reader (interop/bash.py, never run), its ``key=value`` words (and
+``+key=value``) are applied as Hydra applies overrides, with OmegaConf (``${...}`` resolved). The
+keys verl's ``ppo_trainer.yaml`` defaults and aihpc reads are below (``_DEFAULTS``, the values of
+its config); the rest are named as not priced. verl's ``main_ppo`` runs the hybrid engine
+(actor, rollout and reference on the same GPUs): placement colocated, on-policy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aihpc.interop._common import Imported, cluster_table
+from aihpc.interop.bash import read_script
+from aihpc.runspec import SpecError, model_presets
+
+__all__ = ["import_verl"]
+
+FRAMEWORK = "verl"
+_ENTRY = "verl.trainer.main_ppo"
+# verl's ppo_trainer.yaml defaults of the keys read here (verl v0.4, verl/trainer/config/).
+_DEFAULTS: dict[str, Any] = {
+    "data": {"max_prompt_length": 512, "max_response_length": 512, "train_batch_size": 1024},
+    "actor_rollout_ref": {
+        "hybrid_engine": True,
+        "model": {"path": None, "enable_gradient_checkpointing": True},
+        "actor": {
+            "strategy": "fsdp",
+            "ppo_mini_batch_size": 256,
+            "ppo_epochs": 1,
+            "use_kl_loss": False,
+            "ulysses_sequence_parallel_size": 1,
+        },
+        "rollout": {"n": 1, "tensor_model_parallel_size": 2, "gpu_memory_utilization": 0.5},
+    },
+    "algorithm": {"adv_estimator": "gae", "use_kl_in_reward": False},
+    "reward_model": {"enable": False},
+    "trainer": {"nnodes": 1, "n_gpus_per_node": 8},
+}
+_ALGORITHMS = {"gae": "ppo", "grpo": "grpo", "rloo": "rloo"}
+_MEGATRON = {
+    "tensor_model_parallel_size": "tp",
+    "pipeline_model_parallel_size": "pp",
+    "context_parallel_size": "cp",
+    "expert_model_parallel_size": "ep",
+}
+
+
+def _overrides(text: str, notes: list[str]) -> list[str]:
+    """The ``key=value`` words of the script's ``main_ppo`` command."""
+    script = read_script(text)
+    notes += script.notes
+    for cmd in script.commands:
+        words = cmd.launcher + cmd.words
+        if _ENTRY in words or any(w.endswith("main_ppo.py") for w in words):
+            return [w.lstrip("+") for w in words if "=" in w and not w.startswith("-")]
+    raise SpecError("SOURCE", "a script", f"no command runs {_ENTRY} (python3 -m {_ENTRY} ...)")
+
+
+def _config(text: str, notes: list[str]) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    base = OmegaConf.create(_DEFAULTS)
+    try:
+        stripped = text.lstrip()
+        if stripped.startswith(("#!", "set ", "python", "export")) or _ENTRY in text:
+            merged = OmegaConf.merge(base, OmegaConf.from_dotlist(_overrides(text, notes)))
+        else:
+            loaded = OmegaConf.create(text)
+            merged = OmegaConf.merge(base, loaded)
+        out = OmegaConf.to_container(merged, resolve=True)
+    except OmegaConfBaseException as err:
+        line = f"OmegaConf refuses it: {err}".split("\n")[0]
+        raise SpecError("SOURCE", "verl config", line) from None
+    if not isinstance(out, dict):
+        raise SpecError("SOURCE", "verl config", "expected a mapping of verl's config groups")
+    return out
+
+
+def _get(cfg: dict[str, Any], dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _model(path: Any, model: str | None) -> dict[str, Any]:
+    """The [model] table: --model (a preset), else the preset the model path's name is."""
+    name = model or (str(path).rstrip("/").rsplit("/", 1)[-1].lower() if path else "")
+    if name not in model_presets():
+        raise SpecError(
+            "--model",
+            model or path,
+            "name the actor's shape with a preset (aihpc presets): "
+            "actor_rollout_ref.model.path is no preset's name",
+        )
+    return {"preset": name}
+
+
+def _parallel(cfg: dict[str, Any], samples: int, notes: list[str]) -> dict[str, Any]:
+    actor = "actor_rollout_ref.actor."
+    mini = int(_get(cfg, actor + "ppo_mini_batch_size"))
+    out: dict[str, Any] = {"global_batch_size": mini * samples}
+    strategy = _get(cfg, actor + "strategy")
+    if strategy == "megatron":
+        for key, name in _MEGATRON.items():
+            value = _get(cfg, f"{actor}megatron.{key}")
+            if value:
+                out[name] = int(value)
+    else:
+        out["zero_stage"] = 3  # FSDP shards parameters, gradients and optimizer state
+        sp = int(_get(cfg, actor + "ulysses_sequence_parallel_size") or 1)
+        if sp > 1:
+            out["cp"] = sp
+            notes.append(f"Ulysses sequence parallel {sp} priced as context parallel {sp}")
+    if _get(cfg, "actor_rollout_ref.model.enable_gradient_checkpointing"):
+        out["recompute"] = "full"
+    return out
+
+
+def import_verl(
+    text: str, model: str | None = None, response_len: int | None = None, gpu: str = "h100-sxm"
+) -> Imported:
+    """verl's config (YAML) or a launch script with Hydra overrides → run spec with [rl]."""
+    notes: list[str] = []
+    cfg = _config(text, notes)
+    adv = _get(cfg, "algorithm.adv_estimator")
+    if adv not in _ALGORITHMS:
+        raise SpecError("algorithm.adv_estimator", adv, "priced: " + " | ".join(_ALGORITHMS))
+    n = int(_get(cfg, "actor_rollout_ref.rollout.n"))
+    prompt = int(_get(cfg, "data.max_prompt_length"))
+    cap = int(_get(cfg, "data.max_response_length"))
+    mean = response_len or max(1, cap // 2)
+    if response_len is None:
+        notes.append(
+            f"mean response length {mean} = half of max_response_length {cap} (a verl config "
+            "does not say it): pass --response-len"
+        )
+    notes.append(f"prompt_len {prompt} = data.max_prompt_length (prompts are at most this)")
+    rollout = "actor_rollout_ref.rollout."
+    rl = {
+        "algorithm": _ALGORITHMS[adv],
+        "prompts_per_step": int(_get(cfg, "data.train_batch_size")),
+        "samples_per_prompt": n,
+        "prompt_len": prompt,
+        "response_len": mean,
+        "max_response_len": cap,
+        "ppo_epochs": int(_get(cfg, "actor_rollout_ref.actor.ppo_epochs")),
+        "kl": bool(
+            _get(cfg, "actor_rollout_ref.actor.use_kl_loss")
+            or _get(cfg, "algorithm.use_kl_in_reward")
+        ),
+        "placement": "colocated",
+        "rollout": {
+            "tp": int(_get(cfg, rollout + "tensor_model_parallel_size")),
+            "gpu_memory_utilization": float(_get(cfg, rollout + "gpu_memory_utilization")),
+        },
+    }
+    unpriced = ["reward_model.enable"] if _get(cfg, "reward_model.enable") else []
+    per_node = int(_get(cfg, "trainer.n_gpus_per_node"))
+    tables = {
+        "model": _model(_get(cfg, "actor_rollout_ref.model.path"), model),
+        "cluster": cluster_table(gpu, int(_get(cfg, "trainer.nnodes")) * per_node, per_node),
+        "parallel": _parallel(cfg, n, notes),
+        "rl": rl,
+    }
+    tables["model"]["seq_length"] = prompt + cap
+    return Imported(FRAMEWORK, tables, unpriced, notes)

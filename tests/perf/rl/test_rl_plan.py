@@ -1,0 +1,104 @@
+"""The [rl] section's rules and the RL step's phases (perf/rl)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from aihpc.perf.rl import estimate_rl
+from aihpc.perf.rl.lengths import response_lengths, schedule
+from aihpc.perf.rl.search import search_rl
+from aihpc.runspec import SpecError, runspec_from_dict
+
+BASE = {
+    "model": {"preset": "qwen3-30b-a3b"},
+    "cluster": {"gpu": "h100-sxm", "num_gpus": 32},
+    "parallel": {"ep": 8, "global_batch_size": 512},
+    "rl": {
+        "prompts_per_step": 64,
+        "samples_per_prompt": 32,
+        "prompt_len": 200,
+        "response_len": 2000,
+        "max_response_len": 3800,
+        "rollout": {"tp": 2},
+    },
+}
+
+
+def _spec(**rl):
+    data = copy.deepcopy(BASE)
+    data["rl"].update(rl)
+    return runspec_from_dict(data)
+
+
+@pytest.mark.parametrize(
+    ("rl", "field"),
+    [
+        ({"staleness": 1}, "rl.staleness"),
+        ({"placement": "disaggregated"}, "rl.rollout_gpus"),
+        ({"placement": "disaggregated", "rollout_gpus": 32}, "rl.rollout_gpus"),
+        ({"placement": "disaggregated", "rollout_gpus": 12}, "rl.rollout_gpus"),
+        ({"samples_per_prompt": 1}, "rl.samples_per_prompt"),
+        ({"max_response_len": 100}, "rl.max_response_len"),
+        ({"reward": "model"}, "rl.reward_model"),
+        ({"algorithm": "dpo"}, "rl.algorithm"),
+        ({"prompts_per_step": 3}, "parallel.global_batch_size"),
+        ({"rollout": {"tp": 3}}, "rl.rollout"),
+        ({"rollout": {"gpu_memory_utilization": 1.5}}, "rl.rollout.gpu_memory_utilization"),
+        ({"bogus": 1}, "rl.bogus"),
+    ],
+)
+def test_bad_rl_names_the_field(rl, field):
+    with pytest.raises(SpecError) as err:
+        _spec(**rl)
+    assert err.value.field == field
+    assert "\n" not in str(err.value)
+
+
+def test_phases_add_up_when_synchronous():
+    est = estimate_rl(_spec())
+    assert est.step_time_s == pytest.approx(sum(est.phases_s.values()))
+    assert est.phases_s["rollout"] > 0 and est.phases_s["update"] > 0
+    assert est.phases_s["old_logprob"] < est.phases_s["update"]  # forward only < fwd + bwd
+
+
+def test_async_step_is_the_slower_pool_plus_sync():
+    est = estimate_rl(_spec(placement="disaggregated", rollout_gpus=16, staleness=1))
+    train = sum(v for k, v in est.phases_s.items() if k not in ("rollout", "weight_sync"))
+    expected = max(est.phases_s["rollout"], train) + est.phases_s["weight_sync"]
+    assert est.step_time_s == pytest.approx(expected)
+    assert est.phases_s["switch"] == 0.0  # nothing to offload: the pools are apart
+
+
+def test_no_kl_drops_the_reference_pass_and_ppo_adds_a_critic():
+    assert estimate_rl(_spec(kl=False)).phases_s["ref_logprob"] == 0.0
+    ppo = estimate_rl(_spec(algorithm="ppo"))
+    assert ppo.phases_s["critic_values"] > 0 and ppo.phases_s["critic_update"] > 0
+
+
+def test_long_tail_costs_more_than_fixed_lengths():
+    tail = estimate_rl(_spec(response_dist="capped_exponential")).rollout
+    flat = estimate_rl(_spec(response_dist="fixed")).rollout
+    assert tail.iterations > flat.iterations
+
+
+def test_lengths_keep_their_mean_and_cap():
+    lengths = response_lengths(4000, 2000, 3800, "capped_exponential")
+    assert lengths.max() <= 3800
+    assert abs(lengths.mean() - 2000) / 2000 < 0.01
+
+
+def test_schedule_counts_every_token_once():
+    lengths = response_lengths(300, 500, 1200, "uniform")
+    for slots in (1, 37, 1000):
+        plan = schedule(lengths, slots)
+        assert plan.running.sum() == lengths.sum()
+        assert plan.running.max() <= slots
+
+
+def test_search_ranks_fitting_layouts_fastest_first():
+    found = search_rl(_spec())
+    steps = [e.step_time_s for e in found.ranked]
+    assert steps and steps == sorted(steps)
+    assert {e.rl.placement for e in found.ranked} == {"colocated", "disaggregated"}
