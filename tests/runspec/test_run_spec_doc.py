@@ -31,7 +31,7 @@ def test_sections_are_the_run_specs_tables() -> None:
     """Every table the loader accepts has a section on the page (and [cluster.gpu_spec])."""
     from aihpc.runspec.runspec import SECTIONS
 
-    assert set(reference.section_fields()) == {*SECTIONS, "gpu_spec"}
+    assert set(reference.section_fields()) == {*SECTIONS, "gpu_spec", "rl.rollout"}
 
 
 @pytest.mark.parametrize(

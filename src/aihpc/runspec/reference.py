@@ -24,7 +24,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from aihpc.runspec import cluster, model, parallel, reliability, runspec, training
+from aihpc.runspec import cluster, model, parallel, reliability, rl, runspec, training
 from aihpc.runspec._table import _allowed_types, _type_name, from_table
 from aihpc.runspec.errors import SpecError
 
@@ -49,6 +49,8 @@ _SPEC_CLASSES = (
     training.TrainingSpec,
     training.CheckpointSpec,
     reliability.ReliabilitySpec,
+    rl.RLSpec,
+    rl.RolloutSpec,
     runspec.RunSpec,
 )
 _BASE_GPU = "h100-sxm"  # the part whose figures the [cluster] and gpu_spec probes start from
@@ -80,6 +82,8 @@ def section_fields() -> dict[str, list[str]]:
         "training": [f.name for f in _init_fields(training.TrainingSpec)],
         "checkpoint": [f.name for f in _init_fields(training.CheckpointSpec)],
         "reliability": [f.name for f in _init_fields(reliability.ReliabilitySpec)],
+        "rl": [f.name for f in _init_fields(rl.RLSpec)],
+        "rl.rollout": [f.name for f in _init_fields(rl.RolloutSpec)],
     }
 
 
@@ -91,6 +95,8 @@ _CLASS = {
     "training": training.TrainingSpec,
     "checkpoint": training.CheckpointSpec,
     "reliability": reliability.ReliabilitySpec,
+    "rl": rl.RLSpec,
+    "rl.rollout": rl.RolloutSpec,
 }
 _SPECIAL_TYPES = {("model", "preset"): str, ("cluster", "gpu"): str, ("cluster", "gpu_spec"): dict}
 _SPECIAL_TYPES[("cluster", "calibration")] = str
@@ -235,6 +241,8 @@ HEADINGS = {
     "training": "`[training]`: numerics, kernels and the trainer's schedule",
     "checkpoint": "`[checkpoint]`: the trainer's checkpoints",
     "reliability": "`[reliability]`: failures and recovery, for the goodput model",
+    "rl": "`[rl]`: an RL post-training step (GRPO, RLOO, PPO; docs/rl.md)",
+    "rl.rollout": "`[rl.rollout]`: the rollout engines' layout",
 }
 
 
