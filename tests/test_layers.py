@@ -19,7 +19,7 @@ SRC = ROOT / "src" / "aihpc"
 def _rule_table() -> tuple[dict[str, set[str]], set[str]]:
     """({package: packages it may import}, packages that never import torch) from the doc."""
     text = (ROOT / "docs" / "architecture.md").read_text()
-    section = text[text.index("## The import rule") :]
+    section = text[text.index("## The import rule") : text.index("## Inside perf")]
     allowed: dict[str, set[str]] = {}
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -184,3 +184,39 @@ def test_the_check_finds_an_import_against_the_rule() -> None:
         "aihpc.runtime.model",
         "aihpc.goodput.ettr",
     ]
+
+
+def _perf_table() -> dict[str, set[str]]:
+    """{perf sub-package: sub-packages it may import} from the doc's "Inside perf" table."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    allowed: dict[str, set[str]] = {}
+    for line in text[text.index("## Inside perf") :].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0].startswith("`"):
+            allowed[cells[0].strip("`")] = set(re.findall(r"`([^`]+)`", cells[1]))
+    return allowed
+
+
+def _perf_part(module: str) -> str:
+    parts = module.split(".")
+    return "perf" if len(parts) == 2 else parts[2]
+
+
+def test_perf_sub_packages_import_only_their_row() -> None:
+    """step/ prices training and is priced by the others; it never imports search, fit or
+    infer, and infer (inference, RL rollout) builds on step only."""
+    allowed = _perf_table()
+    perf = {m for m in MODULES if m.startswith("aihpc.perf")}
+    parts = {_perf_part(m) for m in perf}
+    assert parts == set(allowed), (
+        f"perf parts without a row or rows without one: {parts ^ set(allowed)}"
+    )
+    bad = [
+        f"{m}:{line} imports {t}"
+        for m in sorted(perf)
+        for t, line in _imports(m)
+        if t.startswith("aihpc.perf.")
+        and _perf_part(t) != _perf_part(m)
+        and _perf_part(t) not in allowed[_perf_part(m)]
+    ]
+    assert not bad, "\n".join(bad)

@@ -1,0 +1,292 @@
+"""Kernel times of one serving GPU for one engine step, by kernel class: the layer GEMMs on a
+roofline (weights read at the weight dtype, FLOPs at the part's GEMM efficiency), attention
+over prompts (FLOPs at the fused kernel's efficiency, as training prices it) and over cached
+contexts (KV bytes at HBM bandwidth, or FLOPs where they are larger), the routed experts
+(the experts a step touches, their weights read once), element-wise work, and launches.
+All times in seconds, for one GPU of one pipeline stage, summed over that stage's layers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from aihpc.perf.infer.kv import ServingPlan, kv_elems_per_token_layer, stage_layer_counts
+from aihpc.perf.step.attention_kernels import head_dim_factor, kernel_efficiency
+from aihpc.perf.step.flops import mla_gemms, mla_head_dims, mlp_params
+from aihpc.perf.step.gemm import gemm_efficiency
+from aihpc.perf.step.params import ModelParams
+from aihpc.runspec.calibration import Calibration
+from aihpc.runspec.cluster import GPUSpec
+from aihpc.runspec.model import ModelSpec
+
+__all__ = ["Engine", "Work", "attention_decode_s", "attention_prefill_s", "gemm_s"]
+
+# Kernels a layer launches in one step with fused kernels (norm, QKV, RoPE + cache write,
+# attention, output projection, residual + norm, gate-up, activation, down, residual): the
+# launches a serving engine's CUDA graph still pays as gaps between kernels. An MoE layer adds
+# the router, top-k, permute, the grouped GEMMs' activation and the un-permute.
+KERNELS_PER_LAYER = 10
+KERNELS_PER_MOE_LAYER = 16
+# Rows of a GEMM's M dimension one tensor-core instruction covers: Hopper's wgmma computes 64
+# rows per warpgroup (PTX ISA, "wgmma.mma_async": shape m64nNk16), Ampere's tiles are 64 or 128
+# rows too, so a GEMM of m tokens does the work of ceil(m / 64) x 64 rows. It matters in decode,
+# where m is the batch (m = 200 computes 256 rows); prefill's thousands of rows lose little.
+GEMM_M_TILE = 64
+
+
+@dataclass(frozen=True)
+class Engine:
+    """What prices one GPU: the model, the part, the plan and the model's constants."""
+
+    model: ModelSpec
+    gpu: GPUSpec
+    plan: ServingPlan
+    params: ModelParams
+    calibration: Calibration | None = None
+    act_dtype: str = "bf16"
+
+    @property
+    def precision(self) -> str:
+        """GEMM precision: FP8 weights run FP8 GEMMs (W8A8) where the part has FP8 peaks;
+        int8 / int4 weights are dequantised into 16-bit GEMMs (weight-only formats)."""
+        if self.plan.weight_dtype == "fp8" and self.gpu.fp8_tflops:
+            return "fp8"
+        return "fp16" if self.act_dtype == "fp16" else "bf16"
+
+    @property
+    def act_bytes(self) -> float:
+        return 4.0 if self.act_dtype == "fp32" else 2.0
+
+    @property
+    def hbm_Bps(self) -> float:
+        return self.gpu.hbm_bw_GBps * 1e9 * self.params.hbm_efficiency
+
+    @property
+    def launch_s(self) -> float:
+        """Cost of one kernel: the launch gap on a GPU, the eager op's host time where the host
+        is the device (a CPU runs each op's dispatch before its work)."""
+        if self.gpu.host_is_device:
+            return self.params.host_eager_op_s
+        return self.params.kernel_overhead_s
+
+
+@dataclass(frozen=True)
+class Work:
+    """One engine step on one data-parallel rank: ``prefill_tokens`` new prompt tokens whose
+    queries see ``prefill_keys`` keys each on average (a causal prompt of L: L / 2 executed, the
+    kernel's call length ``prefill_len``), and ``decode_seqs`` sequences each adding one token
+    over a cached context of ``decode_ctx`` tokens."""
+
+    prefill_tokens: float = 0.0
+    prefill_keys: float = 0.0
+    prefill_len: float = 1.0
+    decode_seqs: float = 0.0
+    decode_ctx: float = 0.0
+
+    @property
+    def tokens(self) -> float:
+        return self.prefill_tokens + self.decode_seqs
+
+
+def _padded(e: Engine, m: float) -> float:
+    """Rows the tensor cores compute for ``m`` rows: whole 64-row tiles on a GPU; a CPU host
+    (no tensor-core tiles) computes m."""
+    if e.gpu.host_is_device:
+        return m
+    return math.ceil(m / GEMM_M_TILE) * GEMM_M_TILE
+
+
+def gemm_s(e: Engine, m: float, k: float, n: float, weight_share: float = 1.0) -> float:
+    """(m x k) @ (k x n) with k x n weights, of which ``weight_share`` are read this step (the
+    active experts'): the slower of compute at the part's efficiency for this size and the
+    bytes of weights and activations at HBM bandwidth."""
+    if m <= 0:
+        return 0.0
+    flops = 2.0 * _padded(e, m) * k * n
+    peak = e.gpu.sustained_peak_tflops(e.precision)
+    eff = gemm_efficiency(e.gpu, e.precision, flops / 1e9, e.params, e.calibration, k, peak)
+    compute = flops / (peak * 1e12 * eff)
+    traffic = k * n * weight_share * e.plan.weight_bytes + (m * k + m * n) * e.act_bytes
+    return max(compute, traffic / e.hbm_Bps)
+
+
+def _attention_heads(e: Engine) -> float:
+    return e.model.num_attention_heads / e.plan.tp
+
+
+def _attn_efficiency(e: Engine, keys: float) -> float:
+    best = e.gpu.attention_efficiency("flash")
+    fa2 = e.gpu.attention_efficiency("flash2")
+    fallback = e.params.attention_efficiency
+    best = (best[0] or fallback, best[1] or fallback)
+    fa2 = (fa2[0] or best[0], fa2[1] or best[1])
+    halves = (e.gpu.attention_half_fwd_tokens, e.gpu.attention_half_bwd_tokens)
+    fwd, _ = kernel_efficiency("flash", best, fa2, max(keys, 1.0), e.gpu.attention_tokens, halves)
+    d = mla_head_dims(e.model)[0] if e.model.is_mla else e.model.kv_channels
+    return min(1.0, fwd * head_dim_factor("flash", d)[0])
+
+
+def attention_prefill_s(e: Engine, w: Work) -> float:
+    """One layer's attention over the step's prompt tokens: executed FLOPs (the causal half the
+    kernel computes) at the fused kernel's efficiency for calls of the prompt's length."""
+    if w.prefill_tokens <= 0:
+        return 0.0
+    if e.model.is_mla:
+        dqk, dv = mla_head_dims(e.model)
+        per_key = 2.0 * (dqk + dv)
+    else:
+        per_key = 4.0 * e.model.kv_channels
+    keys = w.prefill_keys
+    if e.model.attention_window is not None and e.model.windowed_layers:
+        windowed = e.model.windowed_layers / e.model.num_layers
+        keys = keys * (1 - windowed) + min(keys, e.model.attention_window) * windowed
+    flops = w.prefill_tokens * keys * per_key * _attention_heads(e)
+    peak = e.gpu.sustained_peak_tflops("bf16")
+    return flops / (peak * 1e12 * _attn_efficiency(e, w.prefill_len))
+
+
+def attention_decode_s(e: Engine, w: Work) -> float:
+    """One layer's attention of the step's decoding sequences over their cached contexts: the
+    KV bytes at HBM bandwidth (FlashDecoding, FlashInfer and FlashMLA kernels are bound there
+    at serving batch sizes), or the FLOPs where they take longer (MLA's absorbed attention,
+    whose 128 heads share one latent, reaches the compute roof first)."""
+    if w.decode_seqs <= 0:
+        return 0.0
+    ctx = w.decode_ctx
+    if e.model.attention_window is not None and e.model.windowed_layers:
+        windowed = e.model.windowed_layers / e.model.num_layers
+        ctx = ctx * (1 - windowed) + min(ctx, e.model.attention_window) * windowed
+    elems = kv_elems_per_token_layer(e.model, e.plan.tp)
+    traffic = w.decode_seqs * ctx * elems * e.plan.kv_bytes
+    if e.model.is_mla:
+        assert e.model.kv_lora_rank is not None and e.model.qk_rope_head_dim is not None
+        per_key = 2.0 * (2 * e.model.kv_lora_rank + e.model.qk_rope_head_dim)
+    else:
+        per_key = 4.0 * e.model.kv_channels
+    flops = w.decode_seqs * ctx * per_key * _attention_heads(e)
+    peak = e.gpu.sustained_peak_tflops("bf16")
+    compute = flops / (peak * 1e12 * _attn_efficiency(e, ctx))
+    return max(traffic / e.hbm_Bps, compute)
+
+
+def attention_gemms_s(e: Engine, m: float) -> float:
+    """The attention projections of one layer for ``m`` tokens: MLA's down projections
+    replicated on every tp rank, the rest split over tp; GQA's QKV and output split over tp."""
+    tp = e.plan.tp
+    if e.model.is_mla:
+        total = 0.0
+        for _, n_in, n_out, split in mla_gemms(e.model):
+            if split == "rep":
+                total += gemm_s(e, m, n_in, n_out)
+            elif split == "col":
+                total += gemm_s(e, m, n_in, n_out / tp)
+            else:
+                total += gemm_s(e, m, n_in / tp, n_out)
+        return total
+    h, d = e.model.hidden_size, e.model.kv_channels
+    q = e.model.num_attention_heads * d
+    kv = 2 * e.model.kv_heads * d
+    return gemm_s(e, m, h, (q + kv) / tp) + gemm_s(e, m, q / tp, h)
+
+
+def ffn_s(e: Engine, m: float, ffn: float, split: float) -> float:
+    """An FFN of width ``ffn`` split ``split`` ways, for ``m`` tokens (gate and up fused)."""
+    h = e.model.hidden_size
+    width_in = 2 * ffn if e.model.ffn_activation == "swiglu" else ffn
+    return gemm_s(e, m, h, width_in / split) + gemm_s(e, m, ffn / split, h)
+
+
+def experts_touched(num_experts: int, top_k: int, tokens: float) -> float:
+    """Expected share of an MoE layer's experts that ``tokens`` route to (uniform routing):
+    1 - (1 - k / E) ** tokens."""
+    if tokens <= 0:
+        return 0.0
+    return 1.0 - (1.0 - top_k / num_experts) ** tokens
+
+
+def routed_experts_s(e: Engine, tokens_per_dp: float) -> float:
+    """The routed experts of one MoE layer on one GPU. The stage's tp x dp GPUs hold every
+    expert once (ep groups of etp); the tokens of all dp ranks reach them, top_k copies each.
+    Weights are read for the experts the step touches; FLOPs are the GPU's share of the
+    copies."""
+    m, p = e.model, e.plan
+    group_tokens = tokens_per_dp * p.dp
+    expert = mlp_params(m, m.expert_ffn_hidden_size)
+    touched = experts_touched(m.num_experts, m.moe_top_k, group_tokens)
+    local = m.num_experts / p.ep
+    copies = group_tokens * m.moe_top_k / p.ep  # routed token copies this GPU's experts take
+    if copies <= 0:
+        return 0.0
+    per_expert = copies / max(local * touched, 1e-9)
+    active = max(local * touched, 1e-9)
+    flops = 2.0 * _padded(e, per_expert) * active * expert / p.etp  # each expert's rows padded
+    peak = e.gpu.sustained_peak_tflops(e.precision)
+    k = m.hidden_size
+    gflop = 2.0 * per_expert * expert / p.etp / 1e9
+    eff = gemm_efficiency(e.gpu, e.precision, gflop, e.params, e.calibration, k, peak)
+    compute = flops / (peak * 1e12 * eff)
+    weights = local * touched * expert / p.etp * p.weight_bytes
+    acts = copies * m.hidden_size * 2 * e.act_bytes
+    return max(compute, (weights + acts) / e.hbm_Bps)
+
+
+def elementwise_s(e: Engine, tokens: float) -> float:
+    """Norms, residual adds, RoPE and the activation of one layer at HBM bandwidth: about 12
+    hidden-sized reads or writes per token and three of the local FFN width."""
+    h = e.model.hidden_size
+    ffn = e.model.expert_ffn_hidden_size if e.model.is_moe else e.model.ffn_hidden_size
+    return tokens * (12 * h + 3 * ffn / e.plan.tp) * e.act_bytes / e.hbm_Bps
+
+
+@dataclass(frozen=True)
+class StageCompute:
+    """Compute of one stage's layers for one step on one GPU, by kernel class, seconds."""
+
+    gemm: float
+    moe: float
+    attention_prefill: float
+    attention_decode: float
+    elementwise: float
+    logits: float
+    launches: float
+
+    @property
+    def total(self) -> float:
+        return (
+            self.gemm
+            + self.moe
+            + self.attention_prefill
+            + self.attention_decode
+            + self.elementwise
+            + self.logits
+            + self.launches
+        )
+
+
+def stage_compute(e: Engine, w: Work, last_stage: bool = True) -> StageCompute:
+    """One step of ``w`` through the largest stage's layers (and the output layer for the
+    sequences that sample a token, on the last stage)."""
+    m, tp = e.model, e.plan.tp
+    dense, moe = stage_layer_counts(m, e.plan.pp)
+    t = w.tokens
+    attn_g = attention_gemms_s(e, t)
+    gemm = dense * (attn_g + ffn_s(e, t, m.ffn_hidden_size, tp)) + moe * attn_g
+    moe_s = 0.0
+    if moe:
+        shared = m.num_shared_experts * m.expert_ffn_hidden_size
+        router = gemm_s(e, t, m.hidden_size, m.num_experts)
+        moe_s = moe * (routed_experts_s(e, t) + router + (ffn_s(e, t, shared, tp) if shared else 0))
+    layers = dense + moe
+    sampled = w.decode_seqs + (w.prefill_tokens / max(w.prefill_len, 1.0))
+    logits = gemm_s(e, sampled, m.hidden_size, m.vocab_size / tp) if last_stage else 0.0
+    kernels = dense * KERNELS_PER_LAYER + moe * KERNELS_PER_MOE_LAYER
+    return StageCompute(
+        gemm=gemm,
+        moe=moe_s,
+        attention_prefill=layers * attention_prefill_s(e, w),
+        attention_decode=layers * attention_decode_s(e, w),
+        elementwise=layers * elementwise_s(e, t),
+        logits=logits,
+        launches=kernels * e.launch_s,
+    )

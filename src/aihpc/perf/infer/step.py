@@ -1,0 +1,94 @@
+"""One engine step on one GPU: compute by kernel class (kernels.py) plus the step's
+communication (comm.py), through a pipeline of ``pp`` stages.
+
+A step of a pipeline-parallel engine runs ``pp`` micro-batches, one per stage at a time (vLLM's
+virtual engines, TensorRT-LLM's in-flight batching over stages): each micro-batch's token
+passes every stage once, so a decode step's cycle is pp stage times of batch / pp sequences and
+pp hops, and each sequence advances one token per cycle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from aihpc.perf.infer.comm import deepep_ll_s, moe_normal_s, pp_hop_s, tp_all_reduce_s
+from aihpc.perf.infer.kernels import Engine, StageCompute, Work, stage_compute
+from aihpc.perf.infer.kv import stage_layer_counts
+from aihpc.runspec.cluster import ClusterSpec
+
+__all__ = ["StepTime", "step_time"]
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One step of one data-parallel rank's batch, seconds, by term (every stage's work and
+    hops included)."""
+
+    compute: StageCompute
+    tp_comm: float
+    ep_comm: float
+    pp_comm: float
+    stages: int = 1  # stage times in the step (pp for a pipeline cycle)
+
+    @property
+    def total(self) -> float:
+        per_stage = self.compute.total + self.tp_comm + self.ep_comm
+        return self.stages * per_stage + self.pp_comm
+
+    def terms(self) -> dict[str, float]:
+        """Seconds per term over the whole step."""
+        c, n = self.compute, self.stages
+        return {
+            "gemm": n * c.gemm,
+            "moe_experts": n * c.moe,
+            "attention_prefill": n * c.attention_prefill,
+            "attention_decode": n * c.attention_decode,
+            "elementwise": n * c.elementwise,
+            "logits": n * c.logits,
+            "launches": n * c.launches,
+            "tp_comm": n * self.tp_comm,
+            "ep_comm": n * self.ep_comm,
+            "pp_comm": self.pp_comm,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {"total_s": self.total, **{f"{k}_s": v for k, v in self.terms().items()}}
+
+
+def _scaled(w: Work, share: float) -> Work:
+    return replace(w, prefill_tokens=w.prefill_tokens * share, decode_seqs=w.decode_seqs * share)
+
+
+def _stage_comm(e: Engine, cluster: ClusterSpec, w: Work) -> tuple[float, float]:
+    """(tp, ep) communication of one stage for one micro-batch ``w``: two all-reduces per layer
+    over tp (after attention and after the FFN); an MoE layer whose experts spread over
+    several data-parallel ranks dispatches and combines its tokens (DeepEP) in place of the
+    second all-reduce; with one data-parallel rank the experts' partial sums join the
+    all-reduce, as vLLM's and SGLang's TP-group expert parallelism does."""
+    m, p = e.model, e.plan
+    dense, moe = stage_layer_counts(m, p.pp)
+    t = w.tokens
+    ar = tp_all_reduce_s(cluster, t * m.hidden_size * e.act_bytes, p.tp, e.params)
+    a2a = 0.0
+    if moe and p.ep > 1 and p.dp > 1:
+        per_rank = t / p.tp  # a tp group's ranks split its tokens for the dispatch
+        price = deepep_ll_s if w.prefill_tokens <= 0 else moe_normal_s
+        dispatch, combine = price(cluster, per_rank, m.hidden_size, m.moe_top_k, p.ep, e.params)
+        return dense * 2 * ar + moe * ar, moe * (dispatch + combine)
+    return (dense + moe) * 2 * ar, a2a
+
+
+def step_time(e: Engine, cluster: ClusterSpec, w: Work) -> StepTime:
+    """One step of ``w`` (one data-parallel rank's work) on this engine."""
+    pp = e.plan.pp
+    if pp == 1:
+        tp_c, ep_c = _stage_comm(e, cluster, w)
+        return StepTime(stage_compute(e, w), tp_c, ep_c, 0.0)
+    micro = _scaled(w, 1.0 / pp)
+    tp_c, ep_c = _stage_comm(e, cluster, micro)
+    # the output layer runs on the last stage only: one stage in pp carries it
+    compute = stage_compute(e, micro)
+    compute = replace(compute, logits=compute.logits / pp)
+    hop = pp_hop_s(cluster, micro.tokens * e.model.hidden_size * e.act_bytes, e.plan.tp, e.params)
+    return StepTime(compute, tp_c, ep_c, pp * hop, stages=pp)

@@ -1,0 +1,157 @@
+"""The inference model against published serving runs (data/serving_runs.toml): each row priced
+on its own published configuration, throughput per GPU predicted against measured.
+
+Targets (issue 38): MAPE <= 15% over the rows, no row beyond 35%.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from aihpc.perf.infer.estimate import estimate_inference
+from aihpc.perf.infer.kv import ServingPlan
+from aihpc.perf.infer.serving import Load, decode_throughput, prefill_throughput, steady_state
+from aihpc.perf.step.params import ModelParams
+from aihpc.runspec.cluster import gpu_from_id
+from aihpc.runspec.errors import SpecError
+from aihpc.runspec.model import model_from_table
+
+__all__ = ["MAPE_TARGET", "MAX_TARGET", "InferenceValidation", "load_rows", "validate_inference"]
+
+MAPE_TARGET = 0.15
+MAX_TARGET = 0.35
+MODES = ("serving", "static", "decode", "prefill")
+
+
+def load_rows(path: str | Path | None = None) -> list[dict[str, Any]]:
+    """The published rows (the project's set, or a TOML file of ``[[row]]`` tables)."""
+    if path is None:
+        text = resources.files("aihpc.perf.infer").joinpath("data/serving_runs.toml").read_text()
+    else:
+        text = Path(path).read_text()
+    rows = tomllib.loads(text).get("row", [])
+    for i, row in enumerate(rows):
+        for key in ("id", "mode", "model", "gpu", "gpus", "measured", "source"):
+            if key not in row:
+                raise SpecError(f"row[{i}].{key}", None, "required in every serving row")
+        if row["mode"] not in MODES:
+            raise SpecError(f"row[{i}].mode", row["mode"], "one of " + ", ".join(MODES))
+    return rows
+
+
+def _plan(row: dict[str, Any]) -> ServingPlan:
+    return ServingPlan(
+        tp=row.get("tp", 1),
+        pp=row.get("pp", 1),
+        dp=row.get("dp", 1),
+        ep=row.get("ep", 1),
+        kv_dtype=row.get("kv_dtype", "bf16"),
+        weight_dtype=row.get("weight_dtype", "bf16"),
+    )
+
+
+def predict_row(row: dict[str, Any], params: ModelParams | None = None) -> float:
+    """Predicted tokens/s per GPU of one row (output tokens; input tokens for prefill)."""
+    model = model_from_table({"preset": row["model"]})
+    gpu = gpu_from_id(row["gpu"])
+    plan = _plan(row)
+    load = Load(
+        prompt_len=row["prompt_len"],
+        output_len=row["output_len"],
+        max_seqs=row.get("max_seqs"),
+        max_batched_tokens=row.get("max_batched_tokens", 8192),
+        prefix_hit=row.get("prefix_hit", 0.0),
+        gpu_memory_utilization=row.get("gpu_memory_utilization", 0.9),
+        kv_free_fraction=row.get("kv_free_fraction"),
+        reserve_full=row.get("scheduler") == "guaranteed_no_evict",
+    )
+    mode = row["mode"]
+    if mode == "serving":
+        return steady_state(model, gpu, plan, load, params).tokens_per_s_per_gpu
+    if mode == "static":
+        est = estimate_inference(
+            model,
+            gpu,
+            batch=row["batch"],
+            prompt_len=row["prompt_len"],
+            output_len=row["output_len"],
+            tp=plan.tp,
+            pp=plan.pp,
+            kv_dtype=plan.kv_dtype,
+            weight_dtype=plan.weight_dtype,
+            params=params,
+        )
+        return est.tokens_per_s_per_gpu
+    if mode == "decode":
+        return decode_throughput(model, gpu, plan, row["batch"], row["prompt_len"], params)[0]
+    return prefill_throughput(model, gpu, plan, load, params)[0]
+
+
+@dataclass(frozen=True)
+class InferenceValidation:
+    rows: list[dict[str, Any]]
+
+    @property
+    def errors(self) -> list[float]:
+        return [abs(r["error"]) for r in self.rows]
+
+    @property
+    def mape(self) -> float:
+        return statistics.fmean(self.errors) if self.rows else 0.0
+
+    @property
+    def worst(self) -> float:
+        return max(self.errors, default=0.0)
+
+    @property
+    def passed(self) -> bool:
+        return self.mape <= MAPE_TARGET and self.worst <= MAX_TARGET
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rows": self.rows,
+            "mape": self.mape,
+            "max_abs_error": self.worst,
+            "targets": {"mape": MAPE_TARGET, "max_abs_error": MAX_TARGET},
+            "passed": self.passed,
+        }
+
+
+def validate_inference(
+    path: str | Path | None = None,
+    *,
+    heldout: bool | None = None,
+    params: ModelParams | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> InferenceValidation:
+    """Every row (``heldout``: True only the held-out ones, False only the others) priced and
+    compared: error = predicted / measured - 1, per GPU."""
+    out = []
+    for row in load_rows(path):
+        if heldout is not None and bool(row.get("heldout")) != heldout:
+            continue
+        if progress is not None:
+            progress(row["id"])
+        measured = row["measured"] / row["gpus"]
+        predicted = predict_row(row, params)
+        out.append(
+            {
+                "id": row["id"],
+                "mode": row["mode"],
+                "model": row["model"],
+                "gpu": row["gpu"],
+                "plan": _plan(row).to_json(),
+                "heldout": bool(row.get("heldout")),
+                "measured_per_gpu": measured,
+                "predicted_per_gpu": predicted,
+                "error": predicted / measured - 1,
+                "source": row["source"],
+            }
+        )
+    return InferenceValidation(out)
