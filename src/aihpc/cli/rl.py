@@ -101,8 +101,8 @@ def estimate_lines(est: Any) -> list[str]:
         lines.append(f"  {name:16s} {value:8.1f}")
     r = est.rollout
     lines.append(
-        f"rollout: {r.engines} engines x {r.slots} slots, {r.iterations} decode iterations, "
-        f"last 10% of them {r.tail_s:.1f} s; KV cache {r.kv_cache_gib:.1f} GiB/GPU"
+        f"rollout: {r.engines} engines x {r.slots} sequences at once, KV cache "
+        f"{r.kv_cache_gib:.1f} GiB/GPU; the last 10% of responses take {r.tail_share:.0%} of it"
     )
     if est.switch_gib:
         lines.append(f"colocated switch: {est.switch_gib:.1f} GiB/GPU to host and back")

@@ -43,10 +43,10 @@ __all__ = [
 # 2024), priced as GRPO; ppo: a critic trained beside the actor and its values computed each step.
 ALGORITHMS = ("grpo", "rloo", "ppo")
 PLACEMENTS = ("colocated", "disaggregated")
-# fixed: every response response_len long; uniform: spread evenly round the mean within
-# [0, max_response_len]; capped_exponential: exponential lengths cut at the cap (the cap holds
-# the tail's mass), its scale chosen so the mean is response_len: RL's long tail.
-RESPONSE_DISTS = ("fixed", "uniform", "capped_exponential")
+# How response lengths spread (perf/infer/rollout.py's LengthDist, every draw cut at the cap):
+# fixed: every response response_len long; uniform: evenly round the mean, within [1, cap];
+# lognormal: RL's long tail, mean response_len and log-space spread response_sigma.
+RESPONSE_DISTS = ("fixed", "uniform", "lognormal")
 # auto: cuda_ipc when colocated, nccl otherwise; cuda_ipc: in place on the same GPUs (verl's
 # hybrid engine, NeMo-RL's colocated refit); nccl: a broadcast from the training ranks to the
 # rollout ranks; storage: written to and read back from the checkpoint file system.
@@ -89,7 +89,8 @@ class RLSpec:
     response_len: int
     max_response_len: int | None = None  # None: response_len (every response as long)
     algorithm: str = "grpo"
-    response_dist: str = "capped_exponential"
+    response_dist: str = "lognormal"
+    response_sigma: float = 0.8  # lognormal's log-space spread
     ppo_epochs: int = 1  # passes of the update over the step's samples
     kl: bool = True  # a KL term to the reference: its log-probs are computed every step
     reference: str | None = None  # a preset; None: the actor's shape
@@ -113,6 +114,8 @@ class RLSpec:
         check_choice("rl.reward", self.reward, ("rule", "model"))
         check_choice("rl.weight_sync", self.weight_sync, WEIGHT_SYNCS)
         check_positive("rl.ppo_epochs", self.ppo_epochs)
+        if not 0 <= self.response_sigma <= 4:
+            raise SpecError("rl.response_sigma", self.response_sigma, "must be in [0, 4]")
         if self.staleness < 0:
             raise SpecError("rl.staleness", self.staleness, "must be an integer >= 0")
         if self.algorithm != "ppo" and self.samples_per_prompt < 2:

@@ -160,10 +160,7 @@ def estimate_rl(
 def _notes(rollout: Rollout, actor: Training, rl: RLSpec) -> list[str]:
     out = []
     if not rollout.fits:
-        out.append(
-            "the rollout engine's weights leave no KV cache within gpu_memory_utilization "
-            f"{rl.rollout.gpu_memory_utilization}: raise it or rl.rollout.tp"
-        )
+        out.append(f"the rollout does not fit: {rollout.why} (raise it or rl.rollout.tp)")
     if not actor.estimate.fits:
         out.append("the training plan does not fit: " + actor.estimate.bottleneck)
     return out
