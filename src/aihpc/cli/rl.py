@@ -118,13 +118,14 @@ def validate_rl_command(as_json: bool, runs: Path | None) -> None:
     """``aihpc validate --rl [--runs CSV]``: predicted vs measured RL steps, MAPE per set."""
     import os
 
-    from aihpc.perf.fit.rl_validate import validate_rl
+    from aihpc.perf.fit.rl_validate import validate_refit, validate_rl
 
     if runs is not None and not os.path.exists(runs):
         raise SpecError("--runs", str(runs), "file not found")
     report = validate_rl(runs)
+    refits = validate_refit() if runs is None else []
     if as_json:
-        print_json(report.to_json())
+        print_json(report.to_json() | {"refit": [r.to_json() for r in refits]})
         return
     typer.echo(f"{'run':30s} {'measured s':>10s} {'predicted s':>11s} {'error':>7s}")
     for r in report.rows:
@@ -134,3 +135,10 @@ def validate_rl_command(as_json: bool, runs: Path | None) -> None:
             f"{which}: MAPE {report.mape(which):.0%}, worst {report.worst(which):.0%} "
             f"({sum(r.set == which for r in report.rows)} runs)"
         )
+    if refits:
+        typer.echo("\nweight sync alone (NeMo-RL's measured refits)")
+        for f in refits:
+            typer.echo(
+                f"{f.id:30s} {f.measured_low_s:4.2f}-{f.measured_high_s:4.2f} s "
+                f"{f.predicted_s:11.2f} {f.error:+7.0%}"
+            )

@@ -94,3 +94,23 @@ def test_search_ranks_fitting_layouts_fastest_first():
     steps = [e.step_time_s for e in found.ranked]
     assert steps and steps == sorted(steps)
     assert {e.rl.placement for e in found.ranked} == {"colocated", "disaggregated"}
+
+
+def test_weight_sync_pays_per_tensor_not_only_bytes():
+    from aihpc.perf.rl.phases import checkpoint_tensors, sync_s
+
+    spec = _spec(placement="disaggregated", rollout_gpus=16)
+    assert spec.rl is not None
+    moe = checkpoint_tensors(spec.model)
+    assert moe > 3 * spec.model.num_experts * spec.model.num_moe_layers  # 3 per expert
+    fast = sync_s(spec.model, spec.cluster, spec.rl, 16)
+    bigger_nic = spec.cluster.__class__(**{**spec.cluster.__dict__, "scale_out_bw_GBps": 1e6})
+    assert 0 < sync_s(spec.model, bigger_nic, spec.rl, 16) < fast  # bytes still cost
+
+
+def test_refit_rows_have_sources_and_a_prediction():
+    from aihpc.perf.fit.rl_validate import validate_refit
+
+    rows = validate_refit()
+    assert len(rows) >= 3
+    assert all(r.source and r.predicted_s > 0 for r in rows)

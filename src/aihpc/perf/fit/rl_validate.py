@@ -17,7 +17,7 @@ from aihpc.perf.rl.step import estimate_rl
 from aihpc.runspec.errors import SpecError
 from aihpc.runspec.runspec import runspec_from_dict
 
-__all__ = ["RLRow", "RLValidation", "rl_runspec", "validate_rl"]
+__all__ = ["RLRow", "RLValidation", "RefitRow", "rl_runspec", "validate_refit", "validate_rl"]
 
 _INTS = (
     "num_gpus",
@@ -37,8 +37,8 @@ _INTS = (
 )
 
 
-def _default_csv() -> Path:
-    return Path(str(resources.files("aihpc.perf.fit") / "data" / "validation" / "rl_runs.csv"))
+def _default_csv(name: str = "rl_runs.csv") -> Path:
+    return Path(str(resources.files("aihpc.perf.fit") / "data" / "validation" / name))
 
 
 def rl_runspec(row: dict[str, str]) -> dict[str, Any]:
@@ -151,3 +151,58 @@ def validate_rl(path: str | Path | None = None, which: str | None = None) -> RLV
             )
         )
     return RLValidation(rows)
+
+
+@dataclass(frozen=True)
+class RefitRow:
+    """One measured weight sync (refit): the training layout to the rollout layout."""
+
+    id: str
+    measured_low_s: float
+    measured_high_s: float
+    predicted_s: float
+    source: str
+
+    @property
+    def error(self) -> float:
+        """Relative distance of the prediction from the measured range (0 inside it)."""
+        if self.predicted_s < self.measured_low_s:
+            return (self.predicted_s - self.measured_low_s) / self.measured_low_s
+        if self.predicted_s > self.measured_high_s:
+            return (self.predicted_s - self.measured_high_s) / self.measured_high_s
+        return 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "error": self.error}
+
+
+def validate_refit() -> list[RefitRow]:
+    """The weight-sync phase alone against NeMo-RL's measured refits (rl_refit.csv)."""
+    from aihpc.perf.rl.phases import sync_s
+
+    with open(_default_csv("rl_refit.csv"), newline="", encoding="utf-8") as f:
+        table = list(csv.DictReader(f))
+    out = []
+    for row in table:
+        train, rollout = int(row["train_gpus"]), int(row["rollout_gpus"])
+        spec = runspec_from_dict(
+            {
+                "model": {"preset": row["model"]},
+                "cluster": {"gpu": row["gpu"], "num_gpus": train + rollout},
+                "parallel": {"global_batch_size": 1},
+                "rl": {
+                    "prompts_per_step": 1,
+                    "samples_per_prompt": 2,
+                    "prompt_len": 1,
+                    "response_len": 1,
+                    "placement": "disaggregated",
+                    "rollout_gpus": rollout,
+                    "rollout": {"tp": int(row["rollout_tp"])},
+                },
+            }
+        )
+        assert spec.rl is not None
+        predicted = sync_s(spec.model, spec.cluster, spec.rl, train)
+        low, high = float(row["measured_low_s"]), float(row["measured_high_s"])
+        out.append(RefitRow(row["id"], low, high, predicted, row["source"]))
+    return out

@@ -93,8 +93,37 @@ def sync_bytes(model: ModelSpec, rl: RLSpec) -> float:
     return num_params(model) * (1.0 if rl.rollout.precision == "fp8" else 2.0)
 
 
-def sync_s(model: ModelSpec, cluster: ClusterSpec, rl: RLSpec, train_gpus: int) -> float:
-    """Seconds to move the updated weights into the rollout engines.
+# Eager host ops one weight tensor costs on its way into a rollout engine: the view of the
+# source shard, the transfer call (a NCCL broadcast / receive or a CUDA-IPC handle), the view
+# the engine's weight loader takes of its own shard and the copy into its parameter; each at
+# ModelParams.host_eager_op_s. vLLM and SGLang load weights one checkpoint-named tensor at a
+# time (a MoE layer's experts are 3 x E tensors), so the count, not only the bytes, matters.
+SYNC_OPS_PER_TENSOR = 4
+
+
+def checkpoint_tensors(model: ModelSpec) -> int:
+    """Tensors of the model as a Hugging Face checkpoint names them (what an engine's weight
+    loader takes one by one): per layer the attention projections (q, k, v, o; MLA's q_a, q_b,
+    kv_a, kv_b, o), two norms, and either the MLP's three or the router and three per routed
+    and shared expert; the embedding, the output layer and the final norm."""
+    attention = 5 if model.is_mla else 4
+    dense = 3
+    moe = 1 + 3 * (model.num_experts + model.num_shared_experts)
+    layers = (model.num_layers - model.num_moe_layers) * (attention + 2 + dense)
+    layers += model.num_moe_layers * (attention + 2 + moe)
+    return layers + 3
+
+
+def sync_s(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    rl: RLSpec,
+    train_gpus: int,
+    params: ModelParams = DEFAULT_PARAMS,
+) -> float:
+    """Seconds to move the updated weights into the rollout engines: the bytes over the fabric
+    below, plus the host cost of handing over each checkpoint tensor (SYNC_OPS_PER_TENSOR eager
+    ops each), which the ranks of an engine pay side by side.
 
     cuda_ipc (colocated): each GPU gathers its engine's shard from the training shards beside it
     over the scale-up fabric (NVLink) where an engine fits in one domain, else the NIC.
@@ -102,6 +131,11 @@ def sync_s(model: ModelSpec, cluster: ClusterSpec, rl: RLSpec, train_gpus: int) 
     training GPUs send every engine a copy, fanned out by a pipelined broadcast: the slower of
     the rollout side's receive and the training side's send.
     storage: the weights written by the training pool and read by every engine."""
+    host = checkpoint_tensors(model) * SYNC_OPS_PER_TENSOR * params.host_eager_op_s
+    return host + _sync_bytes_s(model, cluster, rl, train_gpus)
+
+
+def _sync_bytes_s(model: ModelSpec, cluster: ClusterSpec, rl: RLSpec, train_gpus: int) -> float:
     total = sync_bytes(model, rl)
     r = rl.rollout
     shard = total / r.gpus_per_engine

@@ -133,7 +133,7 @@ def estimate_rl(
     phases["update"] = actor.update_s
     switch, moved = switch_s(actor.estimate, cluster, rl)
     phases["switch"] = switch
-    phases["weight_sync"] = sync_s(spec.model, cluster, rl, train_gpus)
+    phases["weight_sync"] = sync_s(spec.model, cluster, rl, train_gpus, params)
     train_side = sum(phases[k] for k in TRAIN_SIDE)
     if rl.staleness:
         step = max(rollout.time_s, train_side) + phases["weight_sync"]
