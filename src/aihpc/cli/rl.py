@@ -79,7 +79,11 @@ def _load(path: Path) -> Any:
 
 def _layout(est: Any) -> str:
     p = est.plan
-    train = f"train tp{p.tp} pp{p.pp} cp{p.cp} ep{p.ep} dp{p.dp}"
+    train = f"train tp{p.tp} pp{p.pp} cp{p.cp} ep{p.ep} dp{p.dp} zero{p.zero_stage}"
+    if p.recompute != "none":
+        train += f" recompute {p.recompute}"
+    if p.micro_batch_size > 1:
+        train += f" mbs {p.micro_batch_size}"
     if est.rl.placement == "colocated":
         where = f"colocated on {est.num_gpus}"
     else:

@@ -19,7 +19,8 @@ __all__ = ["RLSearch", "search_rl"]
 
 @dataclass(frozen=True)
 class RLSearch:
-    ranked: list[RLEstimate]  # fitting layouts, fastest step first
+    # the fastest training plan of each (placement, rollout pool, rollout tp), fastest first
+    ranked: list[RLEstimate]
     evaluated: int
     refused: int  # layouts that broke a rule or did not fit
 
@@ -59,7 +60,8 @@ def _training_plans(spec: RunSpec, rl: RLSpec, top: int) -> list[ParallelPlan]:
 
 
 def search_rl(spec: RunSpec, top_plans: int = 3) -> RLSearch:
-    """Every placement x rollout tp x the best training plans, priced; fastest first."""
+    """Every placement x rollout tp x the step search's best training plans, priced; the
+    fastest plan of each placement and rollout tp, fastest first."""
     if spec.rl is None:
         raise SpecError("rl", None, "required: an [rl] table (docs/rl.md)")
     ranked, evaluated, refused = [], 0, 0
@@ -84,5 +86,9 @@ def search_rl(spec: RunSpec, top_plans: int = 3) -> RLSearch:
                     ranked.append(est)
                 else:
                     refused += 1
-    ranked.sort(key=lambda e: e.step_time_s)
-    return RLSearch(ranked, evaluated, refused)
+    best: dict[tuple, RLEstimate] = {}
+    for est in ranked:
+        key = (est.rl.placement, est.rollout_gpus, est.rl.rollout.tp)
+        if key not in best or est.step_time_s < best[key].step_time_s:
+            best[key] = est
+    return RLSearch(sorted(best.values(), key=lambda e: e.step_time_s), evaluated, refused)
