@@ -48,3 +48,54 @@ def test_validate_rl_json_reports_each_set():
     assert len(data["rows"]) >= 10
     assert all(r["source"] for r in data["rows"])
     assert set(data["mape"]) == {"dev", "heldout", "all"}
+
+
+BAD = [-1, 0, 3, 2**40, 2**63 - 1, 0.5, 1e308, float("inf"), float("nan"), "abc", "", True]
+
+
+def _value(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float) and v != v:
+        return "nan"
+    if isinstance(v, float) and v in (float("inf"), float("-inf")):
+        return "inf"
+    return json.dumps(v)
+
+
+def test_every_rl_field_and_bad_value_is_an_answer_or_one_line(tmp_path):
+    """Each [rl] / [rl.rollout] field set to wrong kinds and absurd magnitudes: exit 0 or 1
+    with an answer, or exit 2 with one line; never a traceback or a hang."""
+    from dataclasses import fields
+
+    from typer.testing import CliRunner
+
+    from aihpc.cli import app
+    from aihpc.runspec.rl import RLSpec, RolloutSpec
+
+    base = (EXAMPLES / "grpo_qwen3_30b_a3b_64h100.toml").read_text()
+    head, rollout = base.split("[rl.rollout]")
+    runner, path, refused = CliRunner(), tmp_path / "run.toml", 0
+    cases = [("rl", f.name) for f in fields(RLSpec) if f.name != "rollout"]
+    cases += [("rl.rollout", f.name) for f in fields(RolloutSpec)]
+    for section, name in cases:
+        for value in BAD:
+            line = f"{name} = {_value(value)}\n"
+            lines = [x for x in head.splitlines() if not x.startswith(f"{name} =")]
+            text = "\n".join(lines) + "\n"
+            if section == "rl":
+                text += line + "[rl.rollout]" + rollout
+            else:
+                kept = [x for x in rollout.splitlines() if not x.startswith(f"{name} =")]
+                text += "[rl.rollout]" + "\n".join(kept) + "\n" + line
+            path.write_text(text)
+            res = runner.invoke(app, ["rl", "estimate", str(path), "--json"])
+            case = f"[{section}] {name} = {value!r}"
+            assert res.exit_code in (0, 1, 2), f"{case}: exit {res.exit_code}\n{res.output}"
+            if res.exit_code == 2:
+                refused += 1
+                out = res.stderr.strip().splitlines()
+                assert len(out) == 1 and out[0].startswith("error: "), f"{case}: {out}"
+            else:
+                assert json.loads(res.stdout)["step_time_s"] > 0, case
+    assert refused > len(cases) * len(BAD) // 2

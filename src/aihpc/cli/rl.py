@@ -36,8 +36,10 @@ def register(app: typer.Typer) -> None:
         est = estimate_rl(_load(runspec))
         if as_json:
             print_json(est.to_json())
-            return
-        typer.echo("\n".join(estimate_lines(est)))
+        else:
+            typer.echo("\n".join(estimate_lines(est)))
+        if not est.fits:  # as `aihpc estimate`: exit 1, after the answer, when it does not fit
+            raise typer.Exit(1)
 
     @rl_app.command("search")
     @guarded

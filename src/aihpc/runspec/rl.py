@@ -52,6 +52,13 @@ RESPONSE_DISTS = ("fixed", "uniform", "lognormal")
 # rollout ranks; storage: written to and read back from the checkpoint file system.
 WEIGHT_SYNCS = ("auto", "cuda_ipc", "nccl", "storage")
 ROLLOUT_PRECISIONS = ("bf16", "fp8")
+# The planner's range. The largest published steps generate ~10^4 samples (NeMo-RL: 2,048;
+# verl's DAPO: 512 x 16) of up to ~10^5 tokens; published asynchronous runs stay within 8 steps
+# of staleness (NeMo-RL's 8-step off-policy row, AReaL's eta <= 8). Far beyond these the
+# rollout simulation (one event per response) would run for minutes, so they are refused.
+MAX_SAMPLES = 1 << 17
+MAX_TOKENS = 1 << 21
+MAX_STALENESS = 64
 
 
 @dataclass(frozen=True)
@@ -108,6 +115,8 @@ class RLSpec:
             value = getattr(self, f)
             if value < 1:
                 raise SpecError(f"rl.{f}", value, "must be an integer >= 1")
+        if self.max_response_len is not None and self.max_response_len < 1:
+            raise SpecError("rl.max_response_len", self.max_response_len, "must be >= 1")
         check_choice("rl.algorithm", self.algorithm, ALGORITHMS)
         check_choice("rl.response_dist", self.response_dist, RESPONSE_DISTS)
         check_choice("rl.placement", self.placement, PLACEMENTS)
@@ -116,8 +125,19 @@ class RLSpec:
         check_positive("rl.ppo_epochs", self.ppo_epochs)
         if not 0 <= self.response_sigma <= 4:
             raise SpecError("rl.response_sigma", self.response_sigma, "must be in [0, 4]")
-        if self.staleness < 0:
-            raise SpecError("rl.staleness", self.staleness, "must be an integer >= 0")
+        if not 0 <= self.staleness <= MAX_STALENESS:
+            raise SpecError("rl.staleness", self.staleness, f"must be in [0, {MAX_STALENESS}]")
+        if self.samples_per_step > MAX_SAMPLES:
+            raise SpecError(
+                "rl.samples_per_prompt",
+                self.samples_per_prompt,
+                f"prompts_per_step x samples_per_prompt = {self.samples_per_step}: at most "
+                f"{MAX_SAMPLES} samples a step (the planner's range)",
+            )
+        for f in ("prompt_len", "response_len", "max_response_len"):
+            value = getattr(self, f)
+            if value is not None and value > MAX_TOKENS:
+                raise SpecError(f"rl.{f}", value, f"at most {MAX_TOKENS} tokens")
         if self.algorithm != "ppo" and self.samples_per_prompt < 2:
             raise SpecError(
                 "rl.samples_per_prompt",
