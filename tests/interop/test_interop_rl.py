@@ -81,3 +81,46 @@ def test_cli_import_verl_json_and_bad_framework(tmp_path):
     )
     assert bad.returncode == 2
     assert len(bad.stderr.strip().splitlines()) == 1 and "verl" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("data:\n  train_batch_size: ${oc.env:HOME}\n", "SOURCE"),  # no environment read
+        ("- a\n- b\n", "SOURCE"),
+        ("data:\n  train_batch_size: ${nope.nope}\n", "SOURCE"),
+        ("data: [unclosed\n", "SOURCE"),
+        ("data:\n  train_batch_size: abc\n", "data.train_batch_size"),
+        ("data:\n  train_batch_size: 0\n", "data.train_batch_size"),
+        ("algorithm:\n  adv_estimator: remax\n", "algorithm.adv_estimator"),
+        (
+            "python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.n=x\n",
+            "actor_rollout_ref.rollout.n",
+        ),
+        ("python3 train.py --lr 1\n", "SOURCE"),
+    ],
+)
+def test_verl_bad_configs_are_one_line(text, field):
+    with pytest.raises(SpecError) as err:
+        import_verl(text, model="llama3-8b", response_len=100).spec()
+    assert err.value.field == field
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "model", "field"),
+    [
+        ("python3 train.py --rollout-batch-size 8", "llama3-8b", "--rollout-max-response-len"),
+        ("python3 train.py --rollout-max-response-len 8", None, "--model"),
+        ("python3 pretrain_gpt.py --tensor-model-parallel-size 2", "llama3-8b", "SOURCE"),
+        (
+            "python3 train.py --rollout-batch-size x --rollout-max-response-len 8",
+            "llama3-8b",
+            "--rollout-batch-size",
+        ),
+    ],
+)
+def test_slime_bad_scripts_are_one_line(text, model, field):
+    with pytest.raises(SpecError) as err:
+        import_slime(text, model=model).spec()
+    assert err.value.field == field

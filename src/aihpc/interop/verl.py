@@ -40,6 +40,19 @@ _DEFAULTS: dict[str, Any] = {
     "reward_model": {"enable": False},
     "trainer": {"nnodes": 1, "n_gpus_per_node": 8},
 }
+# verl's top-level config groups (ppo_trainer.yaml)
+_GROUPS = (
+    "data",
+    "actor_rollout_ref",
+    "critic",
+    "reward_model",
+    "custom_reward_function",
+    "algorithm",
+    "trainer",
+    "ray_init",
+)
+# OmegaConf's resolvers that read the process's environment (oc.decode could assemble one).
+_ENVIRONMENT = ("oc.env", "oc.decode")
 _ALGORITHMS = {"gae": "ppo", "grpo": "grpo", "rloo": "rloo"}
 _MEGATRON = {
     "tensor_model_parallel_size": "tp",
@@ -61,23 +74,39 @@ def _overrides(text: str, notes: list[str]) -> list[str]:
 
 
 def _config(text: str, notes: list[str]) -> dict[str, Any]:
-    from omegaconf import OmegaConf
+    import yaml
+    from omegaconf import DictConfig, OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    for resolver in _ENVIRONMENT:
+        if resolver in text:
+            raise SpecError(
+                "SOURCE",
+                resolver,
+                "reads the environment, which an import does not (the run spec would depend on "
+                "the shell it was made in): write the value",
+            )
     base = OmegaConf.create(_DEFAULTS)
     try:
-        stripped = text.lstrip()
-        if stripped.startswith(("#!", "set ", "python", "export")) or _ENTRY in text:
+        if _ENTRY in text or "main_ppo.py" in text:
             merged = OmegaConf.merge(base, OmegaConf.from_dotlist(_overrides(text, notes)))
         else:
             loaded = OmegaConf.create(text)
+            if not isinstance(loaded, DictConfig) or not set(loaded) & set(_GROUPS):
+                raise SpecError(
+                    "SOURCE",
+                    "verl config",
+                    "neither verl's config (a YAML of its groups: " + ", ".join(_GROUPS) + ") "
+                    f"nor a script that runs python3 -m {_ENTRY}",
+                )
             merged = OmegaConf.merge(base, loaded)
         out = OmegaConf.to_container(merged, resolve=True)
-    except OmegaConfBaseException as err:
+    except (OmegaConfBaseException, yaml.YAMLError, ValueError) as err:
+        if isinstance(err, SpecError):
+            raise
         line = f"OmegaConf refuses it: {err}".split("\n")[0]
         raise SpecError("SOURCE", "verl config", line) from None
-    if not isinstance(out, dict):
-        raise SpecError("SOURCE", "verl config", "expected a mapping of verl's config groups")
+    assert isinstance(out, dict)
     return out
 
 
@@ -88,6 +117,27 @@ def _get(cfg: dict[str, Any], dotted: str) -> Any:
             return None
         node = node[part]
     return node
+
+
+def _int(cfg: dict[str, Any], dotted: str) -> int:
+    value = _get(cfg, dotted)
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise SpecError(dotted, value, "expected an integer")
+    try:
+        out = int(value)
+    except ValueError:
+        raise SpecError(dotted, value, "expected an integer") from None
+    if out < 1:
+        raise SpecError(dotted, value, "must be >= 1")
+    return out
+
+
+def _float(cfg: dict[str, Any], dotted: str) -> float:
+    value = _get(cfg, dotted)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise SpecError(dotted, value, "expected a number") from None
 
 
 def _model(path: Any, model: str | None) -> dict[str, Any]:
@@ -105,17 +155,16 @@ def _model(path: Any, model: str | None) -> dict[str, Any]:
 
 def _parallel(cfg: dict[str, Any], samples: int, notes: list[str]) -> dict[str, Any]:
     actor = "actor_rollout_ref.actor."
-    mini = int(_get(cfg, actor + "ppo_mini_batch_size"))
+    mini = _int(cfg, actor + "ppo_mini_batch_size")
     out: dict[str, Any] = {"global_batch_size": mini * samples}
     strategy = _get(cfg, actor + "strategy")
     if strategy == "megatron":
         for key, name in _MEGATRON.items():
-            value = _get(cfg, f"{actor}megatron.{key}")
-            if value:
-                out[name] = int(value)
+            if _get(cfg, f"{actor}megatron.{key}") is not None:
+                out[name] = _int(cfg, f"{actor}megatron.{key}")
     else:
         out["zero_stage"] = 3  # FSDP shards parameters, gradients and optimizer state
-        sp = int(_get(cfg, actor + "ulysses_sequence_parallel_size") or 1)
+        sp = _int(cfg, actor + "ulysses_sequence_parallel_size")
         if sp > 1:
             out["cp"] = sp
             notes.append(f"Ulysses sequence parallel {sp} priced as context parallel {sp}")
@@ -133,9 +182,9 @@ def import_verl(
     adv = _get(cfg, "algorithm.adv_estimator")
     if adv not in _ALGORITHMS:
         raise SpecError("algorithm.adv_estimator", adv, "priced: " + " | ".join(_ALGORITHMS))
-    n = int(_get(cfg, "actor_rollout_ref.rollout.n"))
-    prompt = int(_get(cfg, "data.max_prompt_length"))
-    cap = int(_get(cfg, "data.max_response_length"))
+    n = _int(cfg, "actor_rollout_ref.rollout.n")
+    prompt = _int(cfg, "data.max_prompt_length")
+    cap = _int(cfg, "data.max_response_length")
     mean = response_len or max(1, cap // 2)
     if response_len is None:
         notes.append(
@@ -146,27 +195,27 @@ def import_verl(
     rollout = "actor_rollout_ref.rollout."
     rl = {
         "algorithm": _ALGORITHMS[adv],
-        "prompts_per_step": int(_get(cfg, "data.train_batch_size")),
+        "prompts_per_step": _int(cfg, "data.train_batch_size"),
         "samples_per_prompt": n,
         "prompt_len": prompt,
         "response_len": mean,
         "max_response_len": cap,
-        "ppo_epochs": int(_get(cfg, "actor_rollout_ref.actor.ppo_epochs")),
+        "ppo_epochs": _int(cfg, "actor_rollout_ref.actor.ppo_epochs"),
         "kl": bool(
             _get(cfg, "actor_rollout_ref.actor.use_kl_loss")
             or _get(cfg, "algorithm.use_kl_in_reward")
         ),
         "placement": "colocated",
         "rollout": {
-            "tp": int(_get(cfg, rollout + "tensor_model_parallel_size")),
-            "gpu_memory_utilization": float(_get(cfg, rollout + "gpu_memory_utilization")),
+            "tp": _int(cfg, rollout + "tensor_model_parallel_size"),
+            "gpu_memory_utilization": _float(cfg, rollout + "gpu_memory_utilization"),
         },
     }
     unpriced = ["reward_model.enable"] if _get(cfg, "reward_model.enable") else []
-    per_node = int(_get(cfg, "trainer.n_gpus_per_node"))
+    per_node = _int(cfg, "trainer.n_gpus_per_node")
     tables = {
         "model": _model(_get(cfg, "actor_rollout_ref.model.path"), model),
-        "cluster": cluster_table(gpu, int(_get(cfg, "trainer.nnodes")) * per_node, per_node),
+        "cluster": cluster_table(gpu, _int(cfg, "trainer.nnodes") * per_node, per_node),
         "parallel": _parallel(cfg, n, notes),
         "rl": rl,
     }
