@@ -124,3 +124,14 @@ def test_slime_bad_scripts_are_one_line(text, model, field):
     with pytest.raises(SpecError) as err:
         import_slime(text, model=model).spec()
     assert err.value.field == field
+
+
+def test_verl_megatron_config_name_reads_the_megatron_layout():
+    imported = import_verl(
+        (DATA / "verl_megatron_dsv3.sh").read_text(), model="deepseek-v3", response_len=1500
+    )
+    p = imported.tables["parallel"]
+    assert (p["pp"], p["ep"], p["recompute"]) == (16, 16, "full")
+    assert "zero_stage" not in p  # not FSDP
+    assert imported.tables["cluster"]["num_gpus"] == 256
+    assert estimate_rl(imported.spec()).phases_s["update"] > 0

@@ -59,18 +59,33 @@ _MEGATRON = {
     "pipeline_model_parallel_size": "pp",
     "context_parallel_size": "cp",
     "expert_model_parallel_size": "ep",
+    "expert_tensor_parallel_size": "etp",
 }
 
 
 def _overrides(text: str, notes: list[str]) -> list[str]:
-    """The ``key=value`` words of the script's ``main_ppo`` command."""
+    """The ``key=value`` words of the script's ``main_ppo`` command; Hydra's ``--config-name``
+    of verl's Megatron config (ppo_megatron_trainer) sets the actor's strategy to megatron."""
     script = read_script(text)
     notes += script.notes
     for cmd in script.commands:
         words = cmd.launcher + cmd.words
         if _ENTRY in words or any(w.endswith("main_ppo.py") for w in words):
-            return [w.lstrip("+") for w in words if "=" in w and not w.startswith("-")]
+            out = [w.lstrip("+") for w in words if "=" in w and not w.startswith("-")]
+            if "megatron" in _config_name(words):
+                out.insert(0, "actor_rollout_ref.actor.strategy=megatron")
+                notes.append("verl's Megatron config (--config-name): the actor runs Megatron")
+            return out
     raise SpecError("SOURCE", "a script", f"no command runs {_ENTRY} (python3 -m {_ENTRY} ...)")
+
+
+def _config_name(words: list[str]) -> str:
+    for i, w in enumerate(words):
+        if w.startswith("--config-name="):
+            return w.partition("=")[2]
+        if w == "--config-name" and i + 1 < len(words):
+            return words[i + 1]
+    return ""
 
 
 def _config(text: str, notes: list[str]) -> dict[str, Any]:
@@ -168,7 +183,14 @@ def _parallel(cfg: dict[str, Any], samples: int, notes: list[str]) -> dict[str, 
         if sp > 1:
             out["cp"] = sp
             notes.append(f"Ulysses sequence parallel {sp} priced as context parallel {sp}")
-    if _get(cfg, "actor_rollout_ref.model.enable_gradient_checkpointing"):
+    megatron_recompute = _get(
+        cfg, actor + "megatron.override_transformer_config.recompute_granularity"
+    )
+    if strategy == "megatron" and megatron_recompute in ("full", "selective"):
+        out["recompute"] = megatron_recompute
+    elif strategy != "megatron" and _get(
+        cfg, "actor_rollout_ref.model.enable_gradient_checkpointing"
+    ):
         out["recompute"] = "full"
     return out
 
