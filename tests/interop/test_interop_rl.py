@@ -135,3 +135,16 @@ def test_verl_megatron_config_name_reads_the_megatron_layout():
     assert "zero_stage" not in p  # not FSDP
     assert imported.tables["cluster"]["num_gpus"] == 256
     assert estimate_rl(imported.spec()).phases_s["update"] > 0
+
+
+def test_a_comment_inside_an_array_is_no_flag():
+    """slime's scripts comment flags out inside their arrays (# --micro-batch-size 1)."""
+    text = (
+        "PERF=(\n  --tensor-model-parallel-size 2\n  # --micro-batch-size 1\n  #--lr 3\n)\n"
+        "python3 train.py ${PERF[@]} --rollout-batch-size 8 --n-samples-per-prompt 2 "
+        "--rollout-max-response-len 64 --global-batch-size 16 --actor-num-gpus-per-node 2 "
+        "--colocate\n"
+    )
+    imported = import_slime(text, model="tiny-llama")
+    assert imported.tables["parallel"]["tp"] == 2
+    assert "--micro-batch-size" not in imported.unpriced and "--lr" not in imported.unpriced
