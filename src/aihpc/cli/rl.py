@@ -104,11 +104,15 @@ def estimate_lines(est: Any) -> list[str]:
         "phase              seconds",
     ]
     for name, value in est.phases_s.items():
-        lines.append(f"  {name:16s} {value:8.1f}")
+        if value or name in ("rollout", "update"):  # a phase this step has
+            lines.append(f"  {name:16s} {value:8.1f}")
     r = est.rollout
+    tail = (
+        f"; the last 10% of responses take {r.tail_share:.0%} of it" if r.tail_share >= 0.01 else ""
+    )
     lines.append(
         f"rollout: {r.engines} engines x {r.slots} sequences at once, KV cache "
-        f"{r.kv_cache_gib:.1f} GiB/GPU; the last 10% of responses take {r.tail_share:.0%} of it"
+        f"{r.kv_cache_gib:.1f} GiB/GPU{tail}"
     )
     if est.switch_gib:
         lines.append(f"colocated switch: {est.switch_gib:.1f} GiB/GPU to host and back")

@@ -114,3 +114,15 @@ def test_refit_rows_have_sources_and_a_prediction():
     rows = validate_refit()
     assert len(rows) >= 3
     assert all(r.source and r.predicted_s > 0 for r in rows)
+
+
+def test_zero3_forward_passes_gather_the_parameters():
+    data = copy.deepcopy(BASE)
+    data["parallel"] = {"zero_stage": 3, "global_batch_size": 512}
+    zero3 = estimate_rl(runspec_from_dict(data))
+    data["parallel"] = {"zero_stage": 1, "global_batch_size": 512}
+    zero1 = estimate_rl(runspec_from_dict(data))
+    t3, t1 = zero3.actor.estimate.time_s, zero1.actor.estimate.time_s
+    gap3 = zero3.phases_s["old_logprob"] - zero3.actor.forward_steps * t3["compute"] / 3
+    gap1 = zero1.phases_s["old_logprob"] - zero1.actor.forward_steps * t1["compute"] / 3
+    assert gap3 > gap1  # the forward's all-gather is paid under ZeRO-3 only

@@ -6,7 +6,8 @@
 - forward-only passes (old-policy and reference log-probs, a critic's values, a reward model):
   the same plan's forward share of that step: a third of its compute (the forward of the
   forward + backward = 3 x forward FLOPs), half its layer communication (tensor, context,
-  expert and pipeline traffic run both ways in training), no recompute, no gradient reduction,
+  expert and pipeline traffic run both ways in training), under ZeRO-3 a third of its data-
+  parallel traffic (the forward's parameter all-gather), no recompute, no gradient reduction,
   no optimizer;
 - weight sync: the actor's weights from the training layout to the rollout layout;
 - colocated switch: the training state that must leave the GPU while the rollout engine holds
@@ -58,12 +59,15 @@ class Training:
 
 
 def forward_s(e: Estimate) -> float:
-    """One optimizer step's batch through the forward only (log-probs, values, rewards)."""
+    """One optimizer step's batch through the forward only (log-probs, values, rewards). Under
+    ZeRO-3 / FSDP the forward gathers the parameters as training does: one of its three equal
+    collectives (forward all-gather, backward all-gather, gradient reduce-scatter)."""
     t = e.time_s
     compute = max(0.0, t.get("compute", 0.0)) / 3.0
     comm = sum(t.get(k, 0.0) for k in _LAYER_COMM) / 2.0
     bubble = t.get("pipeline_bubble", 0.0) / 3.0
-    return compute + comm + bubble
+    gather = t.get("dp_comm", 0.0) / 3.0 if e.plan.zero_stage == 3 else 0.0
+    return compute + comm + bubble + gather
 
 
 def packed_model(model: ModelSpec, rl: RLSpec, plan: ParallelPlan) -> ModelSpec:
