@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from aihpc.cli import app
 from aihpc.runspec.cluster import GPUSpec
+from aihpc.runspec.inference import InferenceSpec
 from aihpc.runspec.model import ModelSpec
 from aihpc.runspec.parallel import PartialPlan
 from aihpc.runspec.reliability import ReliabilitySpec
@@ -65,7 +66,10 @@ SECTIONS = {
     "checkpoint": _fields(CheckpointSpec),
     "reliability": _fields(ReliabilitySpec),
     "gpu_spec": _fields(GPUSpec),
+    "inference": _fields(InferenceSpec),
 }
+# the command that reads each section (estimate reads the rest)
+COMMANDS = {"reliability": "goodput", "checkpoint": "goodput", "inference": "infer"}
 
 
 def _toml_value(v: object) -> str:
@@ -112,8 +116,7 @@ def test_every_field_and_bad_value_is_an_estimate_or_one_line(tmp_path, section:
             else:
                 doc.setdefault(section, {})[field] = value
             path.write_text(_toml(doc))
-            # goodput reads [reliability] and [checkpoint]; estimate reads the rest
-            command = "goodput" if section in ("reliability", "checkpoint") else "estimate"
+            command = COMMANDS.get(section, "estimate")
             res = runner.invoke(app, [command, str(path), "--json"])
             case = f"{command} [{section}] {field} = {value!r}"
             assert res.exit_code in (0, 1, 2), f"{case}: exit {res.exit_code}\n{res.output}"

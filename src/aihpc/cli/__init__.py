@@ -34,6 +34,7 @@ _AREAS = (
     ("interop", "register"),
     ("launch", "register"),
     ("rl", "register"),
+    ("infer", "register"),
 )
 # The top-level commands each area registers (tests/cli/test_cli_areas.py checks it against
 # the whole tree).
@@ -49,6 +50,7 @@ COMMAND_AREAS: dict[str, tuple[str, str]] = {
     **dict.fromkeys(("import", "export"), _AREAS[8]),
     "launch": _AREAS[9],
     "rl": _AREAS[10],
+    "infer": _AREAS[11],
 }
 
 

@@ -67,6 +67,11 @@ def register(app: typer.Typer) -> None:
         rl: bool = typer.Option(
             False, "--rl", help="The RL steps (NeMo-RL's published runs; docs/rl.md)."
         ),
+        inference: bool = typer.Option(
+            False,
+            "--inference",
+            help="The inference model against published serving runs (docs/inference.md).",
+        ),
     ) -> None:
         """Predicted vs measured tokens/s/GPU and memory on published runs or your own
         (--runs); MAPE per source."""
@@ -74,6 +79,11 @@ def register(app: typer.Typer) -> None:
 
         from aihpc.perf.fit.validate import validate as run_validate
 
+        if rl and inference:
+            raise SpecError("--rl", True, "not with --inference: choose one set of runs")
+        if inference:
+            _validate_inference(json_out, heldout, runs, moe or calibration is not None)
+            return
         if runs_template:
             _print_runs_template(json_out)
             return
@@ -118,6 +128,37 @@ def register(app: typer.Typer) -> None:
         typer.echo(validation_table(report))
         if report.calibration:
             typer.echo(f"\nEvery row priced with the calibration {report.calibration}.")
+
+
+def _validate_inference(json_out: bool, heldout: bool, runs: Path | None, other: bool) -> None:
+    """``validate --inference``: every published serving row (``--heldout``: the held-out
+    ones), or the rows of ``--runs`` (a TOML of ``[[row]]`` tables)."""
+    from aihpc.perf.infer.validate import MAPE_TARGET, MAX_TARGET, validate_inference
+
+    if other:
+        raise SpecError("--inference", True, "not with --moe or --calibration")
+    if runs is not None and not os.path.exists(runs):
+        raise SpecError("--runs", str(runs), "file not found")
+    report = validate_inference(runs, heldout=True if heldout else None)
+    if json_out:
+        print_json(report.to_json())
+        return
+    lines = [
+        "| row | held out | measured tok/s/GPU | predicted | error |",
+        "|---|:---:|---:|---:|---:|",
+    ]
+    for r in report.rows:
+        lines.append(
+            f"| {r['id']} | {'yes' if r['heldout'] else ''} | {r['measured_per_gpu']:,.0f} | "
+            f"{r['predicted_per_gpu']:,.0f} | {r['error']:+.1%} |"
+        )
+    verdict = "met" if report.passed else "NOT met"
+    lines += [
+        "",
+        f"{len(report.rows)} rows: MAPE {report.mape:.1%}, worst {report.worst:.1%} "
+        f"(targets {MAPE_TARGET:.0%} / {MAX_TARGET:.0%}): {verdict}",
+    ]
+    typer.echo("\n".join(lines))
 
 
 def validation_table(report: ValidationReport) -> str:

@@ -24,7 +24,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from aihpc.runspec import cluster, model, parallel, reliability, rl, runspec, training
+from aihpc.runspec import cluster, inference, model, parallel, reliability, rl, runspec, training
 from aihpc.runspec._table import _allowed_types, _type_name, from_table
 from aihpc.runspec.errors import SpecError
 
@@ -51,6 +51,7 @@ _SPEC_CLASSES = (
     reliability.ReliabilitySpec,
     rl.RLSpec,
     rl.RolloutSpec,
+    inference.InferenceSpec,
     runspec.RunSpec,
 )
 _BASE_GPU = "h100-sxm"  # the part whose figures the [cluster] and gpu_spec probes start from
@@ -84,6 +85,7 @@ def section_fields() -> dict[str, list[str]]:
         "reliability": [f.name for f in _init_fields(reliability.ReliabilitySpec)],
         "rl": [f.name for f in _init_fields(rl.RLSpec)],
         "rl.rollout": [f.name for f in _init_fields(rl.RolloutSpec)],
+        "inference": [f.name for f in _init_fields(inference.InferenceSpec)],
     }
 
 
@@ -97,6 +99,7 @@ _CLASS = {
     "reliability": reliability.ReliabilitySpec,
     "rl": rl.RLSpec,
     "rl.rollout": rl.RolloutSpec,
+    "inference": inference.InferenceSpec,
 }
 _SPECIAL_TYPES = {("model", "preset"): str, ("cluster", "gpu"): str, ("cluster", "gpu_spec"): dict}
 _SPECIAL_TYPES[("cluster", "calibration")] = str
@@ -223,8 +226,8 @@ INTRO = """# Run spec reference
 src/aihpc/runspec/data/fields.toml. Do not edit it by hand: tests/runspec/test_run_spec_doc.py fails
 when it differs from what the code generates. -->
 
-A run spec is one TOML file with the tables below; `aihpc estimate`, `search`, `goodput` and
-`train` read it (the shared contract, RUN_SPEC.md, fixes the field names). Examples:
+A run spec is one TOML file with the tables below; `aihpc estimate`, `search`, `goodput`,
+`infer` and `train` read it (the shared contract, RUN_SPEC.md, fixes the field names). Examples:
 [examples/](../examples/). An unknown table or field, a value of the wrong type or outside what is
 allowed is answered with exit code 2 and one line naming the field, the value and what is
 allowed; the *allowed* column quotes that line. *Read by* names the parts of aihpc whose code
@@ -243,6 +246,7 @@ HEADINGS = {
     "reliability": "`[reliability]`: failures and recovery, for the goodput model",
     "rl": "`[rl]`: an RL post-training step (GRPO, RLOO, PPO; docs/rl.md)",
     "rl.rollout": "`[rl.rollout]`: the rollout engines' layout",
+    "inference": "`[inference]`: what `aihpc infer` prices (docs/inference.md)",
 }
 
 

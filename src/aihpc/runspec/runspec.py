@@ -13,6 +13,7 @@ from aihpc.runspec._table import from_table
 from aihpc.runspec.calibration import load_calibration
 from aihpc.runspec.cluster import ClusterSpec, cluster_from_table
 from aihpc.runspec.errors import SpecError
+from aihpc.runspec.inference import InferenceSpec, inference_from_table
 from aihpc.runspec.inputs import parse_toml, read_input
 from aihpc.runspec.model import ModelSpec, model_from_table
 from aihpc.runspec.parallel import ParallelPlan, PartialPlan, partial_from_table, resolve_plan
@@ -22,7 +23,17 @@ from aihpc.runspec.training import COMM_CTA_CAPS, CheckpointSpec, TrainingSpec
 
 __all__ = ["RunSpec", "load_runspec", "runspec_from_dict"]
 
-SECTIONS = ("model", "cluster", "parallel", "training", "checkpoint", "reliability", "rl")
+# [inference] is read by `aihpc infer`; the training commands leave it alone.
+SECTIONS = (
+    "model",
+    "cluster",
+    "parallel",
+    "training",
+    "checkpoint",
+    "reliability",
+    "inference",
+    "rl",  # an RL post-training step, read by `aihpc rl` (docs/rl.md)
+)
 
 
 @dataclass(frozen=True)
@@ -35,6 +46,7 @@ class RunSpec:
     reliability: ReliabilitySpec = field(default_factory=ReliabilitySpec)
     path: str = ""
     rl: RLSpec | None = None  # [rl]: an RL post-training step (perf/rl prices it)
+    inference: InferenceSpec = field(default_factory=InferenceSpec)  # read by aihpc infer
 
     def __post_init__(self) -> None:
         if self.cluster.gpu.p2p_channel_bw_GBps is None:
@@ -104,6 +116,7 @@ def runspec_from_dict(
         reliability=from_table(ReliabilitySpec, _table(data, "reliability"), "reliability"),
         path=path,
         rl=rl_from_table(_table(data, "rl")) if "rl" in data else None,
+        inference=inference_from_table(_table(data, "inference")),
     )
 
 

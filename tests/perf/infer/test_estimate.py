@@ -4,6 +4,8 @@ one SpecError naming the field."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from aihpc.perf.infer import estimate_inference, kv_bytes_per_token
@@ -113,3 +115,20 @@ def test_bad_input_is_one_line_naming_the_field(kw: dict, field: str) -> None:
         est(**kw)
     assert str(err.value).startswith(field)
     assert "\n" not in str(err.value)
+
+
+def test_a_cluster_spec_brings_its_calibration() -> None:
+    from pathlib import Path
+
+    from aihpc.runspec import load_runspec
+
+    root = Path(__file__).resolve().parents[3]
+    spec = load_runspec(root / "examples" / "llama3-70b-calibrated.toml")
+    assert spec.cluster.calibration is not None
+    kw = {"batch": 32, "prompt_len": 1024, "output_len": 128, "tp": 8}
+    calibrated = estimate_inference(spec.model, spec.cluster, **kw)
+    catalog = estimate_inference(spec.model, spec.cluster.gpu, **kw)
+    assert calibrated.prefill_s != catalog.prefill_s  # its measured GEMM table prices them
+    plain = dataclasses.replace(spec.cluster, calibration=None)
+    same = estimate_inference(spec.model, plain, **kw)
+    assert same.prefill_s == pytest.approx(catalog.prefill_s)

@@ -26,7 +26,13 @@ from aihpc.runspec.cluster import ClusterSpec, GPUSpec
 from aihpc.runspec.errors import SpecError
 from aihpc.runspec.model import ModelSpec
 
-__all__ = ["InferenceEstimate", "engine_for", "estimate_inference"]
+__all__ = [
+    "InferenceEstimate",
+    "bottleneck_sentence",
+    "engine_for",
+    "estimate_inference",
+    "weight_read_s",
+]
 
 
 @dataclass(frozen=True)
@@ -109,14 +115,23 @@ def engine_for(
     return engine, cluster
 
 
+def weight_read_s(e: Engine, memory: InferenceMemory) -> float:
+    """One decode step's weight reads at HBM bandwidth: every stage reads its weights once per
+    micro-batch, pp of them per step."""
+    return memory.weights * (1 << 30) / e.hbm_Bps * e.plan.pp
+
+
 def _check_counts(**values: Any) -> None:
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise SpecError(f"inference.{name}", value, "a whole number >= 1")
 
 
-def bottleneck_sentence(decode: StepTime, memory: InferenceMemory, tp: int) -> str:
-    """The decode step's largest term, in one sentence."""
+def bottleneck_sentence(
+    decode: StepTime, memory: InferenceMemory, tp: int, weight_read_s: float | None = None
+) -> str:
+    """The decode step's largest term, in one sentence. ``weight_read_s``: one read of every
+    weight of a step at HBM bandwidth; GEMMs well above it are compute-bound."""
     if not memory.fits:
         return (
             f"memory: the batch's KV cache ({memory.kv_cache:.1f} GiB per GPU) does not fit the "
@@ -136,6 +151,11 @@ def bottleneck_sentence(decode: StepTime, memory: InferenceMemory, tp: int) -> s
     }
     name, value = max(kinds.items(), key=lambda kv: kv[1])
     share = value / decode.total if decode.total else 0.0
+    if name == "weight reads and GEMMs" and weight_read_s and reads > 1.5 * weight_read_s:
+        return (
+            f"decode is bound by GEMM compute ({share:.0%} of a step): the batch already "
+            "amortises the weight reads; FP8 GEMMs or more GPUs per instance"
+        )
     hint = {
         "weight reads and GEMMs": "a larger batch amortises the weights",
         "KV-cache reads (decode attention)": "FP8 KV or shorter contexts read less",
@@ -217,7 +237,7 @@ def estimate_inference(
         tokens_per_s_per_gpu=per_gpu,
         tokens_per_s_per_request=1.0 / decode.total if decode.total > 0 else math.inf,
         memory=memory,
-        bottleneck=bottleneck_sentence(decode, memory, tp),
+        bottleneck=bottleneck_sentence(decode, memory, tp, weight_read_s(e, memory)),
         prefill=prefill,
         decode=decode,
     )

@@ -52,6 +52,8 @@ class Engine:
         int8 / int4 weights are dequantised into 16-bit GEMMs (weight-only formats)."""
         if self.plan.weight_dtype == "fp8" and self.gpu.fp8_tflops:
             return "fp8"
+        # fp32 (a CPU host): priced on the part's 16-bit peak, which `calibrate --local` sets
+        # to the host's best fp32 GEMM rate (its GEMM table is written for both)
         return "fp16" if self.act_dtype == "fp16" else "bf16"
 
     @property

@@ -17,6 +17,7 @@ from typing import Any
 
 from aihpc.perf.step.flops import attention_params, mlp_params
 from aihpc.runspec.errors import SpecError
+from aihpc.runspec.inference import KV_DTYPES, WEIGHT_DTYPES
 from aihpc.runspec.model import ModelSpec
 
 __all__ = [
@@ -29,8 +30,15 @@ __all__ = [
 
 # Bytes per element. int4 weight-only formats (AWQ, GPTQ) keep a 16-bit scale per group of 128
 # weights: 0.5 + 2 / 128.
-DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5 + 2 / 128}
-KV_DTYPES = ("bf16", "fp16", "fp8")
+DTYPE_BYTES = {
+    "bf16": 2.0,
+    "fp16": 2.0,
+    "fp8": 1.0,
+    "int8": 1.0,
+    "int4": 0.5 + 2 / 128,
+    "fp32": 4.0,
+}
+assert set(DTYPE_BYTES) == set(WEIGHT_DTYPES) >= set(KV_DTYPES)
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,9 @@ class ServingPlan:
         if self.weight_dtype not in DTYPE_BYTES:
             allowed = ", ".join(DTYPE_BYTES)
             raise SpecError("inference.weight_dtype", self.weight_dtype, f"one of {allowed}")
+        heads = model.num_attention_heads
+        if heads % self.tp:
+            raise SpecError("inference.tp", self.tp, f"must divide num_attention_heads {heads}")
         if self.ep > 1 and not model.is_moe:
             raise SpecError("inference.ep", self.ep, f"needs an MoE model; {model.name} is dense")
         if (self.tp * self.dp) % self.ep:

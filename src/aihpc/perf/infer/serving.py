@@ -189,6 +189,9 @@ def steady_state(
             f"{memory.usable:.1f} GiB per GPU; use more GPUs (tp, pp, ep) or lower precision",
         )
     memory = _memory(model, cluster, plan, e, load, batch)
+    if limit == "kv_cache" and memory.max_batch < batch:  # the batch's own logits took room
+        batch = memory.max_batch
+        memory = _memory(model, cluster, plan, e, load, batch)
     b = batch / plan.dp
     new = b * isl / osl * (1 - load.prefix_hit)  # computed prompt tokens per step
     keys = isl * load.prefix_hit + isl * (1 - load.prefix_hit) / 2
@@ -253,6 +256,25 @@ def prefill_throughput(
         prefill_keys=isl * hit + isl * (1 - hit) / 2,
         prefill_len=isl,
     )
+    mem = inference_memory(
+        model,
+        cluster.gpu.hbm_gib,
+        plan,
+        e.params,
+        batch=math.ceil(prompts) * plan.dp,
+        seq_len=isl,
+        step_tokens=load.max_batched_tokens,
+        gpu_memory_utilization=load.gpu_memory_utilization,
+        act_bytes=e.act_bytes,
+        kv_free_fraction=load.kv_free_fraction,
+    )
+    if not mem.fits:
+        raise SpecError(
+            "inference.prefill_ep" if model.is_moe else "inference.prefill_tp",
+            plan.ep if model.is_moe else plan.tp,
+            f"the prefill pool's weights ({mem.weights:.1f} GiB per GPU) and one step's prompts "
+            f"do not fit {mem.usable:.1f} GiB per GPU: spread them over more GPUs",
+        )
     step = step_time(e, cluster, work)
     return prompts * isl * plan.dp / step.total / plan.gpus, step
 
