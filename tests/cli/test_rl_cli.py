@@ -99,3 +99,13 @@ def test_every_rl_field_and_bad_value_is_an_answer_or_one_line(tmp_path):
             else:
                 assert json.loads(res.stdout)["step_time_s"] > 0, case
     assert refused > len(cases) * len(BAD) // 2
+
+
+def test_rl_search_writes_its_fastest_layout_as_a_run_spec(tmp_path):
+    out = tmp_path / "best.toml"
+    res = _run("rl", "search", str(EXAMPLES / "grpo_qwen3_30b_a3b_64h100.toml"), "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    first = next(line for line in res.stdout.splitlines() if line.startswith("1. "))
+    step = float(first.split(" step ")[1].split(" s")[0])
+    again = json.loads(_run("rl", "estimate", str(out), "--json").stdout)
+    assert abs(again["step_time_s"] - step) < 0.05  # the file prices as the search did

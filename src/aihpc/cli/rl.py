@@ -46,15 +46,24 @@ def register(app: typer.Typer) -> None:
     def search(
         runspec: Path = _RUNSPEC,
         top: int = typer.Option(5, "--top", help="Layouts to show (>= 1)."),
+        output: Path | None = typer.Option(
+            None, "--output", "-o", help="Write the fastest layout as a run spec (.toml)."
+        ),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
-        """Colocated vs every split of whole nodes, the rollout tp, the best training plans:
-        fastest step first."""
+        """Colocated vs every split of whole nodes, the rollout tp (and ep), the best training
+        plans: fastest step first."""
+        from aihpc._io import check_output_path
         from aihpc.perf.rl.search import search_rl
 
         if top < 1:
             raise SpecError("--top", top, "must be >= 1")
-        found = search_rl(_load(runspec))
+        if output is not None:
+            check_output_path(output, "--output", ".toml")
+        spec = _load(runspec)
+        found = search_rl(spec)
+        if output is not None and found.ranked:
+            write_rl_layout(spec, found.ranked[0], output)
         best = found.ranked[:top]
         if as_json:
             print_json(
@@ -70,6 +79,36 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"{found.evaluated} layouts priced, {found.refused} refused or not fitting")
         for i, est in enumerate(best, 1):
             typer.echo(f"{i}. {_layout(est)}  step {est.step_time_s:.1f} s  ({est.bottleneck})")
+        if output is not None:
+            typer.echo(f"run spec of layout 1 written to {output}")
+
+
+def write_rl_layout(spec: Any, best: Any, path: Path) -> None:
+    """The run spec with ``best``'s [parallel] plan and [rl] placement and engine layout (the
+    original's other tables as they were; comments are not kept)."""
+    import tomllib
+
+    from aihpc._io import write_atomic
+    from aihpc.runspec.tomlw import dumps_toml
+
+    data = tomllib.loads(Path(spec.path).read_text(encoding="utf-8-sig"))
+    data["parallel"] = best.plan.as_dict()
+    rl = dict(data["rl"])
+    rl["placement"] = best.rl.placement
+    rl.pop("rollout_gpus", None)
+    rl.pop("weight_sync", None)  # auto: the placement's own
+    if best.rl.placement == "disaggregated":
+        rl["rollout_gpus"] = best.rollout_gpus
+    rollout = dict(rl.get("rollout", {}))
+    rollout.update(tp=best.rl.rollout.tp, ep=best.rl.rollout.ep)
+    rl["rollout"] = rollout
+    data["rl"] = rl
+    header = (
+        f"Written by `aihpc rl search {spec.path}`: its fastest layout, step "
+        f"{best.step_time_s:.1f} s.\nThe [parallel] table and the [rl] placement and engine "
+        "layout are the search's; every other field is the searched run spec's."
+    )
+    write_atomic(path, dumps_toml(data, header), "--output")
 
 
 def _load(path: Path) -> Any:
@@ -90,7 +129,10 @@ def _layout(est: Any) -> str:
         where = f"colocated on {est.num_gpus}"
     else:
         where = f"disaggregated {est.rollout_gpus} rollout + {est.train_gpus} train"
-    return f"{where}, rollout tp{est.rl.rollout.tp}, {train}"
+    engine = f"rollout tp{est.rl.rollout.tp}" + (
+        f" ep{est.rl.rollout.ep}" if est.rl.rollout.ep > 1 else ""
+    )
+    return f"{where}, {engine}, {train}"
 
 
 def estimate_lines(est: Any) -> list[str]:

@@ -1,5 +1,6 @@
 """The search over an RL step's layouts: placement (colocated, or disaggregated with each split
-of whole nodes between the pools), the rollout engines' tensor parallelism and the training plan
+of whole nodes between the pools), the rollout engines' tensor (and expert) parallelism and the
+training plan
 (the step search's best plans on the training pool, perf/search), each priced by step.py."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ __all__ = ["RLSearch", "search_rl"]
 
 @dataclass(frozen=True)
 class RLSearch:
-    # the fastest training plan of each (placement, rollout pool, rollout tp), fastest first
+    # the fastest training plan of each placement, rollout pool and engine layout, fastest first
     ranked: list[RLEstimate]
     evaluated: int
     refused: int  # layouts that broke a rule or did not fit
@@ -40,13 +41,17 @@ def _splits(spec: RunSpec) -> list[RLSpec]:
     return out
 
 
-def _rollout_tps(spec: RunSpec) -> list[int]:
+def _rollout_layouts(spec: RunSpec) -> list[tuple[int, int]]:
+    """(tp, ep) of a rollout engine inside one NVLink domain: tp powers of two; an MoE model's
+    experts also spread over the engine's GPUs (ep = tp, vLLM's --enable-expert-parallel)."""
     model, cluster = spec.model, spec.cluster
-    tps, tp = [], 1
+    out, tp = [], 1
     while tp <= min(cluster.nvlink_domain, model.num_attention_heads):
-        tps.append(tp)
+        out.append((tp, 1))
+        if model.is_moe and 1 < tp <= model.num_experts:
+            out.append((tp, tp))
         tp *= 2
-    return tps
+    return out
 
 
 def _training_plans(spec: RunSpec, rl: RLSpec, top: int) -> list[ParallelPlan]:
@@ -71,8 +76,8 @@ def search_rl(spec: RunSpec, top_plans: int = 3) -> RLSearch:
         except SpecError:
             refused += 1
             continue
-        for tp in _rollout_tps(spec):
-            rl = replace(placed, rollout=replace(placed.rollout, tp=tp))
+        for tp, ep in _rollout_layouts(spec):
+            rl = replace(placed, rollout=replace(placed.rollout, tp=tp, ep=ep))
             for plan in plans:
                 evaluated += 1
                 try:
@@ -88,7 +93,7 @@ def search_rl(spec: RunSpec, top_plans: int = 3) -> RLSearch:
                     refused += 1
     best: dict[tuple, RLEstimate] = {}
     for est in ranked:
-        key = (est.rl.placement, est.rollout_gpus, est.rl.rollout.tp)
+        key = (est.rl.placement, est.rollout_gpus, est.rl.rollout.tp, est.rl.rollout.ep)
         if key not in best or est.step_time_s < best[key].step_time_s:
             best[key] = est
     return RLSearch(sorted(best.values(), key=lambda e: e.step_time_s), evaluated, refused)
