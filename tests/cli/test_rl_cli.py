@@ -109,3 +109,16 @@ def test_rl_search_writes_its_fastest_layout_as_a_run_spec(tmp_path):
     step = float(first.split(" step ")[1].split(" s")[0])
     again = json.loads(_run("rl", "estimate", str(out), "--json").stdout)
     assert abs(again["step_time_s"] - step) < 0.05  # the file prices as the search did
+
+
+def test_rl_estimate_steps_gives_the_runs_time():
+    out = _run("rl", "estimate", str(EXAMPLES / "grpo_qwen3_30b_a3b_64h100.toml"))
+    one = json.loads(
+        _run(
+            "rl", "estimate", str(EXAMPLES / "grpo_qwen3_30b_a3b_64h100.toml"), "--json",
+            "--steps", "100",
+        ).stdout
+    )  # fmt: skip
+    assert out.returncode == 0
+    assert abs(one["run"]["hours"] - 100 * one["step_time_s"] / 3600) < 1e-9
+    assert one["run"]["gpu_hours"] == one["run"]["hours"] * one["num_gpus"]

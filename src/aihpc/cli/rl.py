@@ -28,16 +28,30 @@ def register(app: typer.Typer) -> None:
     @guarded
     def estimate(
         runspec: Path = _RUNSPEC,
+        steps: int | None = typer.Option(
+            None, "--steps", help="RL steps of the run: its time and GPU-hours (no failures)."
+        ),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
         """One RL step: each phase's seconds, the critical path, tokens/s/GPU, memory."""
         from aihpc.perf.rl import estimate_rl
 
+        if steps is not None and steps < 1:
+            raise SpecError("--steps", steps, "must be >= 1")
         est = estimate_rl(_load(runspec))
+        run = None
+        if steps is not None:
+            hours = steps * est.step_time_s / 3600
+            run = {"steps": steps, "hours": hours, "gpu_hours": hours * est.num_gpus}
         if as_json:
-            print_json(est.to_json())
+            print_json(est.to_json() | ({"run": run} if run else {}))
         else:
             typer.echo("\n".join(estimate_lines(est)))
+            if run:
+                typer.echo(
+                    f"{steps:,} steps: {run['hours']:,.1f} h on {est.num_gpus} GPUs, "
+                    f"{run['gpu_hours']:,.0f} GPU-hours (no failures priced)"
+                )
         if not est.fits:  # as `aihpc estimate`: exit 1, after the answer, when it does not fit
             raise typer.Exit(1)
 
