@@ -23,7 +23,11 @@ def register(app: typer.Typer) -> None:
         no_args_is_help=True,
     )
     app.add_typer(rl_app, name="rl")
+    _register_estimate(rl_app)
+    _register_search(rl_app)
 
+
+def _register_estimate(rl_app: typer.Typer) -> None:
     @rl_app.command("estimate")
     @guarded
     def estimate(
@@ -55,6 +59,8 @@ def register(app: typer.Typer) -> None:
         if not est.fits:  # as `aihpc estimate`: exit 1, after the answer, when it does not fit
             raise typer.Exit(1)
 
+
+def _register_search(rl_app: typer.Typer) -> None:
     @rl_app.command("search")
     @guarded
     def search(
