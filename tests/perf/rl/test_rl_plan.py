@@ -126,3 +126,24 @@ def test_zero3_forward_passes_gather_the_parameters():
     gap3 = zero3.phases_s["old_logprob"] - zero3.actor.forward_steps * t3["compute"] / 3
     gap1 = zero1.phases_s["old_logprob"] - zero1.actor.forward_steps * t1["compute"] / 3
     assert gap3 > gap1  # the forward's all-gather is paid under ZeRO-3 only
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 39's RL targets (MAPE <= 20%, no row beyond 40%) are not met yet: see "
+    "docs/rl.md, Checked against published RL runs",
+)
+def test_rl_targets():
+    from aihpc.perf.fit.rl_validate import validate_rl
+
+    report = validate_rl()
+    assert report.mape() <= 0.20 and report.worst() <= 0.40
+
+
+def test_every_rl_row_names_its_source_and_is_priced():
+    from aihpc.perf.fit.rl_validate import validate_rl
+
+    report = validate_rl()
+    assert len(report.rows) >= 10
+    assert all(r.source and r.predicted_s > 0 for r in report.rows)
+    assert {r.set for r in report.rows} == {"dev", "heldout"}
