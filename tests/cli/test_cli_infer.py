@@ -76,6 +76,17 @@ def test_validate_inference_reports_every_row_with_its_source() -> None:
     assert sum(row["heldout"] for row in out["rows"]) >= 5
     errors = [abs(row["error"]) for row in out["rows"]]
     assert out["mape"] == pytest.approx(sum(errors) / len(errors))
+    assert {row["engine"] for row in out["rows"]} >= {"default", "trtllm-0.5", "deepseek"}
+    noted = [row for row in out["rows"] if row["uncertainty"]]
+    assert noted and all(len(row["uncertainty"]) > 40 for row in noted)
+
+
+def test_validate_inference_prints_each_rows_uncertainty_under_the_table() -> None:
+    r = aihpc("validate", "--inference")
+    assert r.returncode == 0, r.stderr
+    marked = [line for line in r.stdout.splitlines() if line.startswith("| ") and "[1]" in line]
+    assert len(marked) == 1
+    assert any(line.startswith("[1] ") for line in r.stdout.splitlines())
 
 
 @pytest.mark.parametrize(
@@ -103,3 +114,22 @@ def test_a_bad_inference_table_is_refused_at_load(tmp_path: Path) -> None:
     r = aihpc("infer", str(spec))
     assert r.returncode == 2
     assert "inference.mode" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_an_unknown_engine_is_one_line_naming_the_engines(tmp_path: Path) -> None:
+    spec = tmp_path / "engine.toml"
+    spec.write_text(
+        LLAMA.read_text().replace('mode = "serving"', 'mode = "serving"\nengine = "vllm-9"')
+    )
+    r = aihpc("infer", str(spec))
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "inference.engine" in lines[0] and "trtllm-0.5" in lines[0]
+    ok = tmp_path / "old.toml"
+    ok.write_text(
+        LLAMA.read_text().replace('mode = "serving"', 'mode = "serving"\nengine = "trtllm-0.5"')
+    )
+    new = json.loads(aihpc("infer", str(LLAMA), "--json").stdout)
+    old = json.loads(aihpc("infer", str(ok), "--json").stdout)
+    assert old["plan"]["engine"]["name"] == "trtllm-0.5"
+    assert old["tokens_per_s_per_gpu"] < new["tokens_per_s_per_gpu"]  # per-head KV reads

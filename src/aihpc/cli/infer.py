@@ -106,6 +106,8 @@ def _price(spec: RunSpec, cfg: InferenceConfig) -> dict[str, Any]:
             block_size=p.block_size,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             max_batched_tokens=cfg.max_batched_tokens,
+            software=p.software,
+            moe_imbalance=p.moe_imbalance,
         )
         return {**head, **est.to_json()}
     if cfg.mode == "serving":

@@ -147,12 +147,19 @@ def _validate_inference(json_out: bool, heldout: bool, runs: Path | None, other:
         "| row | held out | measured tok/s/GPU | predicted | error |",
         "|---|:---:|---:|---:|---:|",
     ]
+    notes = []
     for r in report.rows:
+        held = {None: "", 1: "yes"}.get(r.get("heldout_set"), f"yes ({r.get('heldout_set')})")
+        mark = ""
+        if r.get("uncertainty"):
+            notes.append(f"[{len(notes) + 1}] {r['id']}: {r['uncertainty']}")
+            mark = f" [{len(notes)}]"
         lines.append(
-            f"| {r['id']} | {'yes' if r['heldout'] else ''} | {r['measured_per_gpu']:,.0f} | "
+            f"| {r['id']}{mark} | {held} | {r['measured_per_gpu']:,.0f} | "
             f"{r['predicted_per_gpu']:,.0f} | {r['error']:+.1%} |"
         )
     verdict = "met" if report.passed else "NOT met"
+    lines += ["", *notes] if notes else []
     lines += [
         "",
         f"{len(report.rows)} rows: MAPE {report.mape:.1%}, worst {report.worst:.1%} "

@@ -65,6 +65,8 @@ class InferenceSpec:
     prefill_ep: int = 1
     tpot_ms: float | None = None
     ttft_ms: float | None = None
+    engine: str = "default"
+    moe_imbalance: float = 1.0
 
     def __post_init__(self) -> None:
         for name in _COUNTS:
@@ -75,6 +77,10 @@ class InferenceSpec:
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and 0 < value <= 1):
                 raise SpecError(f"inference.{name}", value, "a fraction in (0, 1]")
+        if not (math.isfinite(self.moe_imbalance) and self.moe_imbalance >= 1):
+            raise SpecError("inference.moe_imbalance", self.moe_imbalance, "a number >= 1")
+        if not isinstance(self.engine, str):
+            raise SpecError("inference.engine", self.engine, "an engine name (docs/inference.md)")
         if not (math.isfinite(self.prefix_hit) and 0 <= self.prefix_hit < 1):
             raise SpecError("inference.prefix_hit", self.prefix_hit, "a fraction in [0, 1)")
         for name in ("tpot_ms", "ttft_ms"):

@@ -86,7 +86,8 @@ def test_every_published_row_names_its_source_and_no_row_carries_a_constant() ->
         "id", "mode", "model", "gpu", "gpus", "tp", "pp", "dp", "ep", "weight_dtype",
         "kv_dtype", "prompt_len", "output_len", "batch", "max_seqs", "max_batched_tokens",
         "kv_free_fraction", "scheduler", "prefix_hit", "gpu_memory_utilization", "metric",
-        "measured", "source", "heldout",
+        "measured", "source", "heldout", "heldout_set", "engine", "moe_imbalance",
+        "cuda_graphs", "gqa_grouped_decode", "two_batch_overlap", "comm_sms", "uncertainty",
     }  # fmt: skip
     for row in rows:
         assert set(row) <= allowed, set(row) - allowed  # a system's settings, no fudge factor

@@ -1,7 +1,7 @@
 """Communication of a serving step: the tensor-parallel all-reduces (one-shot custom kernels for
 small decode messages, NCCL for large prefill ones), MoE dispatch and combine (DeepEP's
 low-latency kernels for decode, priced from their published latencies; the hierarchical
-normal kernels for prefill, as training prices them), pipeline hops, and the KV transfer of
+normal kernels for prefill at their published bandwidths), pipeline hops, and the KV transfer of
 a disaggregated deployment.
 """
 
@@ -14,13 +14,15 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from aihpc.perf.step.comm import collective_time_s, moe_all_to_all_time_s, p2p_time_s
+from aihpc.perf.step.comm import collective_time_s, p2p_time_s
 from aihpc.perf.step.params import ModelParams
 from aihpc.runspec.cluster import ClusterSpec, GPUSpec
+from aihpc.runspec.model import ModelSpec
 
 __all__ = [
     "deepep_ll_s",
     "kv_transfer_s",
+    "moe_normal_s",
     "pp_hop_s",
     "serving_cluster",
     "tp_all_reduce_s",
@@ -107,20 +109,63 @@ def deepep_ll_s(
     return max(dispatch, floor), max(combine, floor)
 
 
+@cache
+def _normal_table() -> dict[str, Any]:
+    text = resources.files("aihpc.perf.infer").joinpath("data/deepep_normal.toml").read_text()
+    return tomllib.loads(text)
+
+
+def _normal_bandwidth(ep: int, column: int) -> float:
+    """DeepEP's published normal-kernel bottleneck bandwidth at ``ep`` (GB/s), log-linear
+    between the measured internode sizes, the nearest one outside them."""
+    rows = [r for r in _normal_table()["rows"] if r[0] > 8]
+    if ep <= rows[0][0]:
+        return float(rows[0][column])
+    for lo, hi in itertools.pairwise(rows):
+        if lo[0] <= ep <= hi[0]:
+            t = (math.log(ep) - math.log(lo[0])) / (math.log(hi[0]) - math.log(lo[0]))
+            return float(lo[column] + t * (hi[column] - lo[column]))
+    return float(rows[-1][column])
+
+
+def remote_nodes_per_token(model: ModelSpec, nodes: int) -> float:
+    """Nodes other than its own that one token's top-k experts sit on, expected, with experts
+    spread evenly over ``nodes``: uniform routing, or DeepSeek-V3's group-limited routing (the
+    top-k drawn from topk_group of n_group groups, whole groups on a node)."""
+    if nodes <= 1:
+        return 0.0
+    groups, pick = model.moe_router_groups, model.moe_router_group_topk
+    if groups and pick and groups % nodes == 0:
+        per_node = groups // nodes
+        missed = math.comb(groups - per_node, pick) / math.comb(groups, pick)
+    else:
+        missed = (1.0 - 1.0 / nodes) ** model.moe_top_k
+    return (nodes - 1) * (1.0 - missed)
+
+
 def moe_normal_s(
-    cluster: ClusterSpec, tokens: float, hidden: int, top_k: int, ep: int, params: ModelParams
+    cluster: ClusterSpec, tokens: float, model: ModelSpec, ep: int, params: ModelParams
 ) -> tuple[float, float]:
-    """(dispatch, combine) of ``tokens`` prefill tokens per rank with DeepEP's normal
-    (hierarchical) kernels: FP8 dispatch, BF16 combine, priced as training's all-to-all."""
+    """(dispatch, combine) seconds of ``tokens`` prefill tokens per rank with DeepEP's normal
+    kernels at their published bottleneck bandwidth (deepep_normal.toml): inside one node each
+    token's top-k copies cross NVLink; across nodes a token crosses RDMA once per remote node
+    it routes to (then NVLink forwarding), scaled by the NIC against the H800's 50 GB/s. FP8
+    dispatch (a 4-byte scale per 128 values), BF16 combine."""
     if ep <= 1 or tokens <= 0:
         return 0.0, 0.0
-    copies = tokens * top_k * hidden
-    remote = 1.0
-    dispatch = moe_all_to_all_time_s(cluster, copies, tokens * hidden, ep, 1, True, remote, params)
-    combine = moe_all_to_all_time_s(
-        cluster, copies * 2, tokens * hidden * 2, ep, 1, True, remote, params
-    )
-    return dispatch, combine
+    table, hidden = _normal_table(), model.hidden_size
+    per_node = cluster.gpus_per_node
+    if ep <= per_node:
+        intra = table["rows"][0]
+        scale = cluster.scale_up_bw_GBps / table["nvlink_GBps"] * 1e9
+        copies = tokens * model.moe_top_k * (ep - 1) / ep * hidden
+        return copies * (1 + 4 / 128) / (intra[1] * scale), copies * 2.0 / (intra[2] * scale)
+    remote = tokens * remote_nodes_per_token(model, math.ceil(ep / per_node)) * hidden
+    scale = cluster.scale_out_bw_GBps / table["nic_GBps"] * 1e9
+    dispatch = remote * (1 + 4 / 128) / (_normal_bandwidth(ep, 1) * scale)
+    combine = remote * 2.0 / (_normal_bandwidth(ep, 2) * scale)
+    floor = params.scale_out_latency_s
+    return max(dispatch, floor), max(combine, floor)
 
 
 def kv_transfer_s(size_bytes: float, cluster: ClusterSpec, params: ModelParams) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from aihpc.perf.infer.kv import ServingPlan
 from aihpc.perf.infer.serving import Load
+from aihpc.perf.infer.software import software_for
 from aihpc.runspec.inference import InferenceSpec
 
 __all__ = ["prefill_plan_of", "serving_load", "serving_plan"]
@@ -12,7 +13,15 @@ __all__ = ["prefill_plan_of", "serving_load", "serving_plan"]
 
 def serving_plan(spec: InferenceSpec) -> ServingPlan:
     return ServingPlan(
-        spec.tp, spec.pp, spec.dp, spec.ep, spec.kv_dtype, spec.weight_dtype, spec.block_size
+        spec.tp,
+        spec.pp,
+        spec.dp,
+        spec.ep,
+        spec.kv_dtype,
+        spec.weight_dtype,
+        spec.block_size,
+        software_for(spec.engine),
+        spec.moe_imbalance,
     )
 
 
@@ -25,6 +34,8 @@ def prefill_plan_of(spec: InferenceSpec) -> ServingPlan:
         kv_dtype=spec.kv_dtype,
         weight_dtype=spec.weight_dtype,
         block_size=spec.block_size,
+        software=software_for(spec.engine),
+        moe_imbalance=spec.moe_imbalance,
     )
 
 

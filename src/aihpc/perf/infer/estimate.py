@@ -19,6 +19,7 @@ from aihpc.perf.infer.comm import serving_cluster
 from aihpc.perf.infer.kernels import Engine, Work
 from aihpc.perf.infer.kv import ServingPlan
 from aihpc.perf.infer.memory import InferenceMemory, inference_memory
+from aihpc.perf.infer.software import DEFAULT_SOFTWARE, Software
 from aihpc.perf.infer.step import StepTime, step_time
 from aihpc.perf.step.params import DEFAULT_PARAMS, ModelParams
 from aihpc.runspec.calibration import Calibration
@@ -187,12 +188,16 @@ def estimate_inference(
     max_batched_tokens: int = 8192,
     params: ModelParams | None = None,
     calibration: Calibration | None = None,
+    software: Software | None = None,
+    moe_imbalance: float = 1.0,
 ) -> InferenceEstimate:
     """Price ``batch`` sequences (over the whole instance, split evenly over ``dp``) of
     ``prompt_len`` prompt tokens, each generating ``output_len`` tokens, as one static batch:
     one prefill of all prompts, then decode steps at the mean context prompt + output / 2.
     ``max_batched_tokens``: the most tokens one step takes (vLLM's max_num_batched_tokens):
-    it sizes the activation workspace (prompts are prefilled in chunks of it)."""
+    it sizes the activation workspace (prompts are prefilled in chunks of it). ``software``: the
+    engine's facts (software.software_for; a current engine by default); ``moe_imbalance``: the
+    busiest GPU's routed-expert load over the mean."""
     _check_counts(
         batch=batch,
         prompt_len=prompt_len,
@@ -203,7 +208,10 @@ def estimate_inference(
         raise SpecError(
             "inference.gpu_memory_utilization", gpu_memory_utilization, "a fraction in (0, 1]"
         )
-    plan = ServingPlan(tp, pp, dp, ep, kv_dtype, weight_dtype, block_size)
+    plan = ServingPlan(
+        tp, pp, dp, ep, kv_dtype, weight_dtype, block_size, software or DEFAULT_SOFTWARE
+    )
+    plan = dataclasses.replace(plan, moe_imbalance=moe_imbalance)
     e, cluster = engine_for(model, gpu, plan, params, calibration, act_dtype)
     per_dp = batch / dp
     prefill_work = Work(

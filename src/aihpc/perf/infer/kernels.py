@@ -11,7 +11,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from aihpc.perf.infer.kv import ServingPlan, kv_elems_per_token_layer, stage_layer_counts
+from aihpc.perf.infer.kv import (
+    ServingPlan,
+    kv_elems_per_token_layer,
+    kv_heads_per_gpu,
+    stage_layer_counts,
+)
 from aihpc.perf.step.attention_kernels import head_dim_factor, kernel_efficiency
 from aihpc.perf.step.flops import mla_gemms, mla_head_dims, mlp_params
 from aihpc.perf.step.gemm import gemm_efficiency
@@ -148,6 +153,15 @@ def attention_prefill_s(e: Engine, w: Work) -> float:
     return flops / (peak * 1e12 * _attn_efficiency(e, w.prefill_len))
 
 
+def _kv_reads_per_head(e: Engine) -> float:
+    """How many times a decode step reads each cached KV head: once with a grouped-query kernel;
+    once per query head of its group with a kernel that gives every query head its own block
+    (TensorRT-LLM's masked MHA before XQA: data/engines.toml)."""
+    if e.plan.software.gqa_grouped_decode or e.model.is_mla:
+        return 1.0
+    return max(1.0, _attention_heads(e) / kv_heads_per_gpu(e.model, e.plan.tp))
+
+
 def attention_decode_s(e: Engine, w: Work) -> float:
     """One layer's attention of the step's decoding sequences over their cached contexts: the
     KV bytes at HBM bandwidth (FlashDecoding, FlashInfer and FlashMLA kernels are bound there
@@ -160,7 +174,7 @@ def attention_decode_s(e: Engine, w: Work) -> float:
         windowed = e.model.windowed_layers / e.model.num_layers
         ctx = ctx * (1 - windowed) + min(ctx, e.model.attention_window) * windowed
     elems = kv_elems_per_token_layer(e.model, e.plan.tp)
-    traffic = w.decode_seqs * ctx * elems * e.plan.kv_bytes
+    traffic = w.decode_seqs * ctx * elems * e.plan.kv_bytes * _kv_reads_per_head(e)
     if e.model.is_mla:
         assert e.model.kv_lora_rank is not None and e.model.qk_rope_head_dim is not None
         per_key = 2.0 * (2 * e.model.kv_lora_rank + e.model.qk_rope_head_dim)
@@ -211,13 +225,14 @@ def routed_experts_s(e: Engine, tokens_per_dp: float) -> float:
     """The routed experts of one MoE layer on one GPU. The stage's tp x dp GPUs hold every
     expert once (ep groups of etp); the tokens of all dp ranks reach them, top_k copies each.
     Weights are read for the experts the step touches; FLOPs are the GPU's share of the
-    copies."""
+    copies; the busiest GPU takes ``moe_imbalance`` times the mean and sets the step."""
     m, p = e.model, e.plan
     group_tokens = tokens_per_dp * p.dp
     expert = mlp_params(m, m.expert_ffn_hidden_size)
     touched = experts_touched(m.num_experts, m.moe_top_k, group_tokens)
     local = m.num_experts / p.ep
-    copies = group_tokens * m.moe_top_k / p.ep  # routed token copies this GPU's experts take
+    # routed token copies this GPU's experts take (the busiest GPU's)
+    copies = group_tokens * m.moe_top_k / p.ep * p.moe_imbalance
     if copies <= 0:
         return 0.0
     per_expert = copies / max(local * touched, 1e-9)
@@ -231,6 +246,16 @@ def routed_experts_s(e: Engine, tokens_per_dp: float) -> float:
     weights = local * touched * expert / p.etp * p.weight_bytes
     acts = copies * m.hidden_size * 2 * e.act_bytes
     return max(compute, (weights + acts) / e.hbm_Bps)
+
+
+def moe_copy_moves_s(e: Engine, tokens: float) -> float:
+    """One MoE layer's data movement of the routed copies at HBM bandwidth: the top_k copies
+    of each token written into expert order and read by the grouped GEMM, the outputs read back
+    and summed with their weights (the permute / un-permute kernels of vLLM's fused MoE, SGLang's
+    and DeepEP's layouts): four hidden-sized reads or writes per copy, on the busiest GPU."""
+    m, p = e.model, e.plan
+    copies = tokens * p.dp * m.moe_top_k / p.ep * p.moe_imbalance
+    return 4.0 * copies * m.hidden_size * e.act_bytes / p.etp / e.hbm_Bps
 
 
 def elementwise_s(e: Engine, tokens: float) -> float:
@@ -280,6 +305,8 @@ def stage_compute(e: Engine, w: Work, last_stage: bool = True) -> StageCompute:
         router = gemm_s(e, t, m.hidden_size, m.num_experts)
         moe_s = moe * (routed_experts_s(e, t) + router + (ffn_s(e, t, shared, tp) if shared else 0))
     layers = dense + moe
+    if moe:  # the routed copies' permute into expert order and the weighted un-permute
+        moe_s += moe * moe_copy_moves_s(e, t)
     sampled = w.decode_seqs + (w.prefill_tokens / max(w.prefill_len, 1.0))
     logits = gemm_s(e, sampled, m.hidden_size, m.vocab_size / tp) if last_stage else 0.0
     kernels = dense * KERNELS_PER_LAYER + moe * KERNELS_PER_MOE_LAYER

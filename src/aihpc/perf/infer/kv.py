@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from aihpc.perf.infer.software import DEFAULT_SOFTWARE, Software
 from aihpc.perf.step.flops import attention_params, mlp_params
 from aihpc.runspec.errors import SpecError
 from aihpc.runspec.inference import KV_DTYPES, WEIGHT_DTYPES
@@ -52,6 +53,10 @@ class ServingPlan:
     kv_dtype: str = "bf16"
     weight_dtype: str = "bf16"
     block_size: int = 16  # tokens per paged KV block (vLLM's and SGLang's default 16 / 1)
+    software: Software = DEFAULT_SOFTWARE  # the engine's facts (software.py, data/engines.toml)
+    # busiest GPU's routed-expert load over the mean (1: balanced routing, as DeepSeek's profile
+    # and SGLang's "simulated perfect EPLB" runs; a published figure where a run gives one)
+    moe_imbalance: float = 1.0
 
     def check(self, model: ModelSpec) -> None:
         for name in ("tp", "pp", "dp", "ep", "block_size"):
@@ -76,6 +81,8 @@ class ServingPlan:
             )
         if model.is_moe and self.ep > model.num_experts:
             raise SpecError("inference.ep", self.ep, f"at most num_experts {model.num_experts}")
+        if not (math.isfinite(self.moe_imbalance) and self.moe_imbalance >= 1):
+            raise SpecError("inference.moe_imbalance", self.moe_imbalance, "a number >= 1")
         if self.pp > model.num_layers:
             raise SpecError("inference.pp", self.pp, f"at most num_layers {model.num_layers}")
 
@@ -106,6 +113,8 @@ class ServingPlan:
             "kv_dtype": self.kv_dtype,
             "weight_dtype": self.weight_dtype,
             "block_size": self.block_size,
+            "engine": self.software.to_json(),
+            "moe_imbalance": self.moe_imbalance,
         }
 
 

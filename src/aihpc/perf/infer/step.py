@@ -15,6 +15,7 @@ from typing import Any
 from aihpc.perf.infer.comm import deepep_ll_s, moe_normal_s, pp_hop_s, tp_all_reduce_s
 from aihpc.perf.infer.kernels import Engine, StageCompute, Work, stage_compute
 from aihpc.perf.infer.kv import stage_layer_counts
+from aihpc.perf.infer.software import gpu_sms
 from aihpc.runspec.cluster import ClusterSpec
 
 __all__ = ["StepTime", "step_time"]
@@ -30,11 +31,23 @@ class StepTime:
     ep_comm: float
     pp_comm: float
     stages: int = 1  # stage times in the step (pp for a pipeline cycle)
+    # two-batch overlap: the share of the SMs the overlapped all-to-all holds while it runs
+    # (None: communication is added to the step)
+    overlap_sm_share: float | None = None
+
+    @property
+    def stage_s(self) -> float:
+        """One stage's time. Added terms; or, under two-batch overlap, the longer of the
+        communication C and the compute W plus what the SMs the communication holds (a share
+        s of them, for C) would have done: max(C, W + s C)."""
+        comm = self.tp_comm + self.ep_comm
+        if self.overlap_sm_share is None:
+            return self.compute.total + comm
+        return max(comm, self.compute.total + self.overlap_sm_share * comm)
 
     @property
     def total(self) -> float:
-        per_stage = self.compute.total + self.tp_comm + self.ep_comm
-        return self.stages * per_stage + self.pp_comm
+        return self.stages * self.stage_s + self.pp_comm
 
     def terms(self) -> dict[str, float]:
         """Seconds per term over the whole step."""
@@ -53,11 +66,23 @@ class StepTime:
         }
 
     def to_json(self) -> dict[str, Any]:
-        return {"total_s": self.total, **{f"{k}_s": v for k, v in self.terms().items()}}
+        out = {"total_s": self.total, **{f"{k}_s": v for k, v in self.terms().items()}}
+        out["overlap_sm_share"] = self.overlap_sm_share
+        return out
 
 
 def _scaled(w: Work, share: float) -> Work:
     return replace(w, prefill_tokens=w.prefill_tokens * share, decode_seqs=w.decode_seqs * share)
+
+
+def _overlap_share(e: Engine, w: Work) -> float | None:
+    """The SM share of the overlapped communication where a prefill step of an expert-parallel
+    plan runs two micro-batches (software.two_batch_overlap), else None."""
+    sw, p = e.plan.software, e.plan
+    if not (sw.two_batch_overlap and w.prefill_tokens > 0 and p.ep > 1 and p.dp > 1):
+        return None
+    sms = gpu_sms(e.gpu.id)
+    return min(sw.comm_sms / sms, 1.0) if sms else 0.0
 
 
 def _stage_comm(e: Engine, cluster: ClusterSpec, w: Work) -> tuple[float, float]:
@@ -73,9 +98,14 @@ def _stage_comm(e: Engine, cluster: ClusterSpec, w: Work) -> tuple[float, float]
     a2a = 0.0
     if moe and p.ep > 1 and p.dp > 1:
         per_rank = t / p.tp  # a tp group's ranks split its tokens for the dispatch
-        price = deepep_ll_s if w.prefill_tokens <= 0 else moe_normal_s
-        dispatch, combine = price(cluster, per_rank, m.hidden_size, m.moe_top_k, p.ep, e.params)
-        return dense * 2 * ar + moe * ar, moe * (dispatch + combine)
+        if w.prefill_tokens <= 0:
+            dispatch, combine = deepep_ll_s(
+                cluster, per_rank, m.hidden_size, m.moe_top_k, p.ep, e.params
+            )
+        else:
+            dispatch, combine = moe_normal_s(cluster, per_rank, m, p.ep, e.params)
+        # the busiest GPU receives moe_imbalance times the mean copies and returns them
+        return dense * 2 * ar + moe * ar, moe * (dispatch + combine) * p.moe_imbalance
     return (dense + moe) * 2 * ar, a2a
 
 
@@ -84,11 +114,11 @@ def step_time(e: Engine, cluster: ClusterSpec, w: Work) -> StepTime:
     pp = e.plan.pp
     if pp == 1:
         tp_c, ep_c = _stage_comm(e, cluster, w)
-        return StepTime(stage_compute(e, w), tp_c, ep_c, 0.0)
+        return StepTime(stage_compute(e, w), tp_c, ep_c, 0.0, 1, _overlap_share(e, w))
     micro = _scaled(w, 1.0 / pp)
     tp_c, ep_c = _stage_comm(e, cluster, micro)
     # the output layer runs on the last stage only: one stage in pp carries it
     compute = stage_compute(e, micro)
     compute = replace(compute, logits=compute.logits / pp)
     hop = pp_hop_s(cluster, micro.tokens * e.model.hidden_size * e.act_bytes, e.plan.tp, e.params)
-    return StepTime(compute, tp_c, ep_c, pp * hop, stages=pp)
+    return StepTime(compute, tp_c, ep_c, pp * hop, pp, _overlap_share(e, micro))

@@ -17,6 +17,7 @@ from typing import Any
 from aihpc.perf.infer.estimate import estimate_inference
 from aihpc.perf.infer.kv import ServingPlan
 from aihpc.perf.infer.serving import Load, decode_throughput, prefill_throughput, steady_state
+from aihpc.perf.infer.software import SOFTWARE_FACTS, software_for
 from aihpc.perf.step.params import ModelParams
 from aihpc.runspec.cluster import gpu_from_id
 from aihpc.runspec.errors import SpecError
@@ -46,6 +47,9 @@ def load_rows(path: str | Path | None = None) -> list[dict[str, Any]]:
 
 
 def _plan(row: dict[str, Any]) -> ServingPlan:
+    """A row's plan: its parallelism and dtypes, its engine's software facts (a row may override
+    one with its run's published flag) and its published expert-load imbalance."""
+    overrides = {k: row[k] for k in SOFTWARE_FACTS if k in row}
     return ServingPlan(
         tp=row.get("tp", 1),
         pp=row.get("pp", 1),
@@ -53,6 +57,8 @@ def _plan(row: dict[str, Any]) -> ServingPlan:
         ep=row.get("ep", 1),
         kv_dtype=row.get("kv_dtype", "bf16"),
         weight_dtype=row.get("weight_dtype", "bf16"),
+        software=software_for(row.get("engine", "default"), **overrides),
+        moe_imbalance=row.get("moe_imbalance", 1.0),
     )
 
 
@@ -86,6 +92,7 @@ def predict_row(row: dict[str, Any], params: ModelParams | None = None) -> float
             kv_dtype=plan.kv_dtype,
             weight_dtype=plan.weight_dtype,
             params=params,
+            software=plan.software,
         )
         return est.tokens_per_s_per_gpu
     if mode == "decode":
@@ -148,6 +155,9 @@ def validate_inference(
                 "gpu": row["gpu"],
                 "plan": _plan(row).to_json(),
                 "heldout": bool(row.get("heldout")),
+                "heldout_set": row.get("heldout_set", 1) if row.get("heldout") else None,
+                "engine": row.get("engine", "default"),
+                "uncertainty": row.get("uncertainty"),
                 "measured_per_gpu": measured,
                 "predicted_per_gpu": predicted,
                 "error": predicted / measured - 1,
