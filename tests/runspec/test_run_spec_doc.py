@@ -32,7 +32,7 @@ def test_sections_are_the_run_specs_tables() -> None:
     [model.vision])."""
     from aihpc.runspec.runspec import SECTIONS
 
-    assert set(reference.section_fields()) == {*SECTIONS, "gpu_spec", "vision"}
+    assert set(reference.section_fields()) == {*SECTIONS, "gpu_spec", "vision", "rl.rollout"}
 
 
 @pytest.mark.parametrize(

@@ -33,6 +33,7 @@ _AREAS = (
     ("observe", "register"),
     ("interop", "register"),
     ("launch", "register"),
+    ("rl", "register"),
     ("infer", "register"),
 )
 # The top-level commands each area registers (tests/cli/test_cli_areas.py checks it against
@@ -48,7 +49,8 @@ COMMAND_AREAS: dict[str, tuple[str, str]] = {
     **dict.fromkeys(("doctor", "check", "dashboard"), _AREAS[7]),
     **dict.fromkeys(("import", "export"), _AREAS[8]),
     "launch": _AREAS[9],
-    "infer": _AREAS[10],
+    "rl": _AREAS[10],
+    "infer": _AREAS[11],
 }
 
 

@@ -69,18 +69,46 @@ def _register_import(app: typer.Typer) -> None:
         ),
         output: Path | None = typer.Option(None, "-o", "--output", help="Write the run spec here."),
         as_json: bool = typer.Option(False, "--json", help="Print tables and warnings as JSON."),
+        response_len: int | None = typer.Option(
+            None,
+            "--response-len",
+            help="verl, slime: mean response tokens (default: half the cap).",
+        ),
     ) -> None:
         """Read a Megatron-LM, torchtitan or DeepSpeed config (or a Hugging Face config.json) as
         a run spec: every field aihpc prices is carried, the framework's defaults applied; the
         rest is named in a warning."""
+        if framework in RL_FRAMEWORKS:
+            imported = _import_rl(framework, source, model, gpu, response_len)
+            imported.spec()
+            _report_import(imported, source, output, as_json)
+            return
         if framework not in FRAMEWORKS:
-            raise SpecError("FRAMEWORK", framework, "allowed: " + " | ".join(FRAMEWORKS))
+            allowed = (*FRAMEWORKS, *RL_FRAMEWORKS)
+            raise SpecError("FRAMEWORK", framework, "allowed: " + " | ".join(allowed))
         cluster = {"gpu": gpu, "num_gpus": num_gpus, "gpus_per_node": gpus_per_node}
         options = {"vocab_size": vocab_size, "seq_length": seq_length}
         options["global_batch_size"] = global_batch_size
         imported = _import(framework, source, model, cluster, options)
         imported.spec()  # validated: SpecError names the field
         _report_import(imported, source, output, as_json)
+
+
+RL_FRAMEWORKS = ("verl", "slime")
+
+
+def _import_rl(
+    framework: str, source: Path, model: str | None, gpu: str, response_len: int | None
+) -> Any:
+    """verl's config (YAML, or a script of Hydra overrides) or slime's launch script."""
+    text = _read(source, "SOURCE")
+    if framework == "verl":
+        from aihpc.interop.verl import import_verl
+
+        return import_verl(text, model=model, response_len=response_len, gpu=gpu)
+    from aihpc.interop.slime import import_slime
+
+    return import_slime(text, model=model, response_len=response_len, gpu=gpu)
 
 
 def _import(framework: str, source: Path, model: str | None, cluster: dict, options: dict) -> Any:

@@ -64,6 +64,9 @@ def register(app: typer.Typer) -> None:
         ),
         calibration: Path | None = VALIDATE_CALIBRATION,
         runs_template: bool = RUNS_TEMPLATE,
+        rl: bool = typer.Option(
+            False, "--rl", help="The RL steps (NeMo-RL's published runs; docs/rl.md)."
+        ),
         inference: bool = typer.Option(
             False,
             "--inference",
@@ -79,6 +82,11 @@ def register(app: typer.Typer) -> None:
 
         from aihpc.perf.fit.validate import validate as run_validate
 
+        chosen = [
+            name for name, on in (("--inference", inference), ("--vlm", vlm), ("--rl", rl)) if on
+        ]
+        if len(chosen) > 1:
+            raise SpecError(chosen[-1], True, f"not with {chosen[0]}: choose one set of runs")
         if inference:
             _validate_inference(json_out, heldout, runs, moe or vlm or calibration is not None)
             return
@@ -87,6 +95,11 @@ def register(app: typer.Typer) -> None:
             return
         if vlm:
             _validate_vlm(runs, memory, heldout, moe, calibration, json_out)
+            return
+        if rl:
+            from aihpc.cli.rl import validate_rl_command
+
+            validate_rl_command(json_out, runs)
             return
         cal = None
         if calibration is not None:

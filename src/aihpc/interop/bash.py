@@ -336,7 +336,9 @@ class _Walker(Branches):
 
     def assign_value(self, name: str, value: Node | None, append: bool) -> None:
         if value is not None and value.type == "array":
-            items = [w for c in value.named_children for w in self.fields(c)]
+            # a comment inside ( ... ) is no element (slime's scripts comment flags out there)
+            kids = [c for c in value.named_children if c.type != "comment"]
+            items = [w for c in kids for w in self.fields(c)]
             old = self.arrays.get(name, [self.scalars[name]] if name in self.scalars else [])
             self.arrays[name] = self.bounded(name, (old if append else []) + items)
             self.scalars.pop(name, None)

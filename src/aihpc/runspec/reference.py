@@ -30,6 +30,7 @@ from aihpc.runspec import (
     model,
     parallel,
     reliability,
+    rl,
     runspec,
     training,
     vision,
@@ -58,6 +59,8 @@ _SPEC_CLASSES = (
     training.TrainingSpec,
     training.CheckpointSpec,
     reliability.ReliabilitySpec,
+    rl.RLSpec,
+    rl.RolloutSpec,
     inference.InferenceSpec,
     runspec.RunSpec,
     vision.VisionSpec,
@@ -93,6 +96,8 @@ def section_fields() -> dict[str, list[str]]:
         "training": [f.name for f in _init_fields(training.TrainingSpec)],
         "checkpoint": [f.name for f in _init_fields(training.CheckpointSpec)],
         "reliability": [f.name for f in _init_fields(reliability.ReliabilitySpec)],
+        "rl": [f.name for f in _init_fields(rl.RLSpec)],
+        "rl.rollout": [f.name for f in _init_fields(rl.RolloutSpec)],
         "inference": [f.name for f in _init_fields(inference.InferenceSpec)],
         "multimodal": [f.name for f in _init_fields(vision.MultimodalSpec)],
     }
@@ -106,6 +111,8 @@ _CLASS = {
     "training": training.TrainingSpec,
     "checkpoint": training.CheckpointSpec,
     "reliability": reliability.ReliabilitySpec,
+    "rl": rl.RLSpec,
+    "rl.rollout": rl.RolloutSpec,
     "inference": inference.InferenceSpec,
     "vision": vision.VisionSpec,
     "multimodal": vision.MultimodalSpec,
@@ -265,6 +272,8 @@ HEADINGS = {
     "training": "`[training]`: numerics, kernels and the trainer's schedule",
     "checkpoint": "`[checkpoint]`: the trainer's checkpoints",
     "reliability": "`[reliability]`: failures and recovery, for the goodput model",
+    "rl": "`[rl]`: an RL post-training step (GRPO, RLOO, PPO; docs/rl.md)",
+    "rl.rollout": "`[rl.rollout]`: the rollout engines' layout",
     "inference": "`[inference]`: what `aihpc infer` prices (docs/inference.md)",
 }
 

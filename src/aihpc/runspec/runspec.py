@@ -5,7 +5,7 @@ Both engines read it: ``aihpc.perf`` (estimate, search, goodput) and ``aihpc.run
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from aihpc.runspec.inputs import parse_toml, read_input
 from aihpc.runspec.model import ModelSpec, model_from_table
 from aihpc.runspec.parallel import ParallelPlan, PartialPlan, partial_from_table, resolve_plan
 from aihpc.runspec.reliability import ReliabilitySpec
+from aihpc.runspec.rl import RLSpec, rl_from_table
 from aihpc.runspec.training import COMM_CTA_CAPS, CheckpointSpec, TrainingSpec
 from aihpc.runspec.vision import MultimodalSpec, VisionSpec, multimodal_from_table, split_vision
 
@@ -33,6 +34,7 @@ SECTIONS = (
     "reliability",
     "inference",
     "multimodal",
+    "rl",  # an RL post-training step, read by `aihpc rl` (docs/rl.md)
 )
 
 
@@ -45,6 +47,7 @@ class RunSpec:
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     reliability: ReliabilitySpec = field(default_factory=ReliabilitySpec)
     path: str = ""
+    rl: RLSpec | None = None  # [rl]: an RL post-training step (perf/rl prices it)
     inference: InferenceSpec = field(default_factory=InferenceSpec)  # read by aihpc infer
     # A vision-language model's encoder + projector ([model.vision]) and its data fact
     # ([multimodal]); None for a text-only model (docs/multimodal.md)
@@ -62,10 +65,21 @@ class RunSpec:
                         "channel moves over its scale-up links): set it in [cluster.gpu_spec], "
                         "or use 0",
                     )
+        if self.rl is not None:
+            self.rl.check_cluster(
+                self.cluster.num_gpus, self.cluster.gpus_per_node, self.parallel.global_batch_size
+            )
 
     def plan(self) -> ParallelPlan:
-        """The complete plan ``estimate`` evaluates (given fields, defaults for the rest)."""
-        return resolve_plan(self.parallel, self.cluster)
+        """The complete plan ``estimate`` evaluates (given fields, defaults for the rest); with
+        ``[rl]``, the actor's training plan on the training pool."""
+        return resolve_plan(self.parallel, self.training_cluster())
+
+    def training_cluster(self) -> ClusterSpec:
+        """The GPUs that train: the whole cluster, less a disaggregated rollout pool."""
+        if self.rl is None or self.rl.placement == "colocated":
+            return self.cluster
+        return replace(self.cluster, num_gpus=self.rl.pools(self.cluster.num_gpus)[1])
 
 
 def _table(data: dict[str, Any], key: str) -> dict[str, Any]:
@@ -117,6 +131,7 @@ def runspec_from_dict(
         checkpoint=from_table(CheckpointSpec, _table(data, "checkpoint"), "checkpoint"),
         reliability=from_table(ReliabilitySpec, _table(data, "reliability"), "reliability"),
         path=path,
+        rl=rl_from_table(_table(data, "rl")) if "rl" in data else None,
         inference=inference_from_table(_table(data, "inference")),
         vision=vision,
         multimodal=multimodal,

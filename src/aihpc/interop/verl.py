@@ -1,0 +1,245 @@
+"""verl's PPO/GRPO trainer config → a run spec with ``[rl]``.
+
+SOURCE is verl's Hydra config as a YAML file (``ppo_trainer.yaml``-shaped) or a launch script
+that runs ``python3 -m verl.trainer.main_ppo key=value ...`` (verl's example scripts): the
+script is read by the bash reader (interop/bash.py, never run), its ``key=value`` words (and
+``+key=value``) are applied as Hydra applies overrides, with OmegaConf (``${...}`` resolved). The
+keys verl's ``ppo_trainer.yaml`` defaults and aihpc reads are below (``_DEFAULTS``, the values of
+its config); the rest are named as not priced. verl's ``main_ppo`` runs the hybrid engine
+(actor, rollout and reference on the same GPUs): placement colocated, on-policy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aihpc.interop._common import Imported, cluster_table
+from aihpc.interop.bash import read_script
+from aihpc.runspec import SpecError, model_presets
+
+__all__ = ["import_verl"]
+
+FRAMEWORK = "verl"
+_ENTRY = "verl.trainer.main_ppo"
+# verl's ppo_trainer.yaml defaults of the keys read here (verl v0.4, verl/trainer/config/).
+_DEFAULTS: dict[str, Any] = {
+    "data": {"max_prompt_length": 512, "max_response_length": 512, "train_batch_size": 1024},
+    "actor_rollout_ref": {
+        "hybrid_engine": True,
+        "model": {"path": None, "enable_gradient_checkpointing": True},
+        "actor": {
+            "strategy": "fsdp",
+            "ppo_mini_batch_size": 256,
+            "ppo_epochs": 1,
+            "use_kl_loss": False,
+            "ulysses_sequence_parallel_size": 1,
+        },
+        "rollout": {"n": 1, "tensor_model_parallel_size": 2, "gpu_memory_utilization": 0.5},
+    },
+    "algorithm": {"adv_estimator": "gae", "use_kl_in_reward": False},
+    "reward_model": {"enable": False},
+    "trainer": {"nnodes": 1, "n_gpus_per_node": 8},
+}
+# verl's top-level config groups (ppo_trainer.yaml)
+_GROUPS = (
+    "data",
+    "actor_rollout_ref",
+    "critic",
+    "reward_model",
+    "custom_reward_function",
+    "algorithm",
+    "trainer",
+    "ray_init",
+)
+# OmegaConf's resolvers that read the process's environment (oc.decode could assemble one).
+_ENVIRONMENT = ("oc.env", "oc.decode")
+_ALGORITHMS = {"gae": "ppo", "grpo": "grpo", "rloo": "rloo"}
+_MEGATRON = {
+    "tensor_model_parallel_size": "tp",
+    "pipeline_model_parallel_size": "pp",
+    "context_parallel_size": "cp",
+    "expert_model_parallel_size": "ep",
+    "expert_tensor_parallel_size": "etp",
+}
+
+
+def _overrides(text: str, notes: list[str]) -> list[str]:
+    """The ``key=value`` words of the script's ``main_ppo`` command; Hydra's ``--config-name``
+    of verl's Megatron config (ppo_megatron_trainer) sets the actor's strategy to megatron."""
+    script = read_script(text)
+    notes += script.notes
+    for cmd in script.commands:
+        words = cmd.launcher + cmd.words
+        if _ENTRY in words or any(w.endswith("main_ppo.py") for w in words):
+            out = [w.lstrip("+") for w in words if "=" in w and not w.startswith("-")]
+            if "megatron" in _config_name(words):
+                out.insert(0, "actor_rollout_ref.actor.strategy=megatron")
+                notes.append("verl's Megatron config (--config-name): the actor runs Megatron")
+            return out
+    raise SpecError("SOURCE", "a script", f"no command runs {_ENTRY} (python3 -m {_ENTRY} ...)")
+
+
+def _config_name(words: list[str]) -> str:
+    for i, w in enumerate(words):
+        if w.startswith("--config-name="):
+            return w.partition("=")[2]
+        if w == "--config-name" and i + 1 < len(words):
+            return words[i + 1]
+    return ""
+
+
+def _config(text: str, notes: list[str]) -> dict[str, Any]:
+    import yaml
+    from omegaconf import DictConfig, OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    for resolver in _ENVIRONMENT:
+        if resolver in text:
+            raise SpecError(
+                "SOURCE",
+                resolver,
+                "reads the environment, which an import does not (the run spec would depend on "
+                "the shell it was made in): write the value",
+            )
+    base = OmegaConf.create(_DEFAULTS)
+    try:
+        if _ENTRY in text or "main_ppo.py" in text:
+            merged = OmegaConf.merge(base, OmegaConf.from_dotlist(_overrides(text, notes)))
+        else:
+            loaded = OmegaConf.create(text)
+            if not isinstance(loaded, DictConfig) or not set(loaded) & set(_GROUPS):
+                raise SpecError(
+                    "SOURCE",
+                    "verl config",
+                    "neither verl's config (a YAML of its groups: " + ", ".join(_GROUPS) + ") "
+                    f"nor a script that runs python3 -m {_ENTRY}",
+                )
+            merged = OmegaConf.merge(base, loaded)
+        out = OmegaConf.to_container(merged, resolve=True)
+    except (OmegaConfBaseException, yaml.YAMLError, ValueError) as err:
+        if isinstance(err, SpecError):
+            raise
+        line = f"OmegaConf refuses it: {err}".split("\n")[0]
+        raise SpecError("SOURCE", "verl config", line) from None
+    assert isinstance(out, dict)
+    return out
+
+
+def _get(cfg: dict[str, Any], dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _int(cfg: dict[str, Any], dotted: str) -> int:
+    value = _get(cfg, dotted)
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise SpecError(dotted, value, "expected an integer")
+    try:
+        out = int(value)
+    except ValueError:
+        raise SpecError(dotted, value, "expected an integer") from None
+    if out < 1:
+        raise SpecError(dotted, value, "must be >= 1")
+    return out
+
+
+def _float(cfg: dict[str, Any], dotted: str) -> float:
+    value = _get(cfg, dotted)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise SpecError(dotted, value, "expected a number") from None
+
+
+def _model(path: Any, model: str | None) -> dict[str, Any]:
+    """The [model] table: --model (a preset), else the preset the model path's name is."""
+    name = model or (str(path).rstrip("/").rsplit("/", 1)[-1].lower() if path else "")
+    if name not in model_presets():
+        raise SpecError(
+            "--model",
+            model or path,
+            "name the actor's shape with a preset (aihpc presets): "
+            "actor_rollout_ref.model.path is no preset's name",
+        )
+    return {"preset": name}
+
+
+def _parallel(cfg: dict[str, Any], samples: int, notes: list[str]) -> dict[str, Any]:
+    actor = "actor_rollout_ref.actor."
+    mini = _int(cfg, actor + "ppo_mini_batch_size")
+    out: dict[str, Any] = {"global_batch_size": mini * samples}
+    strategy = _get(cfg, actor + "strategy")
+    if strategy == "megatron":
+        for key, name in _MEGATRON.items():
+            if _get(cfg, f"{actor}megatron.{key}") is not None:
+                out[name] = _int(cfg, f"{actor}megatron.{key}")
+    else:
+        out["zero_stage"] = 3  # FSDP shards parameters, gradients and optimizer state
+        sp = _int(cfg, actor + "ulysses_sequence_parallel_size")
+        if sp > 1:
+            out["cp"] = sp
+            notes.append(f"Ulysses sequence parallel {sp} priced as context parallel {sp}")
+    megatron_recompute = _get(
+        cfg, actor + "megatron.override_transformer_config.recompute_granularity"
+    )
+    if strategy == "megatron" and megatron_recompute in ("full", "selective"):
+        out["recompute"] = megatron_recompute
+    elif strategy != "megatron" and _get(
+        cfg, "actor_rollout_ref.model.enable_gradient_checkpointing"
+    ):
+        out["recompute"] = "full"
+    return out
+
+
+def import_verl(
+    text: str, model: str | None = None, response_len: int | None = None, gpu: str = "h100-sxm"
+) -> Imported:
+    """verl's config (YAML) or a launch script with Hydra overrides → run spec with [rl]."""
+    notes: list[str] = []
+    cfg = _config(text, notes)
+    adv = _get(cfg, "algorithm.adv_estimator")
+    if adv not in _ALGORITHMS:
+        raise SpecError("algorithm.adv_estimator", adv, "priced: " + " | ".join(_ALGORITHMS))
+    n = _int(cfg, "actor_rollout_ref.rollout.n")
+    prompt = _int(cfg, "data.max_prompt_length")
+    cap = _int(cfg, "data.max_response_length")
+    mean = response_len or max(1, cap // 2)
+    if response_len is None:
+        notes.append(
+            f"mean response length {mean} = half of max_response_length {cap} (a verl config "
+            "does not say it): pass --response-len"
+        )
+    notes.append(f"prompt_len {prompt} = data.max_prompt_length (prompts are at most this)")
+    rollout = "actor_rollout_ref.rollout."
+    rl = {
+        "algorithm": _ALGORITHMS[adv],
+        "prompts_per_step": _int(cfg, "data.train_batch_size"),
+        "samples_per_prompt": n,
+        "prompt_len": prompt,
+        "response_len": mean,
+        "max_response_len": cap,
+        "ppo_epochs": _int(cfg, "actor_rollout_ref.actor.ppo_epochs"),
+        "kl": bool(
+            _get(cfg, "actor_rollout_ref.actor.use_kl_loss")
+            or _get(cfg, "algorithm.use_kl_in_reward")
+        ),
+        "placement": "colocated",
+        "rollout": {
+            "tp": _int(cfg, rollout + "tensor_model_parallel_size"),
+            "gpu_memory_utilization": _float(cfg, rollout + "gpu_memory_utilization"),
+        },
+    }
+    unpriced = ["reward_model.enable"] if _get(cfg, "reward_model.enable") else []
+    per_node = _int(cfg, "trainer.n_gpus_per_node")
+    tables = {
+        "model": _model(_get(cfg, "actor_rollout_ref.model.path"), model),
+        "cluster": cluster_table(gpu, _int(cfg, "trainer.nnodes") * per_node, per_node),
+        "parallel": _parallel(cfg, n, notes),
+        "rl": rl,
+    }
+    tables["model"]["seq_length"] = prompt + cap
+    return Imported(FRAMEWORK, tables, unpriced, notes)

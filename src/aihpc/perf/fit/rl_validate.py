@@ -1,0 +1,208 @@
+"""The RL step model against published RL runs (``aihpc validate --rl``).
+
+``data/validation/rl_runs.csv``: one measured RL step per row (its source named on the row),
+the run spec built from its columns, the predicted step against the measured one. ``set`` is
+``dev`` (the rows the model was developed on) or ``heldout`` (priced once, after; never tuned).
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from aihpc.perf.rl.step import estimate_rl
+from aihpc.runspec.errors import SpecError
+from aihpc.runspec.runspec import runspec_from_dict
+
+__all__ = ["RLRow", "RLValidation", "RefitRow", "rl_runspec", "validate_refit", "validate_rl"]
+
+_INTS = (
+    "num_gpus",
+    "rollout_gpus",
+    "staleness",
+    "prompts_per_step",
+    "samples_per_prompt",
+    "prompt_len",
+    "response_len",
+    "max_response_len",
+    "rollout_tp",
+    "train_tp",
+    "train_cp",
+    "train_ep",
+    "train_pp",
+    "train_gbs",
+)
+
+
+def _default_csv(name: str = "rl_runs.csv") -> Path:
+    return Path(str(resources.files("aihpc.perf.fit") / "data" / "validation" / name))
+
+
+def rl_runspec(row: dict[str, str]) -> dict[str, Any]:
+    """The run spec (as TOML tables) of one row."""
+    v = {k: int(row[k]) for k in _INTS}
+    rl: dict[str, Any] = {
+        "prompts_per_step": v["prompts_per_step"],
+        "samples_per_prompt": v["samples_per_prompt"],
+        "prompt_len": v["prompt_len"],
+        "response_len": v["response_len"],
+        "max_response_len": v["max_response_len"],
+        "placement": row["placement"],
+        "staleness": v["staleness"],
+        "rollout": {
+            "tp": v["rollout_tp"],
+            "gpu_memory_utilization": float(row["gpu_memory_utilization"]),
+        },
+    }
+    if row["placement"] == "disaggregated":
+        rl["rollout_gpus"] = v["rollout_gpus"]
+    parallel = {
+        "tp": v["train_tp"],
+        "cp": v["train_cp"],
+        "ep": v["train_ep"],
+        "pp": v["train_pp"],
+        "global_batch_size": v["train_gbs"],
+        "recompute": row["recompute"],
+    }
+    return {
+        "model": {"preset": row["model"]},
+        "cluster": {"gpu": row["gpu"], "num_gpus": v["num_gpus"]},
+        "parallel": parallel,
+        "rl": rl,
+    }
+
+
+@dataclass(frozen=True)
+class RLRow:
+    id: str
+    set: str
+    measured_s: float
+    predicted_s: float
+    phases_s: dict[str, float]
+    source: str
+
+    @property
+    def error(self) -> float:
+        """Signed relative error of the prediction."""
+        return (self.predicted_s - self.measured_s) / self.measured_s
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "set": self.set,
+            "measured_step_s": self.measured_s,
+            "predicted_step_s": self.predicted_s,
+            "error": self.error,
+            "phases_s": self.phases_s,
+            "source": self.source,
+        }
+
+
+@dataclass(frozen=True)
+class RLValidation:
+    rows: list[RLRow]
+
+    def mape(self, which: str | None = None) -> float:
+        rows = [r for r in self.rows if which is None or r.set == which]
+        return sum(abs(r.error) for r in rows) / len(rows) if rows else 0.0
+
+    def worst(self, which: str | None = None) -> float:
+        rows = [r for r in self.rows if which is None or r.set == which]
+        return max((abs(r.error) for r in rows), default=0.0)
+
+    def to_json(self) -> dict[str, Any]:
+        sets = sorted({r.set for r in self.rows})
+        return {
+            "rows": [r.to_json() for r in self.rows],
+            "mape": {s: self.mape(s) for s in sets} | {"all": self.mape()},
+            "worst": {s: self.worst(s) for s in sets} | {"all": self.worst()},
+        }
+
+
+def validate_rl(path: str | Path | None = None, which: str | None = None) -> RLValidation:
+    """Price every row of the RL runs CSV (``which``: only the rows of that set)."""
+    path = Path(path) if path is not None else _default_csv()
+    with open(path, newline="", encoding="utf-8") as f:
+        table = list(csv.DictReader(f))
+    rows = []
+    for row in table:
+        if which is not None and row["set"] != which:
+            continue
+        try:
+            spec = runspec_from_dict(rl_runspec(row))
+        except (KeyError, ValueError) as err:
+            if isinstance(err, SpecError):
+                raise SpecError(
+                    f"{path.name} row {row.get('id')}: {err.field}", err.value, err.allowed
+                ) from None
+            raise SpecError(str(path.name), row.get("id"), f"bad row: {err}") from None
+        est = estimate_rl(spec)
+        rows.append(
+            RLRow(
+                row["id"],
+                row["set"],
+                float(row["measured_step_s"]),
+                est.step_time_s,
+                est.phases_s,
+                row["source"],
+            )
+        )
+    return RLValidation(rows)
+
+
+@dataclass(frozen=True)
+class RefitRow:
+    """One measured weight sync (refit): the training layout to the rollout layout."""
+
+    id: str
+    measured_low_s: float
+    measured_high_s: float
+    predicted_s: float
+    source: str
+
+    @property
+    def error(self) -> float:
+        """Relative distance of the prediction from the measured range (0 inside it)."""
+        if self.predicted_s < self.measured_low_s:
+            return (self.predicted_s - self.measured_low_s) / self.measured_low_s
+        if self.predicted_s > self.measured_high_s:
+            return (self.predicted_s - self.measured_high_s) / self.measured_high_s
+        return 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "error": self.error}
+
+
+def validate_refit() -> list[RefitRow]:
+    """The weight-sync phase alone against NeMo-RL's measured refits (rl_refit.csv)."""
+    from aihpc.perf.rl.phases import sync_s
+
+    with open(_default_csv("rl_refit.csv"), newline="", encoding="utf-8") as f:
+        table = list(csv.DictReader(f))
+    out = []
+    for row in table:
+        train, rollout = int(row["train_gpus"]), int(row["rollout_gpus"])
+        spec = runspec_from_dict(
+            {
+                "model": {"preset": row["model"]},
+                "cluster": {"gpu": row["gpu"], "num_gpus": train + rollout},
+                "parallel": {"global_batch_size": 1},
+                "rl": {
+                    "prompts_per_step": 1,
+                    "samples_per_prompt": 2,
+                    "prompt_len": 1,
+                    "response_len": 1,
+                    "placement": "disaggregated",
+                    "rollout_gpus": rollout,
+                    "rollout": {"tp": int(row["rollout_tp"])},
+                },
+            }
+        )
+        assert spec.rl is not None
+        predicted = sync_s(spec.model, spec.cluster, spec.rl, train)
+        low, high = float(row["measured_low_s"]), float(row["measured_high_s"])
+        out.append(RefitRow(row["id"], low, high, predicted, row["source"]))
+    return out

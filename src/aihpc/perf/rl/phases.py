@@ -1,0 +1,185 @@
+"""The phases of an RL step beside the rollout, each from the step model (perf/step):
+
+- training: the actor's update, the existing estimate of the training plan on the training
+  pool, once per optimizer step (the step's samples / ``[parallel].global_batch_size``, times
+  ``ppo_epochs``), sequences as long as a packed sample (mean prompt + mean response);
+- forward-only passes (old-policy and reference log-probs, a critic's values, a reward model):
+  the same plan's forward share of that step: a third of its compute (the forward of the
+  forward + backward = 3 x forward FLOPs), half its layer communication (tensor, context,
+  expert and pipeline traffic run both ways in training), under ZeRO-3 a third of its data-
+  parallel traffic (the forward's parameter all-gather), no recompute, no gradient reduction,
+  no optimizer;
+- weight sync: the actor's weights from the training layout to the rollout layout;
+- colocated switch: the training state that must leave the GPU while the rollout engine holds
+  its share of memory, out to host memory and back over the host link.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from aihpc.perf.step.estimate import Estimate, estimate_plan
+from aihpc.perf.step.flops import num_params
+from aihpc.perf.step.memory import GiB
+from aihpc.perf.step.params import DEFAULT_PARAMS, ModelParams
+from aihpc.runspec.cluster import ClusterSpec
+from aihpc.runspec.errors import SpecError
+from aihpc.runspec.model import ModelSpec
+from aihpc.runspec.parallel import ParallelPlan
+from aihpc.runspec.rl import RLSpec
+from aihpc.runspec.training import TrainingSpec
+
+__all__ = [
+    "Training",
+    "forward_s",
+    "price_training",
+    "switch_s",
+    "sync_bytes",
+    "sync_s",
+]
+
+_LAYER_COMM = ("tp_comm", "cp_comm", "ep_comm", "pp_comm")
+
+
+@dataclass(frozen=True)
+class Training:
+    """The training plan priced on a step's samples."""
+
+    estimate: Estimate
+    optimizer_steps: int  # per RL step (ppo_epochs included)
+    forward_steps: int  # optimizer-step batches one forward-only pass covers
+
+    @property
+    def update_s(self) -> float:
+        return self.estimate.step_time_s * self.optimizer_steps
+
+    @property
+    def forward_s(self) -> float:
+        return forward_s(self.estimate) * self.forward_steps
+
+
+def forward_s(e: Estimate) -> float:
+    """One optimizer step's batch through the forward only (log-probs, values, rewards). Under
+    ZeRO-3 / FSDP the forward gathers the parameters as training does: one of its three equal
+    collectives (forward all-gather, backward all-gather, gradient reduce-scatter)."""
+    t = e.time_s
+    compute = max(0.0, t.get("compute", 0.0)) / 3.0
+    comm = sum(t.get(k, 0.0) for k in _LAYER_COMM) / 2.0
+    bubble = t.get("pipeline_bubble", 0.0) / 3.0
+    gather = t.get("dp_comm", 0.0) / 3.0 if e.plan.zero_stage == 3 else 0.0
+    return compute + comm + bubble + gather
+
+
+def packed_model(model: ModelSpec, rl: RLSpec, plan: ParallelPlan) -> ModelSpec:
+    """The model with sequences of a packed sample's mean length (prompt + response), padded
+    to a multiple of 2 x cp x tp as packing pads for context and sequence parallelism."""
+    unit = 2 * plan.cp * plan.tp
+    seq = -(-(rl.prompt_len + rl.response_len) // unit) * unit
+    return replace(model, seq_length=seq)
+
+
+def price_training(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: ParallelPlan,
+    training: TrainingSpec,
+    rl: RLSpec,
+    params: ModelParams = DEFAULT_PARAMS,
+) -> Training:
+    """The actor (or critic) trained under ``plan`` on ``cluster`` (the training pool)."""
+    est = estimate_plan(packed_model(model, rl, plan), cluster, plan, training, params)
+    batches = rl.samples_per_step // plan.global_batch_size
+    return Training(est, batches * rl.ppo_epochs, batches)
+
+
+def sync_bytes(model: ModelSpec, rl: RLSpec) -> float:
+    """The actor's weights as the rollout engines hold them."""
+    return num_params(model) * (1.0 if rl.rollout.precision == "fp8" else 2.0)
+
+
+# Eager host ops one weight tensor costs on its way into a rollout engine: the view of the
+# source shard, the transfer call (a NCCL broadcast / receive or a CUDA-IPC handle), the view
+# the engine's weight loader takes of its own shard and the copy into its parameter; each at
+# ModelParams.host_eager_op_s. vLLM and SGLang load weights one checkpoint-named tensor at a
+# time (a MoE layer's experts are 3 x E tensors), so the count, not only the bytes, matters.
+SYNC_OPS_PER_TENSOR = 4
+
+
+def checkpoint_tensors(model: ModelSpec) -> int:
+    """Tensors of the model as a Hugging Face checkpoint names them (what an engine's weight
+    loader takes one by one): per layer the attention projections (q, k, v, o; MLA's q_a, q_b,
+    kv_a, kv_b, o), two norms, and either the MLP's three or the router and three per routed
+    and shared expert; the embedding, the output layer and the final norm."""
+    attention = 5 if model.is_mla else 4
+    dense = 3
+    moe = 1 + 3 * (model.num_experts + model.num_shared_experts)
+    layers = (model.num_layers - model.num_moe_layers) * (attention + 2 + dense)
+    layers += model.num_moe_layers * (attention + 2 + moe)
+    return layers + 3
+
+
+def sync_s(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    rl: RLSpec,
+    train_gpus: int,
+    params: ModelParams = DEFAULT_PARAMS,
+) -> float:
+    """Seconds to move the updated weights into the rollout engines: the bytes over the fabric
+    below, plus the host cost of handing over each checkpoint tensor (SYNC_OPS_PER_TENSOR eager
+    ops each), which the ranks of an engine pay side by side.
+
+    cuda_ipc (colocated): each GPU gathers its engine's shard from the training shards beside it
+    over the scale-up fabric (NVLink) where an engine fits in one domain, else the NIC.
+    nccl (disaggregated): each rollout GPU receives its engine's shard over its NIC while the
+    training GPUs send every engine a copy, fanned out by a pipelined broadcast: the slower of
+    the rollout side's receive and the training side's send.
+    storage: the weights written by the training pool and read by every engine."""
+    host = checkpoint_tensors(model) * SYNC_OPS_PER_TENSOR * params.host_eager_op_s
+    return host + _sync_bytes_s(model, cluster, rl, train_gpus)
+
+
+def _sync_bytes_s(model: ModelSpec, cluster: ClusterSpec, rl: RLSpec, train_gpus: int) -> float:
+    total = sync_bytes(model, rl)
+    r = rl.rollout
+    shard = total / r.gpus_per_engine
+    method = rl.sync_method
+    if method == "cuda_ipc":
+        fabric = cluster.scale_up_bw_GBps if r.gpus_per_engine <= cluster.nvlink_domain else None
+        return shard / ((fabric or cluster.scale_out_bw_GBps) * 1e9)
+    rollout_gpus = rl.pools(cluster.num_gpus)[0]
+    engines = max(1, rollout_gpus // r.gpus_per_engine)
+    if method == "nccl":
+        receive = shard / (cluster.scale_out_bw_GBps * 1e9)
+        send = total / (train_gpus * cluster.scale_out_bw_GBps * 1e9)
+        return max(receive, send)
+    write, read = cluster.storage_write_bw_GBps, cluster.storage_read_bw_GBps
+    if write is None or read is None:
+        raise SpecError(
+            "rl.weight_sync",
+            "storage",
+            "needs cluster.storage_write_bw_GBps and storage_read_bw_GBps (the file system's)",
+        )
+    return total / (write * 1e9) + total * engines / (read * 1e9)
+
+
+def switch_s(train: Estimate, cluster: ClusterSpec, rl: RLSpec) -> tuple[float, float]:
+    """(seconds, GiB per GPU) of the colocated switch: the training state (weights, gradients,
+    optimizer) that does not fit beside the rollout engine's ``gpu_memory_utilization`` share
+    goes to host memory before the rollout and comes back after it; the engine's KV cache is
+    freed and reallocated (no copy) and its weights are rewritten by the sync."""
+    if rl.placement != "colocated":
+        return 0.0, 0.0
+    m = train.memory
+    state = m.weights + m.gradients + m.optimizer
+    room = (cluster.usable_hbm_gib - rl.rollout.gpu_memory_utilization * cluster.gpu.hbm_gib) * GiB
+    moved = max(0.0, state - max(0.0, room))
+    link = cluster.gpu.host_link_GBps
+    if link is None:
+        raise SpecError(
+            "cluster.gpu",
+            cluster.gpu.id,
+            "has no host_link_GBps (GPU <-> host copy bandwidth) to price the colocated "
+            "offload: set it in [cluster.gpu_spec]",
+        )
+    return 2.0 * moved / (link * 1e9), moved / GiB

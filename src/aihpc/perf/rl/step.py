@@ -1,0 +1,171 @@
+"""One RL step priced as named phases, and put together on the critical path.
+
+Synchronous (staleness 0): the phases run one after another: rollout, the colocated switch,
+the forward-only passes (old-policy and reference log-probs, critic values, reward model), the
+update(s) and the weight sync; the pool that is not working waits.
+Asynchronous (staleness k >= 1, disaggregated): the rollout pool generates step n+1 while the
+training pool learns from step n, so the step is the slower pool, plus the sync both stop for
+(the rollout engines take the new weights between steps, NeMo-RL's in-flight weight update).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from aihpc.perf.rl.phases import Training, price_training, switch_s, sync_bytes, sync_s
+from aihpc.perf.rl.rollout import Rollout, price_rollout
+from aihpc.perf.step.params import DEFAULT_PARAMS, ModelParams
+from aihpc.runspec.errors import SpecError
+from aihpc.runspec.model import ModelSpec, model_from_table
+from aihpc.runspec.parallel import ParallelPlan, plan_problem
+from aihpc.runspec.rl import RLSpec
+from aihpc.runspec.runspec import RunSpec
+
+__all__ = ["RLEstimate", "estimate_rl"]
+
+TRAIN_SIDE = ("old_logprob", "ref_logprob", "critic_values", "reward", "critic_update", "update")
+
+
+@dataclass(frozen=True)
+class RLEstimate:
+    rl: RLSpec
+    plan: ParallelPlan
+    num_gpus: int
+    rollout_gpus: int
+    train_gpus: int
+    phases_s: dict[str, float]  # every phase's seconds (each on its own pool)
+    step_time_s: float  # the critical path
+    rollout: Rollout
+    actor: Training
+    switch_gib: float  # training state moved to host per GPU (colocated)
+    sync_gib: float
+    fits: bool
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.rl.samples_per_step * (self.rl.prompt_len + self.rl.response_len)
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        """The step's tokens (prompts and responses) per second per GPU of the job (NeMo-RL's
+        Tokens / sec / GPU)."""
+        return self.tokens_per_step / self.step_time_s / self.num_gpus
+
+    @property
+    def bottleneck(self) -> str:
+        name = max(self.phases_s, key=lambda k: self.phases_s[k])
+        share = self.phases_s[name] / self.step_time_s
+        return f"{name}: {share:.0%} of the step"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "placement": self.rl.placement,
+            "staleness": self.rl.staleness,
+            "num_gpus": self.num_gpus,
+            "rollout_gpus": self.rollout_gpus,
+            "train_gpus": self.train_gpus,
+            "rollout_layout": {"tp": self.rl.rollout.tp, "pp": self.rl.rollout.pp},
+            "training_plan": self.plan.as_dict(),
+            "step_time_s": self.step_time_s,
+            "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
+            "phases_s": self.phases_s,
+            "rollout": self.rollout.to_json(),
+            "training_fits": self.actor.estimate.fits,
+            "training_memory_gib": self.actor.estimate.memory.gib(),
+            "switch_offload_gib_per_gpu": self.switch_gib,
+            "sync_gib": self.sync_gib,
+            "fits": self.fits,
+            "bottleneck": self.bottleneck,
+            "notes": self.notes,
+        }
+
+
+def _preset(name: str | None, actor: ModelSpec, field_name: str) -> ModelSpec:
+    if not name:
+        return actor
+    try:
+        return model_from_table({"preset": name})
+    except SpecError as err:
+        raise SpecError(field_name, name, err.allowed) from None
+
+
+def _forward_phases(spec: RunSpec, plan: ParallelPlan, actor: Training, params: ModelParams):
+    """(the forward-only phases, the critic's update) in seconds."""
+    rl, cluster = spec.rl, spec.training_cluster()
+    assert rl is not None
+    out = {"old_logprob": actor.forward_s}
+    out["ref_logprob"] = 0.0
+    if rl.kl:
+        ref = _preset(rl.reference, spec.model, "rl.reference")
+        out["ref_logprob"] = price_training(ref, cluster, plan, spec.training, rl, params).forward_s
+    out["critic_values"], critic_update = 0.0, 0.0
+    if rl.algorithm == "ppo":
+        critic = _preset(rl.critic, spec.model, "rl.critic")
+        priced = price_training(critic, cluster, plan, spec.training, rl, params)
+        out["critic_values"], critic_update = priced.forward_s, priced.update_s
+    out["reward"] = 0.0
+    if rl.reward == "model":
+        judge = _preset(rl.reward_model, spec.model, "rl.reward_model")
+        out["reward"] = price_training(judge, cluster, plan, spec.training, rl, params).forward_s
+    return out, critic_update
+
+
+def estimate_rl(
+    spec: RunSpec, plan: ParallelPlan | None = None, params: ModelParams = DEFAULT_PARAMS
+) -> RLEstimate:
+    """Price the run spec's RL step (``[rl]``) under its training plan (or ``plan``)."""
+    rl = spec.rl
+    if rl is None:
+        raise SpecError("rl", None, "required: an [rl] table (docs/rl.md)")
+    cluster, train_cluster = spec.cluster, spec.training_cluster()
+    plan = plan or spec.plan()
+    problem = plan_problem(plan, spec.model, train_cluster)
+    if problem is not None:
+        raise problem
+    rollout_gpus, train_gpus = rl.pools(cluster.num_gpus)
+    actor = price_training(spec.model, train_cluster, plan, spec.training, rl, params)
+    rollout = price_rollout(spec.model, cluster, rl, rollout_gpus, params)
+    phases, critic_update = _forward_phases(spec, plan, actor, params)
+    phases = {"rollout": rollout.time_s, **phases}
+    phases["critic_update"] = critic_update
+    phases["update"] = actor.update_s
+    switch, moved = switch_s(actor.estimate, cluster, rl)
+    phases["switch"] = switch
+    phases["weight_sync"] = sync_s(spec.model, cluster, rl, train_gpus, params)
+    train_side = sum(phases[k] for k in TRAIN_SIDE)
+    if rl.staleness:
+        step = max(rollout.time_s, train_side) + phases["weight_sync"]
+    else:
+        step = sum(phases.values())
+    notes = _notes(rollout, actor, rl)
+    return RLEstimate(
+        rl=rl,
+        plan=plan,
+        num_gpus=cluster.num_gpus,
+        rollout_gpus=rollout_gpus,
+        train_gpus=train_gpus,
+        phases_s=phases,
+        step_time_s=step,
+        rollout=rollout,
+        actor=actor,
+        switch_gib=moved,
+        sync_gib=sync_bytes(spec.model, rl) / 2**30,
+        fits=rollout.fits and actor.estimate.fits,
+        notes=notes,
+    )
+
+
+def _notes(rollout: Rollout, actor: Training, rl: RLSpec) -> list[str]:
+    out = []
+    if not rollout.fits:
+        out.append(f"the rollout does not fit: {rollout.why} (raise it or rl.rollout.tp)")
+    if not actor.estimate.fits:
+        out.append("the training plan does not fit: " + actor.estimate.bottleneck)
+    return out
+
+
+def with_rl(spec: RunSpec, rl: RLSpec) -> RunSpec:
+    """``spec`` with another ``[rl]`` (the search's placements), checked as a run spec is."""
+    return replace(spec, rl=rl)

@@ -1,0 +1,259 @@
+"""RLSpec: ``[rl]`` and ``[rl.rollout]`` — an RL post-training step (GRPO, PPO, RLOO).
+
+The actor is ``[model]``; its training layout is ``[parallel]`` (on the training pool's GPUs);
+``[parallel].global_batch_size`` is the samples of one optimizer step (verl's
+``ppo_mini_batch_size`` x n, NeMo-RL's ``train_global_batch_size``). Example::
+
+    [rl]
+    algorithm = "grpo"           # grpo | rloo | ppo (ppo adds a critic)
+    prompts_per_step = 64
+    samples_per_prompt = 32
+    prompt_len = 256             # mean prompt tokens
+    response_len = 2900          # mean response tokens
+    max_response_len = 3840      # the cap (max_new_tokens): the long tail ends here
+    placement = "colocated"      # colocated | disaggregated (rollout_gpus of them generate)
+    staleness = 0                # 0: on-policy; k >= 1: rollouts up to k steps behind (async)
+
+    [rl.rollout]
+    tp = 2
+    gpu_memory_utilization = 0.6
+
+perf/rl prices it (docs/rl.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from aihpc.runspec._table import check_choice, check_positive, from_table
+from aihpc.runspec.errors import SpecError
+
+__all__ = [
+    "ALGORITHMS",
+    "PLACEMENTS",
+    "RESPONSE_DISTS",
+    "WEIGHT_SYNCS",
+    "RLSpec",
+    "RolloutSpec",
+    "rl_from_table",
+]
+
+# grpo: group-relative advantages (DeepSeekMath); rloo: leave-one-out baseline (Ahmadian et al.
+# 2024), priced as GRPO; ppo: a critic trained beside the actor and its values computed each step.
+ALGORITHMS = ("grpo", "rloo", "ppo")
+PLACEMENTS = ("colocated", "disaggregated")
+# How response lengths spread (perf/infer/rollout.py's LengthDist, every draw cut at the cap):
+# fixed: every response response_len long; uniform: evenly round the mean, within [1, cap];
+# lognormal: RL's long tail, mean response_len and log-space spread response_sigma.
+RESPONSE_DISTS = ("fixed", "uniform", "lognormal")
+# auto: cuda_ipc when colocated, nccl otherwise; cuda_ipc: in place on the same GPUs (verl's
+# hybrid engine, NeMo-RL's colocated refit); nccl: a broadcast from the training ranks to the
+# rollout ranks; storage: written to and read back from the checkpoint file system.
+WEIGHT_SYNCS = ("auto", "cuda_ipc", "nccl", "storage")
+ROLLOUT_PRECISIONS = ("bf16", "fp8")
+# The planner's range. The largest published steps generate ~10^4 samples (NeMo-RL: 2,048;
+# verl's DAPO: 512 x 16) of up to ~10^5 tokens; published asynchronous runs stay within 8 steps
+# of staleness (NeMo-RL's 8-step off-policy row, AReaL's eta <= 8). Far beyond these the
+# rollout simulation (one event per response) would run for minutes, so they are refused.
+MAX_SAMPLES = 1 << 17
+MAX_TOKENS = 1 << 21
+MAX_STALENESS = 64
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """``[rl.rollout]``: the inference engines' layout (vLLM / SGLang); dp is derived."""
+
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    gpu_memory_utilization: float = 0.6  # vLLM's share of GPU memory (weights + KV cache)
+    precision: str = "bf16"
+
+    def __post_init__(self) -> None:
+        for f in ("tp", "pp", "ep"):
+            value = getattr(self, f)
+            if value < 1:
+                raise SpecError(f"rl.rollout.{f}", value, "must be an integer >= 1")
+        g = self.gpu_memory_utilization
+        if not 0 < g <= 1:
+            raise SpecError("rl.rollout.gpu_memory_utilization", g, "must be in (0, 1]")
+        check_choice("rl.rollout.precision", self.precision, ROLLOUT_PRECISIONS)
+
+    @property
+    def gpus_per_engine(self) -> int:
+        return self.tp * self.pp
+
+
+@dataclass(frozen=True)
+class RLSpec:
+    """``[rl]``: what one RL step generates and trains, and where."""
+
+    prompts_per_step: int
+    samples_per_prompt: int
+    prompt_len: int
+    response_len: int
+    max_response_len: int | None = None  # None: response_len (every response as long)
+    algorithm: str = "grpo"
+    response_dist: str = "lognormal"
+    response_sigma: float = 0.8  # lognormal's log-space spread
+    ppo_epochs: int = 1  # passes of the update over the step's samples
+    kl: bool = True  # a KL term to the reference: its log-probs are computed every step
+    reference: str | None = None  # a preset; None: the actor's shape
+    critic: str | None = None  # ppo: a preset; None: the actor's shape
+    reward: str = "rule"  # rule (verifiable, on CPU) | model (a reward model's forward)
+    reward_model: str | None = None  # reward = "model": a preset
+    placement: str = "colocated"
+    rollout_gpus: int = 0  # disaggregated: GPUs of the rollout pool; the rest train
+    staleness: int = 0
+    weight_sync: str = "auto"
+    rollout: RolloutSpec = field(default_factory=RolloutSpec)
+
+    def __post_init__(self) -> None:
+        for f in ("prompts_per_step", "samples_per_prompt", "prompt_len", "response_len"):
+            value = getattr(self, f)
+            if value < 1:
+                raise SpecError(f"rl.{f}", value, "must be an integer >= 1")
+        if self.max_response_len is not None and self.max_response_len < 1:
+            raise SpecError("rl.max_response_len", self.max_response_len, "must be >= 1")
+        check_choice("rl.algorithm", self.algorithm, ALGORITHMS)
+        check_choice("rl.response_dist", self.response_dist, RESPONSE_DISTS)
+        check_choice("rl.placement", self.placement, PLACEMENTS)
+        check_choice("rl.reward", self.reward, ("rule", "model"))
+        check_choice("rl.weight_sync", self.weight_sync, WEIGHT_SYNCS)
+        check_positive("rl.ppo_epochs", self.ppo_epochs)
+        if not 0 <= self.response_sigma <= 4:
+            raise SpecError("rl.response_sigma", self.response_sigma, "must be in [0, 4]")
+        if not 0 <= self.staleness <= MAX_STALENESS:
+            raise SpecError("rl.staleness", self.staleness, f"must be in [0, {MAX_STALENESS}]")
+        if self.samples_per_step > MAX_SAMPLES:
+            raise SpecError(
+                "rl.samples_per_prompt",
+                self.samples_per_prompt,
+                f"prompts_per_step x samples_per_prompt = {self.samples_per_step}: at most "
+                f"{MAX_SAMPLES} samples a step (the planner's range)",
+            )
+        for f in ("prompt_len", "response_len", "max_response_len"):
+            value = getattr(self, f)
+            if value is not None and value > MAX_TOKENS:
+                raise SpecError(f"rl.{f}", value, f"at most {MAX_TOKENS} tokens")
+        if self.algorithm != "ppo" and self.samples_per_prompt < 2:
+            raise SpecError(
+                "rl.samples_per_prompt",
+                self.samples_per_prompt,
+                f"{self.algorithm} needs >= 2: its baseline is the other samples of the prompt",
+            )
+        self._check_lengths()
+        self._check_models()
+        self._check_placement()
+
+    def _check_lengths(self) -> None:
+        if self.max_response_len is not None and self.max_response_len < self.response_len:
+            raise SpecError(
+                "rl.max_response_len",
+                self.max_response_len,
+                f"must be >= rl.response_len {self.response_len} (the mean)",
+            )
+
+    def _check_models(self) -> None:
+        if self.reward == "model" and not self.reward_model:
+            raise SpecError("rl.reward_model", None, 'required with reward = "model": a preset')
+        if self.reward == "rule" and self.reward_model:
+            raise SpecError(
+                "rl.reward_model", self.reward_model, 'only with reward = "model" (it is "rule")'
+            )
+        if self.critic and self.algorithm != "ppo":
+            raise SpecError(
+                "rl.critic", self.critic, f"only ppo trains a critic (algorithm = {self.algorithm})"
+            )
+
+    def _check_placement(self) -> None:
+        if self.placement == "colocated":
+            if self.rollout_gpus:
+                raise SpecError(
+                    "rl.rollout_gpus",
+                    self.rollout_gpus,
+                    'only with placement = "disaggregated": colocated pools share every GPU',
+                )
+            if self.staleness:
+                raise SpecError(
+                    "rl.staleness",
+                    self.staleness,
+                    'must be 0 with placement = "colocated": rollout and training take turns on '
+                    'the same GPUs, so nothing overlaps (use "disaggregated")',
+                )
+            if self.weight_sync == "nccl":
+                raise SpecError("rl.weight_sync", "nccl", "colocated: auto | cuda_ipc | storage")
+        elif self.rollout_gpus < 1:
+            raise SpecError(
+                "rl.rollout_gpus",
+                self.rollout_gpus,
+                'required with placement = "disaggregated": the rollout pool\'s GPUs (>= 1)',
+            )
+        elif self.weight_sync == "cuda_ipc":
+            raise SpecError(
+                "rl.weight_sync",
+                "cuda_ipc",
+                "needs the pools on the same GPUs (placement = colocated); here: nccl | storage",
+            )
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.prompts_per_step * self.samples_per_prompt
+
+    @property
+    def response_cap(self) -> int:
+        return self.max_response_len or self.response_len
+
+    @property
+    def sync_method(self) -> str:
+        if self.weight_sync != "auto":
+            return self.weight_sync
+        return "cuda_ipc" if self.placement == "colocated" else "nccl"
+
+    def pools(self, num_gpus: int) -> tuple[int, int]:
+        """(rollout GPUs, training GPUs) of a job of ``num_gpus``."""
+        if self.placement == "colocated":
+            return num_gpus, num_gpus
+        return self.rollout_gpus, num_gpus - self.rollout_gpus
+
+    def check_cluster(self, num_gpus: int, per_node: int, global_batch_size: int | None) -> None:
+        """The rules that need the job's size (``per_node`` GPUs a node) and training batch."""
+        rollout, train = self.pools(num_gpus)
+        if train < 1:
+            raise SpecError(
+                "rl.rollout_gpus",
+                self.rollout_gpus,
+                f"must leave GPUs to train: below cluster.num_gpus {num_gpus}",
+            )
+        for pool in (rollout, train):
+            if pool > per_node and pool % per_node:
+                raise SpecError(
+                    "rl.rollout_gpus",
+                    self.rollout_gpus,
+                    f"each pool must be whole nodes of {per_node} GPUs (or fit in one): "
+                    f"{rollout} rollout + {train} training",
+                )
+        if rollout % self.rollout.gpus_per_engine:
+            raise SpecError(
+                "rl.rollout",
+                f"tp x pp = {self.rollout.gpus_per_engine}",
+                f"must divide the rollout pool's {rollout} GPUs",
+            )
+        if global_batch_size and self.samples_per_step % global_batch_size:
+            raise SpecError(
+                "parallel.global_batch_size",
+                global_batch_size,
+                f"must divide the samples of an RL step, prompts_per_step x samples_per_prompt = "
+                f"{self.samples_per_step} (each step's samples make whole optimizer steps)",
+            )
+
+
+def rl_from_table(table: dict[str, Any]) -> RLSpec:
+    """``[rl]`` (with ``[rl.rollout]``) read and checked; SpecError names the field."""
+    table = dict(table)
+    rollout = table.pop("rollout", {})
+    if not isinstance(rollout, dict):
+        raise SpecError("rl.rollout", rollout, "expected a table ([rl.rollout])")
+    return from_table(RLSpec, table, "rl", rollout=from_table(RolloutSpec, rollout, "rl.rollout"))

@@ -1,0 +1,150 @@
+"""verl's config (YAML or a script of Hydra overrides) and slime's launch script → [rl]."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aihpc.interop.slime import import_slime
+from aihpc.interop.verl import import_verl
+from aihpc.perf.rl import estimate_rl
+from aihpc.runspec import SpecError
+
+DATA = Path(__file__).parent / "data" / "rl"
+
+
+def test_verl_script_overrides_are_applied():
+    imported = import_verl((DATA / "verl_grpo_qwen3_30b.sh").read_text())
+    t = imported.tables
+    assert t["rl"]["algorithm"] == "grpo"
+    assert t["rl"]["prompts_per_step"] == 1024 and t["rl"]["samples_per_prompt"] == 5
+    assert t["rl"]["rollout"]["tp"] == 2
+    assert t["parallel"]["global_batch_size"] == 256 * 5
+    assert t["cluster"]["num_gpus"] == 64
+    assert estimate_rl(imported.spec()).step_time_s > 0
+
+
+def test_verl_yaml_is_resolved_and_ppo_has_a_critic():
+    imported = import_verl((DATA / "verl_ppo.yaml").read_text(), response_len=900)
+    rl = imported.tables["rl"]
+    assert rl["algorithm"] == "ppo" and rl["ppo_epochs"] == 2
+    assert rl["rollout"]["gpu_memory_utilization"] == 0.4  # ${critic.mem} resolved
+    est = estimate_rl(imported.spec())
+    assert est.phases_s["critic_update"] > 0
+
+
+def test_verl_unknown_model_is_one_line():
+    with pytest.raises(SpecError) as err:
+        import_verl("python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=x/y")
+    assert err.value.field == "--model"
+
+
+def test_slime_script_reads_megatron_and_slime_flags():
+    imported = import_slime(
+        (DATA / "slime_qwen3_30b_colocated.sh").read_text(), model="qwen3-30b-a3b"
+    )
+    t = imported.tables
+    assert t["rl"]["placement"] == "colocated" and t["rl"]["rollout"]["tp"] == 8
+    assert t["parallel"]["tp"] == 4 and t["parallel"]["ep"] == 8
+    assert any("not followed" in n for n in imported.notes)  # the sourced model file
+    assert estimate_rl(imported.spec()).step_time_s > 0
+
+
+def test_slime_async_disaggregated():
+    text = (
+        "python3 train_async.py --actor-num-nodes 1 --actor-num-gpus-per-node 8 "
+        "--rollout-num-gpus 8 --rollout-batch-size 64 --n-samples-per-prompt 8 "
+        "--rollout-max-response-len 4096 --global-batch-size 512 --rollout-num-gpus-per-engine 2"
+    )
+    t = import_slime(text, model="qwen3-30b-a3b").tables
+    assert t["rl"]["staleness"] == 1 and t["rl"]["rollout_gpus"] == 8
+    assert t["cluster"]["num_gpus"] == 16
+
+
+def test_cli_import_verl_json_and_bad_framework(tmp_path):
+    env_cmd = [sys.executable, "-m", "aihpc", "import", "verl"]
+    out = subprocess.run(
+        [*env_cmd, str(DATA / "verl_grpo_qwen3_30b.sh"), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(out.stdout)["runspec"]["rl"]["samples_per_prompt"] == 5
+    bad = subprocess.run(
+        [sys.executable, "-m", "aihpc", "import", "openrlhf", str(DATA / "verl_ppo.yaml")],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2
+    assert len(bad.stderr.strip().splitlines()) == 1 and "verl" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("data:\n  train_batch_size: ${oc.env:HOME}\n", "SOURCE"),  # no environment read
+        ("- a\n- b\n", "SOURCE"),
+        ("data:\n  train_batch_size: ${nope.nope}\n", "SOURCE"),
+        ("data: [unclosed\n", "SOURCE"),
+        ("data:\n  train_batch_size: abc\n", "data.train_batch_size"),
+        ("data:\n  train_batch_size: 0\n", "data.train_batch_size"),
+        ("algorithm:\n  adv_estimator: remax\n", "algorithm.adv_estimator"),
+        (
+            "python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.n=x\n",
+            "actor_rollout_ref.rollout.n",
+        ),
+        ("python3 train.py --lr 1\n", "SOURCE"),
+    ],
+)
+def test_verl_bad_configs_are_one_line(text, field):
+    with pytest.raises(SpecError) as err:
+        import_verl(text, model="llama3-8b", response_len=100).spec()
+    assert err.value.field == field
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "model", "field"),
+    [
+        ("python3 train.py --rollout-batch-size 8", "llama3-8b", "--rollout-max-response-len"),
+        ("python3 train.py --rollout-max-response-len 8", None, "--model"),
+        ("python3 pretrain_gpt.py --tensor-model-parallel-size 2", "llama3-8b", "SOURCE"),
+        (
+            "python3 train.py --rollout-batch-size x --rollout-max-response-len 8",
+            "llama3-8b",
+            "--rollout-batch-size",
+        ),
+    ],
+)
+def test_slime_bad_scripts_are_one_line(text, model, field):
+    with pytest.raises(SpecError) as err:
+        import_slime(text, model=model).spec()
+    assert err.value.field == field
+
+
+def test_verl_megatron_config_name_reads_the_megatron_layout():
+    imported = import_verl(
+        (DATA / "verl_megatron_dsv3.sh").read_text(), model="deepseek-v3", response_len=1500
+    )
+    p = imported.tables["parallel"]
+    assert (p["pp"], p["ep"], p["recompute"]) == (16, 16, "full")
+    assert "zero_stage" not in p  # not FSDP
+    assert imported.tables["cluster"]["num_gpus"] == 256
+    assert estimate_rl(imported.spec()).phases_s["update"] > 0
+
+
+def test_a_comment_inside_an_array_is_no_flag():
+    """slime's scripts comment flags out inside their arrays (# --micro-batch-size 1)."""
+    text = (
+        "PERF=(\n  --tensor-model-parallel-size 2\n  # --micro-batch-size 1\n  #--lr 3\n)\n"
+        "python3 train.py ${PERF[@]} --rollout-batch-size 8 --n-samples-per-prompt 2 "
+        "--rollout-max-response-len 64 --global-batch-size 16 --actor-num-gpus-per-node 2 "
+        "--colocate\n"
+    )
+    imported = import_slime(text, model="tiny-llama")
+    assert imported.tables["parallel"]["tp"] == 2
+    assert "--micro-batch-size" not in imported.unpriced and "--lr" not in imported.unpriced

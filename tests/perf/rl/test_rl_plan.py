@@ -1,0 +1,149 @@
+"""The [rl] section's rules and the RL step's phases (perf/rl)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from aihpc.perf.rl import estimate_rl
+from aihpc.perf.rl.search import search_rl
+from aihpc.runspec import SpecError, runspec_from_dict
+
+BASE = {
+    "model": {"preset": "qwen3-30b-a3b"},
+    "cluster": {"gpu": "h100-sxm", "num_gpus": 32},
+    "parallel": {"ep": 8, "global_batch_size": 512},
+    "rl": {
+        "prompts_per_step": 64,
+        "samples_per_prompt": 32,
+        "prompt_len": 200,
+        "response_len": 2000,
+        "max_response_len": 3800,
+        "rollout": {"tp": 2},
+    },
+}
+
+
+def _spec(**rl):
+    data = copy.deepcopy(BASE)
+    data["rl"].update(rl)
+    return runspec_from_dict(data)
+
+
+@pytest.mark.parametrize(
+    ("rl", "field"),
+    [
+        ({"staleness": 1}, "rl.staleness"),
+        ({"placement": "disaggregated"}, "rl.rollout_gpus"),
+        ({"placement": "disaggregated", "rollout_gpus": 32}, "rl.rollout_gpus"),
+        ({"placement": "disaggregated", "rollout_gpus": 12}, "rl.rollout_gpus"),
+        ({"samples_per_prompt": 1}, "rl.samples_per_prompt"),
+        ({"max_response_len": 100}, "rl.max_response_len"),
+        ({"reward": "model"}, "rl.reward_model"),
+        ({"algorithm": "dpo"}, "rl.algorithm"),
+        ({"prompts_per_step": 3}, "parallel.global_batch_size"),
+        ({"rollout": {"tp": 3}}, "rl.rollout"),
+        ({"rollout": {"gpu_memory_utilization": 1.5}}, "rl.rollout.gpu_memory_utilization"),
+        ({"bogus": 1}, "rl.bogus"),
+    ],
+)
+def test_bad_rl_names_the_field(rl, field):
+    with pytest.raises(SpecError) as err:
+        _spec(**rl)
+    assert err.value.field == field
+    assert "\n" not in str(err.value)
+
+
+def test_phases_add_up_when_synchronous():
+    est = estimate_rl(_spec())
+    assert est.step_time_s == pytest.approx(sum(est.phases_s.values()))
+    assert est.phases_s["rollout"] > 0 and est.phases_s["update"] > 0
+    assert est.phases_s["old_logprob"] < est.phases_s["update"]  # forward only < fwd + bwd
+
+
+def test_async_step_is_the_slower_pool_plus_sync():
+    est = estimate_rl(_spec(placement="disaggregated", rollout_gpus=16, staleness=1))
+    train = sum(v for k, v in est.phases_s.items() if k not in ("rollout", "weight_sync"))
+    expected = max(est.phases_s["rollout"], train) + est.phases_s["weight_sync"]
+    assert est.step_time_s == pytest.approx(expected)
+    assert est.phases_s["switch"] == 0.0  # nothing to offload: the pools are apart
+
+
+def test_no_kl_drops_the_reference_pass_and_ppo_adds_a_critic():
+    assert estimate_rl(_spec(kl=False)).phases_s["ref_logprob"] == 0.0
+    ppo = estimate_rl(_spec(algorithm="ppo"))
+    assert ppo.phases_s["critic_values"] > 0 and ppo.phases_s["critic_update"] > 0
+
+
+def test_long_tail_costs_more_than_fixed_lengths():
+    tail = estimate_rl(_spec(response_dist="lognormal", response_sigma=1.0)).rollout
+    flat = estimate_rl(_spec(response_dist="fixed")).rollout
+    assert tail.time_s > flat.time_s
+
+
+def test_staleness_overlaps_the_tail_of_one_step_with_the_next():
+    one = estimate_rl(_spec(placement="disaggregated", rollout_gpus=16, staleness=1))
+    sync = estimate_rl(_spec(placement="disaggregated", rollout_gpus=16))
+    assert one.phases_s["rollout"] < sync.phases_s["rollout"]
+    assert one.step_time_s < sync.step_time_s
+
+
+def test_search_ranks_fitting_layouts_fastest_first():
+    found = search_rl(_spec())
+    steps = [e.step_time_s for e in found.ranked]
+    assert steps and steps == sorted(steps)
+    assert {e.rl.placement for e in found.ranked} == {"colocated", "disaggregated"}
+
+
+def test_weight_sync_pays_per_tensor_not_only_bytes():
+    from aihpc.perf.rl.phases import checkpoint_tensors, sync_s
+
+    spec = _spec(placement="disaggregated", rollout_gpus=16)
+    assert spec.rl is not None
+    moe = checkpoint_tensors(spec.model)
+    assert moe > 3 * spec.model.num_experts * spec.model.num_moe_layers  # 3 per expert
+    fast = sync_s(spec.model, spec.cluster, spec.rl, 16)
+    bigger_nic = spec.cluster.__class__(**{**spec.cluster.__dict__, "scale_out_bw_GBps": 1e6})
+    assert 0 < sync_s(spec.model, bigger_nic, spec.rl, 16) < fast  # bytes still cost
+
+
+def test_refit_rows_have_sources_and_a_prediction():
+    from aihpc.perf.fit.rl_validate import validate_refit
+
+    rows = validate_refit()
+    assert len(rows) >= 3
+    assert all(r.source and r.predicted_s > 0 for r in rows)
+
+
+def test_zero3_forward_passes_gather_the_parameters():
+    data = copy.deepcopy(BASE)
+    data["parallel"] = {"zero_stage": 3, "global_batch_size": 512}
+    zero3 = estimate_rl(runspec_from_dict(data))
+    data["parallel"] = {"zero_stage": 1, "global_batch_size": 512}
+    zero1 = estimate_rl(runspec_from_dict(data))
+    t3, t1 = zero3.actor.estimate.time_s, zero1.actor.estimate.time_s
+    gap3 = zero3.phases_s["old_logprob"] - zero3.actor.forward_steps * t3["compute"] / 3
+    gap1 = zero1.phases_s["old_logprob"] - zero1.actor.forward_steps * t1["compute"] / 3
+    assert gap3 > gap1  # the forward's all-gather is paid under ZeRO-3 only
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 39's RL targets (MAPE <= 20%, no row beyond 40%) are not met yet: see "
+    "docs/rl.md, Checked against published RL runs",
+)
+def test_rl_targets():
+    from aihpc.perf.fit.rl_validate import validate_rl
+
+    report = validate_rl()
+    assert report.mape() <= 0.20 and report.worst() <= 0.40
+
+
+def test_every_rl_row_names_its_source_and_is_priced():
+    from aihpc.perf.fit.rl_validate import validate_rl
+
+    report = validate_rl()
+    assert len(report.rows) >= 10
+    assert all(r.source and r.predicted_s > 0 for r in report.rows)
+    assert {r.set for r in report.rows} == {"dev", "heldout"}
