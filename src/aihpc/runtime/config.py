@@ -9,6 +9,7 @@ from typing import Any
 
 from aihpc.runspec import ModelSpec, SpecError
 from aihpc.runspec._table import check_choice
+from aihpc.runspec.rules import trainer_model_refusal
 
 __all__ = [
     "EXPERT_COMPUTE",
@@ -122,31 +123,11 @@ class LlamaConfig:
 
     @classmethod
     def from_spec(cls, spec: ModelSpec) -> LlamaConfig:
-        """The runtime trains SwiGLU decoders, dense or MoE; other ModelSpec shapes are refused."""
-        if spec.ffn_activation != "swiglu":
-            raise SpecError(
-                "model.ffn_activation",
-                spec.ffn_activation,
-                "the runtime's Llama decoder needs swiglu",
-            )
-        if spec.head_dim not in (None, spec.hidden_size // spec.num_attention_heads):
-            raise SpecError(
-                "model.head_dim",
-                spec.head_dim,
-                "the runtime needs head_dim = hidden_size / num_attention_heads",
-            )
-        if spec.attention_window is not None:
-            raise SpecError(
-                "model.attention_window",
-                spec.attention_window,
-                "the runtime's attention is full causal: leave it unset to train",
-            )
-        if (spec.hidden_size // spec.num_attention_heads) % 2:
-            raise SpecError(
-                "model.hidden_size",
-                spec.hidden_size,
-                "hidden_size / num_attention_heads must be even (RoPE pairs)",
-            )
+        """The runtime trains SwiGLU decoders, dense or MoE; other ModelSpec shapes are refused
+        (``aihpc.runspec.rules.trainer_model_refusal``, the rule ``aihpc search`` marks by)."""
+        problem = trainer_model_refusal(spec)
+        if problem is not None:
+            raise problem
         return cls(
             dim=spec.hidden_size,
             num_layers=spec.num_layers,
