@@ -26,6 +26,7 @@ from aihpc.runspec.training import TrainingSpec
 __all__ = [
     "TRAINER_A2A_OVERLAPS",
     "TRAINER_ATTENTION",
+    "TRAINER_RECOMPUTE_MODULES",
     "trainer_etps",
     "trainer_model_refusal",
     "trainer_plan_refusal",
@@ -36,10 +37,14 @@ __all__ = [
 
 # The MoE all-to-all runs in line with compute (dispatch, experts, combine in order).
 TRAINER_A2A_OVERLAPS = ("none",)
-# The attention kernels the trainer runs: torch's scaled_dot_product_attention (its fused
-# flash kernel on CPUs, FlashAttention-2 / memory-efficient on GPUs: "flash" and "flash2"), or
-# the scores materialised (softmax(q k^T) v in plain matmuls: "unfused").
-TRAINER_ATTENTION = ("flash", "flash2", "unfused")
+# The parallel.recompute_modules the trainer recomputes (runtime/model.py, moe.py); mla_up_proj
+# needs MLA, which it does not have (trainer_model_refusal).
+TRAINER_RECOMPUTE_MODULES = ("layernorm", "mlp", "moe_act")
+# The attention kernels the trainer runs: torch's scaled_dot_product_attention, its fused flash
+# kernel on CPUs and FlashAttention-2 (or cuDNN / memory-efficient) on GPUs. Under context
+# parallelism the ring's blocks are plain matmuls over the scores whatever this says (and are
+# priced as "unfused", runtime/summary.py).
+TRAINER_ATTENTION = ("flash", "flash2")
 
 
 def trainer_etps(tp: int) -> tuple[int, ...]:
@@ -113,7 +118,7 @@ def trainer_training_refusal(training: TrainingSpec) -> SpecError | None:
         return _err(
             "training.attention",
             training.attention,
-            "the runtime runs torch's scaled_dot_product_attention or the unfused form; "
+            "the runtime runs torch's scaled_dot_product_attention (its flash kernels); "
             "allowed: " + " | ".join(TRAINER_ATTENTION),
         )
     return None
@@ -166,8 +171,10 @@ def _layout_refusal(plan: ParallelPlan, model: ModelSpec, dp: int) -> SpecError 
         return _err(
             "parallel.dp_shard", plan.dp_shard, f"must divide the data-parallel degree {dp}"
         )
-    if "mla_up_proj" in plan.recompute_modules:
-        return _err("parallel.recompute_modules", "mla_up_proj", "the runtime has no MLA")
+    for name in plan.recompute_modules:
+        if name not in TRAINER_RECOMPUTE_MODULES:
+            allowed = " | ".join(TRAINER_RECOMPUTE_MODULES)
+            return _err("parallel.recompute_modules", name, f"the runtime recomputes: {allowed}")
     per_step = dp * plan.micro_batch_size
     if plan.global_batch_size % per_step:
         return _err(

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
+from torch.utils.checkpoint import checkpoint
 
 from aihpc.comm import MoEDispatcher
 from aihpc.runtime.config import EXPERT_COMPUTE, ROUTER_SCORES, MoEConfig, moe_config_from_spec
@@ -155,6 +156,28 @@ class _AttachAux(torch.autograd.Function):
         return g, torch.ones_like(aux)
 
 
+class _SwiGLUDown(torch.autograd.Function):
+    """(silu(h1) * h3) @ w2 keeping h1, h3 and w2 only: the activation's output is made again in
+    the backward, from them (``recompute_modules = ["moe_act"]``, Megatron-Core's moe_act)."""
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda")
+    def forward(ctx: Any, h1: torch.Tensor, h3: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(h1, h3, w2)
+        return (F.silu(h1) * h3) @ w2
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cuda")
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+        h1, h3, w2 = ctx.saved_tensors
+        with torch.enable_grad():
+            h1_, h3_ = h1.detach().requires_grad_(), h3.detach().requires_grad_()
+            act = F.silu(h1_) * h3_
+        grad_w2 = act.detach().t() @ g
+        grad_h1, grad_h3 = torch.autograd.grad(act, (h1_, h3_), g @ w2.t())
+        return grad_h1, grad_h3, grad_w2
+
+
 class GroupedExperts(nn.Module):
     """``num_experts`` SwiGLU experts as three stacked weights: w1, w3 (E, dim, ffn), w2 (E, ffn,
     dim). Under EP they are DTensors sharded on dim 0 over the EP mesh (this rank's experts)."""
@@ -166,6 +189,7 @@ class GroupedExperts(nn.Module):
         self.w3 = nn.Parameter(torch.empty(num_experts, dim, ffn_dim))
         self.w2 = nn.Parameter(torch.empty(num_experts, ffn_dim, dim))
         self.grad_scale = 1.0  # 1 / EP size under EP (see expert_parallel.py)
+        self.recompute_act = False  # recompute_modules "moe_act": the SwiGLU output not kept
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -191,8 +215,10 @@ class GroupedExperts(nn.Module):
         )
         if grouped:
             offs = torch.tensor(tokens_per_expert, device=x.device).cumsum(0).to(torch.int32)
-            h = F.silu(F.grouped_mm(x, w1, offs=offs)) * F.grouped_mm(x, w3, offs=offs)
-            return F.grouped_mm(h, w2, offs=offs)
+            h1, h3 = F.grouped_mm(x, w1, offs=offs), F.grouped_mm(x, w3, offs=offs)
+            if self.recompute_act:  # grouped: the down projection is run again with it
+                return checkpoint(_grouped_down, h1, h3, w2, offs, use_reentrant=False)
+            return _grouped_down(h1, h3, w2, offs)
         # unbind, not w1[e]: the backward of indexing one expert writes a zero gradient the
         # size of all experts' weights and adds it up, once per expert (E^2 traffic: 12 of
         # 19 ms of kernels at GPT-OSS-120B's 16 local experts on an H200,
@@ -200,8 +226,17 @@ class GroupedExperts(nn.Module):
         outs = []
         weights = (w1.unbind(0), w3.unbind(0), w2.unbind(0))
         for xe, a, b, c in zip(x.split(tokens_per_expert), *weights, strict=True):
-            outs.append((F.silu(xe @ a) * (xe @ b)) @ c)
+            if self.recompute_act:
+                outs.append(_SwiGLUDown.apply(xe @ a, xe @ b, c))
+            else:
+                outs.append((F.silu(xe @ a) * (xe @ b)) @ c)
         return torch.cat(outs) if outs else x.new_zeros((0, w2.shape[-1]))
+
+
+def _grouped_down(
+    h1: torch.Tensor, h3: torch.Tensor, w2: torch.Tensor, offs: torch.Tensor
+) -> torch.Tensor:
+    return F.grouped_mm(F.silu(h1) * h3, w2, offs=offs)
 
 
 class SharedExperts(nn.Module):
