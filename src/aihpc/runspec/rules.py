@@ -198,25 +198,22 @@ def _moe_refusal(plan: ParallelPlan, model: ModelSpec, dp: int) -> SpecError | N
             "the runtime's dispatch and combine run in line with the experts' compute; "
             "allowed: " + " | ".join(TRAINER_A2A_OVERLAPS),
         )
-    if plan.tp > 1:
-        return _err(
-            "parallel.tp",
-            plan.tp,
-            "the runtime does not split MoE layers over tensor parallel; allowed with an MoE "
-            "model: 1",
-        )
     if plan.etp not in trainer_etps(plan.tp):
         allowed = " | ".join(map(str, trainer_etps(plan.tp)))
         return _err(
-            "parallel.etp", plan.etp, f"allowed in the runtime with tp {plan.tp}: {allowed}"
+            "parallel.etp",
+            plan.etp,
+            "the runtime splits no expert over tensor-parallel ranks (each TP rank routes its "
+            f"own sequence shard through whole experts); allowed: {allowed}",
         )
-    if model.moe_aux_loss_coeff and plan.cp > 1:
-        return _err(
-            "parallel.cp",
-            plan.cp,
-            "the sequence-wise balance loss needs whole sequences on a rank; allowed with "
-            "model.moe_aux_loss_coeff > 0: 1",
-        )
+    for degree in ("cp", "tp"):  # tp: MoE layers see the sequence-parallel shard
+        if model.moe_aux_loss_coeff and getattr(plan, degree) > 1:
+            return _err(
+                f"parallel.{degree}",
+                getattr(plan, degree),
+                "the sequence-wise balance loss needs whole sequences on a rank; allowed with "
+                "model.moe_aux_loss_coeff > 0: 1",
+            )
     if plan.ep == 1:
         return None
     if (dp * plan.cp) % plan.ep:

@@ -167,11 +167,14 @@ class Parallel:
 
     def batch_group(self) -> Any:
         """The data x context parallel ranks of this stage, whose tokens make up its global batch
-        (the routers' load counts are summed over them). Created on the first call, which is
-        collective."""
+        (the routers' load counts are summed over them), and its tensor-parallel ranks, which
+        route their own sequence shards under tensor parallel (runtime/tp.py). Created on the
+        first call, which is collective."""
         if self._batch_group is None:
-            dp_dims = ("fsdp_replicate", "fsdp_shard")
-            self._batch_group = self.mesh[dp_dims]._flatten("dp_cp").get_group()
+            dp_dims: tuple[str, ...] = ("fsdp_replicate", "fsdp_shard")
+            if self.dims.tp > 1:
+                dp_dims += ("tp",)
+            self._batch_group = self.mesh[dp_dims]._flatten("batch").get_group()
         return self._batch_group
 
     def expert_fsdp_mesh(self) -> Any:

@@ -75,12 +75,14 @@ class Router(nn.Module):
         self.load: torch.Tensor | None = None
         # off inside ``loads_not_counted``: forwards that train nothing count nothing
         self.count_loads = True
+        self.grad_group: Any = None  # tensor parallel with etp 1: gate gradient summed over it
 
     def _scores(self, h: torch.Tensor) -> torch.Tensor:
         # at least float32 whatever autocast says: the choice must not flip with rounding
         dtype = torch.promote_types(h.dtype, torch.float32)
         with torch.autocast(h.device.type, enabled=False):
-            logits = F.linear(h.to(dtype), self.gate.weight.to(dtype))
+            weight = local_weight(self.gate.weight, self.grad_group)
+            logits = F.linear(h.to(dtype), weight.to(dtype))
         return logits.softmax(dim=-1) if self.cfg.score_func == "softmax" else logits.sigmoid()
 
     def _choose(self, scores: torch.Tensor) -> torch.Tensor:
@@ -142,6 +144,31 @@ class _ScaleGrad(torch.autograd.Function):
         return g * ctx.scale, None
 
 
+class _SumGrad(torch.autograd.Function):
+    """Identity forward; backward sums the gradient over ``group`` (Megatron's copy to the
+    tensor-parallel region): a weight every rank of ``group`` holds whole, each applying it to
+    its own tokens, gets the gradient of all of them."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:  # type: ignore[override]
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        g = g.contiguous().clone()
+        torch.distributed.all_reduce(g, group=ctx.group)
+        return g, None
+
+
+def local_weight(p: torch.Tensor, grad_group: Any = None) -> torch.Tensor:
+    """This rank's tensor of parameter ``p`` (a DTensor's local part); with ``grad_group`` (the
+    tensor-parallel ranks, each routing its own sequence shard through the MoE block), its
+    gradient summed over that group."""
+    w = p.to_local() if isinstance(p, DTensor) else p
+    return _SumGrad.apply(w, grad_group) if grad_group is not None else w
+
+
 class _AttachAux(torch.autograd.Function):
     """Returns y unchanged; in backward also feeds d(aux)/d(aux) = 1 into the balance loss."""
 
@@ -190,6 +217,7 @@ class GroupedExperts(nn.Module):
         self.w2 = nn.Parameter(torch.empty(num_experts, ffn_dim, dim))
         self.grad_scale = 1.0  # 1 / EP size under EP (see expert_parallel.py)
         self.recompute_act = False  # recompute_modules "moe_act": the SwiGLU output not kept
+        self.grad_group: Any = None  # tensor parallel with etp 1 (see MoE.set_grad_group)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -200,7 +228,7 @@ class GroupedExperts(nn.Module):
     def _weights(self) -> list[torch.Tensor]:
         out = []
         for p in (self.w1, self.w3, self.w2):
-            w = p.to_local() if isinstance(p, DTensor) else p
+            w = local_weight(p, self.grad_group)
             out.append(_ScaleGrad.apply(w, self.grad_scale) if self.grad_scale != 1.0 else w)
         return out
 
@@ -247,9 +275,11 @@ class SharedExperts(nn.Module):
         self.w1 = nn.Linear(dim, ffn_dim, bias=False)
         self.w3 = nn.Linear(dim, ffn_dim, bias=False)
         self.w2 = nn.Linear(ffn_dim, dim, bias=False)
+        self.grad_group: Any = None  # tensor parallel with etp 1 (see MoE.set_grad_group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        w1, w3, w2 = (local_weight(m.weight, self.grad_group) for m in (self.w1, self.w3, self.w2))
+        return F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)
 
 
 class MoE(nn.Module):
@@ -269,6 +299,14 @@ class MoE(nn.Module):
         self.dispatcher = MoEDispatcher(cfg.num_experts)
         self.aux_loss_scale = 1.0
         self.last_aux_loss: torch.Tensor | None = None
+
+    def set_grad_group(self, group: Any) -> None:
+        """Tensor parallel with expert TP 1 (``runtime/tp.py``): each TP rank routes its own
+        sequence shard through the whole block, so every weight's gradient is summed over the
+        TP ``group`` in the backward."""
+        for part in (self.router, self.experts, self.shared):
+            if part is not None:
+                part.grad_group = group
 
     def init_buffers(self) -> None:
         """Zero the router state (after ``to_empty``: buffers of a meta-built model are garbage)."""
