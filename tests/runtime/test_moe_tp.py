@@ -1,14 +1,16 @@
-"""MoE under tensor parallel (expert TP 1: each TP rank routes its own sequence shard through
-whole experts, their gradients summed over TP), alone, with expert parallel, inside pipeline
-stages, and with fine-grained recompute (``recompute_modules``), trained by 4 gloo ranks (fp32
-on CPU) against the same model trained by one process: the loss at each of 4 steps, every weight
-and the routers' biases at the end.
+"""MoE under tensor parallel, with expert TP 1 (each TP rank routes its own sequence shard
+through whole experts, their gradients summed over TP) alone, with expert parallel, inside
+pipeline stages and with fine-grained recompute (``recompute_modules``), and with expert TP = tp
+(every expert's FFN split over the TP ranks, the sequence all-gathered for the block), trained
+by 4 gloo ranks (fp32 on CPU) against the same model trained by one process: the loss at each
+of 4 steps, every weight and the routers' biases at the end.
 
 Tolerance: test_moe_train's (2e-6 relative on losses, 5e-5 absolute on weights, biases equal),
 for the same reason: the same mean gradient summed in another order. A fault lands far outside:
 the TP sum of the MoE weights' gradients left out (each TP rank stepping with its own shard's
 gradient) moved the step-2 loss of tp2-dp2-zero1 by 4.6e-5 relative (measured by breaking the
-code on purpose while writing this test).
+code on purpose while writing this test); under expert TP the router's gradient not summed over
+TP (each rank's is a partial sum, from its slices' outputs), by 7.6e-5 on tp2-etp2-zero3.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ PLANS = {
     "tp2-dp2-zero1": {"tp": 2, "zero_stage": 1},
     "tp2-ep2-zero0": {"tp": 2, "ep": 2, "zero_stage": 0},
     "tp2-pp2": {"tp": 2, "pp": 2, "zero_stage": 1},
+    "tp2-etp2-zero3": {"tp": 2, "etp": 2, "zero_stage": 3},
+    "tp2-etp2-pp2": {"tp": 2, "etp": 2, "pp": 2, "zero_stage": 1, "recompute": "selective"},
     "tp2-ep2-recompute-modules": {
         "tp": 2, "ep": 2, "zero_stage": 3, "recompute_modules": ["layernorm", "moe_act"],
     },

@@ -157,7 +157,7 @@ def _dims(world: int, model: dict, **parallel):
     ("world", "model", "parallel", "field", "says"),
     [
         (4, {}, {"tp": 2}, "parallel.tp", "whole sequences"),
-        (4, {"moe_aux_loss_coeff": 0.0}, {"tp": 2, "etp": 2}, "parallel.etp", "splits no expert"),
+        (4, {"moe_aux_loss_coeff": 0.0}, {"tp": 2, "etp": 2, "ep": 2}, "parallel.etp", "ep 2"),
         (4, {}, {"ep": 2, "moe_a2a_overlap": "1f1b"}, "parallel.moe_a2a_overlap", "in line"),
         (4, {}, {"cp": 2, "ep": 2}, "parallel.cp", "whole sequences"),
         (4, {}, {"zero_stage": 3, "dp_shard": 2, "ep": 4}, "parallel.ep", "dp_shard*cp = 2"),

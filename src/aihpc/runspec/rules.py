@@ -48,8 +48,10 @@ TRAINER_ATTENTION = ("flash", "flash2")
 
 
 def trainer_etps(tp: int) -> tuple[int, ...]:
-    """Expert tensor-parallel degrees the trainer runs beside tensor parallel ``tp``."""
-    return (1,)
+    """Expert tensor-parallel degrees the trainer runs beside tensor parallel ``tp``: 1 (each
+    TP rank runs whole experts on its own sequence shard) or tp (every expert split over the
+    TP ranks, runtime/tp.py)."""
+    return tuple(sorted({1, tp}))
 
 
 def _err(field: str, value: object, allowed: str) -> SpecError:
@@ -203,8 +205,15 @@ def _moe_refusal(plan: ParallelPlan, model: ModelSpec, dp: int) -> SpecError | N
         return _err(
             "parallel.etp",
             plan.etp,
-            "the runtime splits no expert over tensor-parallel ranks (each TP rank routes its "
-            f"own sequence shard through whole experts); allowed: {allowed}",
+            f"the runtime splits experts over the tensor-parallel ranks or none; allowed with "
+            f"tp {plan.tp}: {allowed}",
+        )
+    if plan.etp > 1 and plan.ep > 1:
+        return _err(
+            "parallel.etp",
+            plan.etp,
+            f"the runtime splits experts over tensor parallel without expert parallel; allowed "
+            f"with ep {plan.ep}: 1",
         )
     for degree in ("cp", "tp"):  # tp: MoE layers see the sequence-parallel shard
         if model.moe_aux_loss_coeff and getattr(plan, degree) > 1:

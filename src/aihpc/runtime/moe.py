@@ -299,6 +299,7 @@ class MoE(nn.Module):
         self.dispatcher = MoEDispatcher(cfg.num_experts)
         self.aux_loss_scale = 1.0
         self.last_aux_loss: torch.Tensor | None = None
+        self.etp_mesh: Any = None  # expert tensor parallel over the TP mesh (runtime/tp.py)
 
     def set_grad_group(self, group: Any) -> None:
         """Tensor parallel with expert TP 1 (``runtime/tp.py``): each TP rank routes its own
@@ -314,7 +315,14 @@ class MoE(nn.Module):
         self.router.load = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: (batch, seq, dim) → (batch, seq, dim)."""
+        """x: (batch, seq, dim) → (batch, seq, dim). Under expert TP (``etp_mesh``), x is this
+        rank's sequence shard: the block runs on the whole sequence, each rank with its slice
+        of every expert, and returns its shard of the sum (``_etp_block``)."""
+        if self.etp_mesh is not None:
+            return _etp_block(self, x, self.etp_mesh)
+        return self._block(x)
+
+    def _block(self, x: torch.Tensor) -> torch.Tensor:
         b, s, d = x.shape
         h = x.reshape(b * s, d)
         idx, weights, aux = self.router(h, s)
@@ -327,6 +335,22 @@ class MoE(nn.Module):
             self.last_aux_loss = aux.detach()
             out = _AttachAux.apply(out, aux * self.aux_loss_scale)
         return out.view(b, s, d)
+
+
+def _etp_block(moe: MoE, x: torch.Tensor, mesh: Any) -> torch.Tensor:
+    """Expert tensor parallel as Megatron-Core's all-gather token dispatcher runs it: the TP
+    ranks' sequence shards all-gathered (backward: reduce-scattered, summing what each rank's
+    slices gave back), the router run on the whole sequence by every rank alike, each rank's
+    slice of every expert's FFN (and of the shared experts') applied, and the partial sums
+    reduce-scattered to the sequence shards (backward: all-gathered)."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    whole = DTensor.from_local(x, mesh, [Shard(1)], run_check=False).redistribute(
+        mesh, [Replicate()]
+    )
+    partial = moe._block(whole.to_local(grad_placements=[Partial()]))
+    out = DTensor.from_local(partial, mesh, [Partial()], run_check=False)
+    return out.redistribute(mesh, [Shard(1)]).to_local()
 
 
 @contextmanager

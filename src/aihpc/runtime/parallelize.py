@@ -125,7 +125,7 @@ def build_parallel_model(
     if dims.cp > 1:
         apply_cp(model, par)
     if dims.tp > 1:
-        apply_tp(model, par.tp_mesh, dims.sequence_parallel, par.ep_mesh is not None)
+        apply_tp(model, par.tp_mesh, dims.sequence_parallel, par.ep_mesh is not None, dims.etp)
     if par.ep_mesh is not None:
         apply_ep(model, EPGroups(par.ep_mesh.get_group()), mesh=par.ep_mesh)
     if dims.pure_data_parallel and dims.zero_stage == 0 and par.ep_mesh is None:

@@ -19,7 +19,13 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
+from torch.distributed.tensor import (
+    DTensor,
+    Replicate,
+    Shard,
+    distribute_module,
+    distribute_tensor,
+)
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -107,12 +113,43 @@ def _replicate(module: nn.Module, tp_mesh: Any) -> None:
     distribute_module(module, tp_mesh, input_fn=to_dtensor, output_fn=to_local)
 
 
+def _moe_split(moe: MoE, tp_mesh: Any) -> None:
+    """An MoE feed-forward with expert TP = tp: every expert's FFN (and the shared experts')
+    split over the TP ranks as the dense MLP is (w1, w3 by columns of the FFN width, w2 by its
+    rows), the router replicated; the block runs on the whole sequence (``moe._etp_block``).
+    The router's gradient comes from each rank's partial outputs, so it is summed over TP."""
+    experts = moe.experts
+    for name, dim in (("w1", 2), ("w3", 2), ("w2", 1)):
+        full = getattr(experts, name)
+        split = distribute_tensor(full.detach(), tp_mesh, [Shard(dim)], src_data_rank=None)
+        setattr(experts, name, nn.Parameter(split, requires_grad=full.requires_grad))
+    if moe.shared is not None:
+        shared = moe.shared
+        for name, dim in (("w1", 0), ("w3", 0), ("w2", 1)):
+            linear = getattr(shared, name)
+            split = distribute_tensor(
+                linear.weight.detach(), tp_mesh, [Shard(dim)], src_data_rank=None
+            )
+            linear.weight = nn.Parameter(split, requires_grad=linear.weight.requires_grad)
+    gate = moe.router.gate
+    whole = DTensor.from_local(gate.weight.detach(), tp_mesh, [Replicate()], run_check=False)
+    gate.weight = nn.Parameter(whole, requires_grad=gate.weight.requires_grad)
+    moe.router.grad_group = tp_mesh.get_group()
+    moe.etp_mesh = tp_mesh
+
+
 def apply_tp(
-    model: nn.Module, tp_mesh: Any, sequence_parallel: bool, experts_elsewhere: bool = False
+    model: nn.Module,
+    tp_mesh: Any,
+    sequence_parallel: bool,
+    experts_elsewhere: bool = False,
+    etp: int = 1,
 ) -> None:
     """Shard ``model`` (a Llama, possibly without the parts other pipeline stages hold) over
     ``tp_mesh`` in place. The output stays a vocabulary-sharded DTensor for loss parallel.
-    ``experts_elsewhere``: expert parallel shards the MoE blocks' experts (``_moe_local``)."""
+    ``experts_elsewhere``: expert parallel shards the MoE blocks' experts (``_moe_local``);
+    ``etp``: 1, each TP rank runs whole experts on its tokens (``_moe_local``), or tp, every
+    expert split over the TP ranks (``_moe_split``)."""
     seq = Shard(1) if sequence_parallel else Replicate()
     root: dict[str, Any] = {}
     if model.tok_embeddings is not None:
@@ -128,7 +165,9 @@ def apply_tp(
     for block in model.layers.values():
         moe = isinstance(block.feed_forward, MoE)
         parallelize_module(block, tp_mesh, _block_plan(sequence_parallel, moe))
-        if moe:
+        if moe and etp > 1:
+            _moe_split(block.feed_forward, tp_mesh)
+        elif moe:
             _moe_local(block.feed_forward, tp_mesh, experts_elsewhere)
         if not sequence_parallel:
             _replicate(block.attention_norm, tp_mesh)
