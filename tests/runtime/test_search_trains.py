@@ -1,8 +1,8 @@
 """What `aihpc search` prints, `aihpc train` runs (issue 41 item 1): one rule set
 (``aihpc.runspec.rules``) marks every plan the search prints and is what the trainer checks
-before it starts, so for a tiny dense model and a tiny MoE model on 4 GPUs
+before it starts, so for a tiny dense model, a tiny MoE model and one that drops tokens, on 4 GPUs
 
-- each plan the search prices is marked runnable exactly when the trainer's own check accepts
+- each plan the search prints is marked runnable exactly when the trainer's own check accepts
   it, and a refused plan is refused by the trainer with the same line;
 - ``--runnable`` keeps exactly the runnable ones (dense: the same plans; MoE: the trainer's
   MoE options offered instead of the ones it refuses);
@@ -47,6 +47,9 @@ MOE = {
 SPECS = {
     "dense": {"preset": "tiny-llama", "num_layers": 4, "num_kv_heads": 2, "seq_length": 32},
     "moe": {"preset": "tiny-llama", "seq_length": 32, **MOE},
+    # token dropping: capacity 8 copies of each 32-token sequence per expert, half the balanced
+    # share, so every step drops (tests/runtime/test_moe_capacity.py checks the choice)
+    "moe-capacity": {"preset": "tiny-llama", "seq_length": 32, **MOE, "moe_capacity_factor": 0.5},
 }
 
 

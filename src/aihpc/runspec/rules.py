@@ -91,12 +91,6 @@ def trainer_model_refusal(model: ModelSpec) -> SpecError | None:
         )
     if model.mtp_layers:
         return _err("model.mtp_layers", model.mtp_layers, "the runtime has no MTP; allowed: 0")
-    if model.moe_capacity_factor is not None:
-        return _err(
-            "model.moe_capacity_factor",
-            model.moe_capacity_factor,
-            "the runtime's MoE is dropless (every routed token reaches its expert); leave it unset",
-        )
     return None
 
 
@@ -223,6 +217,14 @@ def _moe_refusal(plan: ParallelPlan, model: ModelSpec, dp: int) -> SpecError | N
                 "the sequence-wise balance loss needs whole sequences on a rank; allowed with "
                 "model.moe_aux_loss_coeff > 0: 1",
             )
+    if model.moe_capacity_factor is not None and (plan.cp > 1 or plan.etp < plan.tp):
+        degree = "cp" if plan.cp > 1 else "tp"
+        return _err(
+            f"parallel.{degree}",
+            getattr(plan, degree),
+            "token dropping counts each expert's copies per whole sequence (moe_capacity_factor); "
+            "allowed with it: cp 1, and tp 1 unless etp = tp",
+        )
     if plan.ep == 1:
         return None
     if (dp * plan.cp) % plan.ep:

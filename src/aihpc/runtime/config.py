@@ -40,6 +40,9 @@ class MoEConfig:
     first_dense_layers: int = 0
     layer_freq: int = 1  # layer i >= first_dense_layers is MoE when i % layer_freq == 0
     expert_compute: str = "auto"
+    # token dropping: an expert takes at most ceil(capacity_factor x seq x top_k / experts)
+    # tokens of each sequence, its highest-scored ones (moe.py); None: dropless
+    capacity_factor: float | None = None
 
     def __post_init__(self) -> None:
         check_choice("model.moe_router_score_function", self.score_func, ROUTER_SCORES)
@@ -100,6 +103,7 @@ def moe_config_from_spec(spec: ModelSpec) -> MoEConfig | None:
         topk_groups=int(opt("moe_router_group_topk", 0)) or 1,
         first_dense_layers=spec.first_dense_layers,
         layer_freq=int(opt("moe_layer_freq", 1)),
+        capacity_factor=spec.moe_capacity_factor,
     )
 
 

@@ -32,6 +32,7 @@ and expert parallelism, and the sums are in a fixed order (bitwise reproducible 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -301,6 +302,29 @@ class MoE(nn.Module):
         self.last_aux_loss: torch.Tensor | None = None
         self.etp_mesh: Any = None  # expert tensor parallel over the TP mesh (runtime/tp.py)
 
+    def _dropping(
+        self, h: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, seq_len: int
+    ) -> torch.Tensor:
+        """The routed experts' output with token dropping: each expert takes at most
+        ``capacity(seq_len)`` of each sequence's (token, expert) copies, the highest-scored
+        first (Megatron-Core's "probs" drop policy; ties by position), the others dropped (no
+        compute, no gradient). Counted per sequence, so what is dropped does not depend on the
+        micro-batch, data or expert parallel; the kept copies go through the same dispatch and
+        combine, one copy per row."""
+        cap = self.capacity(seq_len)
+        token, slot = keep_within_capacity(idx, weights, seq_len, cap, self.cfg.num_experts)
+        kept_idx, kept_w = idx[token, slot].unsqueeze(1), weights[token, slot].unsqueeze(1)
+        routed = self.dispatcher.dispatch(h[token], kept_idx, kept_w)
+        y = self.experts(routed.x, routed.tokens_per_expert)
+        part = self.dispatcher.combine(y, routed.handle, routed.weights)
+        return part.new_zeros((h.shape[0], part.shape[1])).index_add(0, token, part)
+
+    def capacity(self, seq_len: int) -> int:
+        """Copies of one sequence an expert takes: ceil(factor x seq_len x top_k / experts)."""
+        cfg = self.cfg
+        assert cfg.capacity_factor is not None
+        return math.ceil(cfg.capacity_factor * seq_len * cfg.top_k / cfg.num_experts)
+
     def set_grad_group(self, group: Any) -> None:
         """Tensor parallel with expert TP 1 (``runtime/tp.py``): each TP rank routes its own
         sequence shard through the whole block, so every weight's gradient is summed over the
@@ -326,15 +350,39 @@ class MoE(nn.Module):
         b, s, d = x.shape
         h = x.reshape(b * s, d)
         idx, weights, aux = self.router(h, s)
-        routed = self.dispatcher.dispatch(h, idx, weights)
-        y = self.experts(routed.x, routed.tokens_per_expert)
-        out = self.dispatcher.combine(y, routed.handle, routed.weights).to(x.dtype)
+        if self.cfg.capacity_factor is None:
+            routed = self.dispatcher.dispatch(h, idx, weights)
+            y = self.experts(routed.x, routed.tokens_per_expert)
+            out = self.dispatcher.combine(y, routed.handle, routed.weights).to(x.dtype)
+        else:
+            out = self._dropping(h, idx, weights, s).to(x.dtype)
         if self.shared is not None:
             out = out + self.shared(h)
         if aux is not None:
             self.last_aux_loss = aux.detach()
             out = _AttachAux.apply(out, aux * self.aux_loss_scale)
         return out.view(b, s, d)
+
+
+def keep_within_capacity(
+    idx: torch.Tensor, weights: torch.Tensor, seq_len: int, capacity: int, num_experts: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token, slot) of the (token, expert) copies kept, in token order: per sequence of
+    ``seq_len`` tokens and expert, the ``capacity`` highest gate weights (ties: the earlier
+    token, then the earlier slot)."""
+    t, k = idx.shape
+    flat = torch.arange(t * k, device=idx.device)
+    group = (flat // k // seq_len) * num_experts + idx.flatten()
+    by_score = torch.sort(-weights.detach().flatten(), stable=True).indices
+    order = by_score[torch.sort(group[by_score], stable=True).indices]
+    grouped = group[order]
+    starts = torch.ones_like(grouped, dtype=torch.bool)
+    starts[1:] = grouped[1:] != grouped[:-1]
+    first = torch.cummax(torch.where(starts, flat, 0), 0).values
+    keep = torch.zeros(t * k, dtype=torch.bool, device=idx.device)
+    keep[order] = (flat - first) < capacity
+    kept = flat[keep]
+    return kept // k, kept % k
 
 
 def _etp_block(moe: MoE, x: torch.Tensor, mesh: Any) -> torch.Tensor:
