@@ -156,8 +156,9 @@ def _dims(world: int, model: dict, **parallel):
 @pytest.mark.parametrize(
     ("world", "model", "parallel", "field", "says"),
     [
-        (4, {}, {"tp": 2, "ep": 2}, "parallel.tp", "no expert tensor parallel"),
-        (4, {}, {"tp": 2}, "parallel.tp", "does not split MoE layers"),
+        (4, {}, {"tp": 2}, "parallel.tp", "whole sequences"),
+        (4, {"moe_aux_loss_coeff": 0.0}, {"tp": 2, "etp": 2, "ep": 2}, "parallel.etp", "ep 2"),
+        (4, {}, {"ep": 2, "moe_a2a_overlap": "1f1b"}, "parallel.moe_a2a_overlap", "in line"),
         (4, {}, {"cp": 2, "ep": 2}, "parallel.cp", "whole sequences"),
         (4, {}, {"zero_stage": 3, "dp_shard": 2, "ep": 4}, "parallel.ep", "dp_shard*cp = 2"),
         (2, {}, {"ep": 4}, "parallel.ep", "must divide dp*cp = 2"),

@@ -10,6 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from aihpc.runspec import SpecError
 from aihpc.runtime.model import Llama, LlamaConfig
+from aihpc.runtime.moe import MoEConfig
 
 LAYERS = 3
 CFG = LlamaConfig(
@@ -77,3 +78,62 @@ def test_each_mode_recomputes_what_it_says(plain) -> None:
 def test_unknown_mode_is_refused_with_the_field() -> None:
     with pytest.raises(SpecError, match=r"parallel\.recompute"):
         Llama(CFG, "sometimes")
+
+
+# parallel.recompute_modules: the named modules' forwards run again in the backward (Megatron-
+# Core's --recompute-modules), the gradients those of no recompute.
+MOE_CFG = LlamaConfig(
+    dim=64, num_layers=LAYERS, num_heads=4, num_kv_heads=2, ffn_dim=128, vocab_size=256,
+    max_seq_len=32, moe=MoEConfig(dim=64, num_experts=4, top_k=2, expert_ffn_dim=32),
+)  # fmt: skip
+RSQRT = torch.ops.aten.rsqrt.default
+SILU = torch.ops.aten.silu.default
+
+
+def module_backward(cfg: LlamaConfig, modules: tuple[str, ...]):
+    with torch.device("meta"):
+        model = Llama(cfg, "none", modules)
+    model.to_empty(device="cpu")
+    model.init_weights(7)
+    gen = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, cfg.vocab_size, (2, cfg.max_seq_len + 1), generator=gen)
+    logits = model(tokens[:, :-1])
+    loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+    mode = CountOps()
+    with mode:
+        loss.backward()
+    return loss.item(), [p.grad for p in model.parameters()], mode.counts
+
+
+@pytest.mark.parametrize(
+    ("cfg", "modules"),
+    [(CFG, ("layernorm",)), (CFG, ("mlp",)), (MOE_CFG, ("moe_act",)), (MOE_CFG, ("layernorm",))],
+)
+def test_recompute_modules_give_the_same_gradients(cfg, modules) -> None:
+    """layernorm and mlp re-run the same forward (torch checkpoint): bit for bit. moe_act's
+    backward makes the SwiGLU output again and takes the two matmul gradients itself: the same
+    ops on the same values, so bit for bit too."""
+    ref = module_backward(cfg, ())
+    loss, grads, _ = module_backward(cfg, modules)
+    assert loss == ref[0]
+    for a, b in zip(grads, ref[1], strict=True):
+        assert torch.equal(a, b)
+
+
+def test_recompute_modules_recompute_what_they_name() -> None:
+    def extra(cfg: LlamaConfig, modules: tuple[str, ...], op: object) -> int:
+        return module_backward(cfg, modules)[2].get(op, 0) - module_backward(cfg, ())[2].get(op, 0)
+
+    # layernorm: both norms of every layer again (one rsqrt each), nothing else
+    assert extra(CFG, ("layernorm",), RSQRT) == 2 * LAYERS
+    assert extra(CFG, ("layernorm",), MM) == 0
+    # mlp: the dense FFN's three matmuls (the last may be skipped, as under full recompute)
+    assert 2 * LAYERS <= extra(CFG, ("mlp",), MM) <= 3 * LAYERS
+    # moe_act: one SwiGLU per expert that got tokens, no matmul forward again
+    assert extra(MOE_CFG, ("moe_act",), SILU) > 0
+    assert extra(MOE_CFG, ("moe_act",), MM) == 0
+
+
+def test_a_module_the_trainer_has_not_is_refused() -> None:
+    with pytest.raises(SpecError, match=r"parallel\.recompute_modules"):
+        Llama(CFG, "none", ("mla_up_proj",))

@@ -140,8 +140,16 @@ def _register_search(app: typer.Typer) -> None:
             help="megatron | torchtitan | deepspeed: only the plans that framework runs "
             "(the rules its export refuses plans by).",
         ),
+        runnable: bool = typer.Option(
+            False,
+            "--runnable",
+            help="Only the plans `aihpc train` runs (without it each plan is marked).",
+        ),
     ) -> None:
-        r"""Search every valid plan; \[parallel] fields given in the run spec stay fixed."""
+        r"""Search every valid plan; \[parallel] fields given in the run spec stay fixed.
+
+        Each plan is marked with whether `aihpc train` runs it (and why not); `-o` writes only
+        a plan it runs, unless --for names the framework the plan is for."""
         if rank_by not in ("throughput", "goodput"):
             raise SpecError("--rank-by", rank_by, "allowed: throughput | goodput")
         n_tokens = parse_count("--tokens", tokens)
@@ -161,13 +169,23 @@ def _register_search(app: typer.Typer) -> None:
             from aihpc.cli._frameworks import plan_rules
 
             accept = plan_rules(framework, spec)
-        result = _run_search(spec, top, rank_by, explain, quiet=json_out, accept=accept)
+        result = _run_search(
+            spec, top, rank_by, explain, quiet=json_out, accept=accept, runnable=runnable
+        )
         shown = result.plans[:top]
+        refusals = _trainer_refusals(spec, shown)
         cols, extra = (
             goodput_columns(spec, shown, n_tokens)
             if rank_by == "goodput" or n_tokens is not None
             else ([], [{} for _ in shown])
         )
+        if output is not None and framework is None and refusals[0] is not None:
+            raise SpecError(
+                "--output",
+                str(output),
+                f"the best plan is one `aihpc train` refuses ({refusals[0]}); add --runnable to "
+                "write the best plan it runs, or --for FRAMEWORK to write one for that framework",
+            )
         if output is not None:
             how = "goodput (throughput x ETTR)" if rank_by == "goodput" else "tokens/s/GPU"
             write_plan(
@@ -178,14 +196,16 @@ def _register_search(app: typer.Typer) -> None:
                 f"{result.plans[0].tokens_per_s_per_gpu:,.1f} tokens/s/GPU",
             )
         if json_out:
-            _search_json(result, top, extra, output, explain)
+            _search_json(result, top, extra, output, explain, refusals)
             return
         _common.console.print(
             f"{spec.model.name} on {spec.cluster.num_gpus} × {spec.cluster.gpu.id}: "
-            f"{result.evaluated:,} valid plans evaluated, {result.feasible:,} fit{_kept(spec)}, "
+            f"{result.evaluated:,} valid plans{' aihpc train runs' if runnable else ''} evaluated, "
+            f"{result.feasible:,} fit{_kept(spec)}, "
             f"{result.elapsed_s:.2f} s"
         )
-        _common.console.print(_search_table(spec, result.plans[:top], cols))
+        _common.console.print(_search_table(spec, shown, cols, refusals))
+        _trainer_notes(refusals)
         _common.console.print(f"[bold]Best plan:[/] {result.plans[0].bottleneck}")
         if output is not None:
             _common.console.print(f"best plan written to {output}", highlight=False)
@@ -215,8 +235,36 @@ def _search_bar(quiet: bool) -> Iterator[Callable[[int], None] | None]:
         yield lambda n: bar.update(task, completed=n)
 
 
+def _trainer_refusals(spec: RunSpec, plans: list[Estimate]) -> list[SpecError | None]:
+    """What `aihpc train` says to each plan: None where it runs it, else its refusal
+    (aihpc.runspec.rules, the rules the trainer checks before it starts)."""
+    from aihpc.runspec.rules import trainer_plan_rule
+
+    rule = trainer_plan_rule(spec.model, spec.training, spec.cluster.num_gpus)
+    return [rule(e.plan) for e in plans]
+
+
+def _trainer_notes(refusals: list[SpecError | None]) -> None:
+    """One line per reason the trainer refuses some of the plans listed, naming them by #."""
+    by_reason: dict[str, list[str]] = {}
+    for i, err in enumerate(refusals, 1):
+        if err is not None:
+            by_reason.setdefault(str(err), []).append(f"#{i}")
+    for reason, rows in by_reason.items():
+        _common.console.print(
+            f"aihpc train refuses {', '.join(rows)}: {reason} (--runnable: only the plans it runs)",
+            highlight=False,
+        )
+
+
 def _run_search(
-    spec: RunSpec, top: int, rank_by: str, explain: bool, quiet: bool, accept: Any = None
+    spec: RunSpec,
+    top: int,
+    rank_by: str,
+    explain: bool,
+    quiet: bool,
+    accept: Any = None,
+    runnable: bool = False,
 ) -> Any:
     """The search with a progress bar on a terminal; a search with nothing valid, or nothing
     that fits, is one line naming the rule or the memory it needs."""
@@ -235,6 +283,7 @@ def _run_search(
             explain=5 if explain else 0,
             progress=progress,
             accept=accept,
+            runnable=runnable,
         )
     refusal = result.refusal()
     if refusal is not None:  # no combination is valid: say which rule refused, not "no fit"
@@ -254,11 +303,18 @@ def _run_search(
 
 
 def _search_json(
-    result: Any, top: int, extra: list[dict], output: Path | None, explain: bool
+    result: Any,
+    top: int,
+    extra: list[dict],
+    output: Path | None,
+    explain: bool,
+    refusals: list[SpecError | None],
 ) -> None:
     out = result.to_json(top)
-    for j, x in zip(out["plans"], extra, strict=True):
+    for j, x, err in zip(out["plans"], extra, refusals, strict=True):
         j.update(x)
+        j["runnable"] = err is None
+        j["trainer_refuses"] = None if err is None else str(err)
     if output is not None:
         out["output"] = str(output)
     if explain:
@@ -269,8 +325,11 @@ def _search_json(
     print_json(out)
 
 
-def _search_table(spec: RunSpec, plans: list[Estimate], cols: list) -> Table:
-    """The ranked plans, one row each, with the goodput / time-to-train columns when asked."""
+def _search_table(
+    spec: RunSpec, plans: list[Estimate], cols: list, refusals: list[SpecError | None]
+) -> Table:
+    """The ranked plans, one row each, with the goodput / time-to-train columns when asked, and
+    whether `aihpc train` runs each (``train``: yes, or no with the reason below the table)."""
     from rich.table import Table
 
     t = Table(show_edge=False)
@@ -290,6 +349,7 @@ def _search_table(spec: RunSpec, plans: list[Estimate], cols: list) -> Table:
         "tok/s/GPU",
         "MFU",
         "GiB",
+        "train",
         *(c for c, _ in cols),
     ):
         t.add_column(col, justify="left" if col == "recompute" else "right", no_wrap=True)
@@ -310,6 +370,7 @@ def _search_table(spec: RunSpec, plans: list[Estimate], cols: list) -> Table:
             f"{e.tokens_per_s_per_gpu:,.1f}",
             f"{e.mfu:.1%}",
             f"{e.memory.total / 2**30:.1f}",
+            "yes" if refusals[i - 1] is None else "no",
             *(values[i - 1] for _, values in cols),
         )
     return t

@@ -45,6 +45,7 @@ READERS = {
     "perf": "planner",
     "goodput": "planner",
     "runtime": "trainer",
+    "runspec/rules.py": "trainer",  # the trainer's rules: a field it refuses is one it reads
     "resilience": "trainer",
     "launch": "launch",
     "observe": "observe",
@@ -226,7 +227,8 @@ def _reader_sources() -> dict[str, str]:
     root = Path(__file__).resolve().parents[1]
     out: dict[str, str] = {}
     for package, reader in READERS.items():
-        for path in sorted((root / package).rglob("*.py")):
+        where = root / package
+        for path in [where] if where.suffix == ".py" else sorted(where.rglob("*.py")):
             out[reader] = out.get(reader, "") + path.read_text(encoding="utf-8") + "\n"
     return out
 

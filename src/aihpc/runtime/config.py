@@ -9,6 +9,7 @@ from typing import Any
 
 from aihpc.runspec import ModelSpec, SpecError
 from aihpc.runspec._table import check_choice
+from aihpc.runspec.rules import trainer_model_refusal
 
 __all__ = [
     "EXPERT_COMPUTE",
@@ -39,6 +40,9 @@ class MoEConfig:
     first_dense_layers: int = 0
     layer_freq: int = 1  # layer i >= first_dense_layers is MoE when i % layer_freq == 0
     expert_compute: str = "auto"
+    # token dropping: an expert takes at most ceil(capacity_factor x seq x top_k / experts)
+    # tokens of each sequence, its highest-scored ones (moe.py); None: dropless
+    capacity_factor: float | None = None
 
     def __post_init__(self) -> None:
         check_choice("model.moe_router_score_function", self.score_func, ROUTER_SCORES)
@@ -99,6 +103,7 @@ def moe_config_from_spec(spec: ModelSpec) -> MoEConfig | None:
         topk_groups=int(opt("moe_router_group_topk", 0)) or 1,
         first_dense_layers=spec.first_dense_layers,
         layer_freq=int(opt("moe_layer_freq", 1)),
+        capacity_factor=spec.moe_capacity_factor,
     )
 
 
@@ -122,31 +127,11 @@ class LlamaConfig:
 
     @classmethod
     def from_spec(cls, spec: ModelSpec) -> LlamaConfig:
-        """The runtime trains SwiGLU decoders, dense or MoE; other ModelSpec shapes are refused."""
-        if spec.ffn_activation != "swiglu":
-            raise SpecError(
-                "model.ffn_activation",
-                spec.ffn_activation,
-                "the runtime's Llama decoder needs swiglu",
-            )
-        if spec.head_dim not in (None, spec.hidden_size // spec.num_attention_heads):
-            raise SpecError(
-                "model.head_dim",
-                spec.head_dim,
-                "the runtime needs head_dim = hidden_size / num_attention_heads",
-            )
-        if spec.attention_window is not None:
-            raise SpecError(
-                "model.attention_window",
-                spec.attention_window,
-                "the runtime's attention is full causal: leave it unset to train",
-            )
-        if (spec.hidden_size // spec.num_attention_heads) % 2:
-            raise SpecError(
-                "model.hidden_size",
-                spec.hidden_size,
-                "hidden_size / num_attention_heads must be even (RoPE pairs)",
-            )
+        """The runtime trains SwiGLU decoders, dense or MoE; other ModelSpec shapes are refused
+        (``aihpc.runspec.rules.trainer_model_refusal``, the rule ``aihpc search`` marks by)."""
+        problem = trainer_model_refusal(spec)
+        if problem is not None:
+            raise problem
         return cls(
             dim=spec.hidden_size,
             num_layers=spec.num_layers,

@@ -48,6 +48,7 @@ class ParallelDims:
     sequence_parallel: bool = False
     pp_schedule: str = "1f1b"
     ep: int = 1
+    etp: int = 1  # expert tensor parallel: 1, or tp (every expert split over the TP ranks)
 
     @classmethod
     def from_plan(cls, plan: ParallelPlan, world_size: int) -> ParallelDims:
@@ -71,6 +72,7 @@ class ParallelDims:
             sequence_parallel=plan.sequence_parallel,
             pp_schedule=plan_pp_schedule(plan),
             ep=plan.ep,
+            etp=plan.etp,
         )
 
     @property
@@ -167,11 +169,15 @@ class Parallel:
 
     def batch_group(self) -> Any:
         """The data x context parallel ranks of this stage, whose tokens make up its global batch
-        (the routers' load counts are summed over them). Created on the first call, which is
-        collective."""
+        (the routers' load counts are summed over them), and its tensor-parallel ranks, which
+        route their own sequence shards under tensor parallel with expert TP 1 (runtime/tp.py;
+        with expert TP = tp every TP rank routes the whole sequence). Created on the first call,
+        which is collective."""
         if self._batch_group is None:
-            dp_dims = ("fsdp_replicate", "fsdp_shard")
-            self._batch_group = self.mesh[dp_dims]._flatten("dp_cp").get_group()
+            dp_dims: tuple[str, ...] = ("fsdp_replicate", "fsdp_shard")
+            if self.dims.tp > 1 and self.dims.etp == 1:
+                dp_dims += ("tp",)
+            self._batch_group = self.mesh[dp_dims]._flatten("batch").get_group()
         return self._batch_group
 
     def expert_fsdp_mesh(self) -> Any:

@@ -39,6 +39,7 @@ from torch.utils.checkpoint import (
 
 from aihpc.runspec._table import check_choice
 from aihpc.runspec.parallel import RECOMPUTE
+from aihpc.runspec.rules import TRAINER_RECOMPUTE_MODULES as RECOMPUTE_MODULES_RUN
 from aihpc.runtime.config import LlamaConfig
 from aihpc.runtime.kvcache import KVCache
 from aihpc.runtime.moe import MoE
@@ -197,7 +198,13 @@ class Block(nn.Module):
     the attention core; the checkpoint sits inside the layer's forward, so FSDP's hooks on the
     layer gather its parameters around the recompute as around the forward."""
 
-    def __init__(self, cfg: LlamaConfig, recompute: str = "none", layer_id: int = 0):
+    def __init__(
+        self,
+        cfg: LlamaConfig,
+        recompute: str = "none",
+        layer_id: int = 0,
+        recompute_modules: tuple[str, ...] = (),
+    ):
         super().__init__()
         self.recompute = recompute
         self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
@@ -205,6 +212,13 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         moe = cfg.moe is not None and cfg.moe.is_moe_layer(layer_id)
         self.feed_forward = MoE(cfg.moe) if moe else FeedForward(cfg)
+        # Fine-grained recompute (parallel.recompute_modules, Megatron-Core's names): the
+        # norms' and the dense FFN's forwards run again in the backward (torch checkpoint of
+        # each); moe_act: the experts' SwiGLU output is not kept (moe.py).
+        self.recompute_norms = "layernorm" in recompute_modules
+        self.recompute_mlp = "mlp" in recompute_modules and not moe
+        if moe and "moe_act" in recompute_modules:
+            self.feed_forward.experts.recompute_act = True
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """x: (batch, seq, dim); rope: (cos, sin) of this rank's tokens and the layout."""
@@ -219,8 +233,16 @@ class Block(nn.Module):
     def _layer(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: torch.Tensor
     ) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin, layout)
-        return x + self.feed_forward(self.ffn_norm(x))
+        x = x + self.attention(
+            self._recomputed(self.attention_norm, self.recompute_norms, x), cos, sin, layout
+        )
+        h = self._recomputed(self.ffn_norm, self.recompute_norms, x)
+        return x + self._recomputed(self.feed_forward, self.recompute_mlp, h)
+
+    @staticmethod
+    def _recomputed(module: nn.Module, recompute: bool, x: torch.Tensor) -> torch.Tensor:
+        """``module(x)``, its forward run again in the backward when ``recompute``."""
+        return checkpoint(module, x, use_reentrant=False) if recompute else module(x)
 
     def forward_cached(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: Any
@@ -231,13 +253,17 @@ class Block(nn.Module):
 
 
 class Llama(nn.Module):
-    def __init__(self, cfg: LlamaConfig, recompute: str = "none"):
+    def __init__(
+        self, cfg: LlamaConfig, recompute: str = "none", recompute_modules: tuple[str, ...] = ()
+    ):
         super().__init__()
         check_choice("parallel.recompute", recompute, RECOMPUTE)
+        for name in recompute_modules:
+            check_choice("parallel.recompute_modules", name, RECOMPUTE_MODULES_RUN)
         self.cfg = cfg
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.layers = nn.ModuleDict(
-            {str(i): Block(cfg, recompute, i) for i in range(cfg.num_layers)}
+            {str(i): Block(cfg, recompute, i, recompute_modules) for i in range(cfg.num_layers)}
         )
         self.norm: RMSNorm | None = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output: nn.Linear | None = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)

@@ -32,6 +32,7 @@ and expert parallelism, and the sums are in a fixed order (bitwise reproducible 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -40,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
+from torch.utils.checkpoint import checkpoint
 
 from aihpc.comm import MoEDispatcher
 from aihpc.runtime.config import EXPERT_COMPUTE, ROUTER_SCORES, MoEConfig, moe_config_from_spec
@@ -74,12 +76,14 @@ class Router(nn.Module):
         self.load: torch.Tensor | None = None
         # off inside ``loads_not_counted``: forwards that train nothing count nothing
         self.count_loads = True
+        self.grad_group: Any = None  # tensor parallel with etp 1: gate gradient summed over it
 
     def _scores(self, h: torch.Tensor) -> torch.Tensor:
         # at least float32 whatever autocast says: the choice must not flip with rounding
         dtype = torch.promote_types(h.dtype, torch.float32)
         with torch.autocast(h.device.type, enabled=False):
-            logits = F.linear(h.to(dtype), self.gate.weight.to(dtype))
+            weight = local_weight(self.gate.weight, self.grad_group)
+            logits = F.linear(h.to(dtype), weight.to(dtype))
         return logits.softmax(dim=-1) if self.cfg.score_func == "softmax" else logits.sigmoid()
 
     def _choose(self, scores: torch.Tensor) -> torch.Tensor:
@@ -141,6 +145,31 @@ class _ScaleGrad(torch.autograd.Function):
         return g * ctx.scale, None
 
 
+class _SumGrad(torch.autograd.Function):
+    """Identity forward; backward sums the gradient over ``group`` (Megatron's copy to the
+    tensor-parallel region): a weight every rank of ``group`` holds whole, each applying it to
+    its own tokens, gets the gradient of all of them."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:  # type: ignore[override]
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        g = g.contiguous().clone()
+        torch.distributed.all_reduce(g, group=ctx.group)
+        return g, None
+
+
+def local_weight(p: torch.Tensor, grad_group: Any = None) -> torch.Tensor:
+    """This rank's tensor of parameter ``p`` (a DTensor's local part); with ``grad_group`` (the
+    tensor-parallel ranks, each routing its own sequence shard through the MoE block), its
+    gradient summed over that group."""
+    w = p.to_local() if isinstance(p, DTensor) else p
+    return _SumGrad.apply(w, grad_group) if grad_group is not None else w
+
+
 class _AttachAux(torch.autograd.Function):
     """Returns y unchanged; in backward also feeds d(aux)/d(aux) = 1 into the balance loss."""
 
@@ -155,6 +184,28 @@ class _AttachAux(torch.autograd.Function):
         return g, torch.ones_like(aux)
 
 
+class _SwiGLUDown(torch.autograd.Function):
+    """(silu(h1) * h3) @ w2 keeping h1, h3 and w2 only: the activation's output is made again in
+    the backward, from them (``recompute_modules = ["moe_act"]``, Megatron-Core's moe_act)."""
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda")
+    def forward(ctx: Any, h1: torch.Tensor, h3: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(h1, h3, w2)
+        return (F.silu(h1) * h3) @ w2
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cuda")
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+        h1, h3, w2 = ctx.saved_tensors
+        with torch.enable_grad():
+            h1_, h3_ = h1.detach().requires_grad_(), h3.detach().requires_grad_()
+            act = F.silu(h1_) * h3_
+        grad_w2 = act.detach().t() @ g
+        grad_h1, grad_h3 = torch.autograd.grad(act, (h1_, h3_), g @ w2.t())
+        return grad_h1, grad_h3, grad_w2
+
+
 class GroupedExperts(nn.Module):
     """``num_experts`` SwiGLU experts as three stacked weights: w1, w3 (E, dim, ffn), w2 (E, ffn,
     dim). Under EP they are DTensors sharded on dim 0 over the EP mesh (this rank's experts)."""
@@ -166,6 +217,8 @@ class GroupedExperts(nn.Module):
         self.w3 = nn.Parameter(torch.empty(num_experts, dim, ffn_dim))
         self.w2 = nn.Parameter(torch.empty(num_experts, ffn_dim, dim))
         self.grad_scale = 1.0  # 1 / EP size under EP (see expert_parallel.py)
+        self.recompute_act = False  # recompute_modules "moe_act": the SwiGLU output not kept
+        self.grad_group: Any = None  # tensor parallel with etp 1 (see MoE.set_grad_group)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -176,7 +229,7 @@ class GroupedExperts(nn.Module):
     def _weights(self) -> list[torch.Tensor]:
         out = []
         for p in (self.w1, self.w3, self.w2):
-            w = p.to_local() if isinstance(p, DTensor) else p
+            w = local_weight(p, self.grad_group)
             out.append(_ScaleGrad.apply(w, self.grad_scale) if self.grad_scale != 1.0 else w)
         return out
 
@@ -191,8 +244,10 @@ class GroupedExperts(nn.Module):
         )
         if grouped:
             offs = torch.tensor(tokens_per_expert, device=x.device).cumsum(0).to(torch.int32)
-            h = F.silu(F.grouped_mm(x, w1, offs=offs)) * F.grouped_mm(x, w3, offs=offs)
-            return F.grouped_mm(h, w2, offs=offs)
+            h1, h3 = F.grouped_mm(x, w1, offs=offs), F.grouped_mm(x, w3, offs=offs)
+            if self.recompute_act:  # grouped: the down projection is run again with it
+                return checkpoint(_grouped_down, h1, h3, w2, offs, use_reentrant=False)
+            return _grouped_down(h1, h3, w2, offs)
         # unbind, not w1[e]: the backward of indexing one expert writes a zero gradient the
         # size of all experts' weights and adds it up, once per expert (E^2 traffic: 12 of
         # 19 ms of kernels at GPT-OSS-120B's 16 local experts on an H200,
@@ -200,8 +255,17 @@ class GroupedExperts(nn.Module):
         outs = []
         weights = (w1.unbind(0), w3.unbind(0), w2.unbind(0))
         for xe, a, b, c in zip(x.split(tokens_per_expert), *weights, strict=True):
-            outs.append((F.silu(xe @ a) * (xe @ b)) @ c)
+            if self.recompute_act:
+                outs.append(_SwiGLUDown.apply(xe @ a, xe @ b, c))
+            else:
+                outs.append((F.silu(xe @ a) * (xe @ b)) @ c)
         return torch.cat(outs) if outs else x.new_zeros((0, w2.shape[-1]))
+
+
+def _grouped_down(
+    h1: torch.Tensor, h3: torch.Tensor, w2: torch.Tensor, offs: torch.Tensor
+) -> torch.Tensor:
+    return F.grouped_mm(F.silu(h1) * h3, w2, offs=offs)
 
 
 class SharedExperts(nn.Module):
@@ -212,9 +276,11 @@ class SharedExperts(nn.Module):
         self.w1 = nn.Linear(dim, ffn_dim, bias=False)
         self.w3 = nn.Linear(dim, ffn_dim, bias=False)
         self.w2 = nn.Linear(ffn_dim, dim, bias=False)
+        self.grad_group: Any = None  # tensor parallel with etp 1 (see MoE.set_grad_group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        w1, w3, w2 = (local_weight(m.weight, self.grad_group) for m in (self.w1, self.w3, self.w2))
+        return F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)
 
 
 class MoE(nn.Module):
@@ -234,6 +300,38 @@ class MoE(nn.Module):
         self.dispatcher = MoEDispatcher(cfg.num_experts)
         self.aux_loss_scale = 1.0
         self.last_aux_loss: torch.Tensor | None = None
+        self.etp_mesh: Any = None  # expert tensor parallel over the TP mesh (runtime/tp.py)
+
+    def _dropping(
+        self, h: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, seq_len: int
+    ) -> torch.Tensor:
+        """The routed experts' output with token dropping: each expert takes at most
+        ``capacity(seq_len)`` of each sequence's (token, expert) copies, the highest-scored
+        first (Megatron-Core's "probs" drop policy; ties by position), the others dropped (no
+        compute, no gradient). Counted per sequence, so what is dropped does not depend on the
+        micro-batch, data or expert parallel; the kept copies go through the same dispatch and
+        combine, one copy per row."""
+        cap = self.capacity(seq_len)
+        token, slot = keep_within_capacity(idx, weights, seq_len, cap, self.cfg.num_experts)
+        kept_idx, kept_w = idx[token, slot].unsqueeze(1), weights[token, slot].unsqueeze(1)
+        routed = self.dispatcher.dispatch(h[token], kept_idx, kept_w)
+        y = self.experts(routed.x, routed.tokens_per_expert)
+        part = self.dispatcher.combine(y, routed.handle, routed.weights)
+        return part.new_zeros((h.shape[0], part.shape[1])).index_add(0, token, part)
+
+    def capacity(self, seq_len: int) -> int:
+        """Copies of one sequence an expert takes: ceil(factor x seq_len x top_k / experts)."""
+        cfg = self.cfg
+        assert cfg.capacity_factor is not None
+        return math.ceil(cfg.capacity_factor * seq_len * cfg.top_k / cfg.num_experts)
+
+    def set_grad_group(self, group: Any) -> None:
+        """Tensor parallel with expert TP 1 (``runtime/tp.py``): each TP rank routes its own
+        sequence shard through the whole block, so every weight's gradient is summed over the
+        TP ``group`` in the backward."""
+        for part in (self.router, self.experts, self.shared):
+            if part is not None:
+                part.grad_group = group
 
     def init_buffers(self) -> None:
         """Zero the router state (after ``to_empty``: buffers of a meta-built model are garbage)."""
@@ -241,19 +339,66 @@ class MoE(nn.Module):
         self.router.load = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: (batch, seq, dim) → (batch, seq, dim)."""
+        """x: (batch, seq, dim) → (batch, seq, dim). Under expert TP (``etp_mesh``), x is this
+        rank's sequence shard: the block runs on the whole sequence, each rank with its slice
+        of every expert, and returns its shard of the sum (``_etp_block``)."""
+        if self.etp_mesh is not None:
+            return _etp_block(self, x, self.etp_mesh)
+        return self._block(x)
+
+    def _block(self, x: torch.Tensor) -> torch.Tensor:
         b, s, d = x.shape
         h = x.reshape(b * s, d)
         idx, weights, aux = self.router(h, s)
-        routed = self.dispatcher.dispatch(h, idx, weights)
-        y = self.experts(routed.x, routed.tokens_per_expert)
-        out = self.dispatcher.combine(y, routed.handle, routed.weights).to(x.dtype)
+        if self.cfg.capacity_factor is None:
+            routed = self.dispatcher.dispatch(h, idx, weights)
+            y = self.experts(routed.x, routed.tokens_per_expert)
+            out = self.dispatcher.combine(y, routed.handle, routed.weights).to(x.dtype)
+        else:
+            out = self._dropping(h, idx, weights, s).to(x.dtype)
         if self.shared is not None:
             out = out + self.shared(h)
         if aux is not None:
             self.last_aux_loss = aux.detach()
             out = _AttachAux.apply(out, aux * self.aux_loss_scale)
         return out.view(b, s, d)
+
+
+def keep_within_capacity(
+    idx: torch.Tensor, weights: torch.Tensor, seq_len: int, capacity: int, num_experts: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token, slot) of the (token, expert) copies kept, in token order: per sequence of
+    ``seq_len`` tokens and expert, the ``capacity`` highest gate weights (ties: the earlier
+    token, then the earlier slot)."""
+    t, k = idx.shape
+    flat = torch.arange(t * k, device=idx.device)
+    group = (flat // k // seq_len) * num_experts + idx.flatten()
+    by_score = torch.sort(-weights.detach().flatten(), stable=True).indices
+    order = by_score[torch.sort(group[by_score], stable=True).indices]
+    grouped = group[order]
+    starts = torch.ones_like(grouped, dtype=torch.bool)
+    starts[1:] = grouped[1:] != grouped[:-1]
+    first = torch.cummax(torch.where(starts, flat, 0), 0).values
+    keep = torch.zeros(t * k, dtype=torch.bool, device=idx.device)
+    keep[order] = (flat - first) < capacity
+    kept = flat[keep]
+    return kept // k, kept % k
+
+
+def _etp_block(moe: MoE, x: torch.Tensor, mesh: Any) -> torch.Tensor:
+    """Expert tensor parallel as Megatron-Core's all-gather token dispatcher runs it: the TP
+    ranks' sequence shards all-gathered (backward: reduce-scattered, summing what each rank's
+    slices gave back), the router run on the whole sequence by every rank alike, each rank's
+    slice of every expert's FFN (and of the shared experts') applied, and the partial sums
+    reduce-scattered to the sequence shards (backward: all-gathered)."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    whole = DTensor.from_local(x, mesh, [Shard(1)], run_check=False).redistribute(
+        mesh, [Replicate()]
+    )
+    partial = moe._block(whole.to_local(grad_placements=[Partial()]))
+    out = DTensor.from_local(partial, mesh, [Partial()], run_check=False)
+    return out.redistribute(mesh, [Shard(1)]).to_local()
 
 
 @contextmanager

@@ -108,18 +108,24 @@ def apply_dp(parts: ModelParts, par: Parallel) -> None:
 
 
 def build_parallel_model(
-    cfg: LlamaConfig, ctx: DistContext, par: Parallel, seed: int, recompute: str = "none"
+    cfg: LlamaConfig,
+    ctx: DistContext,
+    par: Parallel,
+    seed: int,
+    recompute: str = "none",
+    recompute_modules: tuple[str, ...] = (),
 ) -> ModelParts:
     """The rank's part of the model, initialised from ``seed`` (the same values under any
-    plan), parallelised as ``par`` says, its layers recomputing as ``recompute`` says."""
+    plan), parallelised as ``par`` says, its layers recomputing as ``recompute`` and
+    ``recompute_modules`` say."""
     with torch.device("meta"):
-        model = Llama(cfg, recompute)
+        model = Llama(cfg, recompute, recompute_modules)
     dims = par.dims
     parts = _prune_for_stages(model, par) if dims.pp > 1 else ModelParts(model)
     if dims.cp > 1:
         apply_cp(model, par)
     if dims.tp > 1:
-        apply_tp(model, par.tp_mesh, dims.sequence_parallel)
+        apply_tp(model, par.tp_mesh, dims.sequence_parallel, par.ep_mesh is not None, dims.etp)
     if par.ep_mesh is not None:
         apply_ep(model, EPGroups(par.ep_mesh.get_group()), mesh=par.ep_mesh)
     if dims.pure_data_parallel and dims.zero_stage == 0 and par.ep_mesh is None:

@@ -19,6 +19,7 @@ from aihpc.runspec.cluster import ClusterSpec
 from aihpc.runspec.errors import SpecError
 from aihpc.runspec.model import ModelSpec
 from aihpc.runspec.parallel import MOE_A2A_OVERLAPS, RECOMPUTE, PartialPlan, plan_problem
+from aihpc.runspec.rules import TRAINER_A2A_OVERLAPS, trainer_etps
 
 __all__ = ["GBS_RULE", "MAX_VPP", "MICRO_BATCH_SIZES", "candidate_batch", "plan_problems"]
 
@@ -84,13 +85,16 @@ def _vpps(model: ModelSpec, g: dict, pp: int) -> list[int]:
     ]
 
 
-def _moe_options(model: ModelSpec, g: dict, tp: int, ranks: int) -> list[tuple[int, int, int]]:
+def _moe_options(
+    model: ModelSpec, g: dict, tp: int, ranks: int, runnable: bool = False
+) -> list[tuple[int, int, int]]:
     """(ep, etp, a2a) offered. Expert parallel degrees that split the experts evenly (powers of
     two, as the published recipes use), expert TP 1 or tp (Megatron-Core's default). With ep > 1
     the 1F1B all-to-all overlap is offered, not "none": hiding part of the all-to-all never costs
     more than the penalty of the part it hides (as sequence parallel, a dominated choice is not
     enumerated; fix moe_a2a_overlap = "none" to price a framework without it). DualPipe only
-    when the run spec names it."""
+    when the run spec names it. ``runnable``: the expert TP degrees and the overlap aihpc's own
+    trainer runs (``aihpc.runspec.rules``) instead."""
     if "ep" in g:
         eps = [g["ep"]]
     elif model.is_moe:
@@ -99,15 +103,21 @@ def _moe_options(model: ModelSpec, g: dict, tp: int, ranks: int) -> list[tuple[i
         eps = [1]
     etps = [g["etp"]] if "etp" in g else sorted({1, tp}) if model.is_moe else [1]
     a2a_given = g.get("moe_a2a_overlap")
+    if runnable and model.is_moe:
+        etps = [g["etp"]] if "etp" in g else list(trainer_etps(tp))
+        a2a_given = a2a_given or TRAINER_A2A_OVERLAPS[0]
     return [
         (ep, etp, MOE_A2A_OVERLAPS.index(a2a_given or ("1f1b" if ep > 1 else "none")))
         for ep, etp in itertools.product(eps, etps)
     ]
 
 
-def candidate_batch(model: ModelSpec, cluster: ClusterSpec, partial: PartialPlan) -> PlanBatch:
+def candidate_batch(
+    model: ModelSpec, cluster: ClusterSpec, partial: PartialPlan, runnable: bool = False
+) -> PlanBatch:
     """Every combination of the free fields, before any divisibility rule, in search order:
-    tp, pp, cp, then vpp, sequence parallel, ZeRO stage, recompute, micro-batch, (ep, etp, a2a).
+    tp, pp, cp, then vpp, sequence parallel, ZeRO stage, recompute, micro-batch, (ep, etp, a2a);
+    with ``runnable``, the MoE options aihpc's trainer has (``_moe_options``).
 
     Sequence parallel moves the same bytes as plain TP (all-gather + reduce-scatter = one
     all-reduce) and strictly lowers activation memory and norm/dropout work, so a plan without it
@@ -131,7 +141,7 @@ def candidate_batch(model: ModelSpec, cluster: ClusterSpec, partial: PartialPlan
         if "dp" in g and g["dp"] != dp:
             continue
         sps = [g["sequence_parallel"]] if "sequence_parallel" in g else [tp > 1]
-        moe = _moe_options(model, g, tp, tp * cp * dp)
+        moe = _moe_options(model, g, tp, tp * cp * dp, runnable)
         for vpp, sp in itertools.product(vpp_of[pp], sps):
             mids.append((tp, pp, cp, dp, vpp, sp))
             moes.extend(moe)

@@ -35,6 +35,7 @@ from aihpc.runspec.cluster import ClusterSpec
 from aihpc.runspec.errors import SpecError
 from aihpc.runspec.model import ModelSpec
 from aihpc.runspec.parallel import ParallelPlan, PartialPlan
+from aihpc.runspec.rules import trainer_plan_rule
 from aihpc.runspec.runspec import RunSpec
 from aihpc.runspec.training import TrainingSpec
 
@@ -102,10 +103,11 @@ def _valid_batch(
     training: TrainingSpec | None,
     invalid: Counter[str] | None,
     examples: dict[str, SpecError] | None,
+    runnable: bool = False,
 ) -> tuple[PlanBatch, int]:
     """The candidates that pass every rule (and, given ``training``, the search's own two), with
     each refusal counted; and how many combinations were refused."""
-    full = candidate_batch(model, cluster, partial)
+    full = candidate_batch(model, cluster, partial, runnable)
     rules = [(GBS_RULE, full.global_batch_size % (full.dp * full.mbs) != 0)]
     rules += plan_problems(full, model, cluster)
     with_example = {name for name, _ in rules[1:]}
@@ -133,11 +135,18 @@ def _valid_batch(
 Accept = Callable[[ParallelPlan], "SpecError | None"]
 
 
+def _both(first: Accept | None, second: Accept) -> Accept:
+    """A plan refused by either rule set, the first's refusal first."""
+    if first is None:
+        return second
+    return lambda plan: first(plan) or second(plan)
+
+
 def _refusals(b: PlanBatch, accept: Accept) -> list[SpecError | None]:
-    """``accept``'s answer for each plan of ``b``, asked once per distinct plan but its batch
-    sizes (which ``accept`` may not read)."""
+    """``accept``'s answer for each plan of ``b``, asked once per distinct plan (the global
+    batch is the same for all of them)."""
     cols = np.stack([b.tp, b.pp, b.vpp, b.cp, b.dp, b.ep, b.etp, b.sp, b.zero, b.rec, b.a2a,
-                     b.offload], axis=1)  # fmt: skip
+                     b.offload, b.mbs], axis=1)  # fmt: skip
     if not len(cols):
         return []
     _, first, inverse = np.unique(cols, axis=0, return_index=True, return_inverse=True)
@@ -190,6 +199,7 @@ def search(
     explain: int = 0,
     weight: Callable[[float], float] | None = None,
     accept: Accept | None = None,
+    runnable: bool = False,
 ) -> SearchResult:
     """Estimate every valid completion of ``spec.parallel``; best first among those that fit.
 
@@ -197,7 +207,9 @@ def search(
     over the arrays of plans), or by ``key`` of each plan's estimate (every plan estimated on
     its own: slower). ``accept`` keeps the search inside what a framework runs: the SpecError
     naming what it refuses in a plan, None where it runs it (the CLI passes the framework's
-    rules from aihpc.interop, which perf may not import; it must not read the batch sizes)."""
+    rules from aihpc.interop, which perf may not import). ``runnable``: only the plans aihpc's
+    own trainer runs (``aihpc.runspec.rules``), its MoE options offered where the spec leaves
+    them free."""
     return search_plans(
         spec.model,
         spec.cluster,
@@ -210,6 +222,7 @@ def search(
         explain,
         weight,
         accept,
+        runnable,
     )
 
 
@@ -225,11 +238,14 @@ def search_plans(
     explain: int = 0,
     weight: Callable[[float], float] | None = None,
     accept: Accept | None = None,
+    runnable: bool = False,
 ) -> SearchResult:
     start = time.perf_counter()
     invalid: Counter[str] = Counter()
     examples: dict[str, SpecError] = {}
-    batch, _ = _valid_batch(model, cluster, partial, training, invalid, examples)
+    if runnable:
+        accept = _both(accept, trainer_plan_rule(model, training, cluster.num_gpus))
+    batch, _ = _valid_batch(model, cluster, partial, training, invalid, examples, runnable)
     if accept is not None:
         batch = _accepted(batch, accept, invalid, examples)
     times = price_batch(model, cluster, batch, training, params)
