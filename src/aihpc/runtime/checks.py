@@ -9,6 +9,7 @@ from aihpc.runspec import RunSpec, SpecError
 from aihpc.runtime.config import LlamaConfig
 from aihpc.runtime.data import ByteTokenizer, token_count, token_vocab_needed
 from aihpc.runtime.mesh import ParallelDims
+from aihpc.runtime.speed import check_speed
 
 __all__ = ["check_plan", "check_trainable"]
 
@@ -51,12 +52,14 @@ def check_trainable(
             f"must be {ByteTokenizer.vocab_size} for text data (the runtime's byte tokenizer); "
             "pre-tokenized .npy data takes any vocab_size",
         )
-    if spec.training.precision != "bf16":
+    if spec.training.precision not in ("bf16", "fp8"):
         raise SpecError(
             "training.precision",
             spec.training.precision,
-            "the runtime trains with bf16 autocast on GPUs (fp32 on CPUs); allowed: bf16",
+            "the runtime trains with bf16 autocast on GPUs (fp32 on CPUs), FP8 linears on "
+            "GPUs through torchao; allowed: bf16, fp8",
         )
+    check_speed(spec.training)  # compile's C compiler, FP8's GPU and torchao (speed.py)
     if spec.training.optimizer != "adamw":
         raise SpecError(
             "training.optimizer", spec.training.optimizer, "the runtime implements adamw"

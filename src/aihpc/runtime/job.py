@@ -149,7 +149,7 @@ def build(
     cfg, micro, accum = check_trainable(spec, ctx.world_size, opts.data)
     par = Parallel(check_plan(spec, ctx.world_size), ctx.device.type)
     torch.manual_seed(t.seed)  # same on every rank: the RNG state is one, not per rank
-    parts = build_parallel_model(cfg, ctx, par, t.seed, plan.recompute)
+    parts = build_parallel_model(cfg, ctx, par, t.seed, plan.recompute, t)
     optimizer, scheduler = build_optimizer(parts.model, t)
     loader = TokenLoader(load_tokens(opts.data), cfg.max_seq_len, plan.global_batch_size, t.seed)
     positions = parts.model.positions.cpu() if par.dims.cp > 1 else None
