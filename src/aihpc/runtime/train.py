@@ -130,7 +130,7 @@ def _train(
         async_save=spec.checkpoint.async_save,
         process_group=ctx.checkpoint_group,
         before_commit=lambda step: injector.fire(step, at="save"),
-        identity=run_identity(spec, opts.data),
+        identity=run_identity(spec, opts.data, opts.tokenizer),
     )
     # the memory tier's group and placement are set up with the others, before the load
     memory = memory_tier(spec, opts, ctx, par)
