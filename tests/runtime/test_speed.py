@@ -116,3 +116,24 @@ def test_compile_without_a_c_compiler_is_refused_in_one_line(tmp_path):
     env = {"PATH": str(empty), "CC": ""}
     line = _refusal(train(write_spec(tmp_path / "run.toml"), tmp_path / "run", env=env))
     assert "training.compile" in line and "C compiler" in line
+
+
+def test_fp8_converts_the_decoder_linears_and_keeps_their_names():
+    """Where torchao is installed (the fp8 extra): every decoder linear becomes a Float8Linear,
+    the output layer stays 16-bit, and the parameter names (what checkpoints key on) do not
+    change. Conversion only: FP8 GEMMs need a GPU (runs on a CPU are refused above)."""
+    pytest.importorskip("torchao.float8")
+    import torch
+    from speed_workers import CFG
+
+    from aihpc.runspec import TrainingSpec
+    from aihpc.runtime.model import Llama
+    from aihpc.runtime.speed import apply_fp8, describe
+
+    with torch.device("meta"):
+        plain, model = Llama(CFG), Llama(CFG)
+    converted = apply_fp8(model)
+    assert converted == 7 * CFG.num_layers  # wq wk wv wo w1 w3 w2
+    assert type(model.output).__name__ == "Linear"
+    assert [n for n, _ in model.named_parameters()] == [n for n, _ in plain.named_parameters()]
+    assert describe(model, TrainingSpec(precision="fp8"), "cuda")["fp8_linears"] == converted

@@ -118,9 +118,14 @@ def test_trainer_on_jsonl_with_a_tokenizer_resumes_exactly(tmp_path):
     assert resumed["resumed_from_step"] == 3
     assert losses(tmp_path / "k") == losses(tmp_path / "whole")
     assert resumed["state_sha256"] == whole["state_sha256"]
-    # the checkpoint names its tokenizer: the same data as bytes is another run
-    other = train(spec.with_name("run.toml"), tmp_path / "k", "--data", str(corpus))
-    assert other.returncode == 2
+    # the checkpoint names its tokenizer: the same data under another one is another run
+    from aihpc.runtime.text_data import train_sample_tokenizer
+
+    train_sample_tokenizer(tmp_path / "other.json", vocab_size=500)
+    other = train(
+        spec, tmp_path / "k", "--data", str(corpus), "--tokenizer", str(tmp_path / "other.json")
+    )
+    assert other.returncode == 2 and "tokenizer" in other.stderr, other.stderr[-2000:]
 
 
 def _refusal(proc) -> str:
