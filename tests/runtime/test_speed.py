@@ -137,3 +137,15 @@ def test_fp8_converts_the_decoder_linears_and_keeps_their_names():
     assert type(model.output).__name__ == "Linear"
     assert [n for n, _ in model.named_parameters()] == [n for n, _ in plain.named_parameters()]
     assert describe(model, TrainingSpec(precision="fp8"), "cuda")["fp8_linears"] == converted
+
+
+def test_compile_under_tensor_parallel_is_refused_naming_the_degree():
+    """torch 2.13 fails in DTensor's redistribute backward behind compiled blocks (found on 2
+    gloo ranks, docs/runtime.md): refused before any process starts, not left to crash."""
+    from aihpc.runspec import SpecError, TrainingSpec
+    from aihpc.runtime.speed import check_speed
+
+    with pytest.raises(SpecError) as err:
+        check_speed(TrainingSpec(compile=True), tp=2)
+    assert "training.compile" in str(err.value) and "tp = 2" in str(err.value)
+    check_speed(TrainingSpec(compile=True), tp=1)  # one-way tensor parallel: allowed

@@ -35,7 +35,8 @@ def check_trainable(
             "the runtime trains with bf16 autocast on GPUs (fp32 on CPUs), FP8 linears on "
             "GPUs through torchao; allowed: bf16, fp8",
         )
-    check_speed(spec.training)  # compile's C compiler, FP8's GPU and torchao (speed.py)
+    # compile's C compiler and plan, FP8's GPU and torchao (speed.py)
+    check_speed(spec.training, spec.plan().tp)
     if spec.training.optimizer != "adamw":
         raise SpecError(
             "training.optimizer", spec.training.optimizer, "the runtime implements adamw"

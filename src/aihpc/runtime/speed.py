@@ -52,10 +52,21 @@ def c_compiler() -> str | None:
     return None
 
 
-def check_speed(t: TrainingSpec, cuda: bool | None = None) -> None:
-    """Refuse, with one line naming the field, what this host cannot run. ``cuda``: whether
-    the ranks will run on CUDA GPUs (default: whether this host has one)."""
+def check_speed(t: TrainingSpec, tp: int = 1, cuda: bool | None = None) -> None:
+    """Refuse, with one line naming the field, what this host or plan cannot run. ``tp``: the
+    plan's tensor-parallel degree; ``cuda``: whether the ranks will run on CUDA GPUs (default:
+    whether this host has one)."""
     cuda = torch.cuda.is_available() if cuda is None else cuda
+    if t.compile and tp > 1:
+        # torch 2.13: the compiled block hands the tensor-parallel layers' redistribute
+        # backward a plain tensor where it expects a DTensor gradient (AttributeError
+        # '_local_tensor'), with and without sequence parallel; found on 2 gloo ranks
+        raise SpecError(
+            "training.compile",
+            True,
+            f"compiled blocks under tensor parallel (parallel.tp = {tp}) fail in DTensor's "
+            "backward with torch 2.13; allowed with tp > 1: false",
+        )
     if t.compile and c_compiler() is None:
         raise SpecError(
             "training.compile",
