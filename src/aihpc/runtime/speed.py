@@ -19,6 +19,7 @@ C compiler (Inductor builds its kernels with one), FP8 without a CUDA GPU of com
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 from typing import Any
 
@@ -44,8 +45,6 @@ FP8_MIN_CAPABILITY = (8, 9)
 
 def c_compiler() -> str | None:
     """The C compiler Inductor would use (CC, else cc / gcc / clang on PATH)."""
-    import os
-
     for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
         if name and shutil.which(name):
             return name
