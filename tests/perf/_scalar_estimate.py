@@ -10,9 +10,10 @@ of a term's arithmetic on purpose is made here too, with the reason.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from aihpc.perf.step import comm, compute, tp_overlap
+from aihpc.perf.step import comm, compute, host_issue, tp_overlap
 from aihpc.perf.step.attention_kernels import FUSED_KERNELS, head_dim_factor, kernel_tokens
 from aihpc.perf.step.estimate import Estimate
 from aihpc.perf.step.flops import (
@@ -786,7 +787,7 @@ def layer_times(
         mlp_fwd = fwd_gemm - attn_gemm_f + compute.stream_time_s(stream_moe, gpu, params, kernels=5)
         mlp_bwd = bwd_gemm - attn_gemm_b
         mlp_bwd += compute.stream_time_s(2 * stream_moe, gpu, params, kernels=10)
-    return compute.LayerTimes(
+    lt = compute.LayerTimes(
         fwd_gemm,
         fwd_attn + softmax,
         fwd_stream,
@@ -798,6 +799,12 @@ def layer_times(
         mlp_fwd=mlp_fwd,
         mlp_bwd=mlp_bwd,
     )
+    # Added on purpose (issue 41): an eager or compiled layer's wait on its host issuing the
+    # kernels on a GPU (perf/step/host_issue.py); nothing for fused-kernel layers, as before.
+    host_fwd, host_bwd = host_issue.issue_host_s(training, params)
+    if gpu.host_is_device or not (host_fwd or host_bwd):
+        return lt
+    return replace(lt, fwd_host=max(0.0, host_fwd - lt.fwd), bwd_host=max(0.0, host_bwd - lt.bwd))
 
 
 # memory.memory_breakdown as it was before item 1 built it on the search's memory terms; frozen

@@ -158,7 +158,9 @@ def _check_host_memory(spec: RunSpec, local_ranks: int) -> None:
         )
 
 
-def _prepare_run_dir(run_dir: Path, spec: RunSpec, data: Path | None) -> dict | None:
+def _prepare_run_dir(
+    run_dir: Path, spec: RunSpec, data: Path | None, tokenizer: str | None = None
+) -> dict | None:
     """Before any worker starts: refuse a checkpoint written by another run spec; return the
     summary of a run that already finished every step (it is then left as it is)."""
     from aihpc.resilience.manifest import (
@@ -171,7 +173,7 @@ def _prepare_run_dir(run_dir: Path, spec: RunSpec, data: Path | None) -> dict | 
     # the newest checkpoint whose manifest can be read: one that cannot is fallen back past
     for info in reversed(committed_checkpoints(run_dir / "checkpoints")[0]):
         with contextlib.suppress(CheckpointCorruptError):
-            check_identity(info.path, run_identity(spec, data))
+            check_identity(info.path, run_identity(spec, data, tokenizer))
             break
     for note in repair_logs(run_dir):
         logging.getLogger("aihpc.runtime").warning("%s", note)
@@ -196,7 +198,16 @@ def register(app: typer.Typer) -> None:
         runspec: Path = typer.Argument(..., help=RUNSPEC_HELP),
         run_dir: Path = typer.Option(..., "--run-dir", help="Checkpoints, metrics and summary."),
         data: Path | None = typer.Option(
-            None, "--data", help="UTF-8 text, or pre-tokenized .npy (default: shipped sample)."
+            None,
+            "--data",
+            help="UTF-8 text, a .jsonl / .parquet dataset (its text field), or pre-tokenized "
+            ".npy (default: shipped sample).",
+        ),
+        tokenizer: str | None = typer.Option(
+            None,
+            "--tokenizer",
+            help="A Hugging Face tokenizer.json (or its folder), or 'sample' (a shipped 512-id "
+            "BPE); default: bytes.",
         ),
         nproc_per_node: int | None = typer.Option(
             None, "--nproc-per-node", help="Start torchrun's elastic agent with N workers."
@@ -236,7 +247,7 @@ def register(app: typer.Typer) -> None:
         spec = load_runspec(runspec)
         if data is not None and not data.is_file():
             what = "is a directory" if data.is_dir() else "file not found"
-            allowed = "expected UTF-8 text or a .npy token array"
+            allowed = "expected UTF-8 text, a .jsonl / .parquet dataset or a .npy token array"
             raise SpecError("--data", str(data), f"{what}; {allowed}")
         if nproc_per_node is not None and nproc_per_node < 1:
             raise SpecError("--nproc-per-node", nproc_per_node, "a positive integer")
@@ -252,15 +263,16 @@ def register(app: typer.Typer) -> None:
         env = launcher_env()
         agent = env is None and nproc_per_node is not None
         world = int(env["WORLD_SIZE"]) if env else (nproc_per_node if agent else 1)
-        check_trainable(spec, world, data)
+        check_trainable(spec, world, data, tokenizer)
         faults = _check_faults(spec, inject, world)
         metrics = metrics_config(metrics_port, metrics_textfile, nproc_per_node or 1, metrics_host)
         if env is None:
             _check_host_memory(spec, world)
         _check_run_dir(run_dir)
         job = _Job(
-            spec, runspec, run_dir, data, faults, inject, hang_timeout, startup_timeout, metrics
-        )
+            spec, runspec, run_dir, data, faults, inject, hang_timeout, startup_timeout, metrics,
+            tokenizer,
+        )  # fmt: skip
         if env is None:
             job.own(agent, nproc_per_node, max_restarts, as_json)
         else:
@@ -280,6 +292,7 @@ class _Job:
     hang_timeout: float
     startup_timeout: float
     metrics: Any  # aihpc.observe.metrics.MetricsConfig | None
+    tokenizer: str | None = None
 
     def options(self, **kw: Any) -> Any:
         from aihpc.runtime import TrainOptions
@@ -287,6 +300,7 @@ class _Job:
         return TrainOptions(
             run_dir=self.run_dir,
             data=self.data,
+            tokenizer=self.tokenizer,
             faults=self.faults,
             hang_timeout_s=self.hang_timeout,
             startup_timeout_s=self.startup_timeout,
@@ -306,7 +320,7 @@ class _Job:
         except RunDirBusyError as err:
             raise SpecError("--run-dir", str(self.run_dir), err.describe()) from None
         with lock:
-            done = _prepare_run_dir(self.run_dir, self.spec, self.data)
+            done = _prepare_run_dir(self.run_dir, self.spec, self.data, self.tokenizer)
             if done is not None:
                 print_json(done) if as_json else _render(done, finished_before=True)
                 return
@@ -359,6 +373,8 @@ class _Job:
         args += ["--startup-timeout", str(self.startup_timeout)]
         if self.data is not None:
             args += ["--data", str(self.data)]
+        if self.tokenizer is not None:
+            args += ["--tokenizer", self.tokenizer]
         for f in self.inject:
             args += ["--inject", f]
         args += metrics_args(self.metrics)

@@ -27,6 +27,7 @@ __all__ = [
     "TRAINER_A2A_OVERLAPS",
     "TRAINER_ATTENTION",
     "TRAINER_RECOMPUTE_MODULES",
+    "trainer_compile_refusal",
     "trainer_etps",
     "trainer_model_refusal",
     "trainer_plan_refusal",
@@ -96,11 +97,12 @@ def trainer_model_refusal(model: ModelSpec) -> SpecError | None:
 
 def trainer_training_refusal(training: TrainingSpec) -> SpecError | None:
     """The first [training] field the trainer would not honour, or None."""
-    if training.precision != "bf16":
+    if training.precision not in ("bf16", "fp8"):
         return _err(
             "training.precision",
             training.precision,
-            "the runtime trains with bf16 autocast on GPUs (fp32 on CPUs); allowed: bf16",
+            "the runtime trains with bf16 autocast on GPUs (fp32 on CPUs), FP8 linears on "
+            "GPUs through torchao; allowed: bf16, fp8",
         )
     if training.optimizer != "adamw":
         return _err("training.optimizer", training.optimizer, "the runtime implements adamw")
@@ -276,6 +278,21 @@ def _schedule_refusal(plan: ParallelPlan, model: ModelSpec, dp: int) -> SpecErro
     return None
 
 
+def trainer_compile_refusal(plan: ParallelPlan, training: TrainingSpec) -> SpecError | None:
+    """training.compile under tensor parallel, which the trainer refuses (torch 2.13: the
+    compiled block hands the tensor-parallel layers' redistribute backward a plain tensor where
+    it expects a DTensor gradient, AttributeError '_local_tensor', with and without sequence
+    parallel; found on 2 gloo ranks), or None."""
+    if training.compile and plan.tp > 1:
+        return _err(
+            "training.compile",
+            True,
+            f"compiled blocks under tensor parallel (parallel.tp = {plan.tp}) fail in DTensor's "
+            "backward with torch 2.13; allowed with tp > 1: false",
+        )
+    return None
+
+
 def trainer_plan_rule(
     model: ModelSpec, training: TrainingSpec, world_size: int
 ) -> Callable[[ParallelPlan], SpecError | None]:
@@ -284,7 +301,9 @@ def trainer_plan_rule(
     spec_problem = trainer_model_refusal(model) or trainer_training_refusal(training)
     if spec_problem is not None:
         return lambda plan: spec_problem
-    return lambda plan: trainer_plan_refusal(plan, model, world_size)
+    return lambda plan: (
+        trainer_plan_refusal(plan, model, world_size) or trainer_compile_refusal(plan, training)
+    )
 
 
 def trainer_refusal(
@@ -299,4 +318,5 @@ def trainer_refusal(
         trainer_model_refusal(spec.model)
         or trainer_training_refusal(spec.training)
         or trainer_plan_refusal(plan, spec.model, world, given_dp)
+        or trainer_compile_refusal(plan, spec.training)
     )

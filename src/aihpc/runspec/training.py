@@ -24,6 +24,7 @@ __all__ = [
     "MOE_STACKS",
     "MOE_STACK_DISPATCHER",
     "OPTIMIZERS",
+    "PARAM_DTYPES",
     "PIPELINE_SPLITS",
     "STATE_DTYPES",
     "TP_COMM_OVERLAPS",
@@ -35,6 +36,10 @@ __all__ = [
 OPTIMIZERS = ("adamw", "adam", "sgd")
 ATTENTION = ("flash", "flash2", "flex", "triton", "flash1", "unfused")
 STATE_DTYPES = ("fp32", "bf16", "fp16")
+# The dtype FSDP2 gathers parameters in and computes with (its MixedPrecisionPolicy param_dtype).
+# auto: bf16 on GPUs (what the planner prices: 16-bit gathers), fp32 on CPUs (the CPU trainer
+# computes in fp32: autocast to bf16 made a tiny model's CPU step 15x slower, runtime/loop.py).
+PARAM_DTYPES = ("auto", "bf16", "fp32")
 DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
 ZERO3_GATHERS = ("bucketed", "per_tensor")
 CP_EXCHANGES = ("ring", "allgather")
@@ -213,6 +218,15 @@ class TrainingSpec:
     # optimizer's on DTensor parameters) goes through DTensor's Python dispatch in every
     # micro-batch: aihpc's own trainer. perf/step/dtensor_host.py prices that host time.
     dtensor_dispatch: str = "none"
+    # true: each decoder block compiled by torch.compile (Inductor), as torchtitan compiles its
+    # blocks: element-wise ops fused, one Python call per block instead of one per op. The
+    # trainer applies it after tensor parallel and activation checkpointing, before FSDP2
+    # (runtime/speed.py); the planner prices fused element-wise kernels and the compiled
+    # block's host issue (perf/step/host_issue.py). Needs a C compiler.
+    compile: bool = False
+    # FSDP2's parameter dtype (all-gathers and compute): auto, bf16 or fp32 (PARAM_DTYPES). The
+    # gradient reduction's dtype is grad_reduce_dtype (FSDP2's reduce_dtype).
+    param_dtype: str = "auto"
     train_steps: int = 100
     learning_rate: float = 3e-4
     min_lr_ratio: float = 0.1  # cosine decays to learning_rate * min_lr_ratio
@@ -242,6 +256,7 @@ class TrainingSpec:
         check_choice("training.cuda_graphs", self.cuda_graphs, CUDA_GRAPHS)
         self._check_moe_stack()
         check_choice("training.dtensor_dispatch", self.dtensor_dispatch, DTENSOR_DISPATCH)
+        check_choice("training.param_dtype", self.param_dtype, PARAM_DTYPES)
         if not (math.isfinite(self.moe_imbalance) and self.moe_imbalance >= 1):
             check_choice("training.moe_imbalance", self.moe_imbalance, ["a number >= 1"])
         if self.fp8_param_gather and self.precision != "fp8":

@@ -6,37 +6,71 @@ from __future__ import annotations
 from pathlib import Path
 
 from aihpc.runspec import RunSpec, SpecError
-from aihpc.runspec.rules import trainer_plan_refusal, trainer_training_refusal
+from aihpc.runspec.rules import (
+    trainer_compile_refusal,
+    trainer_plan_refusal,
+    trainer_training_refusal,
+)
 from aihpc.runtime.config import LlamaConfig
 from aihpc.runtime.data import ByteTokenizer, token_count, token_vocab_needed
 from aihpc.runtime.mesh import ParallelDims
+from aihpc.runtime.speed import check_speed
+from aihpc.runtime.text_data import HFTokenizer
 
 __all__ = ["check_plan", "check_trainable"]
 
 
 def check_trainable(
-    spec: RunSpec, world_size: int, data: Path | None = None
+    spec: RunSpec, world_size: int, data: Path | None = None, tokenizer: str | None = None
 ) -> tuple[LlamaConfig, int, int]:
     """Validate what the runtime needs beyond the spec's own rules: (config, micro-batch size,
     micro-batches per step and data-parallel rank).
 
-    ``data``: text (byte tokenizer, so vocab_size must be 256) or a pre-tokenized ``.npy``
-    (vocab_size must exceed its largest id; this reads the file once per call).
+    ``data``: text (byte tokenizer, so vocab_size must be 256), a pre-tokenized ``.npy``
+    (vocab_size must exceed its largest id; this reads the file once per call) or a ``.jsonl`` /
+    ``.parquet`` dataset; ``tokenizer``: a Hugging Face tokenizer.json (vocab_size must hold its
+    vocabulary), text_data.py.
     """
     cfg = LlamaConfig.from_spec(spec.model)
+    _check_data(cfg, spec.model.seq_length, data, tokenizer)
+    _raise(trainer_training_refusal(spec.training))
+    _raise(trainer_compile_refusal(spec.plan(), spec.training))
+    # compile's C compiler, FP8's GPU and torchao: what this host has (speed.py)
+    check_speed(spec.training)
+    dims = check_plan(spec, world_size)
+    plan = spec.plan()
+    return cfg, plan.micro_batch_size, plan.global_batch_size // (dims.dp * plan.micro_batch_size)
+
+
+def _check_data(cfg: LlamaConfig, seq: int, data: Path | None, tokenizer: str | None) -> None:
+    """The data and tokenizer against the model: enough tokens, ids inside its vocabulary."""
+    if tokenizer is not None:
+        try:
+            HFTokenizer(tokenizer)
+        except ValueError as err:
+            raise SpecError("--tokenizer", tokenizer, str(err)) from None
     if data is not None:
         try:
-            count = token_count(data)
+            count = token_count(data, tokenizer)
         except (ValueError, UnicodeDecodeError) as err:
-            what = "a token array" if data.suffix == ".npy" else "UTF-8 text"
-            raise SpecError("--data", str(data), f"not {what}: {err}") from None
-        seq = spec.model.seq_length
+            what = {".npy": "a token array", ".jsonl": "JSON lines", ".parquet": "Parquet"}
+            raise SpecError(
+                "--data", str(data), f"not {what.get(data.suffix, 'UTF-8 text')}: {err}"
+            ) from None
         if count < seq + 1:
             raise SpecError(
                 "--data", str(data), f"{count} tokens, fewer than model.seq_length {seq} + 1"
             )
+    lowest, needed = token_vocab_needed(data, tokenizer)
+    if tokenizer is not None and cfg.vocab_size < needed:
+        raise SpecError(
+            "model.vocab_size",
+            cfg.vocab_size,
+            f"must be at least {needed} (the vocabulary of tokenizer {tokenizer})",
+        )
+    if tokenizer is not None:
+        return
     if data is not None and data.suffix == ".npy":
-        lowest, needed = token_vocab_needed(data)
         if lowest < 0:
             raise SpecError("--data", str(data), f"token ids must be >= 0; found {lowest}")
         if cfg.vocab_size < needed:
@@ -50,12 +84,8 @@ def check_trainable(
             "model.vocab_size",
             cfg.vocab_size,
             f"must be {ByteTokenizer.vocab_size} for text data (the runtime's byte tokenizer); "
-            "pre-tokenized .npy data takes any vocab_size",
+            "pre-tokenized .npy data or a --tokenizer takes any vocab_size",
         )
-    _raise(trainer_training_refusal(spec.training))
-    dims = check_plan(spec, world_size)
-    plan = spec.plan()
-    return cfg, plan.micro_batch_size, plan.global_batch_size // (dims.dp * plan.micro_batch_size)
 
 
 def _raise(problem: SpecError | None) -> None:

@@ -8,7 +8,9 @@ the embedding and output layers 50x larger than a tiny CPU model) with no licenc
 vocab. Bytes need no dependency and no download.
 
 Pre-tokenized data: ``--data tokens.npy`` (a 1-D integer array, memory-mapped, any tokenizer)
-is used as is; its largest id must be below ``model.vocab_size``.
+is used as is; its largest id must be below ``model.vocab_size``. Datasets (``.jsonl``,
+``.parquet``) and Hugging Face tokenizers (``--tokenizer``) are text_data.py's; they give a token
+array the same loader cuts.
 
 Sample order: the dataset is cut into non-overlapping windows of ``seq_len + 1`` tokens; epoch
 ``e`` visits them in ``randperm(seed + e)`` order. Position is one integer, the number of samples
@@ -23,6 +25,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from aihpc.runtime.text_data import DOCUMENT_SUFFIXES, HFTokenizer, encode_corpus
 
 __all__ = [
     "SAMPLE_TEXT",
@@ -48,11 +52,18 @@ class ByteTokenizer:
         return bytes(ids.to(torch.uint8).tolist()).decode("utf-8", errors="replace")
 
 
-def load_tokens(path: str | Path | None = None) -> torch.Tensor | np.ndarray:
-    """Tokens of the shipped sample (None), of a UTF-8 text file (byte tokenizer, uint8), or
-    of a pre-tokenized ``.npy`` file (memory-mapped, not read into memory)."""
+def load_tokens(
+    path: str | Path | None = None, tokenizer: str | Path | None = None
+) -> torch.Tensor | np.ndarray:
+    """Tokens of the shipped sample (None), of a UTF-8 text file (byte tokenizer, uint8), of a
+    pre-tokenized ``.npy`` file (memory-mapped, not read into memory), or of a ``.jsonl`` /
+    ``.parquet`` dataset; with ``tokenizer`` (a Hugging Face tokenizer.json, text_data.py) the
+    text is that tokenizer's ids."""
+    if tokenizer is not None or (path is not None and Path(path).suffix in DOCUMENT_SUFFIXES):
+        source = Path(path) if path is not None else _sample_path()
+        return encode_corpus(source, HFTokenizer(tokenizer) if tokenizer is not None else None)
     if path is None:
-        text = resources.files("aihpc.runtime").joinpath("data", SAMPLE_TEXT).read_text("utf-8")
+        text = _sample_path().read_text("utf-8")
     elif Path(path).suffix == ".npy":
         tokens = np.load(path, mmap_mode="r")
         if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
@@ -65,19 +76,29 @@ def load_tokens(path: str | Path | None = None) -> torch.Tensor | np.ndarray:
     return ByteTokenizer().encode(text)
 
 
-def token_count(path: str | Path) -> int:
+def _sample_path() -> Path:
+    return Path(str(resources.files("aihpc.runtime").joinpath("data", SAMPLE_TEXT)))
+
+
+def token_count(path: str | Path, tokenizer: str | Path | None = None) -> int:
     """How many tokens ``path`` holds, checking it as ``load_tokens`` will read it: a ``.npy``
-    must be a 1-D integer array (ValueError), text must be UTF-8 (UnicodeDecodeError)."""
-    if Path(path).suffix == ".npy":
-        return len(load_tokens(path))
+    must be a 1-D integer array, a dataset hold its text field (ValueError), text must be
+    UTF-8 (UnicodeDecodeError)."""
+    if Path(path).suffix in (".npy", *DOCUMENT_SUFFIXES) or tokenizer is not None:
+        return len(load_tokens(path, tokenizer))
     raw = Path(path).read_bytes()
     raw.decode("utf-8")  # the byte tokenizer keeps the bytes; this only rejects non-UTF-8 files
     return len(raw)
 
 
-def token_vocab_needed(path: str | Path | None) -> tuple[int, int]:
-    """(lowest token id, smallest vocab_size that can train on this data): one pass over a
-    .npy file; a negative id is a data error the caller reports."""
+def token_vocab_needed(
+    path: str | Path | None, tokenizer: str | Path | None = None
+) -> tuple[int, int]:
+    """(lowest token id, smallest vocab_size that can train on this data): the tokenizer's
+    vocabulary, the byte tokenizer's, or one pass over a .npy file; a negative id is a data
+    error the caller reports."""
+    if tokenizer is not None:
+        return 0, HFTokenizer(tokenizer).vocab_size
     if path is None or Path(path).suffix != ".npy":
         return 0, ByteTokenizer.vocab_size
     tokens = load_tokens(path)

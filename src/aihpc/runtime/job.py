@@ -64,6 +64,7 @@ __all__ = [
 class TrainOptions:
     run_dir: Path
     data: Path | None = None
+    tokenizer: str | None = None  # a Hugging Face tokenizer.json (text_data.py); None: bytes
     faults: tuple[Fault, ...] = ()
     hang_timeout_s: float = 300.0
     startup_timeout_s: float = 600.0
@@ -146,12 +147,13 @@ def build(
 ) -> tuple[Parallel, ModelParts, Stepper, dict[str, Any]]:
     """The plan laid out over the ranks, the rank's model, its step runner and its state."""
     t, plan = spec.training, spec.plan()
-    cfg, micro, accum = check_trainable(spec, ctx.world_size, opts.data)
+    cfg, micro, accum = check_trainable(spec, ctx.world_size, opts.data, opts.tokenizer)
     par = Parallel(check_plan(spec, ctx.world_size), ctx.device.type)
     torch.manual_seed(t.seed)  # same on every rank: the RNG state is one, not per rank
-    parts = build_parallel_model(cfg, ctx, par, t.seed, plan.recompute, plan.recompute_modules)
+    parts = build_parallel_model(cfg, ctx, par, t.seed, plan.recompute, plan.recompute_modules, t)
     optimizer, scheduler = build_optimizer(parts.model, t)
-    loader = TokenLoader(load_tokens(opts.data), cfg.max_seq_len, plan.global_batch_size, t.seed)
+    tokens = load_tokens(opts.data, opts.tokenizer)
+    loader = TokenLoader(tokens, cfg.max_seq_len, plan.global_batch_size, t.seed)
     positions = parts.model.positions.cpu() if par.dims.cp > 1 else None
     schedule = None
     if par.dims.pp > 1:
@@ -242,7 +244,7 @@ def memory_tier(spec: RunSpec, opts: TrainOptions, ctx: DistContext, par: Parall
         return None
     from aihpc.resilience.memory import MemoryCheckpoint
 
-    identity = {**run_identity(spec, opts.data), "plan": plan_summary(par)}
+    identity = {**run_identity(spec, opts.data, opts.tokenizer), "plan": plan_summary(par)}
     return MemoryCheckpoint(opts.run_dir, identity, max_bytes=c.memory_max_GiB * 2**30)
 
 

@@ -1,8 +1,10 @@
-"""Apply a plan to the single-device model, in torchtitan's order: pipeline split → tensor
-parallel → context parallel → (activation checkpointing, inside each layer) → data parallel
-(DDP / FSDP2 / HSDP) → allocate (``to_empty``) → ``init_weights``. One function per parallelism
-(``apply_tp`` in tp.py, the stages in pp.py, ``apply_cp`` and ``apply_dp`` here); the model is
-built on the ``meta`` device, so nothing is allocated before it is sharded.
+"""Apply a plan to the single-device model, in torchtitan's order: FP8 linears → pipeline split →
+tensor parallel → context parallel → (activation checkpointing, inside each layer) →
+``torch.compile`` of each block → data parallel (DDP / FSDP2 / HSDP, with its mixed-precision
+policy) → allocate (``to_empty``) → ``init_weights``. The speed features are speed.py's. One
+function per parallelism (``apply_tp`` in tp.py, the stages in pp.py, ``apply_cp`` and
+``apply_dp`` here); the model is built on the ``meta`` device, so nothing is allocated before it
+is sharded.
 
 Data parallel, by ZeRO stage (the planner's terms):
 
@@ -32,12 +34,14 @@ from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from aihpc.comm import EPGroups
+from aihpc.runspec import TrainingSpec
 from aihpc.runtime.distributed import DistContext
 from aihpc.runtime.expert_parallel import apply_ep
 from aihpc.runtime.mesh import Parallel
 from aihpc.runtime.model import Llama, LlamaConfig
 from aihpc.runtime.moe import MoE
 from aihpc.runtime.pp import StageModule, stage_ids, stage_layers
+from aihpc.runtime.speed import apply_fp8, compile_blocks, ddp_comm_hook, mp_policy
 from aihpc.runtime.tp import apply_tp
 
 __all__ = ["ModelParts", "apply_cp", "apply_dp", "build_parallel_model", "unwrap"]
@@ -91,20 +95,22 @@ def apply_cp(model: Llama, par: Parallel) -> None:
         block.attention.cp_group = par.cp_group
 
 
-def apply_dp(parts: ModelParts, par: Parallel) -> None:
+def apply_dp(parts: ModelParts, par: Parallel, policy: Any = None) -> None:
     """FSDP2 (ZeRO 1-3, HSDP, or replicas for ZeRO 0 under model parallelism): each layer, then
-    each pipeline stage (or the whole model) as the root of what is left (embedding, head)."""
+    each pipeline stage (or the whole model) as the root of what is left (embedding, head).
+    ``policy``: FSDP2's MixedPrecisionPolicy (speed.mp_policy), None for fp32 throughout."""
     mesh = par.fsdp_mesh()
     if mesh.size() == 1:
         return  # one data-parallel rank: nothing to shard or replicate
     reshard = par.dims.zero_stage == 3
+    kw = {"reshard_after_forward": reshard} | ({"mp_policy": policy} if policy else {})
     for block in parts.model.layers.values():
         if par.ep_mesh is not None and isinstance(block.feed_forward, MoE):
             experts = block.feed_forward.experts
-            fully_shard(experts, mesh=par.expert_fsdp_mesh(), reshard_after_forward=reshard)
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+            fully_shard(experts, mesh=par.expert_fsdp_mesh(), **kw)
+        fully_shard(block, mesh=mesh, **kw)
     for root in parts.stages or [parts.model]:
-        fully_shard(root, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(root, mesh=mesh, **kw)
 
 
 def build_parallel_model(
@@ -114,12 +120,17 @@ def build_parallel_model(
     seed: int,
     recompute: str = "none",
     recompute_modules: tuple[str, ...] = (),
+    training: TrainingSpec | None = None,
 ) -> ModelParts:
     """The rank's part of the model, initialised from ``seed`` (the same values under any
     plan), parallelised as ``par`` says, its layers recomputing as ``recompute`` and
-    ``recompute_modules`` say."""
+    ``recompute_modules`` say, with ``training``'s speed features (FP8, compile, FSDP2's mixed
+    precision; none when None)."""
+    t = training or TrainingSpec()
     with torch.device("meta"):
         model = Llama(cfg, recompute, recompute_modules)
+    if t.precision == "fp8":
+        apply_fp8(model, gather_fp8=t.fp8_param_gather)
     dims = par.dims
     parts = _prune_for_stages(model, par) if dims.pp > 1 else ModelParts(model)
     if dims.cp > 1:
@@ -128,14 +139,19 @@ def build_parallel_model(
         apply_tp(model, par.tp_mesh, dims.sequence_parallel, par.ep_mesh is not None, dims.etp)
     if par.ep_mesh is not None:
         apply_ep(model, EPGroups(par.ep_mesh.get_group()), mesh=par.ep_mesh)
+    if t.compile:
+        compile_blocks(model)
     if dims.pure_data_parallel and dims.zero_stage == 0 and par.ep_mesh is None:
         model.to_empty(device=ctx.device)
         model.init_weights(seed)
         if ctx.world_size > 1:
             ids = [ctx.device.index] if ctx.device.type == "cuda" else None
             parts.model = DistributedDataParallel(model, device_ids=ids)
+            hook = ddp_comm_hook(t)
+            if hook is not None:
+                parts.model.register_comm_hook(None, hook)
         return parts
-    apply_dp(parts, par)
+    apply_dp(parts, par, mp_policy(t, ctx.device.type))
     model.to_empty(device=ctx.device)
     model.init_weights(seed)
     return parts

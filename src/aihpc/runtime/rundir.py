@@ -89,9 +89,10 @@ def data_fingerprint(data: Path | None) -> str:
     return f"{size} bytes, sha256 {h.hexdigest()[:16]}"
 
 
-def run_identity(spec: RunSpec, data: Path | None) -> dict[str, Any]:
+def run_identity(spec: RunSpec, data: Path | None, tokenizer: str | None = None) -> dict[str, Any]:
     """The fields a checkpoint must share with the run that resumes it: the model's shape, the
-    data and the seed. The parallel plan is not among them: a new plan reshards."""
+    data (and its tokenizer, when one is given) and the seed. The parallel plan is not among
+    them: a new plan reshards."""
     # a dense model's identity leaves out the MoE router's fields, so checkpoints written before
     # the spec had them still resume
     skip = {"name", "source"}
@@ -105,6 +106,10 @@ def run_identity(spec: RunSpec, data: Path | None) -> dict[str, Any]:
     }
     ident["training.seed"] = spec.training.seed
     ident["data"] = data_fingerprint(data)
+    if tokenizer is not None:  # absent for byte-level runs, so their checkpoints still resume
+        from aihpc.runtime.text_data import tokenizer_fingerprint
+
+        ident["tokenizer"] = tokenizer_fingerprint(tokenizer)
     return ident
 
 

@@ -39,10 +39,12 @@ def as_trained(spec: RunSpec) -> RunSpec:
     none), every op on a DTensor (tensor-parallel layers, loss parallel, the optimizer on
     DTensor parameters) dispatched eagerly in Python (``dtensor_dispatch`` eager), and under
     context parallelism the ring's attention blocks as matmuls over materialised scores
-    (``attention`` unfused, comm/ring.py)."""
+    (``attention`` unfused, comm/ring.py). With ``training.compile`` the blocks' element-wise
+    ops are fused by Inductor (``fused_kernels`` true), and the host's issue of the compiled
+    kernels is priced instead of the eager ops' (perf/step/host_issue.py)."""
     training = dataclasses.replace(
         spec.training,
-        fused_kernels=False,
+        fused_kernels=spec.training.compile,
         cross_entropy="eager",
         tp_comm_overlap="none",
         dtensor_dispatch="eager",

@@ -50,6 +50,7 @@ from aihpc.runtime.job import (
 )
 from aihpc.runtime.loop import run_loop
 from aihpc.runtime.ownership import hold_run_dir
+from aihpc.runtime.parallelize import unwrap
 from aihpc.runtime.recoveries import launch_recoveries, load_record
 from aihpc.runtime.rundir import (
     ERROR_LOG_ATTR,
@@ -61,6 +62,7 @@ from aihpc.runtime.rundir import (
     write_error_log,
     write_summary,
 )
+from aihpc.runtime.speed import describe
 from aihpc.runtime.summary import device_label, measured_vs_predicted, plan_summary, slurm_job
 
 if TYPE_CHECKING:
@@ -121,13 +123,14 @@ def _train(
     run_dir = opts.run_dir
     injector.fire(0, "start")
     par, parts, stepper, state = build(spec, opts, ctx)
+    events("speed_features", **describe(unwrap(parts.model), spec.training, ctx.device.type))
     manager = CheckpointManager(
         run_dir / "checkpoints",
         keep_last=spec.checkpoint.keep_last,
         async_save=spec.checkpoint.async_save,
         process_group=ctx.checkpoint_group,
         before_commit=lambda step: injector.fire(step, at="save"),
-        identity=run_identity(spec, opts.data),
+        identity=run_identity(spec, opts.data, opts.tokenizer),
     )
     # the memory tier's group and placement are set up with the others, before the load
     memory = memory_tier(spec, opts, ctx, par)

@@ -18,6 +18,7 @@ from aihpc.perf.step.attention_kernels import (
 )
 from aihpc.perf.step.flops import layer_gemms, mla_gemms, mla_head_dims, op_sac_saved
 from aihpc.perf.step.gemm import gemm_bwd_s, gemm_time_s, stream_time_s
+from aihpc.perf.step.host_issue import with_host_time
 from aihpc.perf.step.moe_host import moe_host_excess_s
 from aihpc.perf.step.moe_kernels import routed_expert_gemms, routed_tokens
 from aihpc.perf.step.moe_stack import stack_of
@@ -115,26 +116,8 @@ def layer_times(
         prec = training.precision
         waits = moe_host_excess_s(lt.fwd, lt.bwd, host, prec, local, params, lt.mlp_fwd)
         lt = replace(lt, fwd_host=waits[0], bwd_host=waits[1])
-    return _with_dtensor_host(lt, gpu, plan, training, params, calibration)
-
-
-def _with_dtensor_host(
-    lt: LayerTimes,
-    gpu: GPUSpec,
-    plan: ParallelPlan,
-    training: TrainingSpec,
-    params: ModelParams,
-    calibration: Calibration | None,
-) -> LayerTimes:
-    """An eager tensor-parallel layer's DTensor dispatch on the host (perf/step/dtensor_host.py);
-    an MoE layer is counted as a dense one (its attention and norms are the same)."""
-    if training.dtensor_dispatch != "eager" or plan.tp == 1:
-        return lt
-    op_s = dtensor_host.dtensor_op_s(params, calibration)
-    bwd_ops = dtensor_host.LAYER_BWD_OPS[plan.sequence_parallel]
-    fwd = dtensor_host.host_excess_s(lt.fwd, dtensor_host.LAYER_FWD_OPS, op_s, gpu)
-    bwd = dtensor_host.host_excess_s(lt.bwd, bwd_ops, op_s, gpu)
-    return replace(lt, fwd_host=lt.fwd_host + fwd, bwd_host=lt.bwd_host + bwd)
+    # the host's issue of the layer's kernels and DTensor's dispatch (perf/step/host_issue.py)
+    return with_host_time(lt, gpu, plan, training, params, calibration)
 
 
 @dataclass(frozen=True)

@@ -39,9 +39,12 @@ def _dp_setup(st: StepState) -> None:
     # Gradient reduction in grad_reduce_dtype (fp32: Megatron's bf16 default and FSDP2's in
     # torchtitan; bf16: NeMo's grad_sync_dtype).
     st.grad_bytes = DTYPE_BYTES[training.grad_reduce_dtype] * st.params_stage
-    # Parameter gathers move 16-bit weights, the layers' ones in FP8 with fp8_param_gather.
-    st.layer_weight_bytes = 1.0 if training.fp8_param_gather else 2.0
-    st.param_bytes = st.layer_weight_bytes * st.layer_params + 2.0 * (
+    # Parameter gathers move 16-bit weights, the layers' ones in FP8 with fp8_param_gather;
+    # fp32 ones where training.param_dtype says so (auto: fp32 where the host is the device,
+    # as aihpc's CPU trainer gathers them; runtime/speed.py).
+    st.gather_bytes = 4.0 if _gathers_fp32(training, st.cluster.gpu.host_is_device) else 2.0
+    st.layer_weight_bytes = 1.0 if training.fp8_param_gather else st.gather_bytes
+    st.param_bytes = st.layer_weight_bytes * st.layer_params + st.gather_bytes * (
         st.params_stage - st.layer_params
     )
     # HSDP: ZeRO shards over shard_n ranks only; each reduce-scattered gradient shard is then
@@ -51,6 +54,10 @@ def _dp_setup(st: StepState) -> None:
     st.shard_n = where(b.zero > 0, shard_group * b.cp, st.dp_n)
     if not b.one:
         st.struct_one, st.struct = group(st.layers, b.tp, b.pp, b.vpp, b.cp, b.zero, b.ep, b.etp)
+
+
+def _gathers_fp32(training: Any, host_is_device: bool) -> bool:
+    return training.param_dtype == "fp32" or (training.param_dtype == "auto" and host_is_device)
 
 
 def _dp_collective(st: StepState, kind: str, size: Any, idx: Any) -> Any:
@@ -91,7 +98,7 @@ def _dp_sizes(st: StepState) -> None:
     st.first_fwd = hide * (st.layers * st.fwd_layer)
     edge = where(b.zero == 3, st.embeddings, 1) * embedding_params(st.model) / b.tp
     st.edge_frac = minimum(1.0, edge / st.params_stage)
-    st.edge_param_bytes = 2.0 * minimum(edge, st.params_stage - st.layer_params)  # 16-bit
+    st.edge_param_bytes = st.gather_bytes * minimum(edge, st.params_stage - st.layer_params)
     st.body_param_bytes = st.param_bytes - st.edge_param_bytes
 
 

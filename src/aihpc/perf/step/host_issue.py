@@ -1,0 +1,102 @@
+"""Host time to issue a decoder layer's kernels, eager or compiled, in seconds.
+
+A GPU runs a layer no faster than its host issues it. Eager PyTorch (``training.fused_kernels``
+false: aihpc's own trainer without compile) issues every op from Python, one dispatcher call
+and, for an op that computes, one kernel launch each: a small micro-batch's layer then waits on
+its host (the issue's H200 runs: 687 ms measured against 257 ms priced at micro-batch 1).
+``torch.compile`` (``training.compile``) replaces the layer's ops by Inductor's generated
+kernels, fused element-wise, launched one by one from its wrapper, with the GEMMs and the
+attention kernel as external calls. Megatron-Core and Transformer Engine layers (fused kernels,
+no compile) are not priced here, nor are CUDA graphs (``cuda_graphs`` full / partial).
+
+The ops are counted, not fitted: ``tests/perf/test_host_issue.py`` counts the aten ops of
+runtime/model.py's dense decoder layer under bf16 autocast (as the trainer runs it on a GPU)
+with a dispatch mode and checks them against the constants below (torch 2.13). The compiled
+counts are Inductor's generated kernels for the same layer (``torch._inductor.metrics``,
+forward 17, backward 11, measured once on the CPU backend with torch 2.13) plus the external
+calls (7 GEMMs forward, 14 backward, one attention kernel each way): the GPU backend fuses
+differently, which ``benchmarks/gpu_checks.sh`` measures against this price.
+
+Each op that launches a kernel costs ``params.host_eager_op_s`` of host time (the Python call,
+the dispatcher, the launch; also what one launch from Inductor's Python wrapper is priced at);
+each view or metadata op ``params.host_op_overhead_s`` (no launch). On a GPU the layer costs
+max(kernels, host) (``dtensor_host.host_excess_s``), with the eager tensor-parallel DTensor
+dispatch of dtensor_host.py added to the same host time, which compile traces away inside the
+blocks. Where the host is the device (a CPU) the ops run on the issuing thread and each priced
+element-wise kernel carries ``kernel_overhead_s`` already, so only the DTensor term is added.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from aihpc.perf.step import dtensor_host
+from aihpc.perf.step.numeric import maximum
+from aihpc.perf.step.params import ModelParams
+from aihpc.runspec.calibration import Calibration
+from aihpc.runspec.cluster import GPUSpec
+from aihpc.runspec.parallel import ParallelPlan
+from aihpc.runspec.training import TrainingSpec
+
+__all__ = [
+    "COMPILED_BWD_LAUNCHES",
+    "COMPILED_FWD_LAUNCHES",
+    "EAGER_BWD_OPS",
+    "EAGER_FWD_OPS",
+    "issue_host_s",
+    "with_host_time",
+]
+
+# One dense decoder layer, one micro-batch, bf16 autocast, torch 2.13: (ops that launch a
+# kernel, views and other metadata ops). Forward: 7 GEMMs, the attention kernel, the norms'
+# fp32 pow / mean / rsqrt / multiplies, RoPE's float multiply-and-stack, SwiGLU, the residual
+# adds and autocast's 16 casts; backward: their gradients (14 GEMMs).
+EAGER_FWD_OPS = (55, 44)
+EAGER_BWD_OPS = (91, 75)
+# The same layer compiled: Inductor's generated kernels plus the external GEMM and attention
+# calls (module docstring).
+COMPILED_FWD_LAUNCHES = 17 + 7 + 1
+COMPILED_BWD_LAUNCHES = 11 + 14 + 1
+
+
+def issue_host_s(training: TrainingSpec, params: ModelParams) -> tuple[float, float]:
+    """(forward, backward) host seconds to issue one dense layer's kernels for one micro-batch:
+    compiled (``training.compile``), eager (``fused_kernels`` false), else 0 (not priced)."""
+    launch, view = params.host_eager_op_s, params.host_op_overhead_s
+    if training.compile:
+        return COMPILED_FWD_LAUNCHES * launch, COMPILED_BWD_LAUNCHES * launch
+    if not training.fused_kernels:
+        return tuple(ops * launch + views * view for ops, views in (EAGER_FWD_OPS, EAGER_BWD_OPS))
+    return 0.0, 0.0
+
+
+def with_host_time(
+    lt: Any,
+    gpu: GPUSpec,
+    plan: ParallelPlan,
+    training: TrainingSpec,
+    params: ModelParams,
+    calibration: Calibration | None,
+) -> Any:
+    """``lt`` (compute.LayerTimes) with what its host adds: the kernels' issue and, for an eager
+    tensor-parallel layer not compiled, DTensor's dispatch (dtensor_host.py), one host time
+    against the layer's kernels. An MoE layer is counted as a dense one."""
+    dtensor = training.dtensor_dispatch == "eager" and plan.tp > 1 and not training.compile
+    dt_fwd = dt_bwd = 0.0
+    if dtensor:
+        op_s = dtensor_host.dtensor_op_s(params, calibration)
+        dt_fwd = dtensor_host.LAYER_FWD_OPS * op_s
+        dt_bwd = dtensor_host.LAYER_BWD_OPS[plan.sequence_parallel] * op_s
+    if gpu.host_is_device:
+        issue_fwd = issue_bwd = 0.0  # the ops' own time on the CPU (module docstring)
+    else:
+        issue_fwd, issue_bwd = issue_host_s(training, params)
+    host_fwd, host_bwd = issue_fwd + dt_fwd, issue_bwd + dt_bwd
+    if not (host_fwd or host_bwd):
+        return lt
+    if gpu.host_is_device:
+        fwd, bwd = host_fwd, host_bwd
+    else:
+        fwd, bwd = maximum(0.0, host_fwd - lt.fwd), maximum(0.0, host_bwd - lt.bwd)
+    return replace(lt, fwd_host=lt.fwd_host + fwd, bwd_host=lt.bwd_host + bwd)
