@@ -10,9 +10,10 @@ of a term's arithmetic on purpose is made here too, with the reason.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from aihpc.perf.step import comm, compute, tp_overlap
+from aihpc.perf.step import comm, compute, eager_host, tp_overlap
 from aihpc.perf.step.attention_kernels import FUSED_KERNELS, head_dim_factor, kernel_tokens
 from aihpc.perf.step.estimate import Estimate
 from aihpc.perf.step.flops import (
@@ -768,7 +769,7 @@ def layer_times(
     if moe:  # router, permute, expert activation, unpermute: forward 5 kernels, backward twice
         fwd_stream += compute.stream_time_s(stream_moe, gpu, params, kernels=5)
         bwd_stream += compute.stream_time_s(2 * stream_moe, gpu, params, kernels=10)
-    return compute.LayerTimes(
+    lt = compute.LayerTimes(
         fwd_gemm,
         fwd_attn + softmax,
         fwd_stream,
@@ -777,6 +778,19 @@ def layer_times(
         bwd_stream,
         unsaved_op,
         fwd_modules,
+    )
+    if moe and training.cuda_graphs == "none":
+        return lt  # moe_host's term, which this frozen copy does not hold
+    # Changed on purpose (issue 41, item 4): an eager dense layer's host issue, beyond its
+    # kernels where the host is not the device (perf/step/eager_host.py); an MoE layer's too
+    # where moe_host does not price it.
+    host_f, host_b = eager_host.layer_host_s(training, params)
+    if not (host_f or host_b):
+        return lt
+    return replace(
+        lt,
+        fwd_host=eager_host.pass_excess_s(lt.fwd, host_f, gpu),
+        bwd_host=eager_host.pass_excess_s(lt.bwd, host_b, gpu),
     )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from aihpc.perf.step import dtensor_host
+from aihpc.perf.step import dtensor_host, eager_host
 from aihpc.perf.step.attention_kernels import (
     FUSED_KERNELS,
     head_dim_factor,
@@ -102,26 +102,35 @@ def layer_times(
             lt.fwd, lt.bwd, training.moe_dispatcher, training.precision, local, params
         )
         lt = replace(lt, fwd_host=waits[0], bwd_host=waits[1])
-    return _with_dtensor_host(lt, gpu, plan, training, params, calibration)
+    return _with_host(lt, gpu, plan, training, params, calibration, moe)
 
 
-def _with_dtensor_host(
+def _with_host(
     lt: LayerTimes,
     gpu: GPUSpec,
     plan: ParallelPlan,
     training: TrainingSpec,
     params: ModelParams,
     calibration: Calibration | None,
+    moe: bool,
 ) -> LayerTimes:
-    """An eager tensor-parallel layer's DTensor dispatch on the host (perf/step/dtensor_host.py);
-    an MoE layer is counted as a dense one (its attention and norms are the same)."""
-    if training.dtensor_dispatch != "eager" or plan.tp == 1:
+    """A layer's host issue beyond its kernels: an eager dense layer's ops
+    (perf/step/eager_host.py) and, under eager tensor parallel,
+    DTensor's dispatch (perf/step/dtensor_host.py; an MoE layer counted as a dense one: its
+    attention and norms are the same)."""
+    # an MoE layer's own issue is moe_host's where it prices one (cuda_graphs none); otherwise
+    # the dense layer's count stands for it (its attention and norms are the same)
+    priced = moe and training.cuda_graphs == "none"
+    fwd, bwd = (0.0, 0.0) if priced else eager_host.layer_host_s(training, params)
+    if training.dtensor_dispatch == "eager" and plan.tp > 1:
+        op_s = dtensor_host.dtensor_op_s(params, calibration)
+        fwd += dtensor_host.LAYER_FWD_OPS * op_s
+        bwd += dtensor_host.LAYER_BWD_OPS[plan.sequence_parallel] * op_s
+    if not (fwd or bwd):
         return lt
-    op_s = dtensor_host.dtensor_op_s(params, calibration)
-    bwd_ops = dtensor_host.LAYER_BWD_OPS[plan.sequence_parallel]
-    fwd = dtensor_host.host_excess_s(lt.fwd, dtensor_host.LAYER_FWD_OPS, op_s, gpu)
-    bwd = dtensor_host.host_excess_s(lt.bwd, bwd_ops, op_s, gpu)
-    return replace(lt, fwd_host=lt.fwd_host + fwd, bwd_host=lt.bwd_host + bwd)
+    fwd_x = eager_host.pass_excess_s(lt.fwd, fwd, gpu)
+    bwd_x = eager_host.pass_excess_s(lt.bwd, bwd, gpu)
+    return replace(lt, fwd_host=lt.fwd_host + fwd_x, bwd_host=lt.bwd_host + bwd_x)
 
 
 @dataclass(frozen=True)
@@ -411,14 +420,17 @@ def logits_time_s(
     loss_f = stream_time_s(tokens * v * fwd_b, gpu, params, kernels=3)
     loss_b = stream_time_s(tokens * v * bwd_b, gpu, params, kernels=3)
     fwd, bwd = g + loss_f, g_bwd + loss_b
-    if training.dtensor_dispatch != "eager" or plan.tp == 1:
-        return fwd, bwd
-    # eager tensor parallel: the embedding's, final norm's, output layer's and loss parallel's
-    # DTensor dispatch on the host (perf/step/dtensor_host.py)
-    op_s = dtensor_host.dtensor_op_s(params, calibration)
-    fwd += dtensor_host.host_excess_s(fwd, dtensor_host.OUTSIDE_FWD_OPS, op_s, gpu)
-    bwd += dtensor_host.host_excess_s(bwd, dtensor_host.OUTSIDE_BWD_OPS, op_s, gpu)
-    return fwd, bwd
+    # the embedding's, final norm's, output layer's and loss's host issue when eager
+    # (perf/step/eager_host.py), and under eager tensor parallel their DTensor dispatch and the
+    # loss parallel's (perf/step/dtensor_host.py)
+    host_f, host_b = eager_host.outside_host_s(training, params)
+    if training.dtensor_dispatch == "eager" and plan.tp > 1:
+        op_s = dtensor_host.dtensor_op_s(params, calibration)
+        host_f += dtensor_host.OUTSIDE_FWD_OPS * op_s
+        host_b += dtensor_host.OUTSIDE_BWD_OPS * op_s
+    fwd_x = eager_host.pass_excess_s(fwd, host_f, gpu) if host_f else 0.0
+    bwd_x = eager_host.pass_excess_s(bwd, host_b, gpu) if host_b else 0.0
+    return fwd + fwd_x, bwd + bwd_x
 
 
 def optimizer_time_s(
