@@ -10,22 +10,27 @@ host.
    2 ranks back to back, between computations and beside them, and the host time DTensor's
    dispatch adds to one op of the trainer's tensor-parallel decoder) and writes the
    calibration and a gpu_spec;
-2. every plan below trains the same model (preset tiny-llama-small: 4 layers, dim 256, seq 128;
-   global batch 8) for ``--steps`` steps with `aihpc train`, whose summary.json holds the
-   median measured step time (steps after the first) and `aihpc estimate`'s prediction for the
+2. every plan below (19 on a CPU: every schedule the trainer runs -- 1F1B, interleaved 1F1B,
+   ZBV; it has no GPipe --, ZeRO 0-3, recompute none / selective / full, TP with and without
+   SP, CP, EP on a mixture-of-experts variant, and issue 41's eight plans) trains the same
+   model (preset tiny-llama-small: 4 layers, dim 256, seq 128; global batch 8) for ``--steps``
+   steps with `aihpc train`, whose summary.json holds `aihpc estimate`'s prediction for the
    same spec on this host, priced with the trainer's own software facts (eager element-wise
-   ops and loss, TP collectives in line, DTensor's eager dispatch, the ring's unfused
-   attention: `as_trained` in runtime/train.py; `performance` in summary.json);
-3. per plan: the fastest step after the first (on a shared machine the step least slowed by
-   other work; the median is shown too), the prediction, error = predicted / fastest - 1; over
-   plans: median |error| and Spearman's rho between the predicted and measured orders
-   (targets: <= 20%, >= 0.8). ``--rounds R`` trains every plan R times, round-robin, and keeps
-   each plan's fastest step over all rounds (the other jobs on a shared host move a single
-   round's times by 2-3x); on a CPU every round calibrates the host afresh first, and a plan's
-   prediction is the median of its rounds' (a calibration's noise goes both ways: a slowed
-   GEMM timing makes the host look slower, a slowed baseline makes the overlap penalty, a
-   ratio of two timings, look smaller; three calibrations of one morning measured it at 1.0,
-   0.20 and 0.94).
+   ops and loss, an eager layer's host issue, TP collectives in line, DTensor's eager
+   dispatch, the ring's unfused attention: `as_trained` in runtime/summary.py; `performance`
+   in summary.json);
+3. per plan: the median step after the first WARMUP steps (the typical step, what a user
+   waits for; the fastest is shown too), the prediction, error = predicted / median - 1 and
+   its sign (+: pessimistic); over plans: median |error|, the worst, Spearman's rho between
+   the predicted and measured orders (targets: <= 10%, >= 0.85), and how many predictions
+   fall on each side. ``--rounds R`` trains every plan R times, round-robin, and pools each
+   plan's steps over all rounds; on a CPU every round calibrates the host afresh first, and a
+   plan's prediction is the median of its rounds' (a calibration's noise goes both ways: a
+   slowed GEMM timing makes the host look slower, a slowed baseline makes the overlap
+   penalty, a ratio of two timings, look smaller; three calibrations of one morning measured
+   it at 1.0, 0.20 and 0.94). A plan the trainer refuses is listed under ``failed`` and the
+   others still run. The load average is in the results' ``machine``: on the shared 2-core
+   host other jobs stretch every step, which no prediction for the machine alone can price.
 
 Every rank runs one thread (OMP_NUM_THREADS=1); the 1-rank plan is priced with a one-rank
 calibration, the 2-rank plans with the 2-rank one.
@@ -324,6 +329,7 @@ def main() -> None:
     )
     add_results_arg(ap)
     args = ap.parse_args()
+    load_start = os.getloadavg()  # the end's is in machine(): other jobs share a small host
     with tempfile.TemporaryDirectory(prefix="aihpc-pvm-") as tmp:
         rows, cal_summary, failed = run_rounds(args, Path(tmp))
     med = statistics.median(abs(r["error"]) for r in rows)
@@ -354,6 +360,7 @@ def main() -> None:
     data = {"machine": machine(), "steps": args.steps, "rounds": args.rounds, "plans": rows}
     data["calibration_by_round"] = cal_summary
     data["failed"] = failed
+    data["load_avg_start"] = load_start
     data.update(
         median_abs_error=med,
         worst_error=worst["error"],
