@@ -237,9 +237,9 @@ def run(spec: RunSpec, opts: TrainOptions, timeout_s: float = 600.0) -> dict[str
     first, for the whole launch, and a job refused it ends on every rank with RunDirRefused
     before it has written anything there (aihpc.runtime.ownership).
 
-    With ``[checkpoint] in_process_restarts`` (unset: on where safe, ``_in_process_limit``),
-    an exception or a hang (found by the watchdog)
-    in any rank starts a new generation in the same processes: new process groups over the same
+    With ``[checkpoint] in_process_restarts``, an exception or a hang (found by the watchdog) in
+    any rank (unset: an exception, on CPU / gloo; ``_in_process_limit``) starts a new
+    generation in the same processes: new process groups over the same
     store, the model rebuilt, the state restored (from memory when the tier is on), up to that
     many times per launch (docs/resilience.md, "In-process restart").
 
@@ -288,8 +288,8 @@ def run(spec: RunSpec, opts: TrainOptions, timeout_s: float = 600.0) -> dict[str
 
 
 def _in_process_limit(spec: RunSpec) -> int:
-    """``[checkpoint] in_process_restarts``, or where unset the safe default (on by default on
-    gloo from the main thread, off on CUDA: ``CheckpointSpec.in_process_limit``)."""
+    """``[checkpoint] in_process_restarts``, or where unset the safe default (on for exceptions
+    on gloo, off on CUDA: ``CheckpointSpec.in_process_limit``)."""
     return spec.checkpoint.in_process_limit(torch.cuda.is_available())
 
 
