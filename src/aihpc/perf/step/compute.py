@@ -114,10 +114,10 @@ def _with_host(
     calibration: Calibration | None,
     moe: bool,
 ) -> LayerTimes:
-    """A layer's host issue beyond its kernels: an eager dense layer's ops
-    (perf/step/eager_host.py) and, under eager tensor parallel,
-    DTensor's dispatch (perf/step/dtensor_host.py; an MoE layer counted as a dense one: its
-    attention and norms are the same)."""
+    """A layer's host issue beyond its kernels: an eager layer's ops (perf/step/eager_host.py)
+    and, under eager tensor parallel, DTensor's dispatch (perf/step/dtensor_host.py). An MoE
+    layer is counted as a dense one (its attention and norms are the same), except for the
+    eager ops moe_host already prices."""
     # an MoE layer's own issue is moe_host's where it prices one (cuda_graphs none); otherwise
     # the dense layer's count stands for it (its attention and norms are the same)
     priced = moe and training.cuda_graphs == "none"
