@@ -11,6 +11,9 @@ elastic agent's log). The paths:
 - ``hang``: SIGSTOP -> watchdog -> agent restart, storage;
 - ``kill-peer-memory``: SIGKILL, the rank's own memory copy lost with it (``mode=node``) ->
   agent restart, every rank restored from memory, the killed one from its peer's replica;
+- ``exception``: an exception under the default ``[checkpoint]`` (no memory tier, no
+  ``in_process_restarts`` set): whatever the default recovery is (before issue 41: the agent's
+  restart from storage; since: an in-process restart, state from storage);
 - ``exception-inprocess``: an exception -> in-process restart, restored from memory;
 - ``hang-inprocess``: a stalled main thread -> watchdog -> in-process restart, from memory.
 
@@ -60,8 +63,10 @@ async_save = true
 """
 MEMORY = "memory_interval_steps = 2\nin_process_restarts = 1"
 FAULT_STEP = 6
-# path -> (fault, memory tier on, recovered in-process)
+# path -> (fault, memory tier on, recovered in-process; None: the default decides, read from
+# the run's events)
 PATHS = {
+    "exception": ("exception", False, None),
     "kill": ("kill", False, False),
     "hang": ("hang", False, False),
     "kill-peer-memory": ("kill:mode=node", True, False),
@@ -106,6 +111,8 @@ def one_run(path: str, nproc: int, hang_timeout: float, tmp: Path) -> dict:
     run, stderr = _launch(path, nproc, hang_timeout, tmp)
     ev = _events(run)
     inprocess = PATHS[path][2]
+    if inprocess is None:
+        inprocess = any(e["event"] == "inprocess_restart" for e in ev)
 
     def after(name: str) -> list[dict]:  # the events of the recovered generation / attempt
         if inprocess:
@@ -115,7 +122,7 @@ def one_run(path: str, nproc: int, hang_timeout: float, tmp: Path) -> dict:
     fault_t = next(e["time_unix"] for e in ev if e["event"] == "fault")
     if inprocess:
         detected = max(e["time_unix"] for e in ev if e["event"] == "inprocess_restart")
-    elif path.startswith("kill"):
+    elif path.startswith(("kill", "exception")):  # the agent logs the worker's failure
         detected = agent_failure_unix(stderr)
     else:
         detected = min(e["time_unix"] for e in ev if e["event"] == "hang_detected")
@@ -133,6 +140,7 @@ def one_run(path: str, nproc: int, hang_timeout: float, tmp: Path) -> dict:
         "from_peer": resumed.get("from_peer") or [],
         "resumed_from_step": resumed["step"],
         "steps_replayed": FAULT_STEP - resumed["step"],
+        "recovered": "in-process" if inprocess else "agent restart",
     }
     if not inprocess:  # the agent's part of the rebuild: respawn, then start-up
         spawned = max(e["process_start_unix"] for e in after("process_start"))
@@ -215,31 +223,36 @@ def _goodput_inputs(med: dict, results: dict) -> dict[str, float]:
     }
 
 
-def _markdown(args: argparse.Namespace, med: dict, targets: dict) -> str:
+def _markdown(args: argparse.Namespace, med: dict, targets: dict, how: dict) -> str:
     cols = ("detection_s", "rebuild_s", "restore_s", "first_step_s", "total_s")
     rows = "\n".join(
-        f"| {k} | "
+        f"| {k} | {how[k]} | "
         + " | ".join(f"{med[k][p]:.2f}" for p in cols)
         + f" | {med[k]['steps_replayed']:.0f} |"
         for k in med
     )
-    t = targets
-    met = t["exception-inprocess_meets_25pct"] and t["hang-inprocess_meets_25pct"]
-    faster = "faster" if t["peer_memory_faster"] else "NOT faster"
-    return (
+    text = (
         f"# Recovery time: fault → first resumed step ({args.nproc} ranks, CPU, gloo)\n\n"
         f"Tiny Llama preset, storage checkpoint every 4 steps (async), memory snapshot every 2 "
         f"steps where on, fault at step {FAULT_STEP} on the last rank, `--max-restarts 1`, "
         f"hang bound {args.hang_timeout} s; median of {args.repeats} runs per path, seconds.\n\n"
-        "| path | detection | rebuild | restore | first step | total | steps replayed |\n"
-        "|---|---:|---:|---:|---:|---:|---:|\n"
+        "| path | recovered by | detection | rebuild | restore | first step | total | "
+        "steps replayed |\n|---|---|---:|---:|---:|---:|---:|---:|\n"
         + rows
-        + "\n\nkill / hang: torchrun's agent restarts the whole group (respawn, imports, process "
-        "groups) and the state comes from storage. kill-peer-memory: the same restart, the "
-        "state from the memory tier, the killed rank's from the replica on its peer. "
+        + "\n\nexception: the default `[checkpoint]` (no memory tier, `in_process_restarts` "
+        "unset). kill / hang: torchrun's agent restarts the whole group (respawn, imports, "
+        "process groups) and the state comes from storage. kill-peer-memory: the same restart, "
+        "the state from the memory tier, the killed rank's from the replica on its peer. "
         "*-inprocess: the same processes re-form their process groups and restore from memory. "
-        "A hang's detection is the watchdog bound (a setting).\n\n"
-        "Targets: in-process recovery (counted from detection for the hang) "
+        "A hang's detection is the watchdog bound (a setting).\n"
+    )
+    if not targets:
+        return text
+    t = targets
+    met = t["exception-inprocess_meets_25pct"] and t["hang-inprocess_meets_25pct"]
+    faster = "faster" if t["peer_memory_faster"] else "NOT faster"
+    return text + (
+        "\nTargets: in-process recovery (counted from detection for the hang) "
         f"{t['exception-inprocess_recovery_s']:.2f} s (exception) and "
         f"{t['hang-inprocess_recovery_s']:.2f} s (hang) against 25% of kill → resume, "
         f"{0.25 * t['kill_total_s']:.2f} s: {'met' if met else 'NOT met'}. Peer-memory restore "
@@ -254,6 +267,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--hang-timeout", type=float, default=3.0)
     ap.add_argument("--paths", nargs="*", default=list(PATHS), choices=list(PATHS))
+    ap.add_argument("--tag", default="", help="results name recovery_time_<tag> (default: none)")
     add_results_arg(ap)
     args = ap.parse_args()
     results: dict[str, list[dict]] = {p: [] for p in args.paths}
@@ -265,11 +279,12 @@ def main() -> None:
     med = {
         k: {p: statistics.median(r[p] for r in rs) for p in numeric} for k, rs in results.items()
     }
+    how = {k: "/".join(sorted({r["recovered"] for r in rs})) for k, rs in results.items()}
     targets = _targets(med) if set(PATHS) <= set(results) else {}
     inputs = _goodput_inputs(med, results) if set(PATHS) <= set(results) else {}
     paths = _strategy_paths(med)
     save(
-        "recovery_time",
+        "recovery_time" + (f"_{args.tag}" if args.tag else ""),
         {
             "machine": machine(),
             "nproc": args.nproc,
@@ -281,7 +296,7 @@ def main() -> None:
             "goodput_inputs": inputs,
             "paths": paths,
         },
-        _markdown(args, med, targets) if targets else "",
+        _markdown(args, med, targets, how),
         results=args.results,
     )
 

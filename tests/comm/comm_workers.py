@@ -168,3 +168,52 @@ def dispatch_checks(seeds: list[int], ranks_per_node: int | None) -> list[dict[s
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, out)
         return gathered
+
+
+def bf16_combine_order(seed: int) -> dict[str, Any]:
+    """A weighted bf16 combine on the flat path against its documented sum order, computed
+    here by hand: per destination rank, the float32 sum of its experts' weighted outputs in
+    ascending expert order, rounded to bf16 (the rank's partial); then the float32 sum of the
+    partials in ascending rank order, rounded to bf16. Also counts the elements where a sum in
+    float32 throughout (no rounding of the partials) would differ."""
+    experts, k, n, hidden = 8, 4, 64, 16
+    with init_distributed(60.0) as ctx:
+        rank, world = ctx.rank, ctx.world_size
+        per_rank = experts // world
+        g = torch.Generator().manual_seed(seed * 100 + rank)
+        x = torch.randn((n, hidden), generator=g).to(torch.bfloat16)
+        idx = torch.rand((n, experts), generator=g).topk(k, dim=1).indices
+        w = torch.rand((n, k), generator=g)  # a float32 router's gate weights
+        scale = (torch.arange(experts, dtype=torch.float32) / 3 + 0.7).to(torch.bfloat16)
+        disp = MoEDispatcher(experts, build_ep_groups(world))
+        d = disp.dispatch(x, idx, w)
+        local = torch.repeat_interleave(
+            torch.arange(per_rank), torch.tensor(d.tokens_per_expert, dtype=torch.long)
+        )
+        y = d.x * scale[rank * per_rank + local].unsqueeze(1)  # the "experts": bf16 outputs
+        got = disp.combine(y, d.handle, d.weights)
+        want = torch.empty_like(got)
+        fp32_only = torch.empty_like(got)
+        for t in range(n):
+            partials, exact = [], torch.zeros(hidden)
+            for r in range(world):
+                acc = torch.zeros(hidden)
+                for e in sorted(int(v) for v in idx[t] if int(v) // per_rank == r):
+                    j = int((idx[t] == e).nonzero())
+                    term = (x[t] * scale[e]).float() * w[t, j]
+                    acc = acc + term
+                    exact = exact + term
+                if any(int(v) // per_rank == r for v in idx[t]):
+                    partials.append(acc.to(torch.bfloat16))
+            total = torch.zeros(hidden)
+            for p in partials:
+                total = total + p.float()
+            want[t], fp32_only[t] = total.to(torch.bfloat16), exact.to(torch.bfloat16)
+        mine = {
+            "dtype": str(got.dtype),
+            "mismatch": int((got.view(torch.int16) != want.view(torch.int16)).sum()),
+            "differs_from_fp32_sum": int((want != fp32_only).sum()),
+        }
+        every: list[Any] = [None] * world
+        dist.all_gather_object(every, mine)
+        return every  # every rank's (launch_local returns rank 0's)

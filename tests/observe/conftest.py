@@ -87,10 +87,18 @@ class Run:
         return path
 
 
-def train(tmp: Path, name: str, prom: Prometheus | None, *extra: str, textfile: bool = False):
-    """``aihpc train`` on 2 ranks with metrics; Prometheus scrapes it when given."""
+def train(
+    tmp: Path,
+    name: str,
+    prom: Prometheus | None,
+    *extra: str,
+    textfile: bool = False,
+    opt_out: bool = False,
+):
+    """``aihpc train`` on 2 ranks with metrics; Prometheus scrapes it when given. ``opt_out``:
+    ``[checkpoint] in_process_restarts = 0`` (an exception then ends the job)."""
     spec = tmp / "run.toml"
-    spec.write_text(spec_text())
+    spec.write_text(spec_text() + ("in_process_restarts = 0\n" if opt_out else ""))
     job = f"{name}-{uuid.uuid4().hex[:8]}"  # unique per test session: a shared server keeps data
     args = [sys.executable, "-m", "aihpc", "train", str(spec), "--run-dir", str(tmp / "run")]
     args += ["--nproc-per-node", "2", "--json", *extra]
@@ -143,7 +151,10 @@ def hang_run(tmp_path_factory, prometheus, kill_run) -> Run:
 def exception_run(tmp_path_factory) -> Run:
     """Rank 1 raises after step 3, no restarts: the job fails. Metrics to a textfile only."""
     tmp = tmp_path_factory.mktemp("exception")
-    run = train(tmp, "exception", None, "--inject", "exception:step=3:rank=1", textfile=True)
+    # the failure, not its in-process recovery (on by default): opted out
+    run = train(
+        tmp, "exception", None, "--inject", "exception:step=3:rank=1", textfile=True, opt_out=True
+    )
     assert run.proc.returncode == 1, run.proc.stderr[-3000:]
     return run
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from aihpc.perf.step import comm, compute, host_issue, tp_overlap
+from aihpc.perf.step import comm, compute, eager_host, host_issue, tp_overlap
 from aihpc.perf.step.attention_kernels import FUSED_KERNELS, head_dim_factor, kernel_tokens
 from aihpc.perf.step.estimate import Estimate
 from aihpc.perf.step.flops import (
@@ -799,12 +799,19 @@ def layer_times(
         mlp_fwd=mlp_fwd,
         mlp_bwd=mlp_bwd,
     )
-    # Added on purpose (issue 41): an eager or compiled layer's wait on its host issuing the
-    # kernels on a GPU (perf/step/host_issue.py); nothing for fused-kernel layers, as before.
-    host_fwd, host_bwd = host_issue.issue_host_s(training, params)
-    if gpu.host_is_device or not (host_fwd or host_bwd):
+    if moe and training.cuda_graphs == "none":
+        return lt  # moe_host's term, which this frozen copy does not hold
+    # Changed on purpose (issue 41, items 3 and 4): an eager or compiled layer's host issue
+    # (perf/step/host_issue.py, eager_host.py): all of it where the host is the device, beyond
+    # its kernels on a GPU; nothing for fused-kernel layers, as before.
+    host_f, host_b = host_issue.layer_issue_s(training, params, gpu)
+    if not (host_f or host_b):
         return lt
-    return replace(lt, fwd_host=max(0.0, host_fwd - lt.fwd), bwd_host=max(0.0, host_bwd - lt.bwd))
+    return replace(
+        lt,
+        fwd_host=eager_host.pass_excess_s(lt.fwd, host_f, gpu),
+        bwd_host=eager_host.pass_excess_s(lt.bwd, host_b, gpu),
+    )
 
 
 # memory.memory_breakdown as it was before item 1 built it on the search's memory terms; frozen

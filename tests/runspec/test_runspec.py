@@ -303,3 +303,20 @@ def test_unreadable_files_are_one_line_errors(tmp_path, what: str) -> None:
     with pytest.raises(SpecError) as err:
         load_runspec(spec)
     assert err.value.field == "cluster.calibration" and "\n" not in str(err.value)
+
+
+def test_in_process_restarts_default_is_on_where_safe():
+    """Unset: on for gloo, off on CUDA (NCCL communicators are not aborted); a set value,
+    0 included, is the user's."""
+    from aihpc.runspec.training import DEFAULT_IN_PROCESS_RESTARTS, CheckpointSpec
+
+    unset = CheckpointSpec()
+    assert unset.in_process_restarts is None
+    assert DEFAULT_IN_PROCESS_RESTARTS > 0
+    assert unset.in_process_limit(cuda=False) == DEFAULT_IN_PROCESS_RESTARTS
+    assert unset.in_process_limit(cuda=True) == 0
+    for value in (0, 1, 5):
+        assert CheckpointSpec(in_process_restarts=value).in_process_limit(cuda=True) == value
+        assert CheckpointSpec(in_process_restarts=value).in_process_limit(cuda=False) == value
+    with pytest.raises(SpecError, match=r"checkpoint\.in_process_restarts"):
+        CheckpointSpec(in_process_restarts=-1)

@@ -140,3 +140,23 @@ def test_exception_in_process_then_node_loss_from_peer(tmp_path, request, world,
     assert summary["state_sha256"] == ref[0]["state_sha256"]
     assert losses(run) == ref[1]
     assert not (shm_root() / f"aihpc-{memory_key(run)}").exists()  # freed at the end
+
+
+def test_exception_recovers_in_process_by_default(tmp_path, ref2):
+    """No fast-recovery field in the spec (the memory tier off, in_process_restarts unset): an
+    exception is recovered in the same processes, from storage (here nothing saved before the
+    fault: step 0), and the run ends as the uninterrupted one; `in_process_restarts = 0` opts
+    out, and the same fault then ends the launch (no agent restarts allowed)."""
+    spec, run = write(tmp_path / "run.toml", 2, memory=False), tmp_path / "run"
+    summary = ok(train(spec, run, 2, "--inject", "exception:step=5:rank=1"))
+    assert summary["in_process_restarts"] == 1 and summary["restarts"] == 0
+    assert {e["attempt"] for e in events(run, "process_start")} == {0}
+    restart = events(run, "inprocess_restart")
+    assert restart and "InjectedFault" in restart[0]["cause"]
+    assert summary["state_sha256"] == ref2[0]["state_sha256"]
+    off = tmp_path / "off.toml"
+    off.write_text(spec.read_text() + "in_process_restarts = 0\n")
+    failed = train(off, tmp_path / "run-off", 2, "--inject", "exception:step=5:rank=1")
+    assert failed.returncode == 1
+    assert "injected exception" in failed.stderr.strip().splitlines()[-1]
+    assert not events(tmp_path / "run-off", "inprocess_restart")

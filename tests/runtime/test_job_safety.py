@@ -44,6 +44,7 @@ seed = {seed}
 interval_steps = 2
 keep_last = 2
 async_save = {async_save}
+in_process_restarts = 0  # these drills test the watchdog's exit and the agent's restart
 """
 ENV = {"OMP_NUM_THREADS": "1"}
 

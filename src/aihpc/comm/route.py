@@ -22,10 +22,13 @@ The steps of a route, for ``dest`` of shape (rows, k) holding a peer per slot (-
    DeepEP packs them.
 
 A route without a group is a local permutation (the same code serves the grouping of received
-tokens by local expert). The reduce sums a row's returned copies slot by slot with one
-``index_add_`` per slot, so every call sees each output row at most once: the sum order is fixed
-(peer order) and the result is bitwise reproducible on GPU, where a single scatter-add with
-repeated indices is not. Half-precision rows are summed in float32.
+tokens by local expert). The reduce sums a row's returned copies in peer order: on a GPU with
+one ``index_add_`` per slot, so every call sees each output row at most once and the result is
+bitwise reproducible (a single scatter-add with repeated indices is not); on a CPU in one
+``index_add_`` over the rows in send order, which adds them sequentially in that same order.
+Half-precision rows are summed in float32 and the sum is rounded to their dtype once, at the
+end of the route (so a two-stage combine rounds each rank's partial sum before the next
+stage: ``aihpc.comm.moe_dispatch``).
 
 This module imports torch only (the project's rule for ``aihpc.comm``).
 """
@@ -217,14 +220,33 @@ def route_forward(parts: list[torch.Tensor], route: Route) -> list[torch.Tensor]
     return _unpack(out, layout)
 
 
+# rows converted to float32 at a time by the CPU sum: a small buffer reused, instead of a float32
+# copy of every row (allocating and first touching that copy cost more than the sum itself)
+_CPU_CHUNK_ROWS = 1024
+
+
 def _sum_slots(back: torch.Tensor, route: Route) -> torch.Tensor:
-    """Sum returned copies into their source rows, slot by slot (fixed order, no repeated index
-    within one index_add_). 16-bit floats accumulate in float32."""
+    """Sum returned copies into their source rows in slot order (a row's copies in ascending
+    peer order). 16-bit floats accumulate in float32; the result has ``back``'s dtype.
+
+    GPU: one index_add_ per slot (no repeated index within a call, so no atomics race). CPU:
+    index_add_ adds the source rows one after another in index order, and the send order is
+    peer-major, so one pass over ``back`` in send order adds each row's copies in slot order:
+    the same sum, bit for bit, without gathering each slot's rows first."""
     acc = torch.float32 if back.dtype in (torch.float16, torch.bfloat16) else back.dtype
     out = back.new_zeros((route.num_rows, *back.shape[1:]), dtype=acc)
-    for pos, rows in route.slot_index:
-        part = back.index_select(0, pos)
-        out.index_add_(0, rows, part if part.dtype == acc else part.to(acc))
+    if back.device.type != "cpu":
+        for pos, rows in route.slot_index:
+            part = back.index_select(0, pos)
+            out.index_add_(0, rows, part if part.dtype == acc else part.to(acc))
+        return out.to(back.dtype)
+    rows = route.send_rows
+    if back.dtype == acc:
+        return out.index_add_(0, rows, back)
+    buf = back.new_empty((min(_CPU_CHUNK_ROWS, len(back)), *back.shape[1:]), dtype=acc)
+    for start in range(0, len(back), _CPU_CHUNK_ROWS):
+        part = back[start : start + _CPU_CHUNK_ROWS]
+        out.index_add_(0, rows[start : start + len(part)], buf[: len(part)].copy_(part))
     return out.to(back.dtype)
 
 

@@ -15,6 +15,7 @@ __all__ = [
     "CP_EXCHANGES",
     "CROSS_ENTROPY",
     "CUDA_GRAPHS",
+    "DEFAULT_IN_PROCESS_RESTARTS",
     "DTENSOR_DISPATCH",
     "DTYPE_BYTES",
     "FP8_SAVED_INPUTS",
@@ -305,6 +306,13 @@ class TrainingSpec:
             )
 
 
+# In-process restarts per launch when ``[checkpoint] in_process_restarts`` is unset, where safe:
+# an exception a rerun would repeat (a bug) costs this many quick restarts (about a
+# second each on the tiny CPU runs: benchmarks/results/recovery_time.md) before the job fails
+# as it would have at once.
+DEFAULT_IN_PROCESS_RESTARTS = 2
+
+
 @dataclass(frozen=True)
 class CheckpointSpec:
     """``[checkpoint]``: how the runtime checkpoints (aihpc.resilience)."""
@@ -315,7 +323,9 @@ class CheckpointSpec:
     # the in-memory tier (aihpc.resilience.memory): 0 = off
     memory_interval_steps: int = 0
     memory_max_GiB: float = 8.0  # per rank: its own copy plus the peer replica it holds
-    in_process_restarts: int = 0  # exceptions / hangs recovered without respawning, per launch
+    # exceptions / hangs recovered without respawning, per launch; None (unset): automatic,
+    # ``DEFAULT_IN_PROCESS_RESTARTS`` where it is safe (``in_process_limit``); 0: off
+    in_process_restarts: int | None = None
 
     def __post_init__(self) -> None:
         check_positive("checkpoint.interval_steps", self.interval_steps)
@@ -325,3 +335,14 @@ class CheckpointSpec:
         )
         check_positive("checkpoint.memory_max_GiB", self.memory_max_GiB)
         check_positive("checkpoint.in_process_restarts", self.in_process_restarts, allow_zero=True)
+
+    def in_process_limit(self, cuda: bool) -> int:
+        """In-process restarts this launch allows: the field when set; unset, the default where
+        an in-process restart is safe: on gloo (a rank tells its peers by shutting its
+        collective sockets; tested with real processes), not on NCCL, where a communicator
+        must be aborted (not implemented). Unset, it covers exceptions only; a hang stays the
+        watchdog's exit and the agent's restart (a peer stopped by SIGSTOP looks like a stall to
+        the rank waiting on it, and an interrupt would only delay the agent by one bound)."""
+        if self.in_process_restarts is not None:
+            return self.in_process_restarts
+        return 0 if cuda else DEFAULT_IN_PROCESS_RESTARTS

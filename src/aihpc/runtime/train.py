@@ -19,6 +19,7 @@ from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
 import torch.distributed as dist
 
 from aihpc.observe.metrics import open_train_metrics
@@ -239,8 +240,9 @@ def run(spec: RunSpec, opts: TrainOptions, timeout_s: float = 600.0) -> dict[str
     first, for the whole launch, and a job refused it ends on every rank with RunDirRefused
     before it has written anything there (aihpc.runtime.ownership).
 
-    With ``[checkpoint] in_process_restarts``, an exception or a hang (found by the watchdog)
-    in any rank starts a new generation in the same processes: new process groups over the same
+    With ``[checkpoint] in_process_restarts``, an exception or a hang (found by the watchdog) in
+    any rank (unset: an exception, on CPU / gloo; ``_in_process_limit``) starts a new
+    generation in the same processes: new process groups over the same
     store, the model rebuilt, the state restored (from memory when the tier is on), up to that
     many times per launch (docs/resilience.md, "In-process restart").
 
@@ -254,7 +256,7 @@ def run(spec: RunSpec, opts: TrainOptions, timeout_s: float = 600.0) -> dict[str
     rank = int(found["RANK"]) if found else 0
     world = int(found["WORLD_SIZE"]) if found else 1
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    limit = spec.checkpoint.in_process_restarts
+    limit = _in_process_limit(spec)
     # The job's store, before anything is written in the directory: it carries rank 0's verdict
     # on the lock, and the in-process generations' process groups are formed over it.
     store = None
@@ -264,7 +266,10 @@ def run(spec: RunSpec, opts: TrainOptions, timeout_s: float = 600.0) -> dict[str
         nullcontext() if opts.lock_held else hold_run_dir(opts.run_dir, rank, world, attempt, store)
     ):
         hang_events = Events(opts.run_dir / "events.jsonl", rank, attempt)
-        interrupter = Interrupter() if limit else None
+        # hangs too where the field is set; unset, only exceptions (a peer's SIGSTOP looks like
+        # a stall here, and an interrupt then only delays the agent's restart by a bound)
+        hangs = limit and spec.checkpoint.in_process_restarts is not None
+        interrupter = Interrupter() if hangs else None
         watchdog = Watchdog(
             opts.run_dir,
             rank,
@@ -276,11 +281,19 @@ def run(spec: RunSpec, opts: TrainOptions, timeout_s: float = 600.0) -> dict[str
             on_stall=_on_stall(interrupter, hang_events) if interrupter else None,
         ).start()
         try:
-            if interrupter is None:
+            if not limit:
                 return _generation(spec, opts, watchdog, timeout_s, lambda err: True, store)
-            return _generations(spec, opts, watchdog, timeout_s, interrupter, hang_events, store)
+            return _generations(
+                spec, opts, watchdog, timeout_s, interrupter, hang_events, store, limit
+            )
         finally:
             watchdog.stop()
+
+
+def _in_process_limit(spec: RunSpec) -> int:
+    """``[checkpoint] in_process_restarts``, or where unset the safe default (on for exceptions
+    on gloo, off on CUDA: ``CheckpointSpec.in_process_limit``)."""
+    return spec.checkpoint.in_process_limit(torch.cuda.is_available())
 
 
 def _on_stall(interrupter: Any, events: Events) -> Callable[[dict], bool]:
@@ -305,20 +318,20 @@ def _generations(
     opts: TrainOptions,
     watchdog: Watchdog,
     timeout_s: float,
-    interrupter: Any,
+    interrupter: Any,  # None: hangs are the watchdog's exit, not an in-process restart
     events: Events,
     store: Any,
+    limit: int,
 ) -> dict[str, Any]:
-    """Run generations until one finishes; after a restartable fault, release the failed one
-    (its process groups close, so blocked peers fail too) and start the next, over the same
-    ``store``."""
+    """Run generations until one finishes (at most ``limit`` restarts); after a restartable
+    fault, release the failed one (its process groups close, so blocked peers fail too) and
+    start the next, over the same ``store``."""
     from aihpc.resilience.inprocess import release, shutdown_collective_sockets
 
-    limit = spec.checkpoint.in_process_restarts
     generation = 0
     while True:
         try:
-            with interrupter.armed(generation):
+            with interrupter.armed(generation) if interrupter else nullcontext():
                 summary = _generation(
                     spec,
                     opts,

@@ -14,6 +14,7 @@ from typing import Any
 from aihpc.perf.step import dp_comm
 from aihpc.perf.step.compute import optimizer_time_s
 from aihpc.perf.step.dtensor_host import optimizer_host_s
+from aihpc.perf.step.eager_host import optimizer_eager_host_s
 from aihpc.perf.step.memory import warmup_chunks
 from aihpc.perf.step.moe_overlap import paired_exposed_s
 from aihpc.perf.step.numeric import any_, maximum, minimum, where
@@ -240,7 +241,9 @@ class StepTerms(StepState):
         shard = where(b.zero >= 1, self.shard_n, 1)
         gpu, params, training = self.cluster.gpu, self.params, self.training
         opt = optimizer_time_s(self.params_stage, b.zero, shard, gpu, params, training)
+        tied, cal = self.model.tied_embeddings, self.cluster.calibration
+        # an eager optimizer's per-tensor loop on a CPU host (perf/step/eager_host.py)
+        opt = opt + optimizer_eager_host_s(self.layers, b.pp, tied, gpu, training, params)
         if training.dtensor_dispatch != "eager":
             return opt
-        tied, cal = self.model.tied_embeddings, self.cluster.calibration
         return opt + optimizer_host_s(opt, b, self.layers, tied, gpu, params, cal)

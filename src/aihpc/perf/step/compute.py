@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from aihpc.perf.step import dtensor_host
+from aihpc.perf.step import dtensor_host, eager_host
 from aihpc.perf.step.attention_kernels import (
     FUSED_KERNELS,
     head_dim_factor,
@@ -116,8 +116,10 @@ def layer_times(
         prec = training.precision
         waits = moe_host_excess_s(lt.fwd, lt.bwd, host, prec, local, params, lt.mlp_fwd)
         lt = replace(lt, fwd_host=waits[0], bwd_host=waits[1])
-    # the host's issue of the layer's kernels and DTensor's dispatch (perf/step/host_issue.py)
-    return with_host_time(lt, gpu, plan, training, params, calibration)
+    # the host's issue of the layer's kernels and DTensor's dispatch (perf/step/host_issue.py);
+    # an eager MoE layer's own ops are moe_host's where it priced them above
+    moe_priced = moe and training.cuda_graphs == "none" and host != "none"
+    return with_host_time(lt, gpu, plan, training, params, calibration, moe_priced)
 
 
 @dataclass(frozen=True)
@@ -415,14 +417,17 @@ def logits_time_s(
     loss_f = stream_time_s(tokens * v * fwd_b, gpu, params, kernels=3)
     loss_b = stream_time_s(tokens * v * bwd_b, gpu, params, kernels=3)
     fwd, bwd = g + loss_f, g_bwd + loss_b
-    if training.dtensor_dispatch != "eager" or plan.tp == 1:
-        return fwd, bwd
-    # eager tensor parallel: the embedding's, final norm's, output layer's and loss parallel's
-    # DTensor dispatch on the host (perf/step/dtensor_host.py)
-    op_s = dtensor_host.dtensor_op_s(params, calibration)
-    fwd += dtensor_host.host_excess_s(fwd, dtensor_host.OUTSIDE_FWD_OPS, op_s, gpu)
-    bwd += dtensor_host.host_excess_s(bwd, dtensor_host.OUTSIDE_BWD_OPS, op_s, gpu)
-    return fwd, bwd
+    # the embedding's, final norm's, output layer's and loss's host issue when eager
+    # (perf/step/eager_host.py), and under eager tensor parallel their DTensor dispatch and the
+    # loss parallel's (perf/step/dtensor_host.py)
+    host_f, host_b = eager_host.outside_host_s(training, params)
+    if training.dtensor_dispatch == "eager" and plan.tp > 1:
+        op_s = dtensor_host.dtensor_op_s(params, calibration)
+        host_f += dtensor_host.OUTSIDE_FWD_OPS * op_s
+        host_b += dtensor_host.OUTSIDE_BWD_OPS * op_s
+    fwd_x = eager_host.pass_excess_s(fwd, host_f, gpu) if host_f else 0.0
+    bwd_x = eager_host.pass_excess_s(bwd, host_b, gpu) if host_b else 0.0
+    return fwd + fwd_x, bwd + bwd_x
 
 
 def optimizer_time_s(

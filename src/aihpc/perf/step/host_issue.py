@@ -22,8 +22,9 @@ the dispatcher, the launch; also what one launch from Inductor's Python wrapper 
 each view or metadata op ``params.host_op_overhead_s`` (no launch). On a GPU the layer costs
 max(kernels, host) (``dtensor_host.host_excess_s``), with the eager tensor-parallel DTensor
 dispatch of dtensor_host.py added to the same host time, which compile traces away inside the
-blocks. Where the host is the device (a CPU) the ops run on the issuing thread and each priced
-element-wise kernel carries ``kernel_overhead_s`` already, so only the DTensor term is added.
+blocks. Where the host is the device (a CPU) the ops run on the issuing thread, so their host
+time adds to the kernels' in full: an eager layer's fp32 ops as eager_host.py counts them (no
+autocast casts there), a compiled layer's launches as above.
 """
 
 from __future__ import annotations
@@ -31,8 +32,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from aihpc.perf.step import dtensor_host
-from aihpc.perf.step.numeric import maximum
+from aihpc.perf.step import dtensor_host, eager_host
 from aihpc.perf.step.params import ModelParams
 from aihpc.runspec.calibration import Calibration
 from aihpc.runspec.cluster import GPUSpec
@@ -45,6 +45,7 @@ __all__ = [
     "EAGER_BWD_OPS",
     "EAGER_FWD_OPS",
     "issue_host_s",
+    "layer_issue_s",
     "with_host_time",
 ]
 
@@ -61,14 +62,24 @@ COMPILED_BWD_LAUNCHES = 11 + 14 + 1
 
 
 def issue_host_s(training: TrainingSpec, params: ModelParams) -> tuple[float, float]:
-    """(forward, backward) host seconds to issue one dense layer's kernels for one micro-batch:
-    compiled (``training.compile``), eager (``fused_kernels`` false), else 0 (not priced)."""
+    """(forward, backward) host seconds for a GPU's host to issue one dense layer's kernels for
+    one micro-batch under bf16 autocast: compiled (``training.compile``), eager
+    (``eager_host.eager``: unfused, no CUDA graphs), else 0 (not priced)."""
     launch, view = params.host_eager_op_s, params.host_op_overhead_s
     if training.compile:
         return COMPILED_FWD_LAUNCHES * launch, COMPILED_BWD_LAUNCHES * launch
-    if not training.fused_kernels:
+    if eager_host.eager(training):
         return tuple(ops * launch + views * view for ops, views in (EAGER_FWD_OPS, EAGER_BWD_OPS))
     return 0.0, 0.0
+
+
+def layer_issue_s(training: TrainingSpec, params: ModelParams, gpu: GPUSpec) -> tuple[float, float]:
+    """(forward, backward) host issue of one dense layer and micro-batch on ``gpu``: where the
+    host is the device (a CPU: fp32, no autocast) the compiled launches or the eager ops counted
+    by eager_host.py; on a GPU ``issue_host_s``."""
+    if gpu.host_is_device and not training.compile:
+        return eager_host.layer_host_s(training, params)
+    return issue_host_s(training, params)
 
 
 def with_host_time(
@@ -78,25 +89,19 @@ def with_host_time(
     training: TrainingSpec,
     params: ModelParams,
     calibration: Calibration | None,
+    moe_priced: bool = False,
 ) -> Any:
-    """``lt`` (compute.LayerTimes) with what its host adds: the kernels' issue and, for an eager
-    tensor-parallel layer not compiled, DTensor's dispatch (dtensor_host.py), one host time
-    against the layer's kernels. An MoE layer is counted as a dense one."""
-    dtensor = training.dtensor_dispatch == "eager" and plan.tp > 1 and not training.compile
-    dt_fwd = dt_bwd = 0.0
-    if dtensor:
+    """``lt`` (compute.LayerTimes) with what its host adds: the kernels' issue (none where
+    ``moe_priced``: moe_host.py priced an eager MoE layer's own ops) and, for an eager
+    tensor-parallel layer not compiled, DTensor's dispatch (dtensor_host.py); all of it where the
+    host is the device, else what it takes beyond the layer's kernels."""
+    fwd, bwd = (0.0, 0.0) if moe_priced else layer_issue_s(training, params, gpu)
+    if training.dtensor_dispatch == "eager" and plan.tp > 1 and not training.compile:
         op_s = dtensor_host.dtensor_op_s(params, calibration)
-        dt_fwd = dtensor_host.LAYER_FWD_OPS * op_s
-        dt_bwd = dtensor_host.LAYER_BWD_OPS[plan.sequence_parallel] * op_s
-    if gpu.host_is_device:
-        issue_fwd = issue_bwd = 0.0  # the ops' own time on the CPU (module docstring)
-    else:
-        issue_fwd, issue_bwd = issue_host_s(training, params)
-    host_fwd, host_bwd = issue_fwd + dt_fwd, issue_bwd + dt_bwd
-    if not (host_fwd or host_bwd):
+        fwd += dtensor_host.LAYER_FWD_OPS * op_s
+        bwd += dtensor_host.LAYER_BWD_OPS[plan.sequence_parallel] * op_s
+    if not (fwd or bwd):
         return lt
-    if gpu.host_is_device:
-        fwd, bwd = host_fwd, host_bwd
-    else:
-        fwd, bwd = maximum(0.0, host_fwd - lt.fwd), maximum(0.0, host_bwd - lt.bwd)
-    return replace(lt, fwd_host=lt.fwd_host + fwd, bwd_host=lt.bwd_host + bwd)
+    fwd_x = eager_host.pass_excess_s(lt.fwd, fwd, gpu)
+    bwd_x = eager_host.pass_excess_s(lt.bwd, bwd, gpu)
+    return replace(lt, fwd_host=lt.fwd_host + fwd_x, bwd_host=lt.bwd_host + bwd_x)

@@ -1,0 +1,104 @@
+"""Host issue of an eager dense decoder (``training.fused_kernels = false``: no torch.compile,
+one PyTorch op per step of every norm, activation, RoPE and residual add), in seconds.
+
+Run eagerly, every op a layer runs goes through Python and PyTorch's dispatcher (binding,
+dispatch, autograd recording, the allocator) before its kernel starts: microseconds of host
+time per op whatever the tensor's size. Where the host is the device (a CPU:
+``gpu_spec.host_is_device``) that time adds to the kernels'; on a GPU the host issues ahead,
+and a pass costs more than its kernels only where the host takes longer to issue it
+(max(kernels, host), as ``dtensor_host.host_excess_s``). Small micro-batches make it visible:
+at 128 tokens a layer's GEMMs on a CPU core take a few milliseconds, its ~230 ops about two.
+
+The ops are counted, not fitted: ``tests/perf/test_eager_host.py`` counts the aten ops of
+aihpc's own trainer (runtime/model.py's decoder, the loss of runtime/step.py, its AdamW and
+gradient clipping on plain tensors) with a dispatch mode and checks them against the constants
+below. One op's cost is ``params.host_eager_op_s`` (8 us: an A100's host issuing an eager op;
+on this project's 2-core CPU host the trainer's 2-layer decoder at width 16 and 4 tokens, where
+the arithmetic is nothing, took 3.97 ms of CPU time for its 514 forward and backward ops, 7.7
+us each, torch 2.13). DTensor's dispatch (``dtensor_host``) and an eager MoE layer
+(``moe_host``) are priced on top of this, as the extra they add.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aihpc.perf.step.dtensor_host import stage_tensors
+from aihpc.perf.step.numeric import maximum
+from aihpc.perf.step.params import ModelParams
+from aihpc.runspec.cluster import GPUSpec
+from aihpc.runspec.training import TrainingSpec
+
+__all__ = [
+    "CLIP_OPS_PER_TENSOR",
+    "DENSE_LAYER_OPS",
+    "OPTIMIZER_FIXED_OPS",
+    "OPTIMIZER_OPS_PER_TENSOR",
+    "OUTSIDE_OPS",
+    "eager",
+    "layer_host_s",
+    "optimizer_eager_host_s",
+    "outside_host_s",
+    "pass_excess_s",
+]
+
+# One dense decoder layer, one micro-batch, plain tensors (torch 2.13): forward 83 aten ops (two
+# RMSNorms in fp32, the q/k/v/o and SwiGLU linears, RoPE, the attention call, views and
+# transposes, the residual adds), backward 147.
+DENSE_LAYER_OPS = (83, 147)
+# Outside the layers, one micro-batch: the embedding, the final norm, the output layer and the
+# cross-entropy on fp32 logits.
+OUTSIDE_OPS = (20, 34)
+# One optimizer step on a CPU (AdamW's single-tensor loop: 7 ops a parameter tensor and the
+# weight decay's multiply on each matrix, ``dtensor_host.ADAM_OPS``) plus the gradient clipping
+# on plain tensors: a norm and a scale per gradient, and a few fixed ops (the stacked norms,
+# the clip coefficient, zero_grad).
+OPTIMIZER_OPS_PER_TENSOR = 7
+CLIP_OPS_PER_TENSOR = 2
+OPTIMIZER_FIXED_OPS = 17
+
+
+def eager(training: TrainingSpec) -> bool:
+    """Whether the dense layers are issued op by op from Python: unfused element-wise kernels
+    (no torch.compile, no Megatron/TE fusions) and no CUDA graph said to replay them (``none``,
+    or ``unknown``: unfused PyTorch is not captured in graphs unless a run says so)."""
+    return not training.fused_kernels and training.cuda_graphs in ("none", "unknown")
+
+
+def pass_excess_s(kernels_s: Any, host_s: Any, gpu: GPUSpec) -> Any:
+    """Seconds a pass whose kernels take ``kernels_s`` and whose host issue takes ``host_s``
+    costs beyond its kernels: all of the host time where the host is the device, else what the
+    host takes beyond the kernels."""
+    if gpu.host_is_device:
+        return host_s
+    return maximum(0.0, host_s - kernels_s)
+
+
+def layer_host_s(training: TrainingSpec, params: ModelParams) -> tuple[float, float]:
+    """(forward, backward) host issue of one eager dense layer and micro-batch; 0 when fused."""
+    if not eager(training):
+        return 0.0, 0.0
+    op_s = params.host_eager_op_s
+    return DENSE_LAYER_OPS[0] * op_s, DENSE_LAYER_OPS[1] * op_s
+
+
+def outside_host_s(training: TrainingSpec, params: ModelParams) -> tuple[float, float]:
+    """(forward, backward) host issue of the embedding, final norm, output layer and loss."""
+    if not eager(training):
+        return 0.0, 0.0
+    op_s = params.host_eager_op_s
+    return OUTSIDE_OPS[0] * op_s, OUTSIDE_OPS[1] * op_s
+
+
+def optimizer_eager_host_s(
+    layers: Any, pp: Any, tied: bool, gpu: GPUSpec, training: TrainingSpec, params: ModelParams
+) -> Any:
+    """Host issue of one optimizer step with clipping over the last stage's parameter tensors
+    (``layers`` layers; ``dtensor_host.stage_tensors``), where the host is the device (a CPU:
+    AdamW loops over the tensors in Python); on a GPU PyTorch's AdamW takes its foreach path,
+    a few ops per parameter group, which this does not price."""
+    if not gpu.host_is_device or not eager(training):
+        return 0.0 * layers
+    count, matrices = stage_tensors(layers, pp, tied)
+    ops = (OPTIMIZER_OPS_PER_TENSOR + CLIP_OPS_PER_TENSOR) * count + matrices
+    return (ops + OPTIMIZER_FIXED_OPS) * params.host_eager_op_s

@@ -1,0 +1,130 @@
+"""An eager dense decoder's host issue (perf/step/eager_host.py): the op counts it prices are the
+trainer's own, counted with a dispatch mode on aihpc's decoder; the estimate adds exactly
+counted ops x the cost per op where the host is the device, hides it behind a GPU's kernels
+where they take longer, and leaves fused (compiled) specs alone."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from aihpc.perf.step import dtensor_host as dh
+from aihpc.perf.step import eager_host as eh
+from aihpc.perf.step.estimate import estimate_plan
+from aihpc.perf.step.params import DEFAULT_PARAMS
+from aihpc.runspec import runspec_from_dict
+from aihpc.runspec.cluster import GPUSpec
+
+CPU = GPUSpec(1.0, 64.0, 10.0, 1.0, 2, 1.0, fp32_tflops=1.0, host_is_device=True)
+
+
+def _count(layers: int) -> dict[str, int]:
+    """Aten ops of one micro-batch's forward and backward of the trainer's decoder and of one
+    optimizer step with clipping, on plain tensors (the second step: the first creates the
+    optimizer's state)."""
+    torch = pytest.importorskip("torch")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from aihpc.runspec.training import TrainingSpec
+    from aihpc.runtime.config import LlamaConfig
+    from aihpc.runtime.job import build_optimizer
+    from aihpc.runtime.model import Llama
+    from aihpc.runtime.step import clip_grad_norm, token_loss
+
+    class Counter(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+            self.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    cfg = LlamaConfig(
+        dim=32, num_layers=layers, num_heads=4, num_kv_heads=2, ffn_dim=64, vocab_size=256,
+        max_seq_len=8,
+    )  # fmt: skip
+    model = Llama(cfg)
+    model.init_weights(0)
+    opt, _ = build_optimizer(model, TrainingSpec())
+    tokens = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(0))
+    out: dict[str, int] = {}
+    for _ in range(2):
+        fwd, bwd, step = Counter(), Counter(), Counter()
+        with fwd:
+            loss = token_loss(model(tokens), tokens)
+        with bwd:
+            loss.backward()
+        with step:
+            clip_grad_norm(list(model.parameters()), 1.0, None)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        out = {"fwd": fwd.ops, "bwd": bwd.ops, "optimizer": step.ops}
+    return out
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_the_priced_op_counts_are_the_trainers(layers: int) -> None:
+    got = _count(layers)
+    assert got["fwd"] == eh.OUTSIDE_OPS[0] + layers * eh.DENSE_LAYER_OPS[0]
+    assert got["bwd"] == eh.OUTSIDE_OPS[1] + layers * eh.DENSE_LAYER_OPS[1]
+    eager = dataclasses.replace(_spec().training, fused_kernels=False)
+    priced = eh.optimizer_eager_host_s(layers, 1, False, CPU, eager, DEFAULT_PARAMS)
+    assert priced / DEFAULT_PARAMS.host_eager_op_s == pytest.approx(got["optimizer"], abs=1e-9)
+
+
+def _spec(**parallel) -> object:
+    return runspec_from_dict(
+        {
+            "model": {"preset": "tiny-llama-small"},
+            "cluster": {"gpu_spec": dataclasses.asdict(CPU), "num_gpus": 2, "gpus_per_node": 2},
+            "parallel": {"micro_batch_size": 4, "global_batch_size": 8, **parallel},
+        }
+    )  # fmt: skip
+
+
+def _step(spec, op_s: float, fused: bool = False, gpu: GPUSpec = CPU) -> float:
+    params = dataclasses.replace(DEFAULT_PARAMS, host_eager_op_s=op_s)
+    cluster = dataclasses.replace(spec.cluster, gpu=gpu)
+    training = dataclasses.replace(spec.training, fused_kernels=fused)
+    return estimate_plan(spec.model, cluster, spec.plan(), training, params).step_time_s
+
+
+@pytest.mark.parametrize(
+    ("parallel", "micro"),
+    [({"dp": 2, "zero_stage": 0}, 1), ({"dp": 1, "pp": 2, "zero_stage": 0}, 2)],
+    ids=["dp2", "pp2"],
+)
+def test_on_a_cpu_the_step_pays_every_counted_op(parallel: dict, micro: int) -> None:
+    """dp2: one micro-batch per rank (global 8 / 2 ranks / 4); pp2: two, on the last stage's
+    two layers (the slowest stage), 1F1B's bubble adding one slot of the same per-micro-batch
+    time."""
+    spec = _spec(**parallel)
+    pp = spec.plan().pp
+    layers = spec.model.num_layers // pp
+    per_micro = sum(eh.OUTSIDE_OPS) + layers * sum(eh.DENSE_LAYER_OPS)
+    slots = micro + (pp - 1)  # 1F1B: (pp - 1) bubble slots of one micro-batch's time
+    ops = slots * per_micro
+    ops += (eh.OPTIMIZER_OPS_PER_TENSOR + eh.CLIP_OPS_PER_TENSOR) * dh.stage_tensors(
+        layers, pp, False
+    )[0]
+    ops += dh.stage_tensors(layers, pp, False)[1] + eh.OPTIMIZER_FIXED_OPS
+    extra = _step(spec, 20e-6) - _step(spec, 0.0)
+    assert extra == pytest.approx(ops * 20e-6, rel=1e-9)
+
+
+def test_fused_kernels_pay_no_eager_issue() -> None:
+    spec = _spec(dp=2, zero_stage=0)
+    assert _step(spec, 20e-6, fused=True) == _step(spec, 0.0, fused=True)
+
+
+def test_on_a_gpu_the_issue_hides_behind_longer_kernels() -> None:
+    """A GPU's kernels run while the host issues the next ones: a pass costs its kernels or its
+    host issue, the longer. Slow kernels hide a cheap issue; fast ones expose an expensive one."""
+    spec = _spec(dp=2, zero_stage=0)
+    slow = dataclasses.replace(CPU, host_is_device=False)  # 1 TFLOP/s: kernels take ms
+    assert _step(spec, 1e-7, gpu=slow) == _step(spec, 0.0, gpu=slow)
+    fast = dataclasses.replace(slow, bf16_tflops=1e4, fp32_tflops=1e4, hbm_bw_GBps=1e5)
+    exposed = _step(spec, 1e-3, gpu=fast) - _step(spec, 0.0, gpu=fast)
+    assert 0 < exposed < _step(spec, 1e-3) - _step(spec, 0.0)  # less than on a CPU host
