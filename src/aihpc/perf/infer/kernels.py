@@ -25,7 +25,14 @@ from aihpc.runspec.calibration import Calibration
 from aihpc.runspec.cluster import GPUSpec
 from aihpc.runspec.model import ModelSpec
 
-__all__ = ["Engine", "Work", "attention_decode_s", "attention_prefill_s", "gemm_s"]
+__all__ = [
+    "Engine",
+    "Work",
+    "attention_decode_s",
+    "attention_prefill_s",
+    "expert_rows",
+    "gemm_s",
+]
 
 # Kernels a layer launches in one step with fused kernels (norm, QKV, RoPE + cache write,
 # attention, output projection, residual + norm, gate-up, activation, down, residual): the
@@ -38,6 +45,14 @@ KERNELS_PER_MOE_LAYER = 16
 # rows too, so a GEMM of m tokens does the work of ceil(m / 64) x 64 rows. It matters in decode,
 # where m is the batch (m = 200 computes 256 rows); prefill's thousands of rows lose little.
 GEMM_M_TILE = 64
+# M tiles of the fused-MoE grouped GEMM of a serving engine, which picks the tile for the rows
+# each expert gets: vLLM's fused_moe Triton kernel takes BLOCK_SIZE_M 16 where the batch's
+# tokens are no more than the experts (``get_default_config``: ``M <= E``) and, for its Marlin
+# path, the smallest of 8 to 64 rows that an expert's mean share fills
+# (vllm/model_executor/layers/fused_moe/fused_moe.py, commit 000d145); its tuned configs per
+# (E, N, device) map small M to 16-row blocks. 16 rows is the mma.sync m16n8k16 instruction's
+# M (PTX ISA), the smallest tile a tensor-core GEMM computes.
+MOE_M_TILES = (16, 32, 64)
 
 
 @dataclass(frozen=True)
@@ -102,6 +117,16 @@ def _padded(e: Engine, m: float) -> float:
     if e.gpu.host_is_device:
         return m
     return math.ceil(m / GEMM_M_TILE) * GEMM_M_TILE
+
+
+def expert_rows(e: Engine, rows: float) -> float:
+    """Rows one expert's GEMM computes for ``rows`` routed copies in a fused-MoE grouped GEMM:
+    the smallest of MOE_M_TILES that holds them (whole 64-row tiles beyond), on a GPU; a CPU
+    host computes the rows."""
+    if e.gpu.host_is_device:
+        return rows
+    tile = next((t for t in MOE_M_TILES if rows <= t), GEMM_M_TILE)
+    return math.ceil(rows / tile) * tile
 
 
 def gemm_s(e: Engine, m: float, k: float, n: float, weight_share: float = 1.0) -> float:
@@ -237,10 +262,12 @@ def routed_experts_s(e: Engine, tokens_per_dp: float) -> float:
         return 0.0
     per_expert = copies / max(local * touched, 1e-9)
     active = max(local * touched, 1e-9)
-    flops = 2.0 * _padded(e, per_expert) * active * expert / p.etp  # each expert's rows padded
+    # each expert's rows in whole tiles of the size the grouped kernel picks for them
+    flops = 2.0 * expert_rows(e, per_expert) * active * expert / p.etp
     peak = e.gpu.sustained_peak_tflops(e.precision)
     k = m.hidden_size
-    gflop = 2.0 * per_expert * expert / p.etp / 1e9
+    # one grouped launch computes every active expert: its efficiency is the launch's size's
+    gflop = 2.0 * copies * expert / p.etp / 1e9
     eff = gemm_efficiency(e.gpu, e.precision, gflop, e.params, e.calibration, k, peak)
     compute = flops / (peak * 1e12 * eff)
     weights = local * touched * expert / p.etp * p.weight_bytes
