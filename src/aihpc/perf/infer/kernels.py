@@ -40,6 +40,13 @@ __all__ = [
 # the router, top-k, permute, the grouped GEMMs' activation and the un-permute.
 KERNELS_PER_LAYER = 10
 KERNELS_PER_MOE_LAYER = 16
+# Where the host's CPU is the device it runs the trainer's eager Llama (runtime/model.py), op by
+# op, each op's dispatch before its work: the aten calls (views included) one incremental step
+# dispatches in a layer, by kind of step, and outside the layers (embedding, the RoPE rows and
+# the cache's bookkeeping, final norm, output), counted with a TorchDispatchMode in
+# tests/perf/infer/test_eager_ops.py (which fails if the model's count changes).
+EAGER_OPS_PER_LAYER = {"prefill": 70, "decode": 68}
+EAGER_OPS_OUTSIDE = 26
 # Rows of a GEMM's M dimension one tensor-core instruction covers: Hopper's wgmma computes 64
 # rows per warpgroup (PTX ISA, "wgmma.mma_async": shape m64nNk16), Ampere's tiles are 64 or 128
 # rows too, so a GEMM of m tokens does the work of ceil(m / 64) x 64 rows. It matters in decode,
@@ -85,11 +92,20 @@ class Engine:
         return self.gpu.hbm_bw_GBps * 1e9 * self.params.hbm_efficiency
 
     @property
+    def weight_Bps(self) -> float:
+        """The rate GEMMs read their weights: a matrix-vector product's where the part gives it
+        (``weight_stream_GBps``: a CPU streams weights through its cores slower than it
+        copies), else the HBM bandwidth."""
+        if self.gpu.weight_stream_GBps:
+            return self.gpu.weight_stream_GBps * 1e9
+        return self.hbm_Bps
+
+    @property
     def launch_s(self) -> float:
         """Cost of one kernel: the launch gap on a GPU, the eager op's host time where the host
         is the device (a CPU runs each op's dispatch before its work)."""
         if self.gpu.host_is_device:
-            return self.params.host_eager_op_s
+            return self.params.host_cpu_op_s
         return self.params.kernel_overhead_s
 
 
@@ -139,8 +155,8 @@ def gemm_s(e: Engine, m: float, k: float, n: float, weight_share: float = 1.0) -
     peak = e.gpu.sustained_peak_tflops(e.precision)
     eff = gemm_efficiency(e.gpu, e.precision, flops / 1e9, e.params, e.calibration, k, peak)
     compute = flops / (peak * 1e12 * eff)
-    traffic = k * n * weight_share * e.plan.weight_bytes + (m * k + m * n) * e.act_bytes
-    return max(compute, traffic / e.hbm_Bps)
+    weights = k * n * weight_share * e.plan.weight_bytes / e.weight_Bps
+    return max(compute, weights + (m * k + m * n) * e.act_bytes / e.hbm_Bps)
 
 
 def _attention_heads(e: Engine) -> float:
@@ -272,7 +288,7 @@ def routed_experts_s(e: Engine, tokens_per_dp: float) -> float:
     compute = flops / (peak * 1e12 * eff)
     weights = local * touched * expert / p.etp * p.weight_bytes
     acts = copies * m.hidden_size * 2 * e.act_bytes
-    return max(compute, (weights + acts) / e.hbm_Bps)
+    return max(compute, weights / e.weight_Bps + acts / e.hbm_Bps)
 
 
 def moe_copy_moves_s(e: Engine, tokens: float) -> float:
@@ -337,6 +353,9 @@ def stage_compute(e: Engine, w: Work, last_stage: bool = True) -> StageCompute:
     sampled = w.decode_seqs + (w.prefill_tokens / max(w.prefill_len, 1.0))
     logits = gemm_s(e, sampled, m.hidden_size, m.vocab_size / tp) if last_stage else 0.0
     kernels = dense * KERNELS_PER_LAYER + moe * KERNELS_PER_MOE_LAYER
+    if e.gpu.host_is_device:  # the eager ops the host dispatches, counted
+        kind = "prefill" if w.prefill_tokens > 0 else "decode"
+        kernels = layers * EAGER_OPS_PER_LAYER[kind] + (EAGER_OPS_OUTSIDE if last_stage else 0)
     return StageCompute(
         gemm=gemm,
         moe=moe_s,
