@@ -94,3 +94,25 @@ def test_weights_stream_at_a_matrix_vector_products_rate_where_given() -> None:
     assert slower > 0
     weights = copy.memory.weights * (1 << 30)
     assert slower <= weights / 8e9
+
+
+def test_a_cpu_core_streams_weights_and_computes_one_after_the_other() -> None:
+    import dataclasses
+
+    from aihpc.perf.infer.kernels import Engine, gemm_s
+    from aihpc.perf.infer.kv import ServingPlan
+
+    cpu = GPUSpec(
+        bf16_tflops=0.1, fp32_tflops=0.1, hbm_gib=8, hbm_bw_GBps=20, scale_up_bw_GBps=5,
+        scale_up_domain=1, scale_out_bw_GBps=5, gpus_per_node=1, gemm_efficiency=1.0,
+        host_is_device=True, weight_stream_GBps=10.0,
+    )  # fmt: skip
+    tiny = model_from_table({"preset": "tiny-llama-small"})
+    host = Engine(tiny, cpu, ServingPlan(weight_dtype="bf16"), DEFAULT_PARAMS, act_dtype="fp32")
+    instant = dataclasses.replace(host, gpu=dataclasses.replace(cpu, weight_stream_GBps=1e9))
+    streaming = 512 * 1408 * 2 / 10e9
+    for m in (1, 16, 1024):
+        # the weights' streaming adds to the arithmetic whether or not the arithmetic is longer
+        added = gemm_s(host, m, 512, 1408) - gemm_s(instant, m, 512, 1408)
+        assert added == pytest.approx(streaming, rel=1e-3)
+    assert gemm_s(instant, 1024, 512, 1408) > streaming  # m = 1024: the arithmetic is longer
