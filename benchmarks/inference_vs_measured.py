@@ -26,7 +26,9 @@ with its KV cache, across batch, prompt and output length, on this host.
    (thread CPU time; `calibrate --local` times GEMMs on the wall clock, which a loaded host
    stretches): the model's own linears at 16-1024 rows (a GEMM curve), at one row (the rate a
    matrix-vector product streams weights, ``weight_stream_GBps``) and one eager op's host time
-   (``host_cpu_op_s``); the estimate is given twice, on the spec alone and with this step.
+   (``host_cpu_op_s``), and the model's causal attention call at 1024 and 512 tokens (the
+   attention efficiency and its fall-off); the estimate is given twice, on the spec alone and
+   with this step.
 """
 
 from __future__ import annotations
@@ -255,17 +257,49 @@ def linear_rates(model, repeats: int = 3) -> dict:
     return out
 
 
+def attention_rates(model, tokens: int = 1024, repeats: int = 3) -> dict:
+    """The model's causal attention call (SDPA at its heads, KV heads and head dim, one
+    sequence) at ``tokens`` and half as many on this thread's CPU clock, TFLOP/s counted as the
+    estimate counts them (the causal half of 4 s^2 d per head), medians of ``repeats``: the
+    same measurement `calibrate --local` makes on the wall clock."""
+    import torch
+    import torch.nn.functional as F
+
+    cfg = model.cfg
+    heads, kv, d = cfg.num_heads, cfg.num_kv_heads, cfg.dim // cfg.num_heads
+    out = {}
+    with torch.inference_mode():
+        for s in (tokens, tokens // 2):
+            q, k, v = (torch.randn(1, n, s, d) for n in (heads, kv, kv))
+            times = []
+            for _ in range(repeats + 1):
+                t0 = time.thread_time()
+                F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != heads)
+                times.append(time.thread_time() - t0)
+            out[s] = 4 * s * s * heads * d * 0.5 / statistics.median(times[1:]) / 1e12
+    return {"tokens": tokens, "tflops": out[tokens], "tflops_half": out[tokens // 2]}
+
+
 def host_cluster(spec, host: dict):
     """The calibrated cluster with the benchmark's own calibration step on the CPU clock (the
-    clock it times the model on): the GEMM curve of the model's own linears, and the rate a
-    decode step's matrix-vector products stream weights at (``weight_stream_GBps``); the
-    spec's copy bandwidth stays what KV and activations move at."""
+    clock it times the model on): the GEMM curve of the model's own linears, the rate a
+    decode step's matrix-vector products stream weights at (``weight_stream_GBps``) and the
+    model's attention call's rate and fall-off; the spec's copy bandwidth stays what KV and
+    activations move at."""
     import dataclasses
 
+    from aihpc.bench.local import half_tokens
     from aihpc.runspec.calibration import Calibration, GemmFit
 
-    lin = host["linears"]
-    gpu = dataclasses.replace(spec.cluster.gpu, weight_stream_GBps=lin["decode_weight_GBps"])
+    lin, att = host["linears"], host["attention"]
+    peak = spec.cluster.gpu.sustained_peak_tflops("bf16")
+    gpu = dataclasses.replace(
+        spec.cluster.gpu,
+        weight_stream_GBps=lin["decode_weight_GBps"],
+        attention_fwd_efficiency=min(1.0, att["tflops"] / peak),
+        attention_tokens=att["tokens"],
+        attention_half_fwd_tokens=half_tokens(att["tflops"], att["tflops_half"], att["tokens"]),
+    )
     points = tuple(sorted(tuple(p) for p in lin["gemm_points"]))
     cal = spec.cluster.calibration or Calibration()
     cal = dataclasses.replace(cal, gemm={p: GemmFit(p, points) for p in ("bf16", "fp32")})
@@ -300,6 +334,7 @@ def rows_for(spec, args: argparse.Namespace, device) -> tuple[list[dict], dict |
     if not args.gpu:  # the calibration step on the CPU clock (see the module's docstring)
         ops = count_ops(model, 1, 8)
         host = {"ops": ops, "op_s": host_op_s(), "linears": linear_rates(model)}
+        host["attention"] = attention_rates(model, min(1024, spec.model.seq_length))
         cpu, cpu_params = host_cluster(spec, host), host_params(host)
         print(
             f"eager ops: {ops['decode']['per_layer']} a layer and {ops['decode']['outside']} "
