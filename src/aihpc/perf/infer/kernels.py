@@ -56,9 +56,11 @@ GEMM_M_TILE = 64
 # each expert gets: vLLM's fused_moe Triton kernel takes BLOCK_SIZE_M 16 where the batch's
 # tokens are no more than the experts (``get_default_config``: ``M <= E``) and, for its Marlin
 # path, the smallest of 8 to 64 rows that an expert's mean share fills
-# (vllm/model_executor/layers/fused_moe/fused_moe.py, commit 000d145); its tuned configs per
-# (E, N, device) map small M to 16-row blocks. 16 rows is the mma.sync m16n8k16 instruction's
-# M (PTX ISA), the smallest tile a tensor-core GEMM computes.
+# (vllm/model_executor/layers/fused_moe/fused_moe.py, commit 000d145). Its tuned table for
+# E=128, N=192 on H100 (configs/E=128,N=192,device_name=NVIDIA_H100_80GB_HBM3.json, Qwen3-30B-A3B
+# at TP4) takes 16 rows up to M = 128 tokens (8 copies an expert), 32 at 256 and 64 at 512-1024:
+# a tile near an expert's mean rows, one size up where the mean fills it. 16 rows is the
+# mma.sync m16n8k16 instruction's M (PTX ISA), the smallest tile a tensor-core GEMM computes.
 MOE_M_TILES = (16, 32, 64)
 
 
@@ -148,7 +150,8 @@ def expert_rows(e: Engine, rows: float) -> float:
 def gemm_s(e: Engine, m: float, k: float, n: float, weight_share: float = 1.0) -> float:
     """(m x k) @ (k x n) with k x n weights, of which ``weight_share`` are read this step (the
     active experts'): the slower of compute at the part's efficiency for this size and the
-    bytes of weights and activations at HBM bandwidth."""
+    bytes of weights (at the weight-stream rate) and activations at HBM bandwidth; their sum on
+    a CPU host."""
     if m <= 0:
         return 0.0
     flops = 2.0 * _padded(e, m) * k * n
