@@ -22,6 +22,13 @@ with its KV cache, across batch, prompt and output length, on this host.
    host (its ``prefill_s`` and ``decode_step_s``, the latter at the mean context prompt +
    O / 2), error = predicted / measured - 1; over rows: median |error|, the worst, and
    Spearman's rho between predicted and measured (targets: median <= 20%, ranking right).
+4. on a CPU, a calibration step of the benchmark's own, on the clock it times the model on
+   (thread CPU time; `calibrate --local` times GEMMs on the wall clock, which a loaded host
+   stretches): the model's own linears at 16-1024 rows (a GEMM curve), at one row (the rate a
+   matrix-vector product streams weights, ``weight_stream_GBps``) and one eager op's host time
+   (``host_cpu_op_s``), and the model's causal attention call at 1024 and 512 tokens (the
+   attention efficiency and its fall-off); the estimate is given twice, on the spec alone and
+   with this step.
 """
 
 from __future__ import annotations
@@ -219,13 +226,16 @@ def linear_rates(model, repeats: int = 3) -> dict:
     """What the model's own linears reach on this thread's CPU clock, one after the other as a
     forward runs them, medians of ``repeats``: at one row, a decode step's weights streamed from
     memory (bytes over time, GB/s); at 16-1024 rows, (GFLOP of one call, TFLOP/s) points of a
-    GEMM curve (a calibration's ``[[gemm]] points``, but timed on the CPU clock)."""
+    GEMM curve (a calibration's ``[[gemm]] points``, but timed on the CPU clock): as measured
+    (``gemm_points_measured``) and with the weights' streaming at the one-row rate taken out
+    (``gemm_points``: the arithmetic alone, which the estimate adds to the streaming on a CPU
+    host, where one core does both)."""
     import torch
     import torch.nn.functional as F
 
     weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
     nbytes = sum(w.numel() * w.element_size() for w in weights)
-    out: dict = {"weight_bytes": nbytes, "gemm_points": []}
+    out: dict = {"weight_bytes": nbytes, "gemm_points": [], "gemm_points_measured": []}
     with torch.inference_mode():
         for rows in (1, 16, 64, 256, 1024):
             xs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in weights}
@@ -237,25 +247,58 @@ def linear_rates(model, repeats: int = 3) -> dict:
                 times.append(time.thread_time() - t0)
             t = statistics.median(times[1:])
             flops = sum(2.0 * rows * w.numel() for w in weights)
+            gflop = flops / len(weights) / 1e9
             if rows == 1:
                 out["decode_weight_GBps"] = nbytes / t / 1e9
+                stream_s = t
             else:
-                out["gemm_points"].append((flops / len(weights) / 1e9, flops / t / 1e12))
+                out["gemm_points_measured"].append((gflop, flops / t / 1e12))
+                out["gemm_points"].append((gflop, flops / max(t - stream_s, 0.05 * t) / 1e12))
     return out
 
 
+def attention_rates(model, tokens: int = 1024, repeats: int = 3) -> dict:
+    """The model's causal attention call (SDPA at its heads, KV heads and head dim, one
+    sequence) at ``tokens`` and half as many on this thread's CPU clock, TFLOP/s counted as the
+    estimate counts them (the causal half of 4 s^2 d per head), medians of ``repeats``: the
+    same measurement `calibrate --local` makes on the wall clock."""
+    import torch
+    import torch.nn.functional as F
+
+    cfg = model.cfg
+    heads, kv, d = cfg.num_heads, cfg.num_kv_heads, cfg.dim // cfg.num_heads
+    out = {}
+    with torch.inference_mode():
+        for s in (tokens, tokens // 2):
+            q, k, v = (torch.randn(1, n, s, d) for n in (heads, kv, kv))
+            times = []
+            for _ in range(repeats + 1):
+                t0 = time.thread_time()
+                F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != heads)
+                times.append(time.thread_time() - t0)
+            out[s] = 4 * s * s * heads * d * 0.5 / statistics.median(times[1:]) / 1e12
+    return {"tokens": tokens, "tflops": out[tokens], "tflops_half": out[tokens // 2]}
+
+
 def host_cluster(spec, host: dict):
-    """The calibrated cluster with this host's CPU terms as the benchmark measured them: the
-    GEMM curve of the model's own linears and the weight-streaming rate of a decode step
-    (as the memory bandwidth the estimate reads weights and KV at), both on the CPU clock."""
+    """The calibrated cluster with the benchmark's own calibration step on the CPU clock (the
+    clock it times the model on): the GEMM curve of the model's own linears, the rate a
+    decode step's matrix-vector products stream weights at (``weight_stream_GBps``) and the
+    model's attention call's rate and fall-off; the spec's copy bandwidth stays what KV and
+    activations move at."""
     import dataclasses
 
-    from aihpc.perf.step.params import DEFAULT_PARAMS
+    from aihpc.bench.local import half_tokens
     from aihpc.runspec.calibration import Calibration, GemmFit
 
-    lin = host["linears"]
+    lin, att = host["linears"], host["attention"]
+    peak = spec.cluster.gpu.sustained_peak_tflops("bf16")
     gpu = dataclasses.replace(
-        spec.cluster.gpu, hbm_bw_GBps=lin["decode_weight_GBps"] / DEFAULT_PARAMS.hbm_efficiency
+        spec.cluster.gpu,
+        weight_stream_GBps=lin["decode_weight_GBps"],
+        attention_fwd_efficiency=min(1.0, att["tflops"] / peak),
+        attention_tokens=att["tokens"],
+        attention_half_fwd_tokens=half_tokens(att["tflops"], att["tflops_half"], att["tokens"]),
     )
     points = tuple(sorted(tuple(p) for p in lin["gemm_points"]))
     cal = spec.cluster.calibration or Calibration()
@@ -263,13 +306,22 @@ def host_cluster(spec, host: dict):
     return dataclasses.replace(spec.cluster, gpu=gpu, calibration=cal)
 
 
-def predict(spec, batch: int, prompt: int, output: int, gpu: bool, cluster=None):
+def host_params(host: dict):
+    """The model's constants with this host's measured time of one eager CPU op."""
+    import dataclasses
+
+    from aihpc.perf.step.params import DEFAULT_PARAMS
+
+    return dataclasses.replace(DEFAULT_PARAMS, host_cpu_op_s=host["op_s"])
+
+
+def predict(spec, batch: int, prompt: int, output: int, gpu: bool, cluster=None, params=None):
     from aihpc.perf.infer import estimate_inference
 
     dtype = storage_dtype(gpu)
     return estimate_inference(
         spec.model, cluster or spec.cluster, batch=batch, prompt_len=prompt, output_len=output,
-        act_dtype="bf16" if gpu else "fp32", weight_dtype=dtype, kv_dtype=dtype,
+        act_dtype="bf16" if gpu else "fp32", weight_dtype=dtype, kv_dtype=dtype, params=params,
     )  # fmt: skip
 
 
@@ -279,10 +331,11 @@ def rows_for(spec, args: argparse.Namespace, device) -> tuple[list[dict], dict |
     torch.manual_seed(0)
     model = build_model(spec, device)
     host = None
-    if not args.gpu:  # the eager host's share, for the host term the estimate lacks (see docs)
+    if not args.gpu:  # the calibration step on the CPU clock (see the module's docstring)
         ops = count_ops(model, 1, 8)
         host = {"ops": ops, "op_s": host_op_s(), "linears": linear_rates(model)}
-        cpu = host_cluster(spec, host)
+        host["attention"] = attention_rates(model, min(1024, spec.model.seq_length))
+        cpu, cpu_params = host_cluster(spec, host), host_params(host)
         print(
             f"eager ops: {ops['decode']['per_layer']} a layer and {ops['decode']['outside']} "
             f"outside in a decode step, {ops['prefill']['per_layer']} and "
@@ -307,7 +360,8 @@ def rows_for(spec, args: argparse.Namespace, device) -> tuple[list[dict], dict |
             first = rows[-len(args.outputs) - 1]
             if host is not None:
                 for r in rows[-len(args.outputs) - 1 :]:
-                    with_host(r, host, predict(spec, batch, prompt, r["output"] or 2, False, cpu))
+                    est = predict(spec, batch, prompt, r["output"] or 2, False, cpu, cpu_params)
+                    with_host(r, est)
             print(
                 f"batch {batch}, prompt {prompt}: prefill {first['measured_s'] * 1e3:.1f} ms "
                 f"(predicted {first['predicted_s'] * 1e3:.1f}), decode step "
@@ -334,18 +388,12 @@ def row(kind: str, batch: int, prompt: int, output: int | None, times: list, wal
     }
 
 
-def with_host(r: dict, host: dict, est) -> None:
-    """The estimate for the host's CPU terms (``host_cluster``), with the eager host's time in
-    place of its launch term: the ops counted in this step at this host's time an op (a CPU
-    runs each op's dispatch before its work)."""
+def with_host(r: dict, est) -> None:
+    """The estimate with the benchmark's calibration step (``host_cluster``, ``host_params``)."""
     step = est.prefill if r["kind"] == "prefill" else est.decode
-    ops = host["ops"]["prefill" if r["kind"] == "prefill" else "decode"]
-    n = ops["per_layer"] * host["ops"]["layers"] + ops["outside"]
-    terms = step.to_json()
-    pred = terms["total_s"] - terms["launches_s"] + n * host["op_s"]
-    r["predicted_with_host_s"] = pred
-    r["error_with_host"] = pred / r["measured_s"] - 1
-    r["terms_with_host_s"] = {**terms, "launches_s": n * host["op_s"], "total_s": pred}
+    r["predicted_with_host_s"] = step.total
+    r["error_with_host"] = step.total / r["measured_s"] - 1
+    r["terms_with_host_s"] = step.to_json()
 
 
 def summary(rows: list[dict], key: str = "predicted_s") -> dict:
@@ -372,7 +420,7 @@ def table(rows: list[dict], stats: dict, host_stats: dict) -> str:
     host = bool(host_stats)
     lines = [
         "| kind | batch | prompt | output | measured ms | wall ms | predicted ms | error |"
-        + (" with CPU terms ms | error |" if host else ""),
+        + (" CPU-clock calibration ms | error |" if host else ""),
         "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if host else ""),
     ]
     for r in rows:
@@ -385,7 +433,8 @@ def table(rows: list[dict], stats: dict, host_stats: dict) -> str:
             line += f" {r['predicted_with_host_s'] * 1e3:.2f} | {r['error_with_host']:+.0%} |"
         lines.append(line)
     lines.append("")
-    for title, table_stats in (("estimate", stats), ("with this host's CPU terms", host_stats)):
+    titles = (("estimate, spec alone", stats), ("estimate, CPU-clock calibration", host_stats))
+    for title, table_stats in titles:
         for name, s in table_stats.items():
             rho = "-" if s["rho"] is None else f"{s['rho']:.2f}"
             lines.append(

@@ -75,6 +75,11 @@ class GPUSpec:
     # the host's own time per op (eager DTensor dispatch) adds to the step instead of running
     # ahead of the device's kernels.
     host_is_device: bool = False
+    # The rate a matrix-vector product reads its weights, GB/s (a decode step of a small batch
+    # streams every weight once per token row): on a CPU it is below a copy's (the
+    # hbm_bw_GBps a STREAM-like copy measures); None: the HBM bandwidth at hbm_efficiency.
+    # The inference estimate reads layer weights at it (perf/infer/kernels.py).
+    weight_stream_GBps: float | None = None
     gpus_per_node: int = 8
     id: str = "custom"  # catalog id
     name: str = "custom"
@@ -96,6 +101,7 @@ class GPUSpec:
             "p2p_channel_bw_GBps",
             "host_link_GBps",
             "host_mem_gib",
+            "weight_stream_GBps",
             "gpus_per_node",
             "attention_tokens",
         ):

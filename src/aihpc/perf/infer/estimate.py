@@ -117,9 +117,9 @@ def engine_for(
 
 
 def weight_read_s(e: Engine, memory: InferenceMemory) -> float:
-    """One decode step's weight reads at HBM bandwidth: every stage reads its weights once per
-    micro-batch, pp of them per step."""
-    return memory.weights * (1 << 30) / e.hbm_Bps * e.plan.pp
+    """One decode step's weight reads at the weight-stream rate (the HBM bandwidth on a GPU):
+    every stage reads its weights once per micro-batch, pp of them per step."""
+    return memory.weights * (1 << 30) / e.weight_Bps * e.plan.pp
 
 
 def _check_counts(**values: Any) -> None:

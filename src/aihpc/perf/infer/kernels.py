@@ -25,7 +25,14 @@ from aihpc.runspec.calibration import Calibration
 from aihpc.runspec.cluster import GPUSpec
 from aihpc.runspec.model import ModelSpec
 
-__all__ = ["Engine", "Work", "attention_decode_s", "attention_prefill_s", "gemm_s"]
+__all__ = [
+    "Engine",
+    "Work",
+    "attention_decode_s",
+    "attention_prefill_s",
+    "expert_rows",
+    "gemm_s",
+]
 
 # Kernels a layer launches in one step with fused kernels (norm, QKV, RoPE + cache write,
 # attention, output projection, residual + norm, gate-up, activation, down, residual): the
@@ -33,11 +40,28 @@ __all__ = ["Engine", "Work", "attention_decode_s", "attention_prefill_s", "gemm_
 # the router, top-k, permute, the grouped GEMMs' activation and the un-permute.
 KERNELS_PER_LAYER = 10
 KERNELS_PER_MOE_LAYER = 16
+# Where the host's CPU is the device it runs the trainer's eager Llama (runtime/model.py), op by
+# op, each op's dispatch before its work: the aten calls (views included) one incremental step
+# dispatches in a layer, by kind of step, and outside the layers (embedding, the RoPE rows and
+# the cache's bookkeeping, final norm, output), counted with a TorchDispatchMode in
+# tests/perf/infer/test_cpu_host.py (which fails if the model's count changes).
+EAGER_OPS_PER_LAYER = {"prefill": 70, "decode": 68}
+EAGER_OPS_OUTSIDE = 26
 # Rows of a GEMM's M dimension one tensor-core instruction covers: Hopper's wgmma computes 64
 # rows per warpgroup (PTX ISA, "wgmma.mma_async": shape m64nNk16), Ampere's tiles are 64 or 128
 # rows too, so a GEMM of m tokens does the work of ceil(m / 64) x 64 rows. It matters in decode,
 # where m is the batch (m = 200 computes 256 rows); prefill's thousands of rows lose little.
 GEMM_M_TILE = 64
+# M tiles of the fused-MoE grouped GEMM of a serving engine, which picks the tile for the rows
+# each expert gets: vLLM's fused_moe Triton kernel takes BLOCK_SIZE_M 16 where the batch's
+# tokens are no more than the experts (``get_default_config``: ``M <= E``) and, for its Marlin
+# path, the smallest of 8 to 64 rows that an expert's mean share fills
+# (vllm/model_executor/layers/fused_moe/fused_moe.py, commit 000d145). Its tuned table for
+# E=128, N=192 on H100 (configs/E=128,N=192,device_name=NVIDIA_H100_80GB_HBM3.json, Qwen3-30B-A3B
+# at TP4) takes 16 rows up to M = 128 tokens (8 copies an expert), 32 at 256 and 64 at 512-1024:
+# a tile near an expert's mean rows, one size up where the mean fills it. 16 rows is the
+# mma.sync m16n8k16 instruction's M (PTX ISA), the smallest tile a tensor-core GEMM computes.
+MOE_M_TILES = (16, 32, 64)
 
 
 @dataclass(frozen=True)
@@ -70,11 +94,20 @@ class Engine:
         return self.gpu.hbm_bw_GBps * 1e9 * self.params.hbm_efficiency
 
     @property
+    def weight_Bps(self) -> float:
+        """The rate GEMMs read their weights: a matrix-vector product's where the part gives it
+        (``weight_stream_GBps``: a CPU streams weights through its cores slower than it
+        copies), else the HBM bandwidth."""
+        if self.gpu.weight_stream_GBps:
+            return self.gpu.weight_stream_GBps * 1e9
+        return self.hbm_Bps
+
+    @property
     def launch_s(self) -> float:
         """Cost of one kernel: the launch gap on a GPU, the eager op's host time where the host
         is the device (a CPU runs each op's dispatch before its work)."""
         if self.gpu.host_is_device:
-            return self.params.host_eager_op_s
+            return self.params.host_cpu_op_s
         return self.params.kernel_overhead_s
 
 
@@ -104,18 +137,34 @@ def _padded(e: Engine, m: float) -> float:
     return math.ceil(m / GEMM_M_TILE) * GEMM_M_TILE
 
 
+def expert_rows(e: Engine, rows: float) -> float:
+    """Rows one expert's GEMM computes for ``rows`` routed copies in a fused-MoE grouped GEMM:
+    the smallest of MOE_M_TILES that holds them (whole 64-row tiles beyond), on a GPU; a CPU
+    host computes the rows."""
+    if e.gpu.host_is_device:
+        return rows
+    tile = next((t for t in MOE_M_TILES if rows <= t), GEMM_M_TILE)
+    return math.ceil(rows / tile) * tile
+
+
 def gemm_s(e: Engine, m: float, k: float, n: float, weight_share: float = 1.0) -> float:
     """(m x k) @ (k x n) with k x n weights, of which ``weight_share`` are read this step (the
     active experts'): the slower of compute at the part's efficiency for this size and the
-    bytes of weights and activations at HBM bandwidth."""
+    bytes of weights (at the weight-stream rate) and activations at HBM bandwidth; their sum on
+    a CPU host."""
     if m <= 0:
         return 0.0
     flops = 2.0 * _padded(e, m) * k * n
     peak = e.gpu.sustained_peak_tflops(e.precision)
     eff = gemm_efficiency(e.gpu, e.precision, flops / 1e9, e.params, e.calibration, k, peak)
     compute = flops / (peak * 1e12 * eff)
-    traffic = k * n * weight_share * e.plan.weight_bytes + (m * k + m * n) * e.act_bytes
-    return max(compute, traffic / e.hbm_Bps)
+    weights = k * n * weight_share * e.plan.weight_bytes / e.weight_Bps
+    moved = weights + (m * k + m * n) * e.act_bytes / e.hbm_Bps
+    if e.gpu.host_is_device:
+        # one CPU core issues both the loads that stream the weights and the FMAs, so the two
+        # add (a GPU's copy engines and SMs overlap them: the slower sets the time)
+        return compute + moved
+    return max(compute, moved)
 
 
 def _attention_heads(e: Engine) -> float:
@@ -237,15 +286,17 @@ def routed_experts_s(e: Engine, tokens_per_dp: float) -> float:
         return 0.0
     per_expert = copies / max(local * touched, 1e-9)
     active = max(local * touched, 1e-9)
-    flops = 2.0 * _padded(e, per_expert) * active * expert / p.etp  # each expert's rows padded
+    # each expert's rows in whole tiles of the size the grouped kernel picks for them
+    flops = 2.0 * expert_rows(e, per_expert) * active * expert / p.etp
     peak = e.gpu.sustained_peak_tflops(e.precision)
     k = m.hidden_size
-    gflop = 2.0 * per_expert * expert / p.etp / 1e9
+    # one grouped launch computes every active expert: its efficiency is the launch's size's
+    gflop = 2.0 * copies * expert / p.etp / 1e9
     eff = gemm_efficiency(e.gpu, e.precision, gflop, e.params, e.calibration, k, peak)
     compute = flops / (peak * 1e12 * eff)
     weights = local * touched * expert / p.etp * p.weight_bytes
     acts = copies * m.hidden_size * 2 * e.act_bytes
-    return max(compute, (weights + acts) / e.hbm_Bps)
+    return max(compute, weights / e.weight_Bps + acts / e.hbm_Bps)
 
 
 def moe_copy_moves_s(e: Engine, tokens: float) -> float:
@@ -310,6 +361,9 @@ def stage_compute(e: Engine, w: Work, last_stage: bool = True) -> StageCompute:
     sampled = w.decode_seqs + (w.prefill_tokens / max(w.prefill_len, 1.0))
     logits = gemm_s(e, sampled, m.hidden_size, m.vocab_size / tp) if last_stage else 0.0
     kernels = dense * KERNELS_PER_LAYER + moe * KERNELS_PER_MOE_LAYER
+    if e.gpu.host_is_device:  # the eager ops the host dispatches, counted
+        kind = "prefill" if w.prefill_tokens > 0 else "decode"
+        kernels = layers * EAGER_OPS_PER_LAYER[kind] + (EAGER_OPS_OUTSIDE if last_stage else 0)
     return StageCompute(
         gemm=gemm,
         moe=moe_s,

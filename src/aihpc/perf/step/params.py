@@ -52,6 +52,11 @@ class ModelParams:
     # without the launch, a scalar multiply costs ~2 us on CPU tensors (pytorch/pytorch issue
     # 41383, 2020). Prices eager MoE layers (perf/step/moe_host.py); fitted to no run.
     host_eager_op_s: float = 8e-6
+    # Host time of one eager PyTorch op on CPU tensors where the CPU is the device (no kernel
+    # launch: binding, dispatcher, allocator), seconds: ~2 us for a scalar multiply (pytorch/
+    # pytorch issue 41383, 2020). Prices the eager ops of a CPU host's inference step
+    # (perf/infer/kernels.py); a benchmark that measures its host passes its own.
+    host_cpu_op_s: float = 2e-6
     # Host (CPU) time DTensor's eager dispatch adds to one op of a tensor-parallel layer beyond
     # the plain op (unwrap, cached sharding propagation, redistribution checks, wrap), seconds:
     # aihpc calibrate --local timed the trainer's tensor-parallel decoder on a one-rank mesh
