@@ -71,6 +71,14 @@ def check_rl_run(spec: RunSpec, world_size: int) -> None:
             "rl.prompts_per_step", rl.prompts_per_step,
             f"must be a multiple of the {world_size} data-parallel ranks (whole groups per rank)",
         )  # fmt: skip
+    gbs = plan.global_batch_size
+    whole = rl.samples_per_prompt * world_size
+    if gbs % whole:
+        raise SpecError(
+            "parallel.global_batch_size", gbs,
+            f"must be a multiple of samples_per_prompt x data-parallel ranks = {whole} (each "
+            "update takes whole groups, an equal share from every rank)",
+        )  # fmt: skip
     if spec.model.vocab_size < 256:
         raise SpecError("model.vocab_size", spec.model.vocab_size, ">= 256 (byte tokens)")
 
@@ -97,8 +105,9 @@ def grpo_config(spec: RunSpec, opts: RunOptions) -> GRPOConfig:
         prompts_per_step=rl.prompts_per_step, samples_per_prompt=rl.samples_per_prompt,
         steps=t.train_steps, lr=t.learning_rate, seed=t.seed, clip=opts.clip,
         kl_coef=opts.kl_coef if rl.kl else 0.0, temperature=opts.temperature,
-        ppo_epochs=rl.ppo_epochs, sft_steps=opts.sft_steps, sft_batch=opts.sft_batch,
-        sft_lr=opts.sft_lr, task_base=opts.task_base,
+        ppo_epochs=rl.ppo_epochs, minibatch=spec.plan().global_batch_size,
+        sft_steps=opts.sft_steps, sft_batch=opts.sft_batch, sft_lr=opts.sft_lr,
+        task_base=opts.task_base,
     )  # fmt: skip
 
 

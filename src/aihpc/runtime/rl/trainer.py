@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,7 @@ class GRPOConfig:
     kl_coef: float = 0.04  # beta of the KL term (DeepSeekMath's 0.04); 0: no reference pass
     temperature: float = 1.0
     ppo_epochs: int = 1
+    minibatch: int = 0  # samples per optimizer step, all ranks' ([parallel].global_batch_size)
     grad_clip: float = 1.0
     sft_steps: int = 0  # supervised steps on the task's format before GRPO
     sft_batch: int = 32
@@ -71,6 +72,8 @@ class GRPOTrainer:
         )
         self.reference = _plain(cfg)
         self.rollout_model = _plain(cfg)
+        if g.minibatch == 0:
+            self.g = g = replace(g, minibatch=g.prompts_per_step * g.samples_per_prompt)
         self.step = 0
         self.sft_done = g.sft_steps == 0
         self.sync()
@@ -79,6 +82,16 @@ class GRPOTrainer:
     @property
     def local_prompts(self) -> int:
         return self.g.prompts_per_step // self.par.dims.dp
+
+    def rank_prompts(self) -> list[int]:
+        """This rank's prompts of the step (run-wide numbers): its share of each update's
+        prompts, so the ranks' k-th minibatches make the k-th update of a single process."""
+        g, dp = self.g, self.par.dims.dp
+        per_update = g.minibatch // g.samples_per_prompt
+        share, first = per_update // dp, self.step * g.prompts_per_step
+        start = first + self.par.dp_rank * share
+        updates = range(g.prompts_per_step // per_update)
+        return [start + k * per_update + j for k in updates for j in range(share)]
 
     def sync(self) -> int:
         """Colocated weight sync: the policy's full weights into the rollout model, in place."""
@@ -97,13 +110,16 @@ class GRPOTrainer:
                     range(start, start + local)]  # fmt: skip
             x, y, w = _sft_batch(seqs, p)
             logits = self.policy(x).float()
+            # the global batch's token mean: each rank's sum over all ranks' answer tokens,
+            # times dp (DDP / FSDP average the ranks' gradients)
+            tokens = _sum_over_ranks(float(w.sum()))
             loss = (F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none") *
-                    w.flatten()).sum() / w.sum()  # fmt: skip
+                    w.flatten()).sum() * dp / tokens  # fmt: skip
             loss.backward()
             clip_grad_norm(list(self.policy.parameters()), g.grad_clip, None)
             opt.step()
             opt.zero_grad(set_to_none=True)
-            losses.append(_mean_over_ranks(float(loss.detach())))
+            losses.append(_sum_over_ranks(float(loss.detach())) / dp)
             if log is not None and (s + 1) % 50 == 0:
                 log({"phase": "sft", "step": s + 1, "loss": losses[-1]})
         self.sync()
@@ -115,8 +131,7 @@ class GRPOTrainer:
         """One GRPO step; the step's metrics (means over every rank's samples)."""
         g = self.g
         t0 = time.perf_counter()
-        first = self.step * g.prompts_per_step + self.par.dp_rank * self.local_prompts
-        indices = range(first, first + self.local_prompts)
+        indices = self.rank_prompts()
         ro = rollout(self.rollout_model, self.task, indices, g.samples_per_prompt, g.seed,
                      g.temperature)  # fmt: skip
         t_roll = time.perf_counter()
@@ -127,13 +142,7 @@ class GRPOTrainer:
             if g.kl_coef > 0:
                 ref = response_logprobs(self.reference, ro.prompts, ro.responses)
         t_logp = time.perf_counter()
-        for _ in range(g.ppo_epochs):
-            logp = response_logprobs(self.policy, ro.prompts, ro.responses)
-            loss, stats = policy_loss(logp, old, ref, adv, ro.mask, g.clip, g.kl_coef)
-            loss.backward()
-            grad_norm = clip_grad_norm(list(self.policy.parameters()), g.grad_clip, None)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+        loss, stats, grad_norm = self._update(ro, adv, old, ref)
         t_update = time.perf_counter()
         synced = self.sync()
         t_sync = time.perf_counter()
@@ -152,6 +161,25 @@ class GRPOTrainer:
             "update_s": t_update - t_logp, "weight_sync_s": t_sync - t_update,
             "weight_sync_bytes": synced, "rollout_tokens": int(sums[2]),
         }  # fmt: skip
+
+    def _update(self, ro: Any, adv: torch.Tensor, old: torch.Tensor, ref: Any) -> tuple:
+        """ppo_epochs passes over this rank's samples, ``minibatch`` rows per optimizer step
+        (its share of [parallel].global_batch_size, in order): the first minibatch's ratio is
+        1, the later ones' are off the policy that sampled them and the clip holds them."""
+        rows, mb = adv.shape[0], self.g.minibatch // self.par.dims.dp
+        for _ in range(self.g.ppo_epochs):
+            for lo in range(0, rows, mb):
+                part = slice(lo, lo + mb)
+                logp = response_logprobs(self.policy, ro.prompts[part], ro.responses[part])
+                loss, stats = policy_loss(
+                    logp, old[part], None if ref is None else ref[part], adv[part],
+                    ro.mask[part], self.g.clip, self.g.kl_coef,
+                )  # fmt: skip
+                loss.backward()
+                grad_norm = clip_grad_norm(list(self.policy.parameters()), self.g.grad_clip, None)
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+        return loss, stats, grad_norm
 
     def accuracy(self, n: int | None = None) -> float:
         """Greedy exact-answer accuracy of the rollout model on the held-out problems."""
@@ -213,9 +241,9 @@ def _sft_batch(seqs: list[list[int]], prompt_len: int) -> tuple[torch.Tensor, ..
     return t[:, :-1], t[:, 1:], w
 
 
-def _mean_over_ranks(value: float) -> float:
+def _sum_over_ranks(value: float) -> float:
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return value
-    t = torch.tensor([value])
+    t = torch.tensor([value], dtype=torch.float64)
     dist.all_reduce(t)
-    return float(t) / dist.get_world_size()
+    return float(t)
