@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -189,3 +191,39 @@ def test_rl_train_on_two_ranks_runs_the_same_first_step(tmp_path: Path) -> None:
     for key in ("reward", "response_len", "rollout_tokens"):
         assert one[0][key] == fsdp[0][key], key
     assert s_one["accuracy_before"] == s_fsdp["accuracy_before"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_sigkill_then_rerun_ends_where_an_uninterrupted_run_ends(tmp_path: Path) -> None:
+    """SIGKILL the trainer mid-run, start the same command again: it resumes from the newest
+    checkpoint and its last checkpoint and metrics equal an uninterrupted run's, bit for bit."""
+    steps = 40
+    spec = _write(tmp_path, "s.toml", _spec_dict(steps=steps))
+    args = ["--sft-steps", "20", "--task-base", str(BASE)]
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    assert _cli([str(spec), "--run-dir", str(straight), *args]).returncode == 0
+    cmd = [sys.executable, "-m", "aihpc", "rl", "train", str(spec), "--run-dir", str(killed),
+           *args]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    metrics = killed / "metrics.jsonl"
+    deadline = time.monotonic() + hang_guard_s(300)
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    assert proc.wait(timeout=hang_guard_s(60)) == -signal.SIGKILL, "the run ended before the kill"
+    again = _cli([str(spec), "--run-dir", str(killed), *args, "--json"])
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads(again.stdout)["resumed_from"] >= 2
+    last = f"rl_{steps:08d}.pt"
+    a = torch.load(straight / "checkpoints" / last, weights_only=True)
+    b = torch.load(killed / "checkpoints" / last, weights_only=True)
+    assert all(torch.equal(a["policy"][k], b["policy"][k]) for k in a["policy"])
+
+    def rows(run: Path) -> list[dict]:
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        return [{k: v for k, v in json.loads(x).items() if not k.endswith("_s")} for x in lines]
+
+    assert rows(straight) == rows(killed) and len(rows(killed)) == steps

@@ -129,9 +129,14 @@ def _loop(tr: GRPOTrainer, spec: RunSpec, run_dir: Path, opts: RunOptions, echo:
     ckpt_dir, main = run_dir / "checkpoints", tr.ctx.is_main
     found = sorted(ckpt_dir.glob("rl_*.pt"))
     summary: dict[str, Any] = {"resumed_from": None}
+    metrics = run_dir / "metrics.jsonl"
     if found:
         tr.load(found[-1])
         summary["resumed_from"] = tr.step
+        if main and metrics.exists():  # the steps after the checkpoint run again: drop their lines
+            kept = [x for x in metrics.read_text().splitlines(keepends=True)
+                    if x.endswith("\n") and json.loads(x)["step"] <= tr.step]  # fmt: skip
+            metrics.write_text("".join(kept))
     if not tr.sft_done:
         summary["accuracy_init"] = tr.accuracy(opts.eval_prompts)
         sft = tr.sft()
@@ -139,7 +144,6 @@ def _loop(tr: GRPOTrainer, spec: RunSpec, run_dir: Path, opts: RunOptions, echo:
         tr.save(ckpt_dir / f"rl_{0:08d}.pt")
     before = tr.accuracy(opts.eval_prompts)
     interval = spec.checkpoint.interval_steps or tr.g.steps
-    metrics = run_dir / "metrics.jsonl"
     while tr.step < tr.g.steps:
         m = tr.train_step()
         if main:
