@@ -227,3 +227,9 @@ def test_sigkill_then_rerun_ends_where_an_uninterrupted_run_ends(tmp_path: Path)
         return [{k: v for k, v in json.loads(x).items() if not k.endswith("_s")} for x in lines]
 
     assert rows(straight) == rows(killed) and len(rows(killed)) == steps
+    prom = (killed / "metrics.prom").read_text()
+    for name in ("aihpc_rl_step{", "aihpc_rl_rollout_tokens_per_second{", "aihpc_rl_reward_mean{",
+                 "aihpc_rl_phase_seconds_total{", "aihpc_rl_staleness_steps{"):  # fmt: skip
+        assert name in prom, name
+    step_line = next(x for x in prom.splitlines() if x.startswith("aihpc_rl_step{"))
+    assert float(step_line.split()[-1]) == steps

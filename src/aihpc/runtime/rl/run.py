@@ -27,6 +27,7 @@ import torch
 
 from aihpc.runspec import RunSpec, SpecError
 from aihpc.runtime.config import LlamaConfig
+from aihpc.runtime.rl.metrics import RLMetrics
 from aihpc.runtime.rl.task import AdditionTask
 from aihpc.runtime.rl.trainer import GRPOConfig, GRPOTrainer
 
@@ -144,8 +145,11 @@ def _loop(tr: GRPOTrainer, spec: RunSpec, run_dir: Path, opts: RunOptions, echo:
         tr.save(ckpt_dir / f"rl_{0:08d}.pt")
     before = tr.accuracy(opts.eval_prompts)
     interval = spec.checkpoint.interval_steps or tr.g.steps
+    exporter = RLMetrics(run_dir) if main else None
     while tr.step < tr.g.steps:
         m = tr.train_step()
+        if exporter is not None:
+            exporter.record(m)
         if main:
             with metrics.open("a") as f:
                 f.write(json.dumps(m) + "\n")
