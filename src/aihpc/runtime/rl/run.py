@@ -34,6 +34,7 @@ from aihpc.runtime.rl.trainer import GRPOConfig, GRPOTrainer
 __all__ = ["RunOptions", "check_rl_run", "grpo_config", "run_rl"]
 
 KEEP = 2
+MAX_TASK_BASE = 1000  # a million operand pairs: the split is one permutation of them
 
 
 @dataclass(frozen=True)
@@ -87,15 +88,18 @@ def check_rl_run(spec: RunSpec, world_size: int) -> None:
 def grpo_config(spec: RunSpec, opts: RunOptions) -> GRPOConfig:
     rl, t = spec.rl, spec.training
     assert rl is not None
-    for name in ("sft_steps", "sft_batch", "task_base"):
-        if getattr(opts, name) < (0 if name == "sft_steps" else 2):
-            raise SpecError(f"--{name.replace('_', '-')}", getattr(opts, name), "too small")
+    if opts.sft_steps < 0:
+        raise SpecError("--sft-steps", opts.sft_steps, "must be >= 0")
+    if opts.sft_batch < 1:
+        raise SpecError("sft_batch", opts.sft_batch, "must be >= 1")
+    if not 2 <= opts.task_base <= MAX_TASK_BASE:
+        raise SpecError("--task-base", opts.task_base, f"must be in [2, {MAX_TASK_BASE}]")
     if not 0 < opts.clip < 1:
         raise SpecError("--clip", opts.clip, "must be in (0, 1)")
-    if opts.kl_coef < 0 or opts.temperature <= 0:
-        raise SpecError(
-            "--kl-coef/--temperature", (opts.kl_coef, opts.temperature), "kl >= 0, t > 0"
-        )
+    if opts.kl_coef < 0:
+        raise SpecError("--kl-coef", opts.kl_coef, "must be >= 0")
+    if opts.temperature <= 0:
+        raise SpecError("--temperature", opts.temperature, "must be > 0 (the rollout samples)")
     task = AdditionTask(base=opts.task_base)
     if spec.model.seq_length < task.prompt_len + task.max_answer_len:
         raise SpecError(
