@@ -6,7 +6,12 @@ import math
 
 import torch
 
-from aihpc.runtime.rl.grpo import group_advantages, policy_loss, response_logprobs
+from aihpc.runtime.rl.grpo import (
+    group_advantages,
+    loo_advantages,
+    policy_loss,
+    response_logprobs,
+)
 from aihpc.runtime.rl.task import EOS, AdditionTask, exact_match
 
 
@@ -20,6 +25,14 @@ def test_group_advantages_by_hand() -> None:
     assert torch.equal(adv[1], torch.zeros(4))
     # group 2: mean 1/4, std sqrt((3 * 1/16 + 9/16) / 3) = 1/2
     assert torch.allclose(adv[2], torch.tensor([-0.5, -0.5, -0.5, 1.5]))
+
+
+def test_leave_one_out_advantages_by_hand() -> None:
+    adv = loo_advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 3.0]]))
+    # sample 0 of group 0: 1 - mean(0, 0, 1) = 2/3; sample 1: 0 - mean(1, 0, 1) = -2/3
+    assert torch.allclose(adv[0], torch.tensor([2, -2, -2, 2]) / 3)
+    # group 1: the zeros see mean(0, 0, 3) = 1, the 3 sees 0
+    assert torch.allclose(adv[1], torch.tensor([-1.0, -1.0, -1.0, 3.0]))
 
 
 def _loss_by_hand(logp, old, ref, adv, mask, clip, beta) -> float:

@@ -129,7 +129,7 @@ def _write(tmp_path: Path, name: str, spec: dict) -> Path:
             {"rl": {"prompts_per_step": 3}, "parallel": {"global_batch_size": 12}},
             "rl.prompts_per_step",
         ),
-        ({"rl": {"algorithm": "ppo"}}, "rl.algorithm"),
+        ({"rl": {"algorithm": "ppo"}}, "rl.algorithm"),  # rloo runs; ppo needs a critic
     ],
 )
 def test_refusals_are_one_line_exit_2(tmp_path: Path, change: dict, field: str) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["group_advantages", "policy_loss", "response_logprobs"]
+__all__ = ["group_advantages", "loo_advantages", "policy_loss", "response_logprobs"]
 
 
 def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -24,6 +24,13 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     mean = rewards.mean(dim=1, keepdim=True)
     std = rewards.std(dim=1, keepdim=True)
     return (rewards - mean) / (std + eps)
+
+
+def loo_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """RLOO (Ahmadian et al. 2024): rewards (groups, samples) → each sample's reward less the
+    mean of the other samples of its group, (G r_i - sum_j r_j) / (G - 1); no normalisation."""
+    g = rewards.shape[1]
+    return (g * rewards - rewards.sum(dim=1, keepdim=True)) / (g - 1)
 
 
 def response_logprobs(

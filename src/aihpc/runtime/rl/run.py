@@ -54,8 +54,10 @@ def check_rl_run(spec: RunSpec, world_size: int) -> None:
     rl, plan = spec.rl, spec.plan()
     if rl is None:
         raise SpecError("RUNSPEC", "no [rl]", "aihpc rl train needs an [rl] table (docs/rl.md)")
-    if rl.algorithm != "grpo":
-        raise SpecError("rl.algorithm", rl.algorithm, "aihpc rl train runs grpo")
+    if rl.algorithm not in ("grpo", "rloo"):
+        raise SpecError(
+            "rl.algorithm", rl.algorithm, "aihpc rl train runs grpo | rloo (ppo's critic: not yet)"
+        )
     if rl.placement != "colocated":
         raise SpecError(
             "rl.placement", rl.placement, "aihpc rl train runs colocated (rollout in the training "
@@ -110,7 +112,7 @@ def grpo_config(spec: RunSpec, opts: RunOptions) -> GRPOConfig:
         prompts_per_step=rl.prompts_per_step, samples_per_prompt=rl.samples_per_prompt,
         steps=t.train_steps, lr=t.learning_rate, seed=t.seed, clip=opts.clip,
         kl_coef=opts.kl_coef if rl.kl else 0.0, temperature=opts.temperature,
-        ppo_epochs=rl.ppo_epochs, minibatch=spec.plan().global_batch_size,
+        ppo_epochs=rl.ppo_epochs, algorithm=rl.algorithm, minibatch=spec.plan().global_batch_size,
         sft_steps=opts.sft_steps, sft_batch=opts.sft_batch, sft_lr=opts.sft_lr,
         task_base=opts.task_base,
     )  # fmt: skip

@@ -34,7 +34,12 @@ from aihpc.runtime.generate import generate
 from aihpc.runtime.mesh import Parallel
 from aihpc.runtime.model import Llama
 from aihpc.runtime.parallelize import build_parallel_model
-from aihpc.runtime.rl.grpo import group_advantages, policy_loss, response_logprobs
+from aihpc.runtime.rl.grpo import (
+    group_advantages,
+    loo_advantages,
+    policy_loss,
+    response_logprobs,
+)
 from aihpc.runtime.rl.rollout import full_weights, rollout, sync_weights
 from aihpc.runtime.rl.task import EOS, AdditionTask, exact_match
 from aihpc.runtime.step import clip_grad_norm
@@ -53,6 +58,7 @@ class GRPOConfig:
     kl_coef: float = 0.04  # beta of the KL term (DeepSeekMath's 0.04); 0: no reference pass
     temperature: float = 1.0
     ppo_epochs: int = 1
+    algorithm: str = "grpo"  # grpo: group-normalised advantages; rloo: leave-one-out baseline
     minibatch: int = 0  # samples per optimizer step, all ranks' ([parallel].global_batch_size)
     grad_clip: float = 1.0
     sft_steps: int = 0  # supervised steps on the task's format before GRPO
@@ -135,7 +141,8 @@ class GRPOTrainer:
         ro = rollout(self.rollout_model, self.task, indices, g.samples_per_prompt, g.seed,
                      g.temperature)  # fmt: skip
         t_roll = time.perf_counter()
-        adv = group_advantages(ro.rewards.view(self.local_prompts, -1)).flatten()
+        baseline = loo_advantages if g.algorithm == "rloo" else group_advantages
+        adv = baseline(ro.rewards.view(self.local_prompts, -1)).flatten()
         with torch.no_grad():
             old = response_logprobs(self.policy, ro.prompts, ro.responses)
             ref = None
