@@ -72,14 +72,16 @@ def rollout(
         for row in range(samples):
             n = int(gen.lengths[row])
             rewards.append(exact_match(gen.tokens[row, :n].tolist(), answer))
-        prompts.append(torch.tensor([prompt] * samples))
+        prompts.append(torch.tensor([prompt] * samples, device=gen.tokens.device))
         responses.append(gen.tokens)
         logps.append(gen.logprobs)
         lengths.append(gen.lengths)
     resp = torch.cat(responses)
-    mask = torch.arange(steps)[None] < torch.cat(lengths)[:, None]
+    device = resp.device  # the rollout model's: every tensor of the rollout lives there
+    mask = torch.arange(steps, device=device)[None] < torch.cat(lengths)[:, None]
     resp = resp.masked_fill(~mask, 0)
-    return Rollout(torch.cat(prompts), resp, mask, torch.tensor(rewards), torch.cat(logps))
+    scores = torch.tensor(rewards, device=device)
+    return Rollout(torch.cat(prompts), resp, mask, scores, torch.cat(logps))
 
 
 def full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -76,8 +76,8 @@ class GRPOTrainer:
         self.optimizer = torch.optim.AdamW(
             self.policy.parameters(), lr=g.lr, betas=(0.9, 0.99), weight_decay=0.0
         )
-        self.reference = _plain(cfg)
-        self.rollout_model = _plain(cfg)
+        self.reference = _plain(cfg, ctx.device)
+        self.rollout_model = _plain(cfg, ctx.device)
         if g.minibatch == 0:
             self.g = g = replace(g, minibatch=g.prompts_per_step * g.samples_per_prompt)
         self.step = 0
@@ -114,7 +114,7 @@ class GRPOTrainer:
             start = -(s + 1) * g.sft_batch + rank * local  # negative: a stream apart from GRPO's
             seqs = [self.task.sequence(*self.task.train_pair(i % (1 << 40))) for i in
                     range(start, start + local)]  # fmt: skip
-            x, y, w = _sft_batch(seqs, p)
+            x, y, w = (t.to(self.ctx.device) for t in _sft_batch(seqs, p))
             logits = self.policy(x).float()
             # the global batch's token mean: each rank's sum over all ranks' answer tokens,
             # times dp (DDP / FSDP average the ranks' gradients)
@@ -230,8 +230,8 @@ def heldout_accuracy(model: Llama, task: AdditionTask, n: int | None = None) -> 
     return sum(hits) / len(hits)
 
 
-def _plain(cfg: LlamaConfig) -> Llama:
-    model = Llama(cfg)
+def _plain(cfg: LlamaConfig, device: torch.device) -> Llama:
+    model = Llama(cfg).to(device)
     model.init_weights(0)  # buffers; every weight is overwritten by a sync
     model.requires_grad_(False)
     return model.eval()
