@@ -25,6 +25,9 @@ def register(app: typer.Typer) -> None:
     app.add_typer(rl_app, name="rl")
     _register_estimate(rl_app)
     _register_search(rl_app)
+    from aihpc.cli.rl_train import register_train
+
+    register_train(rl_app)
 
 
 def _register_estimate(rl_app: typer.Typer) -> None:

@@ -1,0 +1,93 @@
+"""``aihpc rl train RUN.toml --run-dir DIR``: GRPO run for real on the trainer's model
+(aihpc.runtime.rl), colocated rollout with the KV cache, on the shipped arithmetic task."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from aihpc.cli._common import guarded, print_json
+from aihpc.runspec import SpecError, load_runspec
+
+__all__ = ["register_train"]
+
+
+def register_train(rl_app: typer.Typer) -> None:
+    @rl_app.command("train")
+    @guarded
+    def train(
+        runspec: Path = typer.Argument(..., help="Run spec TOML with an [rl] table."),
+        run_dir: Path = typer.Option(..., "--run-dir", help="Metrics, checkpoints, summary."),
+        nproc_per_node: int = typer.Option(1, "--nproc-per-node", help="Ranks (gloo on CPU)."),
+        sft_steps: int = typer.Option(0, "--sft-steps", help="Supervised warm-up steps."),
+        kl_coef: float = typer.Option(0.04, "--kl-coef", help="KL to the reference (beta)."),
+        clip: float = typer.Option(0.2, "--clip", help="Policy-ratio clip range."),
+        temperature: float = typer.Option(1.0, "--temperature", help="Rollout sampling."),
+        task_base: int = typer.Option(20, "--task-base", help="Operands in [0, base)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    ) -> None:
+        """GRPO: rollout (KV cache), exact-match rewards, group-relative advantages, clipped
+        loss with KL, update under the [parallel] plan (DDP / FSDP), weights synced in place."""
+        from aihpc.runtime.rl.run import RunOptions, check_rl_run, grpo_config
+
+        if nproc_per_node < 1:
+            raise SpecError("--nproc-per-node", nproc_per_node, "must be >= 1")
+        spec = load_runspec(runspec)
+        opts = RunOptions(sft_steps=sft_steps, clip=clip, kl_coef=kl_coef,
+                          temperature=temperature, task_base=task_base)  # fmt: skip
+        world = int(os.environ.get("WORLD_SIZE", nproc_per_node))
+        check_rl_run(spec, world)  # every refusal before a process starts
+        grpo_config(spec, opts)
+        if run_dir.exists() and not run_dir.is_dir():
+            raise SpecError("--run-dir", str(run_dir), "exists and is not a directory")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if nproc_per_node > 1 and "RANK" not in os.environ:
+            _torchrun(nproc_per_node, as_json)
+            return
+        summary = _run(spec, run_dir, opts, as_json)
+        if os.environ.get("RANK", "0") != "0":
+            return
+        if as_json:
+            print_json(summary)
+        else:
+            typer.echo(_summary_line(summary))
+
+
+def _run(spec: Any, run_dir: Path, opts: Any, as_json: bool) -> dict:
+    from aihpc.runtime.rl.run import run_rl
+
+    def echo(m: dict) -> None:
+        typer.echo(
+            f"step {m['step']:>4}  reward {m['reward']:.3f}  kl {m['kl']:.4f}  "
+            f"len {m['response_len']:.2f}  rollout {m['rollout_s'] * 1e3:.0f} ms  "
+            f"update {m['update_s'] * 1e3:.0f} ms  sync {m['weight_sync_s'] * 1e3:.1f} ms"
+        )
+
+    return run_rl(spec, run_dir, opts, None if as_json else echo)
+
+
+def _torchrun(nproc: int, as_json: bool) -> None:
+    """The same command under torchrun, one rank per process (rank 0 prints)."""
+    from aihpc.runtime.distributed import free_port
+
+    # the same arguments: each rank sees RANK set and runs instead of starting ranks
+    args = sys.argv[1:]
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+           f"--master-port={free_port()}", "-m", "aihpc", *args]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    done = subprocess.run(cmd, env=env, check=False)
+    if done.returncode:
+        raise typer.Exit(done.returncode)
+
+
+def _summary_line(s: dict) -> str:
+    return (
+        f"{s['steps']} GRPO steps on {s['world_size']} rank(s): held-out exact-answer accuracy "
+        f"{s['accuracy_before']:.3f} -> {s['accuracy_after']:.3f} "
+        f"({s['heldout_prompts']} prompts)"
+    )

@@ -1,0 +1,178 @@
+"""``aihpc rl train``: a GRPO run from a run spec with ``[rl]``, on this process's world (one
+process, or the ranks torchrun started), into a run directory.
+
+What the spec decides: ``[model]`` the policy (its reference and rollout copies have its shape),
+``[parallel]`` the update's plan (data parallel: one process, DDP at zero_stage 0, FSDP2 at
+1-3), ``[rl]`` prompts_per_step, samples_per_prompt, ppo_epochs, kl and placement,
+``[training]`` train_steps (GRPO steps), learning_rate and seed, ``[checkpoint]``
+interval_steps. The task (runtime/rl/task.py) fixes the prompt and response lengths, so
+``rl.prompt_len`` / ``response_len`` (the planner's) are not read. What the run knobs add
+(``RunOptions``): the supervised warm-up's steps, the clip range, the KL coefficient, the
+sampling temperature, the task's operand range.
+
+The run directory: ``metrics.jsonl`` (one line per GRPO step), ``checkpoints/rl_XXXXXXXX.pt``
+(the full state; the newest two kept), ``summary.json``. A run directory with a checkpoint is
+resumed from its newest one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aihpc.runspec import RunSpec, SpecError
+from aihpc.runtime.config import LlamaConfig
+from aihpc.runtime.rl.metrics import RLMetrics
+from aihpc.runtime.rl.task import AdditionTask
+from aihpc.runtime.rl.trainer import GRPOConfig, GRPOTrainer
+
+__all__ = ["RunOptions", "check_rl_run", "grpo_config", "run_rl"]
+
+KEEP = 2
+MAX_TASK_BASE = 1000  # a million operand pairs: the split is one permutation of them
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    sft_steps: int = 0
+    sft_batch: int = 32
+    sft_lr: float = 3e-3
+    clip: float = 0.2
+    kl_coef: float = 0.04
+    temperature: float = 1.0
+    task_base: int = 20
+    eval_prompts: int | None = None  # held-out problems for accuracy (None: all of them)
+
+
+def check_rl_run(spec: RunSpec, world_size: int) -> None:
+    """What ``aihpc rl train`` does not run, as a SpecError (one line, exit 2)."""
+    rl, plan = spec.rl, spec.plan()
+    if rl is None:
+        raise SpecError("RUNSPEC", "no [rl]", "aihpc rl train needs an [rl] table (docs/rl.md)")
+    if rl.algorithm not in ("grpo", "rloo"):
+        raise SpecError(
+            "rl.algorithm", rl.algorithm, "aihpc rl train runs grpo | rloo (ppo's critic: not yet)"
+        )
+    if rl.placement != "colocated":
+        raise SpecError(
+            "rl.placement", rl.placement, "aihpc rl train runs colocated (rollout in the training "
+            "processes, weights synced in place); separate rollout processes are not built yet",
+        )  # fmt: skip
+    for axis in ("tp", "pp", "cp", "ep"):
+        value = getattr(plan, axis)
+        if value > 1:
+            raise SpecError(
+                f"parallel.{axis}", value, "aihpc rl train updates the policy under data-"
+                "parallel plans only (one process, DDP at zero_stage 0, FSDP2 at 1-3); must be 1",
+            )  # fmt: skip
+    if rl.prompts_per_step % world_size:
+        raise SpecError(
+            "rl.prompts_per_step", rl.prompts_per_step,
+            f"must be a multiple of the {world_size} data-parallel ranks (whole groups per rank)",
+        )  # fmt: skip
+    gbs = plan.global_batch_size
+    whole = rl.samples_per_prompt * world_size
+    if gbs % whole:
+        raise SpecError(
+            "parallel.global_batch_size", gbs,
+            f"must be a multiple of samples_per_prompt x data-parallel ranks = {whole} (each "
+            "update takes whole groups, an equal share from every rank)",
+        )  # fmt: skip
+    if spec.model.vocab_size < 256:
+        raise SpecError("model.vocab_size", spec.model.vocab_size, ">= 256 (byte tokens)")
+
+
+def grpo_config(spec: RunSpec, opts: RunOptions) -> GRPOConfig:
+    rl, t = spec.rl, spec.training
+    assert rl is not None
+    if opts.sft_steps < 0:
+        raise SpecError("--sft-steps", opts.sft_steps, "must be >= 0")
+    if opts.sft_batch < 1:
+        raise SpecError("sft_batch", opts.sft_batch, "must be >= 1")
+    if not 2 <= opts.task_base <= MAX_TASK_BASE:
+        raise SpecError("--task-base", opts.task_base, f"must be in [2, {MAX_TASK_BASE}]")
+    if not 0 < opts.clip < 1:
+        raise SpecError("--clip", opts.clip, "must be in (0, 1)")
+    if opts.kl_coef < 0:
+        raise SpecError("--kl-coef", opts.kl_coef, "must be >= 0")
+    if opts.temperature <= 0:
+        raise SpecError("--temperature", opts.temperature, "must be > 0 (the rollout samples)")
+    task = AdditionTask(base=opts.task_base)
+    if spec.model.seq_length < task.prompt_len + task.max_answer_len:
+        raise SpecError(
+            "model.seq_length", spec.model.seq_length,
+            f"must hold a prompt and its answer: >= {task.prompt_len + task.max_answer_len}",
+        )  # fmt: skip
+    return GRPOConfig(
+        prompts_per_step=rl.prompts_per_step, samples_per_prompt=rl.samples_per_prompt,
+        steps=t.train_steps, lr=t.learning_rate, seed=t.seed, clip=opts.clip,
+        kl_coef=opts.kl_coef if rl.kl else 0.0, temperature=opts.temperature,
+        ppo_epochs=rl.ppo_epochs, algorithm=rl.algorithm, minibatch=spec.plan().global_batch_size,
+        sft_steps=opts.sft_steps, sft_batch=opts.sft_batch, sft_lr=opts.sft_lr,
+        task_base=opts.task_base,
+    )  # fmt: skip
+
+
+def run_rl(spec: RunSpec, run_dir: Path, opts: RunOptions, echo: Any = None) -> dict[str, Any]:
+    """The whole run on this process's world; the summary (also written to summary.json)."""
+    from aihpc.runtime.distributed import init_distributed
+    from aihpc.runtime.mesh import Parallel, ParallelDims
+
+    g = grpo_config(spec, opts)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    with init_distributed() as ctx:
+        check_rl_run(spec, ctx.world_size)
+        par = Parallel(ParallelDims.from_plan(spec.plan(), ctx.world_size), ctx.device.type)
+        trainer = GRPOTrainer(LlamaConfig.from_spec(spec.model), g, ctx, par)
+        return _loop(trainer, spec, run_dir, opts, echo if ctx.is_main else None)
+
+
+def _loop(tr: GRPOTrainer, spec: RunSpec, run_dir: Path, opts: RunOptions, echo: Any) -> dict:
+    ckpt_dir, main = run_dir / "checkpoints", tr.ctx.is_main
+    found = sorted(ckpt_dir.glob("rl_*.pt"))
+    summary: dict[str, Any] = {"resumed_from": None}
+    metrics = run_dir / "metrics.jsonl"
+    if found:
+        tr.load(found[-1])
+        summary["resumed_from"] = tr.step
+        if main and metrics.exists():  # the steps after the checkpoint run again: drop their lines
+            kept = [x for x in metrics.read_text().splitlines(keepends=True)
+                    if x.endswith("\n") and json.loads(x)["step"] <= tr.step]  # fmt: skip
+            metrics.write_text("".join(kept))
+    if not tr.sft_done:
+        summary["accuracy_init"] = tr.accuracy(opts.eval_prompts)
+        sft = tr.sft()
+        summary["sft"] = {"steps": tr.g.sft_steps, "final_loss": sft[-1]}
+        tr.save(ckpt_dir / f"rl_{0:08d}.pt")
+    before = tr.accuracy(opts.eval_prompts)
+    interval = spec.checkpoint.interval_steps or tr.g.steps
+    exporter = RLMetrics(run_dir) if main else None
+    while tr.step < tr.g.steps:
+        m = tr.train_step()
+        if exporter is not None:
+            exporter.record(m)
+        if main:
+            with metrics.open("a") as f:
+                f.write(json.dumps(m) + "\n")
+        if echo is not None:
+            echo(m)
+        if tr.step % interval == 0 or tr.step == tr.g.steps:
+            tr.save(ckpt_dir / f"rl_{tr.step:08d}.pt")
+            if main:
+                for old in sorted(ckpt_dir.glob("rl_*.pt"))[:-KEEP]:
+                    old.unlink()
+    summary |= {
+        "steps": tr.step, "world_size": tr.ctx.world_size, "config": asdict(tr.g),
+        "accuracy_before": before, "accuracy_after": tr.accuracy(opts.eval_prompts),
+        "heldout_prompts": len(tr.task.heldout_pairs(opts.eval_prompts)),
+    }  # fmt: skip
+    if main:
+        tmp = run_dir / "summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=1) + "\n")
+        os.replace(tmp, run_dir / "summary.json")
+    return summary

@@ -1,0 +1,50 @@
+"""One GRPO minibatch's gradient under a plan, written by rank 0: run as ``python
+grad_worker.py SPEC.toml OUT.pt`` (a world of one) or under torchrun (DDP / FSDP2 on gloo).
+The same prompts and samples whatever the world size (runtime/rl/trainer.py, rank_prompts)."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from aihpc.runspec import load_runspec
+from aihpc.runtime.config import LlamaConfig
+from aihpc.runtime.distributed import init_distributed
+from aihpc.runtime.mesh import Parallel, ParallelDims
+from aihpc.runtime.rl.grpo import group_advantages, policy_loss, response_logprobs
+from aihpc.runtime.rl.rollout import rollout
+from aihpc.runtime.rl.run import RunOptions, grpo_config
+from aihpc.runtime.rl.trainer import GRPOTrainer
+
+
+def main(spec_path: str, out: str) -> None:
+    torch.set_num_threads(1)
+    spec = load_runspec(spec_path)
+    g = grpo_config(spec, RunOptions(sft_steps=20, sft_batch=8, task_base=5))
+    with init_distributed() as ctx:
+        par = Parallel(ParallelDims.from_plan(spec.plan(), ctx.world_size), "cpu")
+        tr = GRPOTrainer(LlamaConfig.from_spec(spec.model), g, ctx, par)
+        tr.sft()
+        ro = rollout(tr.rollout_model, tr.task, tr.rank_prompts(), g.samples_per_prompt, g.seed,
+                     g.temperature)  # fmt: skip
+        adv = group_advantages(ro.rewards.view(-1, g.samples_per_prompt)).flatten()
+        with torch.no_grad():
+            old = response_logprobs(tr.policy, ro.prompts, ro.responses)
+        logp = response_logprobs(tr.policy, ro.prompts, ro.responses)
+        loss, _ = policy_loss(logp, old, old + 0.1, adv, ro.mask, g.clip, g.kl_coef)
+        loss.backward()
+        grads = {}
+        for name, p in tr.policy.named_parameters():
+            grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+            grads[name.removeprefix("module.")] = grad.detach().clone()
+        scored = ro.rewards.sum()
+        if ctx.world_size > 1:
+            torch.distributed.all_reduce(scored)
+        if ctx.is_main:
+            torch.save({"grads": grads, "rewards": float(scored)}, out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
