@@ -804,7 +804,10 @@ def layer_times(
     # Changed on purpose (issue 41, items 3 and 4): an eager or compiled layer's host issue
     # (perf/step/host_issue.py, eager_host.py): all of it where the host is the device, beyond
     # its kernels on a GPU; nothing for fused-kernel layers, as before.
-    host_f, host_b = host_issue.layer_issue_s(training, params, gpu)
+    # Changed on purpose (issue 41, item 4): on a CPU an MoE layer pays its own counted eager
+    # ops (eager_host.layer_ops), not the dense layer's.
+    local = model.num_experts / plan.ep if moe else None
+    host_f, host_b = host_issue.layer_issue_s(training, params, gpu, local)
     if not (host_f or host_b):
         return lt
     return replace(

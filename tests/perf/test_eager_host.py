@@ -19,15 +19,15 @@ from aihpc.runspec.cluster import GPUSpec
 CPU = GPUSpec(1.0, 64.0, 10.0, 1.0, 2, 1.0, fp32_tflops=1.0, host_is_device=True)
 
 
-def _count(layers: int) -> dict[str, int]:
-    """Aten ops of one micro-batch's forward and backward of the trainer's decoder and of one
-    optimizer step with clipping, on plain tensors (the second step: the first creates the
-    optimizer's state)."""
+def _count(layers: int, experts: int = 0) -> dict[str, int]:
+    """Aten ops of one micro-batch's forward and backward of the trainer's decoder (``experts``:
+    its MoE variant, top-2) and of one optimizer step with clipping, on plain tensors (the
+    second step: the first creates the optimizer's state)."""
     torch = pytest.importorskip("torch")
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from aihpc.runspec.training import TrainingSpec
-    from aihpc.runtime.config import LlamaConfig
+    from aihpc.runtime.config import LlamaConfig, MoEConfig
     from aihpc.runtime.job import build_optimizer
     from aihpc.runtime.model import Llama
     from aihpc.runtime.step import clip_grad_norm, token_loss
@@ -41,9 +41,10 @@ def _count(layers: int) -> dict[str, int]:
             self.ops += 1
             return func(*args, **(kwargs or {}))
 
+    moe = MoEConfig(dim=32, num_experts=experts, top_k=2, expert_ffn_dim=32) if experts else None
     cfg = LlamaConfig(
         dim=32, num_layers=layers, num_heads=4, num_kv_heads=2, ffn_dim=64, vocab_size=256,
-        max_seq_len=8,
+        max_seq_len=8, moe=moe,
     )  # fmt: skip
     model = Llama(cfg)
     model.init_weights(0)
@@ -74,10 +75,34 @@ def test_the_priced_op_counts_are_the_trainers(layers: int) -> None:
     assert priced / DEFAULT_PARAMS.host_eager_op_s == pytest.approx(got["optimizer"], abs=1e-9)
 
 
-def _spec(**parallel) -> object:
+@pytest.mark.parametrize("experts", [4, 8])
+def test_the_priced_moe_layer_op_counts_are_the_trainers(experts: int) -> None:
+    """An MoE layer's ops (one more layer's count) are eager_host.layer_ops at its experts, not
+    the dense layer's: the router, dispatcher and per-expert loop issue ~2x the dense ops."""
+    one, two = _count(1, experts), _count(2, experts)
+    layer = (two["fwd"] - one["fwd"], two["bwd"] - one["bwd"])
+    assert layer == eh.layer_ops(experts)
+    assert sum(layer) > sum(eh.DENSE_LAYER_OPS)
+
+
+def test_on_a_cpu_an_moe_layer_pays_its_own_ops() -> None:
+    """dp2, 4 layers, one micro-batch a rank: the MoE step pays 4 layer passes of the MoE layer's
+    counted ops where the dense one pays the dense layer's (the rest of the step's ops, outside
+    the layers and in the optimizer, are priced alike for both)."""
+    moe = {"num_experts": 4, "moe_top_k": 2, "moe_ffn_hidden_size": 352}
+    dense, sparse = _spec(zero_stage=0, dp=2), _spec(moe, zero_stage=0, dp=2)
+    op_s = 20e-6
+    extra_dense = _step(dense, op_s) - _step(dense, 0.0)
+    extra_moe = _step(sparse, op_s) - _step(sparse, 0.0)
+    passes = dense.model.num_layers  # one micro-batch: global 8 / dp 2 / micro-batch 4
+    more = passes * (sum(eh.layer_ops(4)) - sum(eh.DENSE_LAYER_OPS))
+    assert extra_moe - extra_dense == pytest.approx(more * op_s, rel=1e-9)
+
+
+def _spec(model: dict | None = None, **parallel) -> object:
     return runspec_from_dict(
         {
-            "model": {"preset": "tiny-llama-small"},
+            "model": {"preset": "tiny-llama-small", **(model or {})},
             "cluster": {"gpu_spec": dataclasses.asdict(CPU), "num_gpus": 2, "gpus_per_node": 2},
             "parallel": {"micro_batch_size": 4, "global_batch_size": 8, **parallel},
         }

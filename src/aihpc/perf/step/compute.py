@@ -119,7 +119,8 @@ def layer_times(
     # the host's issue of the layer's kernels and DTensor's dispatch (perf/step/host_issue.py);
     # an eager MoE layer's own ops are moe_host's where it priced them above
     moe_priced = moe and training.cuda_graphs == "none" and host != "none"
-    return with_host_time(lt, gpu, plan, training, params, calibration, moe_priced)
+    local = model.num_experts / plan.ep if moe else None
+    return with_host_time(lt, gpu, plan, training, params, calibration, moe_priced, local)
 
 
 @dataclass(frozen=True)

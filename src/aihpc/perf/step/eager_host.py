@@ -32,11 +32,14 @@ from aihpc.runspec.training import TrainingSpec
 __all__ = [
     "CLIP_OPS_PER_TENSOR",
     "DENSE_LAYER_OPS",
+    "MOE_LAYER_OPS_FIXED",
+    "MOE_LAYER_OPS_PER_EXPERT",
     "OPTIMIZER_FIXED_OPS",
     "OPTIMIZER_OPS_PER_TENSOR",
     "OUTSIDE_OPS",
     "eager",
     "layer_host_s",
+    "layer_ops",
     "optimizer_eager_host_s",
     "outside_host_s",
     "pass_excess_s",
@@ -46,6 +49,14 @@ __all__ = [
 # RMSNorms in fp32, the q/k/v/o and SwiGLU linears, RoPE, the attention call, views and
 # transposes, the residual adds), backward 147.
 DENSE_LAYER_OPS = (83, 147)
+# One MoE decoder layer (runtime/moe.py: the router's softmax, top-k and load counts, the
+# dispatcher's sort, gather and scatter, one SwiGLU per local expert in a Python loop over
+# ``split``, the combine's weighted ``index_add_``), one micro-batch, plain tensors, top-2:
+# (forward, backward) = fixed + per local expert x E. Four experts: 189 forward, 230 backward,
+# against the dense layer's 83 / 147; the per-expert loop adds 5 ops forward (three matmuls,
+# the SiLU, the product) and 17 backward (their gradients and the split / unbind bookkeeping).
+MOE_LAYER_OPS_FIXED = (169, 162)
+MOE_LAYER_OPS_PER_EXPERT = (5, 17)
 # Outside the layers, one micro-batch: the embedding, the final norm, the output layer and the
 # cross-entropy on fp32 logits.
 OUTSIDE_OPS = (20, 34)
@@ -74,12 +85,25 @@ def pass_excess_s(kernels_s: Any, host_s: Any, gpu: GPUSpec) -> Any:
     return maximum(0.0, host_s - kernels_s)
 
 
-def layer_host_s(training: TrainingSpec, params: ModelParams) -> tuple[float, float]:
-    """(forward, backward) host issue of one eager dense layer and micro-batch; 0 when fused."""
+def layer_ops(local_experts: float | None = None) -> tuple[float, float]:
+    """(forward, backward) eager ops of one decoder layer and micro-batch: dense, or an MoE
+    layer with ``local_experts`` experts on this rank (its loop runs over those)."""
+    if local_experts is None:
+        return DENSE_LAYER_OPS
+    fixed, per = MOE_LAYER_OPS_FIXED, MOE_LAYER_OPS_PER_EXPERT
+    return fixed[0] + per[0] * local_experts, fixed[1] + per[1] * local_experts
+
+
+def layer_host_s(
+    training: TrainingSpec, params: ModelParams, local_experts: float | None = None
+) -> tuple[float, float]:
+    """(forward, backward) host issue of one eager layer and micro-batch (dense, or MoE with
+    ``local_experts`` on this rank: ``layer_ops``); 0 when fused."""
     if not eager(training):
         return 0.0, 0.0
     op_s = params.host_eager_op_s
-    return DENSE_LAYER_OPS[0] * op_s, DENSE_LAYER_OPS[1] * op_s
+    fwd, bwd = layer_ops(local_experts)
+    return fwd * op_s, bwd * op_s
 
 
 def outside_host_s(training: TrainingSpec, params: ModelParams) -> tuple[float, float]:

@@ -73,12 +73,15 @@ def issue_host_s(training: TrainingSpec, params: ModelParams) -> tuple[float, fl
     return 0.0, 0.0
 
 
-def layer_issue_s(training: TrainingSpec, params: ModelParams, gpu: GPUSpec) -> tuple[float, float]:
-    """(forward, backward) host issue of one dense layer and micro-batch on ``gpu``: where the
-    host is the device (a CPU: fp32, no autocast) the compiled launches or the eager ops counted
-    by eager_host.py; on a GPU ``issue_host_s``."""
+def layer_issue_s(
+    training: TrainingSpec, params: ModelParams, gpu: GPUSpec, local_experts: float | None = None
+) -> tuple[float, float]:
+    """(forward, backward) host issue of one layer and micro-batch on ``gpu``: where the host is
+    the device (a CPU: fp32, no autocast) the compiled launches or the eager ops counted by
+    eager_host.py (an MoE layer's own, with ``local_experts`` experts on the rank); on a GPU
+    ``issue_host_s`` (a dense layer's)."""
     if gpu.host_is_device and not training.compile:
-        return eager_host.layer_host_s(training, params)
+        return eager_host.layer_host_s(training, params, local_experts)
     return issue_host_s(training, params)
 
 
@@ -90,12 +93,15 @@ def with_host_time(
     params: ModelParams,
     calibration: Calibration | None,
     moe_priced: bool = False,
+    local_experts: float | None = None,
 ) -> Any:
     """``lt`` (compute.LayerTimes) with what its host adds: the kernels' issue (none where
     ``moe_priced``: moe_host.py priced an eager MoE layer's own ops) and, for an eager
     tensor-parallel layer not compiled, DTensor's dispatch (dtensor_host.py); all of it where the
-    host is the device, else what it takes beyond the layer's kernels."""
-    fwd, bwd = (0.0, 0.0) if moe_priced else layer_issue_s(training, params, gpu)
+    host is the device, else what it takes beyond the layer's kernels. ``local_experts``: an
+    MoE layer with that many experts on the rank (its own eager ops on a CPU)."""
+    issue = layer_issue_s(training, params, gpu, local_experts)
+    fwd, bwd = (0.0, 0.0) if moe_priced else issue
     if training.dtensor_dispatch == "eager" and plan.tp > 1 and not training.compile:
         op_s = dtensor_host.dtensor_op_s(params, calibration)
         fwd += dtensor_host.LAYER_FWD_OPS * op_s
