@@ -146,16 +146,16 @@ FORMS = [
     ),
     (
         "events-event-null",
-        lambda r: edit_line(r / E, 1, b'"event": "pg_ready"', b'"event": null'),
-        "events.jsonl line 2: event = null, not an event name; line skipped (kept in "
+        lambda r: edit_line(r / E, 2, b'"event": "pg_ready"', b'"event": null'),
+        "events.jsonl line 3: event = null, not an event name; line skipped (kept in "
         "events.jsonl.damaged)",
         [],
         E + ".damaged",
     ),
     (
         "events-not-utf8",
-        lambda r: edit_line(r / E, 2, b'"loaded"', b'"lo\xffaded"'),
-        "events.jsonl line 3: not UTF-8 (byte 0xff at column 14); line skipped",
+        lambda r: edit_line(r / E, 3, b'"loaded"', b'"lo\xffaded"'),
+        "events.jsonl line 4: not UTF-8 (byte 0xff at column 14); line skipped",
         [],
         E + ".damaged",
     ),
