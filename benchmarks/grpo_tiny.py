@@ -28,6 +28,15 @@ from aihpc.runtime.rl.run import RunOptions, run_rl
 SPEC = Path(__file__).parents[1] / "examples" / "rl" / "grpo_tiny_cpu.toml"
 
 
+def _shown(path: Path) -> str:
+    """The spec's path as the results record it: relative to the repository when inside it
+    (a machine's own paths stay out of committed results)."""
+    try:
+        return str(path.resolve().relative_to(Path(__file__).parents[1].resolve()))
+    except ValueError:
+        return path.name
+
+
 def one_seed(spec_path: Path, seed: int, sft_steps: int) -> dict:
     import tomllib
 
@@ -81,7 +90,7 @@ def main() -> None:
             f"{r['reward_last_tenth']:.3f} | {r['kl_last']:.4f} | {r['wall_s']:.0f} |"
         )
     lines += ["", f"Mean accuracy {before:.3f} -> {after:.3f} over {len(runs)} seeds."]
-    data = {"machine": machine(), "spec": str(args.spec), "sft_steps": args.sft_steps,
+    data = {"machine": machine(), "spec": _shown(args.spec), "sft_steps": args.sft_steps,
             "runs": runs, "mean_before": before, "mean_after": after}  # fmt: skip
     save("grpo_tiny", data, "\n".join(lines) + "\n", args.results)
 

@@ -114,6 +114,41 @@ def _register_estimate(app: typer.Typer) -> None:
             raise typer.Exit(1)
 
 
+SEARCH_FOR = typer.Option(
+    None,
+    "--for",
+    help="megatron | torchtitan | deepspeed: only the plans that framework runs "
+    "(the rules its export refuses plans by).",
+)
+SEARCH_RUNNABLE = typer.Option(
+    False,
+    "--runnable",
+    help="Only the plans `aihpc train` runs (without it each plan is marked).",
+)
+
+
+def _write_best(
+    spec: Any, result: Any, output: Path, rank_by: str, framework: str | None, refusal: Any
+) -> None:
+    """``search -o``: the best plan as a run spec, unless `aihpc train` refuses it and no
+    ``--for`` names the framework it is for."""
+    if framework is None and refusal is not None:
+        raise SpecError(
+            "--output",
+            str(output),
+            f"the best plan is one `aihpc train` refuses ({refusal}); add --runnable to "
+            "write the best plan it runs, or --for FRAMEWORK to write one for that framework",
+        )
+    how = "goodput (throughput x ETTR)" if rank_by == "goodput" else "tokens/s/GPU"
+    write_plan(
+        spec,
+        result.plans[0],
+        output,
+        f"the best of {result.feasible:,} plans that fit, ranked by {how}: "
+        f"{result.plans[0].tokens_per_s_per_gpu:,.1f} tokens/s/GPU",
+    )
+
+
 def _register_search(app: typer.Typer) -> None:
     @app.command()
     @guarded
@@ -134,17 +169,8 @@ def _register_search(app: typer.Typer) -> None:
             None, "--output", "-o", help="Write the best plan here as a runnable run spec (.toml)."
         ),
         headroom: float | None = HEADROOM,
-        framework: str | None = typer.Option(
-            None,
-            "--for",
-            help="megatron | torchtitan | deepspeed: only the plans that framework runs "
-            "(the rules its export refuses plans by).",
-        ),
-        runnable: bool = typer.Option(
-            False,
-            "--runnable",
-            help="Only the plans `aihpc train` runs (without it each plan is marked).",
-        ),
+        framework: str | None = SEARCH_FOR,
+        runnable: bool = SEARCH_RUNNABLE,
     ) -> None:
         r"""Search every valid plan; \[parallel] fields given in the run spec stay fixed.
 
@@ -179,22 +205,8 @@ def _register_search(app: typer.Typer) -> None:
             if rank_by == "goodput" or n_tokens is not None
             else ([], [{} for _ in shown])
         )
-        if output is not None and framework is None and refusals[0] is not None:
-            raise SpecError(
-                "--output",
-                str(output),
-                f"the best plan is one `aihpc train` refuses ({refusals[0]}); add --runnable to "
-                "write the best plan it runs, or --for FRAMEWORK to write one for that framework",
-            )
         if output is not None:
-            how = "goodput (throughput x ETTR)" if rank_by == "goodput" else "tokens/s/GPU"
-            write_plan(
-                spec,
-                result.plans[0],
-                output,
-                f"the best of {result.feasible:,} plans that fit, ranked by {how}: "
-                f"{result.plans[0].tokens_per_s_per_gpu:,.1f} tokens/s/GPU",
-            )
+            _write_best(spec, result, output, rank_by, framework, refusals[0])
         if json_out:
             _search_json(result, top, extra, output, explain, refusals)
             return

@@ -191,24 +191,40 @@ def _worker_line(err: BaseException, rank: int, run_dir: Path) -> str:
     return f"rank {rank}: {type(err).__name__}: {first} (traceback in {path})"
 
 
+TRAIN_DATA = typer.Option(
+    None,
+    "--data",
+    help="UTF-8 text, a .jsonl / .parquet dataset (its text field), or pre-tokenized "
+    ".npy (default: shipped sample).",
+)
+TRAIN_TOKENIZER = typer.Option(
+    None,
+    "--tokenizer",
+    help="A Hugging Face tokenizer.json (or its folder), or 'sample' (a shipped 512-id "
+    "BPE); default: bytes.",
+)
+
+
+def _check_launch_flags(data: Path | None, nproc_per_node: int | None, max_restarts: int) -> None:
+    """--data, --nproc-per-node and --max-restarts, before anything imports torch."""
+    if data is not None and not data.is_file():
+        what = "is a directory" if data.is_dir() else "file not found"
+        allowed = "expected UTF-8 text, a .jsonl / .parquet dataset or a .npy token array"
+        raise SpecError("--data", str(data), f"{what}; {allowed}")
+    if nproc_per_node is not None and nproc_per_node < 1:
+        raise SpecError("--nproc-per-node", nproc_per_node, "a positive integer")
+    if max_restarts < 0:
+        raise SpecError("--max-restarts", max_restarts, "an integer >= 0")
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     @guarded
     def train(
         runspec: Path = typer.Argument(..., help=RUNSPEC_HELP),
         run_dir: Path = typer.Option(..., "--run-dir", help="Checkpoints, metrics and summary."),
-        data: Path | None = typer.Option(
-            None,
-            "--data",
-            help="UTF-8 text, a .jsonl / .parquet dataset (its text field), or pre-tokenized "
-            ".npy (default: shipped sample).",
-        ),
-        tokenizer: str | None = typer.Option(
-            None,
-            "--tokenizer",
-            help="A Hugging Face tokenizer.json (or its folder), or 'sample' (a shipped 512-id "
-            "BPE); default: bytes.",
-        ),
+        data: Path | None = TRAIN_DATA,
+        tokenizer: str | None = TRAIN_TOKENIZER,
         nproc_per_node: int | None = typer.Option(
             None, "--nproc-per-node", help="Start torchrun's elastic agent with N workers."
         ),
@@ -245,14 +261,7 @@ def register(app: typer.Typer) -> None:
         for MoE experts), checkpointing and resuming exactly."""
         # Flags first, without torch (a second at most), then what needs the runtime.
         spec = load_runspec(runspec)
-        if data is not None and not data.is_file():
-            what = "is a directory" if data.is_dir() else "file not found"
-            allowed = "expected UTF-8 text, a .jsonl / .parquet dataset or a .npy token array"
-            raise SpecError("--data", str(data), f"{what}; {allowed}")
-        if nproc_per_node is not None and nproc_per_node < 1:
-            raise SpecError("--nproc-per-node", nproc_per_node, "a positive integer")
-        if max_restarts < 0:
-            raise SpecError("--max-restarts", max_restarts, "an integer >= 0")
+        _check_launch_flags(data, nproc_per_node, max_restarts)
         _check_timeout("--hang-timeout", hang_timeout)
         _check_timeout("--startup-timeout", startup_timeout)
         inject = inject or []

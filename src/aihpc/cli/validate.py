@@ -41,6 +41,17 @@ def _print_runs_template(json_out: bool) -> None:
         typer.echo(text, nl=False)
 
 
+RL_OPT = typer.Option(False, "--rl", help="The RL steps (NeMo-RL's published runs; docs/rl.md).")
+INFERENCE_OPT = typer.Option(
+    False,
+    "--inference",
+    help="The inference model against published serving runs (docs/inference.md).",
+)
+VLM_OPT = typer.Option(
+    False, "--vlm", help="The vision-language runs (issue 40's set; with --runs, yours)."
+)
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     @guarded
@@ -64,17 +75,9 @@ def register(app: typer.Typer) -> None:
         ),
         calibration: Path | None = VALIDATE_CALIBRATION,
         runs_template: bool = RUNS_TEMPLATE,
-        rl: bool = typer.Option(
-            False, "--rl", help="The RL steps (NeMo-RL's published runs; docs/rl.md)."
-        ),
-        inference: bool = typer.Option(
-            False,
-            "--inference",
-            help="The inference model against published serving runs (docs/inference.md).",
-        ),
-        vlm: bool = typer.Option(
-            False, "--vlm", help="The vision-language runs (issue 40's set; with --runs, yours)."
-        ),
+        rl: bool = RL_OPT,
+        inference: bool = INFERENCE_OPT,
+        vlm: bool = VLM_OPT,
     ) -> None:
         """Predicted vs measured tokens/s/GPU and memory on published runs or your own
         (--runs); MAPE per source."""
@@ -82,24 +85,11 @@ def register(app: typer.Typer) -> None:
 
         from aihpc.perf.fit.validate import validate as run_validate
 
-        chosen = [
-            name for name, on in (("--inference", inference), ("--vlm", vlm), ("--rl", rl)) if on
-        ]
-        if len(chosen) > 1:
-            raise SpecError(chosen[-1], True, f"not with {chosen[0]}: choose one set of runs")
-        if inference:
-            _validate_inference(json_out, heldout, runs, moe or vlm or calibration is not None)
-            return
-        if runs_template:
+        if runs_template and not inference:
             _print_runs_template(json_out)
             return
-        if vlm:
-            _validate_vlm(runs, memory, heldout, moe, calibration, json_out)
-            return
-        if rl:
-            from aihpc.cli.rl import validate_rl_command
-
-            validate_rl_command(json_out, runs)
+        sets = (inference, vlm, rl)
+        if _other_set(sets, json_out, runs, memory, heldout, moe, calibration):
             return
         cal = None
         if calibration is not None:
@@ -137,6 +127,31 @@ def register(app: typer.Typer) -> None:
         typer.echo(validation_table(report))
         if report.calibration:
             typer.echo(f"\nEvery row priced with the calibration {report.calibration}.")
+
+
+def _other_set(
+    sets: tuple[bool, bool, bool],
+    json_out: bool,
+    runs: Path | None,
+    memory: Path | None,
+    heldout: bool,
+    moe: bool,
+    calibration: Path | None,
+) -> bool:
+    """``--inference``, ``--vlm`` or ``--rl`` (one of them): validated here, True; none: False."""
+    inference, vlm, rl = sets
+    chosen = [name for name, on in zip(("--inference", "--vlm", "--rl"), sets, strict=True) if on]
+    if len(chosen) > 1:
+        raise SpecError(chosen[-1], True, f"not with {chosen[0]}: choose one set of runs")
+    if inference:
+        _validate_inference(json_out, heldout, runs, moe or calibration is not None)
+    elif vlm:
+        _validate_vlm(runs, memory, heldout, moe, calibration, json_out)
+    elif rl:
+        from aihpc.cli.rl import validate_rl_command
+
+        validate_rl_command(json_out, runs)
+    return bool(chosen)
 
 
 def _validate_inference(json_out: bool, heldout: bool, runs: Path | None, other: bool) -> None:
