@@ -16,18 +16,11 @@ TP (each rank's is a partial sum, from its slices' outputs), by 7.6e-5 on tp2-et
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-from test_nd_parity import _toml, losses, model_params
+from test_nd_parity import _toml, losses, model_params, train_plans
 from train_cli import train as run_train
-
-from aihpc.runtime.distributed import free_port
-from hang_bounds import hang_guard_s
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -80,14 +73,7 @@ def reference(tmp_path_factory):
 def plan_runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("plans")
     plans = {name: {**COMMON, **table} for name, table in PLANS.items()}
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
-        "--master-port", str(free_port()), str(Path(__file__).parent / "nd_worker.py"),
-        str(out), json.dumps(BASE), json.dumps(plans),
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=hang_guard_s(600))
-    return out, proc
+    return out, train_plans(out, BASE, plans, 600)
 
 
 @pytest.mark.parametrize("name", list(PLANS))

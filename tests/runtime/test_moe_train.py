@@ -23,20 +23,14 @@ loss's gradient not divided by the micro-batches, by 3.3e-4 and 1.2e-2, biases 0
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-from test_nd_parity import _toml, losses, model_params
+from test_nd_parity import _toml, losses, model_params, train_plans
 from train_cli import train as run_train
 
 from aihpc.runspec import SpecError, runspec_from_dict
 from aihpc.runtime.checks import check_plan
-from aihpc.runtime.distributed import free_port
-from hang_bounds import hang_guard_s
 
 # the module's fixture trains every plan in one torchrun (bounded by its own 600 s;
 # both bounds are stretched by the load measured as they start, tests/hang_bounds.py): the
@@ -93,14 +87,7 @@ def plan_runs(tmp_path_factory):
     """All plans, trained by one torchrun of 4 processes (nd_worker.py)."""
     out = tmp_path_factory.mktemp("plans")
     plans = {name: {**COMMON, **table} for name, table in PLANS.items()}
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
-        "--master-port", str(free_port()), str(Path(__file__).parent / "nd_worker.py"),
-        str(out), json.dumps(BASE), json.dumps(plans),
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=hang_guard_s(600))
-    return out, proc
+    return out, train_plans(out, BASE, plans, 600)
 
 
 @pytest.mark.parametrize("name", list(PLANS))

@@ -101,14 +101,21 @@ def plan_runs(tmp_path_factory):
     """All plans, trained by one torchrun of 4 processes."""
     out = tmp_path_factory.mktemp("plans")
     plans = {name: {**COMMON, **table} for name, table in PLANS.items()}
+    return out, train_plans(out, BASE, plans, 900)
+
+
+def train_plans(out: Path, base: dict, plans: dict, budget_s: float) -> subprocess.CompletedProcess:
+    """Every plan of ``plans`` trained from ``base`` by one torchrun of 4 processes
+    (nd_worker.py), each plan's result in ``out/<name>.json``."""
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
         "--master-port", str(free_port()), str(Path(__file__).parent / "nd_worker.py"),
-        str(out), json.dumps(BASE), json.dumps(plans),
+        str(out), json.dumps(base), json.dumps(plans),
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=hang_guard_s(900))
-    return out, proc
+    return subprocess.run(
+        cmd, capture_output=True, text=True, env=env, timeout=hang_guard_s(budget_s)
+    )
 
 
 def _toml(table: dict) -> str:
