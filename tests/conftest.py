@@ -36,6 +36,25 @@ _CONFIG: list[pytest.Config] = []
 _ORDER_FILE = Path(__file__).with_name("file_seconds.json")
 
 
+_LAUNCHER = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_launcher_env():
+    """A test that leaves rank variables behind makes every later test in its xdist worker look
+    launched by torchrun (benches and `aihpc train` then see a world of one): fail that test."""
+    before = {k: os.environ.get(k) for k in _LAUNCHER}
+    yield
+    after = {k: os.environ.get(k) for k in _LAUNCHER}
+    leaked = {k: v for k, v in after.items() if v != before[k]}
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    assert not leaked, f"the test left launcher variables set: {leaked}"
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # pytest-xdist would queue files by their number of tests; keep the order set below
     if hasattr(config.option, "loadscopereorder"):

@@ -72,6 +72,19 @@ def launcher_env(env: dict[str, str] | None = None) -> dict[str, str] | None:
     return None
 
 
+_LAUNCHER_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _restore_env(before: dict[str, str | None]) -> None:
+    """Put the rank variables back as they were: a private world of one made in-process must
+    not look like a launcher to whatever the same process runs next (a bench, a second run)."""
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 def _rank_env() -> dict[str, str]:
     """The launcher's rank variables (a private world of one without a launcher), exported."""
     found = launcher_env()
@@ -110,6 +123,7 @@ def init_distributed(
     ``generation`` (an in-process restart's new groups never meet the old ones' keys).
     The group is destroyed on the way out, also after an exception.
     """
+    before = {k: os.environ.get(k) for k in _LAUNCHER_KEYS}
     found = _rank_env()
     rank, world = int(found["RANK"]), int(found["WORLD_SIZE"])
     local_rank = int(found.get("LOCAL_RANK", "0"))
@@ -145,3 +159,4 @@ def init_distributed(
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+        _restore_env(before)

@@ -98,7 +98,7 @@ def test_resume_gives_the_same_next_step_and_rollout_matches_policy(tmp_path: Pa
 
 
 def _env() -> dict[str, str]:
-    """A fresh command's: no rank variables (init_distributed exported a world of one above)."""
+    """A fresh command's: no rank variables, whatever the pytest process was started with."""
     launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
     return {k: v for k, v in os.environ.items() if k not in launcher} | {"OMP_NUM_THREADS": "1"}
 
