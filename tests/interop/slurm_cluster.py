@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,9 +29,9 @@ def available() -> str | None:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from aihpc._net import free_port as pick
+
+    return pick()
 
 
 def _conf(d: Path, cpus: int, mem_mb: int) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -26,21 +25,11 @@ URL_ENV, TARGETS_ENV = "AIHPC_PROMETHEUS_URL", "AIHPC_PROMETHEUS_TARGETS"
 
 
 def free_port(count: int = 1) -> int:
-    """A port P with P .. P + count - 1 all free on this machine."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + count > 65535:
-            continue
-        try:
-            for p in range(base, base + count):
-                with socket.socket() as s:
-                    s.bind(("0.0.0.0", p))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no free port range")
+    """A port P with P .. P + count - 1 all free on this machine (aihpc's own choice: below the
+    kernel's ephemeral range, where torchelastic's restart ports never land)."""
+    from aihpc._net import free_port as pick
+
+    return pick(count)
 
 
 def config_text(targets_dir: Path) -> str:

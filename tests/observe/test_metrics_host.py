@@ -19,9 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("0.0.0.0", 0))
-        return s.getsockname()[1]
+    from aihpc._net import free_port
+
+    return free_port()
 
 
 def _outside_address() -> str | None:

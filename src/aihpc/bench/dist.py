@@ -24,6 +24,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from aihpc._net import free_port
+
 __all__ = [
     "DistContext",
     "free_port",
@@ -53,14 +55,6 @@ class DistContext:
     @property
     def num_nodes(self) -> int:
         return len(set(self.hostnames)) or 1
-
-
-def free_port() -> int:
-    # bind to port 0 and let the OS choose; the tiny race with another binder is accepted by
-    # torchrun's standalone mode too
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _first_slurm_host(nodelist: str) -> str:

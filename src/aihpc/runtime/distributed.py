@@ -10,7 +10,6 @@ one code path for 1 and N ranks.
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,6 +18,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from aihpc._net import free_port
 
 __all__ = ["DistContext", "free_port", "init_distributed", "launcher_env", "rendezvous_store"]
 
@@ -39,12 +40,6 @@ class DistContext:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launcher_env(env: dict[str, str] | None = None) -> dict[str, str] | None:
