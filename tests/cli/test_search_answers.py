@@ -92,3 +92,20 @@ def test_toml_writer_round_trips() -> None:
         "empty": {},
     }
     assert tomllib.loads(dumps_toml(data, "header\nline two")) == data
+
+
+def test_more_stages_than_layers_names_the_layer_rule(tmp_path: Path) -> None:
+    """tiny-llama has 2 layers: a fixed pp = 4 is refused by the layer rule, as estimate
+    refuses it, not reported as a memory problem ("no plan fits")."""
+    spec = tmp_path / "pp.toml"
+    spec.write_text(
+        '[model]\npreset = "tiny-llama"\n[cluster]\ngpu = "h100-sxm"\nnum_gpus = 4\n'
+        "[parallel]\npp = 4\nglobal_batch_size = 16\n"
+    )
+    said = {}
+    for command in ("search", "estimate"):
+        r = runner.invoke(app, [command, str(spec)])
+        assert r.exit_code == 2, r.output
+        said[command] = r.stderr.strip()
+    assert len(said["search"].splitlines()) == 1 and "no plan fits" not in said["search"]
+    assert said["search"] == said["estimate"]

@@ -78,11 +78,14 @@ def _vpps(model: ModelSpec, g: dict, pp: int) -> list[int]:
         return [1]
     layers = model.num_layers
     busiest = -(-layers // pp)
-    return [
+    offered = [
         v
         for v in range(1, MAX_VPP + 1)
         if pp * v <= layers and -(-layers // (pp * v)) * v == busiest
     ]
+    # More stages than layers: offer the plain schedule anyway, so the layer rule refuses it
+    # by name instead of the search finding nothing and saying "no plan fits".
+    return offered or [1]
 
 
 def _moe_options(
