@@ -26,4 +26,3 @@ def test_ports_are_free_and_below_the_ephemeral_range() -> None:
         finally:
             for s in held:
                 s.close()
-
