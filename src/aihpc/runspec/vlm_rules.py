@@ -62,7 +62,9 @@ def _data_refusal(spec: RunSpec) -> SpecError | None:
     mm, v = spec.multimodal, spec.vision
     assert mm is not None and v is not None
     if mm.packing or mm.padding != "max":
-        field, value = ("multimodal.packing", True) if mm.packing else ("multimodal.padding", mm.padding)
+        field, value = (
+            ("multimodal.packing", True) if mm.packing else ("multimodal.padding", mm.padding)
+        )
         return _err(
             field,
             value,
@@ -77,7 +79,13 @@ def _data_refusal(spec: RunSpec) -> SpecError | None:
             f"the trainer's images are one tile of (image_size / patch_size)^2 = {t} tokens; "
             f"allowed: {t}",
         )
-    most = int(max(v for v, w in zip(mm.images_per_sample.values, mm.images_per_sample.weights, strict=True) if w > 0))
+    most = int(
+        max(
+            v
+            for v, w in zip(mm.images_per_sample.values, mm.images_per_sample.weights, strict=True)
+            if w > 0
+        )
+    )
     if most * (t + CAPTION_TOKENS) > spec.model.seq_length:
         return _err(
             "multimodal.images_per_sample",

@@ -56,8 +56,8 @@ class VisionStepper(Stepper):
     def _microbatches(self, x: torch.Tensor, y: torch.Tensor) -> Iterator[tuple[Any, ...]]:
         assert self.images is not None
         n = x.shape[0] // self.micro
-        split = zip(x.split(self.micro), y.split(self.micro), self.images.split(self.micro))
-        for i, (xm, ym, im) in enumerate(split):
+        rows = (x.split(self.micro), y.split(self.micro), self.images.split(self.micro))
+        for i, (xm, ym, im) in enumerate(zip(*rows, strict=True)):
             yield i == n - 1, n, xm, ym, im
 
     def _forward_backward(self, x: torch.Tensor, y: torch.Tensor, autocast: Any) -> torch.Tensor:

@@ -26,7 +26,9 @@ def measured_imbalance(image_log: list[dict[str, Any]]) -> dict[str, Any]:
     steps = image_log[1:] or image_log
     if not steps:
         return {}
-    ranks = [r for r in range(len(steps[0]["images"])) if any(s["encoder_forward_s"][r] for s in steps)]
+    ranks = [
+        r for r in range(len(steps[0]["images"])) if any(s["encoder_forward_s"][r] for s in steps)
+    ]
     if not ranks:
         return {}
     images = [[s["images"][r] for r in ranks] for s in steps]
@@ -37,7 +39,9 @@ def measured_imbalance(image_log: list[dict[str, Any]]) -> dict[str, Any]:
         "images_per_rank_max": statistics.fmean(max(i) for i in images),
         "encoder_forward_s_mean": statistics.fmean(statistics.fmean(t) for t in times),
         "encoder_forward_s_max": statistics.fmean(max(t) for t in times),
-        "encoder_forward_imbalance_s": statistics.fmean(max(t) - statistics.fmean(t) for t in times),
+        "encoder_forward_imbalance_s": statistics.fmean(
+            max(t) - statistics.fmean(t) for t in times
+        ),
     }
 
 
