@@ -67,6 +67,9 @@ def vlm_measured_vs_predicted(
         except SpecError as err:
             out["no_prediction"] = f"estimate_vlm cannot price it: {err}"
     measured = out["measured_step_time_s"]
+    llm_s, llm_mfu = out["predicted_step_time_s"], out["predicted_mfu"]
+    # MFU counts the language model's FLOPs (as the measured one): at the whole step's time
+    out["predicted_mfu"] = llm_mfu * llm_s / est.step_time_s if est and llm_mfu else None
     out["predicted_step_time_s"] = est.step_time_s if est else None
     out["step_time_error"] = est.step_time_s / measured - 1.0 if est and measured else None
     out["placement"] = PLACEMENT
