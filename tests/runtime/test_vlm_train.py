@@ -178,3 +178,23 @@ def test_what_the_vlm_trainer_does_not_run_exits_2(tmp_path, change, field):
     assert result.exit_code == 2, result.output
     assert field in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "r").exists()
+
+
+def test_search_marks_the_vlm_plans_the_trainer_runs(tmp_path):
+    """`aihpc search` of a VLM spec marks each (plan, placement) by the trainer's rules, and
+    --runnable keeps only those it runs: the encoder replicated on the first stage."""
+    spec = _write(tmp_path / "s.toml", {**BASE, "parallel": {**COMMON}})
+    every = CliRunner().invoke(app, ["search", str(spec), "--top", "40", "--json"])
+    assert every.exit_code == 0, every.output
+    plans = json.loads(every.stdout)["plans"]
+    refused = [p for p in plans if not p["runnable"]]
+    assert refused and all(p["trainer_refuses"] for p in refused)
+    assert any(p["placement"] in ("pool", "stage", "bubble") for p in refused)
+    runnable = CliRunner().invoke(app, ["search", str(spec), "--top", "40", "--json", "--runnable"])
+    assert runnable.exit_code == 0, runnable.output
+    kept = json.loads(runnable.stdout)["plans"]
+    assert kept and all(p["runnable"] for p in kept)
+    assert {p["placement"] for p in kept} <= {"replicated", "tp"}
+    for p in kept:  # each one, as a run spec's [parallel], is one the trainer takes
+        table = {**BASE, "parallel": p["plan"]}
+        assert trainer_refusal(runspec_from_dict(table)) is None, p["plan"]

@@ -17,7 +17,12 @@ from aihpc.runspec.errors import SpecError
 from aihpc.runspec.parallel import ParallelPlan
 from aihpc.runspec.runspec import RunSpec
 
-__all__ = ["CAPTION_TOKENS", "TRAINER_VLM_PLACEMENTS", "trainer_vision_refusal"]
+__all__ = [
+    "CAPTION_TOKENS",
+    "TRAINER_VLM_PLACEMENTS",
+    "trainer_placement_refusal",
+    "trainer_vision_refusal",
+]
 
 # Caption tokens the trainer's data allows per image (runtime/vlm/images.py), with its image
 # tokens: what must fit in model.seq_length for the most images a sample may carry.
@@ -140,3 +145,16 @@ def trainer_vision_refusal(spec: RunSpec, plan: ParallelPlan | None = None) -> S
         return _err("multimodal", None, "the trainer needs the data fact: add [multimodal]")
     plan = spec.plan() if plan is None else plan
     return _encoder_refusal(spec) or _data_refusal(spec) or _vlm_plan_refusal(spec, plan)
+
+
+def trainer_placement_refusal(placement: str, encoder_tp: int) -> SpecError | None:
+    """A placement ``aihpc search`` priced that the trainer does not run, or None: it runs the
+    encoder whole on each rank of the first stage ("replicated", or "tp" at encoder TP 1)."""
+    if placement == "replicated" or (placement == "tp" and encoder_tp == 1):
+        return None
+    return _err(
+        "multimodal.placement",
+        placement,
+        "the trainer runs the encoder whole on every TP / CP rank of the first pipeline stage; "
+        "allowed: replicated",
+    )
