@@ -188,7 +188,7 @@ def _register_search(app: typer.Typer) -> None:
             flags = {"--explain": explain, "--rank-by": rank_by != "throughput"}
             flags |= {"--tokens": tokens, "--output": output, "--for": framework}
             refuse_vlm_flags(flags)
-            vlm_search(spec, top, json_out)
+            vlm_search(spec, top, json_out, runnable)
             return
         accept = None
         if framework is not None:

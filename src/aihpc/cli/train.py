@@ -66,6 +66,8 @@ def _render(summary: dict, finished_before: bool = False) -> None:
     perf = summary.get("performance") or {}
     if not finished_before and perf.get("measured_step_time_s"):
         console.print(_performance_line(perf), highlight=False, soft_wrap=True)
+        if perf.get("imbalance"):  # a vision-language run: runtime/vlm/summary.py
+            console.print(_imbalance_line(perf["imbalance"]), highlight=False, soft_wrap=True)
     console.print(f"state_sha256 {summary['state_sha256']}", highlight=False, soft_wrap=True)
 
 
@@ -90,6 +92,25 @@ def _performance_line(perf: dict) -> str:
         f"on {perf.get('prediction_for') or 'the spec'} ({perf['step_time_error']:+.0%}); MFU "
         f"{perf['measured_mfu']:.1%} measured, {perf['predicted_mfu']:.1%} predicted (both "
         "over its GPU peak)"
+    )
+
+
+def _imbalance_line(imb: dict) -> str:
+    """A VLM run's encoder: predicted (fwd + bwd, and the slowest rank's excess) beside the
+    measured forward and the images the ranks encoded."""
+    m = imb.get("measured") or {}
+    line = "encoder"
+    if imb.get("predicted_encoder_s") is not None:
+        line += (
+            f" {imb['predicted_encoder_s'] * 1e3:.1f} ms + imbalance "
+            f"{imb['predicted_encoder_imbalance_s'] * 1e3:.2f} ms predicted (forward + backward);"
+        )
+    if not m:
+        return line + " not measured"
+    return (
+        f"{line} forward {m['encoder_forward_s_mean'] * 1e3:.1f} ms measured, slowest rank "
+        f"+{m['encoder_forward_imbalance_s'] * 1e3:.2f} ms; images per rank and step "
+        f"{m['images_per_rank_mean']:.1f} mean, {m['images_per_rank_max']:.1f} on the busiest"
     )
 
 

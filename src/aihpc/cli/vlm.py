@@ -82,14 +82,43 @@ def refuse_vlm_flags(flags: dict[str, Any]) -> None:
             )
 
 
-def vlm_search(spec: RunSpec, top: int, json_out: bool) -> None:
+def _trainer_refusal(spec: RunSpec, e: VlmEstimate) -> Any:
+    """What `aihpc train` says to one (plan, placement): None where it runs it (the rules it
+    checks before it starts, runspec/rules.py and vlm_rules.py)."""
+    from aihpc.runspec.rules import trainer_refusal
+    from aihpc.runspec.vlm_rules import trainer_placement_refusal
+
+    return trainer_placement_refusal(e.placement, e.encoder_tp) or trainer_refusal(
+        spec, e.llm.plan, spec.cluster.num_gpus
+    )
+
+
+def _runnable_only(spec: RunSpec, result: Any, top: int) -> Any:
+    """--runnable: only the (plan, placement) pairs the trainer runs, best first."""
+    from dataclasses import replace
+
+    kept = [e for e in result.plans if _trainer_refusal(spec, e) is None]
+    best: dict[str, VlmEstimate] = {}
+    for e in kept:
+        best.setdefault(e.placement, e)
+    return replace(result, plans=kept[:top], best_by_placement=best)
+
+
+def vlm_search(spec: RunSpec, top: int, json_out: bool, runnable: bool = False) -> None:
     """``aihpc search`` of a vision-language spec: plans x placements, and the best of each
-    placement side by side."""
+    placement side by side; each marked with whether `aihpc train` runs it (``runnable``:
+    only those)."""
     from aihpc.perf.multimodal.search import search_vlm
 
-    result = search_vlm(spec, top=top)
+    result = search_vlm(spec, top=None if runnable else top)
+    if runnable:
+        result = _runnable_only(spec, result, top)
     if json_out:
-        print_json(result.to_json(top))
+        out = result.to_json(top)
+        for e, j in zip(result.plans[:top], out["plans"], strict=True):
+            err = _trainer_refusal(spec, e)
+            j["runnable"], j["trainer_refuses"] = err is None, None if err is None else str(err)
+        print_json(out)
         return
     con = _common.console
     con.print(
@@ -107,6 +136,12 @@ def vlm_search(spec: RunSpec, top: int, json_out: bool) -> None:
     con.print("\nBest plan of each encoder placement:", highlight=False)
     best = sorted(result.best_by_placement.values(), key=lambda e: -e.samples_per_s_per_gpu)
     con.print("\n".join([_header(), *(_row(e) for e in best)]), highlight=False)
+    runs = sum(_trainer_refusal(spec, e) is None for e in result.plans[:top])
+    con.print(
+        f"\naihpc train runs {runs} of the {len(result.plans[:top])} listed"
+        + ("" if runnable else " (--runnable: only the pairs it runs)"),
+        highlight=False,
+    )
 
 
 def _header() -> str:

@@ -46,6 +46,7 @@ READERS = {
     "goodput": "planner",
     "runtime": "trainer",
     "runspec/rules.py": "trainer",  # the trainer's rules: a field it refuses is one it reads
+    "runspec/vlm_rules.py": "trainer",  # the same, for a vision-language model
     "resilience": "trainer",
     "launch": "launch",
     "observe": "observe",

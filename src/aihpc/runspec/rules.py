@@ -22,6 +22,7 @@ from aihpc.runspec.model import ModelSpec
 from aihpc.runspec.parallel import ParallelPlan
 from aihpc.runspec.runspec import RunSpec
 from aihpc.runspec.training import TrainingSpec
+from aihpc.runspec.vlm_rules import trainer_vision_refusal
 
 __all__ = [
     "TRAINER_A2A_OVERLAPS",
@@ -319,4 +320,5 @@ def trainer_refusal(
         or trainer_training_refusal(spec.training)
         or trainer_plan_refusal(plan, spec.model, world, given_dp)
         or trainer_compile_refusal(plan, spec.training)
+        or trainer_vision_refusal(spec, plan)  # [model.vision]: runspec/vlm_rules.py
     )

@@ -11,6 +11,7 @@ from aihpc.runspec.rules import (
     trainer_plan_refusal,
     trainer_training_refusal,
 )
+from aihpc.runspec.vlm_rules import trainer_vision_refusal
 from aihpc.runtime.config import LlamaConfig
 from aihpc.runtime.data import ByteTokenizer, token_count, token_vocab_needed
 from aihpc.runtime.mesh import ParallelDims
@@ -32,6 +33,7 @@ def check_trainable(
     vocabulary), text_data.py.
     """
     cfg = LlamaConfig.from_spec(spec.model)
+    _check_vision(spec, data, tokenizer)
     _check_data(cfg, spec.model.seq_length, data, tokenizer)
     _raise(trainer_training_refusal(spec.training))
     _raise(trainer_compile_refusal(spec.plan(), spec.training))
@@ -86,6 +88,22 @@ def _check_data(cfg: LlamaConfig, seq: int, data: Path | None, tokenizer: str | 
             f"must be {ByteTokenizer.vocab_size} for text data (the runtime's byte tokenizer); "
             "pre-tokenized .npy data or a --tokenizer takes any vocab_size",
         )
+
+
+def _check_vision(spec: RunSpec, data: Path | None, tokenizer: str | None) -> None:
+    """A vision-language spec: what the trainer's VLM runs (runspec/vlm_rules.py), on the
+    image-text samples it generates (runtime/vlm/images.py), not on --data or --tokenizer."""
+    if spec.vision is None:
+        return
+    _raise(trainer_vision_refusal(spec))
+    for flag, given in (("--data", data), ("--tokenizer", tokenizer)):
+        if given is not None:
+            raise SpecError(
+                flag,
+                str(given),
+                "a vision-language run spec trains on the images and captions the trainer "
+                "generates (docs/multimodal.md); omit it",
+            )
 
 
 def _raise(problem: SpecError | None) -> None:

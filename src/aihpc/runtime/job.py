@@ -149,6 +149,13 @@ def build(
     t, plan = spec.training, spec.plan()
     cfg, micro, accum = check_trainable(spec, ctx.world_size, opts.data, opts.tokenizer)
     par = Parallel(check_plan(spec, ctx.world_size), ctx.device.type)
+    if spec.vision is not None:  # a vision-language model: runtime/vlm/
+        from aihpc.runtime.vlm.job import build_vlm
+
+        parts, stepper, state = build_vlm(
+            spec, cfg, micro, accum, ctx, par, lambda m: build_optimizer(m, t)
+        )
+        return par, parts, stepper, state
     torch.manual_seed(t.seed)  # same on every rank: the RNG state is one, not per rank
     parts = build_parallel_model(cfg, ctx, par, t.seed, plan.recompute, plan.recompute_modules, t)
     optimizer, scheduler = build_optimizer(parts.model, t)

@@ -204,12 +204,23 @@ def _finish(
         micro_batch_size=job.stepper.micro,
         grad_accum_steps=plan.global_batch_size // (par.dims.dp * job.stepper.micro),
         num_params=num_params,
-        performance=measured_vs_predicted(
-            spec, job.step_times, ctx.world_size, device_label(ctx.device)
-        ),
+        performance=_performance(job),
     )
     job.events("done", step=result["final_step"])
     return result
+
+
+def _performance(job: Job) -> dict[str, Any]:
+    """Measured against predicted: a VLM's with its encoder and imbalance (runtime/vlm/)."""
+    spec, ctx = job.spec, job.ctx
+    if spec.vision is not None:
+        from aihpc.runtime.vlm.summary import vlm_measured_vs_predicted
+
+        log = job.stepper.image_log  # type: ignore[attr-defined]
+        return vlm_measured_vs_predicted(
+            spec, job.step_times, ctx.world_size, device_label(ctx.device), log
+        )
+    return measured_vs_predicted(spec, job.step_times, ctx.world_size, device_label(ctx.device))
 
 
 @contextmanager
