@@ -296,6 +296,7 @@ def host_cluster(spec, host: dict):
     gpu = dataclasses.replace(
         spec.cluster.gpu,
         weight_stream_GBps=lin["decode_weight_GBps"],
+        host_op_us=host["op_s"] * 1e6,
         attention_fwd_efficiency=min(1.0, att["tflops"] / peak),
         attention_tokens=att["tokens"],
         attention_half_fwd_tokens=half_tokens(att["tflops"], att["tflops_half"], att["tokens"]),

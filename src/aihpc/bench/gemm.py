@@ -115,9 +115,12 @@ def run_gemm_bench(
     cfg: GemmConfig,
     device: torch.device | None = None,
     on_result: Callable[[GemmResult], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> list[GemmResult]:
-    """Time every shape; a shape that cannot fit in memory is a SpecError before allocating,
-    and an out-of-memory error while allocating is one too (one line, never a traceback)."""
+    """Time every shape on ``clock`` (the wall clock; `calibrate --local` passes a CPU's CPU
+    clock, bench/local_decode.cpu_clock); a shape that cannot fit in memory is a SpecError
+    before allocating, and an out-of-memory error while allocating is one too (one line,
+    never a traceback)."""
     import torch
 
     validate_gemm_config(cfg)
@@ -133,7 +136,7 @@ def run_gemm_bench(
             if free is not None and gemm_bytes(m, n, k, cfg.precision) > free:
                 _too_big(m, n, k, cfg, device, free)
             try:
-                res = _time_shape(m, n, k, cfg, device, dtype)
+                res = _time_shape(m, n, k, cfg, device, dtype, clock)
             except (torch.OutOfMemoryError, RuntimeError) as err:
                 # CUDA raises OutOfMemoryError; the CPU allocator may raise a plain RuntimeError
                 if not isinstance(err, torch.OutOfMemoryError) and "memory" not in str(err):
@@ -150,7 +153,13 @@ def run_gemm_bench(
 
 
 def _time_shape(
-    m: int, n: int, k: int, cfg: GemmConfig, device: torch.device, dtype: Any
+    m: int,
+    n: int,
+    k: int,
+    cfg: GemmConfig,
+    device: torch.device,
+    dtype: Any,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> GemmResult:
     import torch
 
@@ -159,11 +168,11 @@ def _time_shape(
     for _ in range(cfg.warmup):
         torch.matmul(a, b)
     _sync(device)
-    t0 = time.perf_counter()
+    t0 = clock()
     for _ in range(cfg.iters):
         torch.matmul(a, b)
     _sync(device)
-    sec = (time.perf_counter() - t0) / cfg.iters
+    sec = max(clock() - t0, 1e-9) / cfg.iters
     flop = 2.0 * m * n * k
     return GemmResult(m, n, k, cfg.precision, flop / 1e9, sec * 1e6, flop / sec / 1e12)
 

@@ -19,7 +19,16 @@ Measures what the model needs to price a plan on this host, with the project's o
   (``attention_tokens``) and this device's fall-off at shorter calls
   (``attention_half_*_tokens``), so the model does not apply a GPU kernel's length curve,
   anchored at 16K tokens, to a CPU kernel timed at a few hundred (it priced the tiny model's
-  128-token backward 5x too slow).
+  128-token backward 5x too slow);
+* on a CPU, a decode step's own costs (bench/local_decode.py): the rate a one-row product
+  streams the model's weights, one eager op's host time and the one-query attention call's
+  rate, which the inference estimate reads (``weight_stream_GBps``, ``host_op_us``,
+  ``decode_attention_GBps``).
+
+On a CPU the GEMMs, the attention and the decode figures are timed on the CPU clock (one
+thread's CPU time; at n intra-op threads the process's over n), which other jobs on a shared
+host do not stretch as they stretch the wall clock (a loaded 2-core host's wall-clock GEMM
+table priced prefill 2.6x too slow); a GPU's on the wall clock after a synchronise.
 
 It writes a calibration TOML, and, given a run spec, a copy of it whose ``[cluster]`` describes
 this host (``gpu_spec`` from the measurements, ``num_gpus = gpus_per_node = N`` and the
@@ -41,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aihpc.bench.local_decode import DecodeHost, DecodeShape
 from aihpc.bench.local_sync import CallCost
 
 __all__ = [
@@ -78,6 +88,8 @@ class LocalMeasurement:
     # host time DTensor adds to one op of the trainer's tensor-parallel layer (CPU hosts only:
     # on a GPU the host runs ahead of the kernels and the figure is not the one that matters)
     dtensor_op_us: float | None = None
+    # a CPU host's decode-step figures (bench/local_decode.py), on the CPU clock
+    decode: DecodeHost | None = None
 
 
 def _threads(nproc: int) -> int:
@@ -196,10 +208,18 @@ def half_tokens(rate: float, rate_at_half: float, tokens: int) -> float:
     return 0.0 if r <= 1 else tokens * (r - 1) / (2 - r)
 
 
+def _clock(device: Any) -> Callable[[], float]:
+    """The wall clock on a GPU (synchronised); a CPU's CPU clock (bench/local_decode.cpu_clock),
+    which other jobs on a shared host do not stretch."""
+    from aihpc.bench.local_decode import cpu_clock
+
+    return time.perf_counter if device.type == "cuda" else cpu_clock()
+
+
 def _attention_tflops(device: Any, iters: int, shape: tuple[int, ...]) -> tuple[float, float]:
     """Causal SDPA forward and backward at ``shape`` (batch, heads, kv heads, seq, head dim),
     TFLOP/s counted as the model counts them (the causal half of the 4·s²·d score and value
-    matmuls per head; the backward 2.5x the forward); best of the timings."""
+    matmuls per head; the backward 2.5x the forward); best of the timings (on ``_clock``)."""
     import torch
     import torch.nn.functional as F
 
@@ -217,16 +237,17 @@ def _attention_tflops(device: Any, iters: int, shape: tuple[int, ...]) -> tuple[
             torch.cuda.synchronize(device)
 
     fwd = bwd = float("inf")
+    clock = _clock(device)
     for _ in range(max(3, iters // 2)):
         sync()
-        t0 = time.perf_counter()
+        t0 = clock()
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != h)
         sync()
-        t1 = time.perf_counter()
+        t1 = clock()
         out.backward(torch.ones_like(out))
         sync()
-        t2 = time.perf_counter()
-        fwd, bwd = min(fwd, t1 - t0), min(bwd, t2 - t1)
+        t2 = clock()
+        fwd, bwd = min(fwd, max(t1 - t0, 1e-9)), min(bwd, max(t2 - t1, 1e-9))
     return flops / fwd / 1e12, 2.5 * flops / bwd / 1e12
 
 
@@ -273,7 +294,8 @@ def _gemms(device: Any, iters: int) -> dict[str, Any]:
 
     precision = "bf16" if device.type == "cuda" else "fp32"
     cfg = GemmConfig(shapes=tuple((s, s, s) for s in _GEMM_SIZES), precision=precision, iters=iters)
-    runs = [run_gemm_bench(cfg, device) for _ in range(3)]
+    clock = _clock(device)  # a CPU's CPU clock: a loaded host's waits left out
+    runs = [run_gemm_bench(cfg, device, clock=clock) for _ in range(3)]
     return gemm_json([max(rs, key=lambda r: r.tflops) for rs in zip(*runs, strict=True)], device)
 
 
@@ -299,6 +321,7 @@ def measure_local(
     iters: int = 10,
     attention: tuple[int, ...] = DEFAULT_ATTENTION_SHAPE,
     progress: Callable[[str], None] | None = None,
+    decode: DecodeShape | None = None,
 ) -> LocalMeasurement:
     """Run the memory, GEMM, attention and collective measurements for ``nproc`` local ranks;
     ``attention``: the shape of the model's attention calls (``attention_shape``); each phase
@@ -311,7 +334,7 @@ def measure_local(
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cpu, several, threads = device.type == "cpu", nproc > 1, _threads(nproc)
-    phase = _Phases(3 + several + (cpu and several) + cpu, progress)
+    phase = _Phases(3 + several + (cpu and several) + 2 * cpu, progress)
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -323,6 +346,12 @@ def measure_local(
         seq = attention[3]
         phase(f"attention forward and backward at {seq} and {max(1, seq // 2)} tokens")
         curve = attention_curve(device, iters, attention)
+        host = None
+        if cpu:
+            from aihpc.bench.local_decode import DEFAULT_DECODE_SHAPE, measure_decode_host
+
+            phase("decode step: weights streamed at one row, an eager op, a one-query attention")
+            host = measure_decode_host(decode or DEFAULT_DECODE_SHAPE)
     finally:
         torch.set_num_threads(old)
     comm: dict[str, Any] = {}
@@ -341,7 +370,7 @@ def measure_local(
         dtensor = float(f"{measure_dtensor_op_us(attention):.4g}")
     return LocalMeasurement(
         nproc, threads, name, gemm, comm, mem_bw, _host_mem_gib(), curve, call, device.type,
-        dtensor,
+        dtensor, host,
     )  # fmt: skip
 
 
@@ -357,8 +386,9 @@ def load_warning() -> str | None:
     return (
         f"load average {load:.1f} on {cores} cores: other work shares this host, so the "
         "measurement takes longer (each phase waits for its share of the cores) and its "
-        "wall-clock figures (GEMMs, attention, collectives) may price the host as loaded; "
-        "the memory bandwidth is timed on CPU time and holds either way"
+        "wall-clock figures (the collectives) may price the host as loaded; the memory "
+        "bandwidth, GEMMs, attention and decode figures are timed on CPU time and hold "
+        "better (memory traffic of the other work still slows them)"
     )
 
 
@@ -405,4 +435,15 @@ def local_gpu_spec(m: LocalMeasurement) -> dict[str, Any]:
         "attention_half_fwd_tokens": sig(m.attention.halves[0]),
         "attention_half_bwd_tokens": sig(m.attention.halves[1]),
         "host_is_device": m.device_type == "cpu",
+        # a CPU host's decode step (bench/local_decode.py): weights streamed by a one-row
+        # product, one eager op's host time, the one-query attention call's rate
+        **(
+            {
+                "weight_stream_GBps": m.decode.weight_stream_GBps,
+                "host_op_us": m.decode.host_op_us,
+                "decode_attention_GBps": m.decode.decode_attention_GBps,
+            }
+            if m.decode is not None
+            else {}
+        ),
     }

@@ -51,13 +51,14 @@ def _local_spec_target(spec_path: str | None, local: bool, nproc: int) -> tuple 
     if not local:
         raise SpecError("--spec", spec_path, "only with --local")
     from aihpc.bench.local import attention_shape
+    from aihpc.bench.local_decode import decode_shape
     from aihpc.runspec import load_runspec
 
     spec = load_runspec(spec_path)  # a bad spec is exit 2 before minutes of measuring
     target = Path(Path(spec_path).stem + ".local.toml")  # in the current folder
     check_output_path(target, "--spec")
     mbs = getattr(spec.parallel, "micro_batch_size", None)
-    return spec_path, target, attention_shape(spec.model, mbs)
+    return spec_path, target, attention_shape(spec.model, mbs), decode_shape(spec.model)
 
 
 def _measure_local(nproc: int, target: tuple | None, quiet: bool) -> tuple[list, dict, dict, tuple]:
@@ -84,7 +85,8 @@ def _measure_local(nproc: int, target: tuple | None, quiet: bool) -> tuple[list,
 
     t0 = time.perf_counter()
     try:
-        m = measure_local(nproc, attention=shape, progress=None if quiet else say)
+        decode = target[3] if target else None
+        m = measure_local(nproc, attention=shape, progress=None if quiet else say, decode=decode)
     except MeasurementError as err:
         fail(str(err), code=1)
     if not quiet:

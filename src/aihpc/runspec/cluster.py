@@ -80,6 +80,12 @@ class GPUSpec:
     # hbm_bw_GBps a STREAM-like copy measures); None: the HBM bandwidth at hbm_efficiency.
     # The inference estimate reads layer weights at it (perf/infer/kernels.py).
     weight_stream_GBps: float | None = None
+    # Where the host is the device: one eager op's host time, microseconds (None: the model's
+    # host_cpu_op_s), and the rate one decode step's attention call reads K and V, counted once
+    # per query head, GB/s (None: the KV bytes at the HBM bandwidth). `aihpc calibrate --local`
+    # measures both on the CPU clock (bench/local_decode.py).
+    host_op_us: float | None = None
+    decode_attention_GBps: float | None = None
     gpus_per_node: int = 8
     id: str = "custom"  # catalog id
     name: str = "custom"
@@ -102,6 +108,8 @@ class GPUSpec:
             "host_link_GBps",
             "host_mem_gib",
             "weight_stream_GBps",
+            "host_op_us",
+            "decode_attention_GBps",
             "gpus_per_node",
             "attention_tokens",
         ):

@@ -116,3 +116,41 @@ def test_a_cpu_core_streams_weights_and_computes_one_after_the_other() -> None:
         added = gemm_s(host, m, 512, 1408) - gemm_s(instant, m, 512, 1408)
         assert added == pytest.approx(streaming, rel=1e-3)
     assert gemm_s(instant, 1024, 512, 1408) > streaming  # m = 1024: the arithmetic is longer
+
+
+def test_a_measured_op_time_and_decode_attention_rate_price_a_cpu_decode_step() -> None:
+    """`calibrate --local` writes a CPU host's own op time (``host_op_us``) and its one-query
+    attention call's rate (``decode_attention_GBps``, K and V counted once per query head): the
+    op time replaces the model's constant, and the decode attention is the K and V bytes of
+    every query head at that rate (PyTorch's CPU kernel reads a GQA group's cache once per
+    query head), growing with the context."""
+    from aihpc.perf.infer.kernels import Engine, Work, attention_decode_s
+    from aihpc.perf.infer.kv import ServingPlan
+
+    base = dict(
+        bf16_tflops=0.1, fp32_tflops=0.1, hbm_gib=8, hbm_bw_GBps=20, scale_up_bw_GBps=5,
+        scale_up_domain=1, scale_out_bw_GBps=5, gpus_per_node=1, gemm_efficiency=1.0,
+        host_is_device=True,
+    )  # fmt: skip
+    tiny = model_from_table({"preset": "tiny-llama-small"})
+    kw = {"batch": 2, "prompt_len": 64, "output_len": 16, "act_dtype": "fp32"}
+    measured = GPUSpec(**base, host_op_us=7.0)
+    e = estimate_inference(tiny, measured, **kw)
+    ops = tiny.num_layers * EAGER_OPS_PER_LAYER["decode"] + EAGER_OPS_OUTSIDE
+    assert e.decode.terms()["launches"] == pytest.approx(ops * 7e-6)
+    rate = 25.0
+    plan = ServingPlan(weight_dtype="fp32", kv_dtype="fp32")
+    host = Engine(tiny, GPUSpec(**base, decode_attention_GBps=rate), plan, DEFAULT_PARAMS)
+    copy = Engine(tiny, GPUSpec(**base), plan, DEFAULT_PARAMS)
+    w = Work(decode_seqs=16, decode_ctx=1024)
+    per_query_head = 16 * 1024 * tiny.num_attention_heads * 2 * tiny.kv_channels * 4
+    assert attention_decode_s(host, w) == pytest.approx(per_query_head / (rate * 1e9))
+    # the copy-bandwidth pricing reads each KV head once: the measured kernel's reads are the
+    # query heads' (twice as many bytes for tiny-llama-small's 8 query heads over 4 KV heads)
+    group = tiny.num_attention_heads / tiny.kv_heads
+    copy_Bps = 20e9 * DEFAULT_PARAMS.hbm_efficiency
+    assert group == 2 and attention_decode_s(copy, w) * copy_Bps == pytest.approx(
+        per_query_head / group
+    )
+    longer = Work(decode_seqs=16, decode_ctx=2048)
+    assert attention_decode_s(host, longer) == pytest.approx(2 * attention_decode_s(host, w))

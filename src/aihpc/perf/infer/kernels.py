@@ -107,6 +107,8 @@ class Engine:
         """Cost of one kernel: the launch gap on a GPU, the eager op's host time where the host
         is the device (a CPU runs each op's dispatch before its work)."""
         if self.gpu.host_is_device:
+            if self.gpu.host_op_us is not None:  # measured on this host (calibrate --local)
+                return self.gpu.host_op_us * 1e-6
             return self.params.host_cpu_op_s
         return self.params.kernel_overhead_s
 
@@ -215,13 +217,20 @@ def attention_decode_s(e: Engine, w: Work) -> float:
     """One layer's attention of the step's decoding sequences over their cached contexts: the
     KV bytes at HBM bandwidth (FlashDecoding, FlashInfer and FlashMLA kernels are bound there
     at serving batch sizes), or the FLOPs where they take longer (MLA's absorbed attention,
-    whose 128 heads share one latent, reaches the compute roof first)."""
+    whose 128 heads share one latent, reaches the compute roof first). Where the part gives
+    ``decode_attention_GBps`` (a CPU host's kernel, measured), the K and V bytes of every query
+    head at that rate."""
     if w.decode_seqs <= 0:
         return 0.0
     ctx = w.decode_ctx
     if e.model.attention_window is not None and e.model.windowed_layers:
         windowed = e.model.windowed_layers / e.model.num_layers
         ctx = ctx * (1 - windowed) + min(ctx, e.model.attention_window) * windowed
+    rate = e.gpu.decode_attention_GBps
+    if rate is not None and not e.model.is_mla:
+        # a host's measured kernel (calibrate --local): K and V read once per query head
+        per_head = 2 * e.model.kv_channels * e.plan.kv_bytes
+        return w.decode_seqs * ctx * _attention_heads(e) * per_head / (rate * 1e9)
     elems = kv_elems_per_token_layer(e.model, e.plan.tp)
     traffic = w.decode_seqs * ctx * elems * e.plan.kv_bytes * _kv_reads_per_head(e)
     if e.model.is_mla:

@@ -31,19 +31,25 @@ class StepTime:
     ep_comm: float
     pp_comm: float
     stages: int = 1  # stage times in the step (pp for a pipeline cycle)
-    # two-batch overlap: the share of the SMs the overlapped all-to-all holds while it runs
-    # (None: communication is added to the step)
+    # two-batch overlap: the share of the SMs the overlapped all-to-all holds (None:
+    # communication is added to the step)
     overlap_sm_share: float | None = None
 
     @property
     def stage_s(self) -> float:
         """One stage's time. Added terms; or, under two-batch overlap, the longer of the
-        communication C and the compute W plus what the SMs the communication holds (a share
-        s of them, for C) would have done: max(C, W + s C)."""
+        communication C and the compute W on the SMs the communication leaves (a share s held
+        for the whole overlapped forward): max(C, W / (1 - s)). The compute stream never has
+        every SM: DeepSeek's prefill schedule gives computation 108 of the H800's 132 SMs and
+        the all-to-all 24 for the whole layer (deepseek-ai/profile-data, assets/prefill.jpg:
+        one micro-batch's combine or dispatch beside each compute block of the other), and
+        SGLang's two-batch-overlap prefill runs its DeepGEMM kernels on ``total SMs - DeepEP's
+        SMs`` for the whole overlapped forward (sglang batch_overlap/operations_strategy.py,
+        ``_compute_moe_deepseek_blog_prefill``: ``deep_gemm_num_sms``)."""
         comm = self.tp_comm + self.ep_comm
         if self.overlap_sm_share is None:
             return self.compute.total + comm
-        return max(comm, self.compute.total + self.overlap_sm_share * comm)
+        return max(comm, self.compute.total / (1.0 - self.overlap_sm_share))
 
     @property
     def total(self) -> float:
