@@ -77,8 +77,10 @@ def price_rollout(
     rl: RLSpec,
     gpus: int,
     params: ModelParams = DEFAULT_PARAMS,
+    engine_host: bool = True,
 ) -> Rollout:
-    """The rollout of one step's samples on ``gpus`` GPUs of engines laid out as rl.rollout.
+    """The rollout of one step's samples on ``gpus`` GPUs of engines laid out as rl.rollout
+    (``engine_host``: an RL framework's serving engine, its host work per decode step paid).
 
     Asynchronous (staleness k >= 1): the engines stream k + 1 steps' requests, but a step's
     samples may be generated no earlier than with the weights k steps old, which exist k
@@ -89,8 +91,9 @@ def price_rollout(
     engines = max(1, gpus // plan.gpus)
     k = rl.staleness
     try:
-        stream = _estimate(model, cluster, rl, plan, engines, 1 + k, params)
-        own = _estimate(model, cluster, rl, plan, engines, 1, params) if k else stream
+        host = overheads().engine_step_s if engine_host else 0.0
+        stream = _estimate(model, cluster, rl, plan, engines, 1 + k, params, host)
+        own = _estimate(model, cluster, rl, plan, engines, 1, params, host) if k else stream
     except SpecError as err:
         if err.field != "rollout.gpu_memory_utilization":
             raise
@@ -116,6 +119,7 @@ def _estimate(
     engines: int,
     rounds: int,
     params: ModelParams,
+    host_step_s: float,
 ) -> RolloutEstimate:
     """``rounds`` steps' requests through the engines at once."""
     return estimate_rollout(
@@ -129,5 +133,5 @@ def _estimate(
         instances=engines,
         gpu_memory_utilization=rl.rollout.gpu_memory_utilization,
         params=params,
-        host_step_s=overheads().engine_step_s,
+        host_step_s=host_step_s,
     )

@@ -124,9 +124,15 @@ def _forward_phases(spec: RunSpec, plan: ParallelPlan, actor: Training, params: 
 
 
 def estimate_rl(
-    spec: RunSpec, plan: ParallelPlan | None = None, params: ModelParams = DEFAULT_PARAMS
+    spec: RunSpec,
+    plan: ParallelPlan | None = None,
+    params: ModelParams = DEFAULT_PARAMS,
+    in_process: bool = False,
 ) -> RLEstimate:
-    """Price the run spec's RL step (``[rl]``) under its training plan (or ``plan``)."""
+    """Price the run spec's RL step (``[rl]``) under its training plan (or ``plan``).
+    ``in_process``: the step as ``aihpc rl train`` runs it (its rollout copy of the policy in
+    the training processes, kept resident): none of an RL framework's serving-engine host work,
+    engine sleep and wake, offload or orchestration between phases."""
     rl = spec.rl
     if rl is None:
         raise SpecError("rl", None, "required: an [rl] table (docs/rl.md)")
@@ -137,15 +143,15 @@ def estimate_rl(
         raise problem
     rollout_gpus, train_gpus = rl.pools(cluster.num_gpus)
     actor = price_training(spec.model, train_cluster, plan, spec.training, rl, params)
-    rollout = price_rollout(spec.model, cluster, rl, rollout_gpus, params)
+    rollout = price_rollout(spec.model, cluster, rl, rollout_gpus, params, not in_process)
     phases, critic_update = _forward_phases(spec, plan, actor, params)
     phases = {"rollout": rollout.time_s, **phases}
     phases["critic_update"] = critic_update
     phases["update"] = actor.update_s
     _ceiling(phases, spec, train_gpus)
-    switch, moved = switch_s(actor.estimate, cluster, rl)
-    phases["switch"] = switch + engine_sleep_wake_s(cluster, rl)
-    phases["orchestration"] = overheads().orchestration_s
+    switch, moved = (0.0, 0.0) if in_process else switch_s(actor.estimate, cluster, rl)
+    phases["switch"] = switch + (0.0 if in_process else engine_sleep_wake_s(cluster, rl))
+    phases["orchestration"] = 0.0 if in_process else overheads().orchestration_s
     phases["weight_sync"] = sync_s(spec.model, cluster, rl, train_gpus, params)
     train_side = sum(phases[k] for k in TRAIN_SIDE)
     if rl.staleness:
