@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from aihpc.observe.metric_names import RL_METRICS
 from aihpc.runspec import load_runspec
 from aihpc.runtime.rl.metrics import RLMetrics
 from aihpc.runtime.rl.observe import OBSERVED_PHASES, RLObserver, predict_phases, runtime_phases
@@ -114,3 +115,9 @@ def test_metrics_prom_and_summary_hold_measured_and_predicted(tmp_path: Path, lo
             assert row["predicted_s"] is None and row["error"] is None
     assert (summary["no_prediction"] is None) == local
     assert bool(predicted) == local
+    # the file holds the figures observe.metric_names lists for the dashboard and the docs
+    families = {f.name for f in text_string_to_metric_families(prom)} - {
+        "aihpc_rl_phase_seconds_created"
+    }
+    listed = {d.name for d in RL_METRICS}
+    assert families == listed  # without a prediction its family is declared, with no series
