@@ -190,3 +190,54 @@ def _fr_job(tmp_path_factory, mode: str, **env_extra: str) -> tuple[Path, str]:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, proc.stdout + proc.stderr
+
+
+RL_EXAMPLE = ROOT / "examples" / "rl" / "grpo_tiny_cpu.toml"
+RL_STEPS = 16
+
+
+@pytest.fixture(scope="session")
+def rl_run(tmp_path_factory, prometheus) -> Run:
+    """``aihpc rl train`` of examples/rl/grpo_tiny_cpu.toml (16 steps) with this host's copy
+    of its spec beside it (``aihpc calibrate --local``'s form, so the predicted phases are
+    exported), its metrics.prom served by node-exporter's textfile collector, which Prometheus
+    scrapes: how a cluster reads an RL run's figures."""
+    import runpy
+    import shutil
+
+    exporter = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+    if exporter is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI must serve the RL run's textfile with node-exporter")
+        pytest.skip("no node-exporter here; .ci/run installs Debian's prometheus-node-exporter")
+    host = runpy.run_path(str(ROOT / "tests" / "runtime" / "local_host_spec.py"))["HOST_COPY"]
+    tmp = tmp_path_factory.mktemp("rl")
+    text = RL_EXAMPLE.read_text()
+    for old, new in (("train_steps = 100", f"train_steps = {RL_STEPS}"),
+                     ("interval_steps = 25", f"interval_steps = {RL_STEPS}")):  # fmt: skip
+        assert old in text, f"{RL_EXAMPLE.name} changed: {old!r} not found"
+        text = text.replace(old, new)
+    (tmp / "rl.toml").write_text(text)
+    (tmp / "rl.local.toml").write_text(host.format(n=1))
+    run_dir = tmp / "run"
+    run_dir.mkdir()
+    port = free_port()
+    textfile = [f"--web.listen-address=127.0.0.1:{port}", "--collector.disable-defaults",
+                "--collector.textfile", f"--collector.textfile.directory={run_dir}"]  # fmt: skip
+    node = subprocess.Popen([exporter, *textfile], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+    job = f"rl-{uuid.uuid4().hex[:8]}"
+    prometheus.add_targets(job, [port])
+    args = [sys.executable, "-m", "aihpc", "rl", "train", str(tmp / "rl.toml")]
+    args += ["--run-dir", str(run_dir), "--json"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "AIHPC_JOB": job}
+    try:
+        begin = time.time()
+        proc = subprocess.run(args, capture_output=True, text=True, env=env,
+                              timeout=hang_guard_s(300))  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        time.sleep(2.0)  # the last values scraped (every 0.5 s) before the range ends
+        yield Run("rl", job, run_dir, proc, begin, time.time())
+    finally:
+        node.terminate()
+        node.wait(timeout=10)

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["LABELS", "MEMORY_KINDS", "METRICS", "PHASES", "MetricDef", "metric_names"]
+__all__ = [
+    "LABELS",
+    "MEMORY_KINDS",
+    "METRICS",
+    "PHASES",
+    "RL_METRICS",
+    "MetricDef",
+    "metric_names",
+    "rl_metric_names",
+]
 
 # hpc_job, gpu, UUID and Hostname are dcgm-exporter's names (aihpc.observe.gpu_labels), so the
 # two join; node (the host name) is kept for the queries written against it.
@@ -74,6 +83,44 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("aihpc_train_predicted_memory_bytes", "gauge", "aihpc estimate's memory per GPU"),
     MetricDef("aihpc_train_predicted_ettr_ratio", "gauge", "aihpc goodput's ETTR"),
 )
+
+
+# `aihpc rl train`'s figures (runtime/rl/metrics.py and observe.py), which rank 0 writes to the
+# run directory's metrics.prom for node-exporter's textfile collector; labels hpc_job and rank.
+RL_METRICS: tuple[MetricDef, ...] = (
+    MetricDef("aihpc_rl_step", "gauge", "The GRPO step the policy is at"),
+    MetricDef(
+        "aihpc_rl_phase_seconds",
+        "counter",
+        "GRPO step time by phase: rollout, logprob, update, weight_sync",
+        ("phase",),
+    ),
+    MetricDef(
+        "aihpc_rl_phase_last_seconds",
+        "gauge",
+        "The last step's seconds by phase: rollout, logprob, reward, update, weight_sync",
+        ("phase",),
+    ),
+    MetricDef(
+        "aihpc_rl_predicted_phase_seconds",
+        "gauge",
+        "aihpc rl estimate's seconds by phase for the run's spec on this machine",
+        ("phase",),
+    ),
+    MetricDef("aihpc_rl_rollout_tokens_per_second", "gauge", "Last rollout's tokens / seconds"),
+    MetricDef("aihpc_rl_reward_mean", "gauge", "Mean reward of the last step's samples"),
+    MetricDef("aihpc_rl_response_length_tokens", "gauge", "Mean response length, last step"),
+    MetricDef("aihpc_rl_kl", "gauge", "Mean KL to the reference in the last update"),
+    MetricDef("aihpc_rl_staleness_steps", "gauge", "Steps the rollouts lagged the policy"),
+)
+
+
+def rl_metric_names() -> set[str]:
+    """Every series name ``aihpc rl train`` writes (a counter's _total and _created)."""
+    names = set()
+    for d in RL_METRICS:
+        names |= {f"{d.name}_total", f"{d.name}_created"} if d.kind == "counter" else {d.name}
+    return names
 
 
 def metric_names() -> set[str]:

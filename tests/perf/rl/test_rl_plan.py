@@ -82,11 +82,17 @@ def test_long_tail_costs_more_than_fixed_lengths():
     assert tail.time_s > flat.time_s
 
 
-def test_staleness_overlaps_the_tail_of_one_step_with_the_next():
-    one = estimate_rl(_spec(placement="disaggregated", rollout_gpus=16, staleness=1))
-    sync = estimate_rl(_spec(placement="disaggregated", rollout_gpus=16))
-    assert one.phases_s["rollout"] < sync.phases_s["rollout"]
-    assert one.step_time_s < sync.step_time_s
+def test_staleness_bound_keeps_each_steps_own_tail():
+    def pool(k):
+        return estimate_rl(_spec(placement="disaggregated", rollout_gpus=16, staleness=k))
+
+    sync, one, two = (pool(k) for k in (0, 1, 2))
+    # one step off: a step's samples start only with the weights one step old, so its own batch
+    # (its longest response) must finish within one training period: no tail is hidden
+    assert one.phases_s["rollout"] == pytest.approx(sync.phases_s["rollout"])
+    assert one.step_time_s < sync.step_time_s  # the pools still work side by side
+    # two steps off: the batch has two periods, the tail is split over them
+    assert two.phases_s["rollout"] < one.phases_s["rollout"]
 
 
 def test_search_ranks_fitting_layouts_fastest_first():

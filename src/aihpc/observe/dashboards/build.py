@@ -25,13 +25,14 @@ from grafana_foundation_sdk.models.dashboard import (
     VariableRefresh,
 )
 
-__all__ = ["DCGM_ROW", "JSON_PATH", "PANELS", "Panel", "build"]
+__all__ = ["DCGM_ROW", "JSON_PATH", "PANELS", "RL_ROW", "Panel", "build"]
 
 JSON_PATH = Path(__file__).with_name("aihpc-training.json")
 DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
 J = '{hpc_job=~"$job"}'
 RI = "[$__rate_interval]"
 DCGM_ROW = "GPUs (dcgm-exporter)"
+RL_ROW = "RL post-training (aihpc rl train)"
 
 
 @dataclass(frozen=True)
@@ -243,6 +244,65 @@ PANELS: tuple[Panel, ...] = (
         "DCGM_FI_DEV_XID_ERRORS is the last XID the driver reported (0: none); aihpc doctor "
         "explains the codes.",
     ),
+    Panel(
+        RL_ROW,
+        "RL phases: measured vs aihpc rl estimate",
+        "s",
+        (
+            (f"max by (hpc_job, phase) (aihpc_rl_phase_last_seconds{J})", "{{phase}} measured"),
+            (
+                f"max by (hpc_job, phase) (aihpc_rl_predicted_phase_seconds{J})",
+                "{{phase}} predicted",
+            ),
+        ),
+        "The last GRPO step's seconds per phase (rollout, logprob, reward, update, weight_sync) "
+        "beside aihpc rl estimate's for the run's own spec on this machine (its aihpc calibrate "
+        "--local copy; absent without one). summary.json holds the same, as medians.",
+    ),
+    Panel(
+        RL_ROW,
+        "Where the RL step's time goes",
+        "percentunit",
+        (
+            (
+                f"sum by (hpc_job, phase) (rate(aihpc_rl_phase_seconds_total{J}{RI})) / "
+                f"ignoring (phase) group_left sum by (hpc_job) "
+                f"(rate(aihpc_rl_phase_seconds_total{J}{RI}))",
+                "{{phase}}",
+            ),
+        ),
+        "Each phase's share of the step over the rate window.",
+        stacked=True,
+    ),
+    Panel(
+        RL_ROW,
+        "Rollout tokens/s",
+        "short",
+        ((f"sum by (hpc_job) (aihpc_rl_rollout_tokens_per_second{J})", "{{hpc_job}}"),),
+        "Generated tokens of the last rollout over its seconds (rank 0 reports the job's).",
+    ),
+    Panel(
+        RL_ROW,
+        "Reward and KL",
+        "short",
+        (
+            (f"max by (hpc_job) (aihpc_rl_reward_mean{J})", "reward {{hpc_job}}"),
+            (f"max by (hpc_job) (aihpc_rl_kl{J})", "KL {{hpc_job}}"),
+        ),
+        "The last step's mean reward over every rank's samples and its mean KL to the reference.",
+    ),
+    Panel(
+        RL_ROW,
+        "Response length and staleness",
+        "short",
+        (
+            (f"max by (hpc_job) (aihpc_rl_response_length_tokens{J})", "tokens {{hpc_job}}"),
+            (f"max by (hpc_job) (aihpc_rl_staleness_steps{J})", "staleness {{hpc_job}}"),
+            (f"max by (hpc_job) (aihpc_rl_step{J})", "GRPO step {{hpc_job}}"),
+        ),
+        "Mean response length of the last step; steps the rollouts lagged the policy (0: "
+        "on-policy); the step the policy is at.",
+    ),
 )
 
 
@@ -275,7 +335,7 @@ def build() -> dict:
             gd.QueryVariable("job")
             .label("job")
             .datasource(DS)
-            .query("label_values(aihpc_train_info, hpc_job)")
+            .query('label_values({__name__=~"aihpc_train_info|aihpc_rl_step"}, hpc_job)')
             .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
             .multi(True)
             .include_all(True)

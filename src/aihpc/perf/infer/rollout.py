@@ -27,7 +27,7 @@ from __future__ import annotations
 import heapq
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -137,9 +137,10 @@ class _StepModel:
     t0: np.ndarray
     per_context_token: float
     prefill_per_prompt_s: float
+    host_s: float = 0.0  # the engine's host work per decode step that the GPU waits for
 
     def base(self, a: float) -> float:
-        return float(np.interp(a, self.grid, self.t0))
+        return float(np.interp(a, self.grid, self.t0)) + self.host_s
 
 
 def _step_model(
@@ -205,9 +206,11 @@ def estimate_rollout(
     training_state_gib: float = 0.0,
     max_seqs: int | None = None,
     params: ModelParams | None = None,
+    host_step_s: float = 0.0,
 ) -> RolloutEstimate:
     """Price one rollout phase of ``prompts`` x ``samples`` responses over ``instances``
-    engine instances of ``plan`` (each plan.gpus GPUs)."""
+    engine instances of ``plan`` (each plan.gpus GPUs); ``host_step_s``: the engine's host
+    work per decode step that the GPU waits for (an RL framework's engine, perf/rl)."""
     counts = {"prompts": prompts, "samples": samples, "prompt_len": prompt_len}
     for name, value in {**counts, "instances": instances}.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -242,7 +245,7 @@ def estimate_rollout(
         )
     batch, limit = (max_seqs, "max_seqs") if max_seqs and max_seqs < fit else (fit, "kv_cache")
     batch = min(batch, n)
-    sm = _step_model(e, cluster, plan, batch, prompt_len / samples)
+    sm = replace(_step_model(e, cluster, plan, batch, prompt_len / samples), host_s=host_step_s)
     finish = _simulate(lengths, batch, prompt_len, sm)
     phase = float(finish.max())
     p90 = float(np.quantile(finish, 0.9))

@@ -2,11 +2,17 @@
 inference planner (perf/infer/rollout.py, ``estimate_rollout``): each engine (tp x pp GPUs, its
 experts over ep of them) takes an equal share of the prompts and runs them with continuous
 batching in the KV cache its ``gpu_memory_utilization`` leaves beside its weights; the phase
-ends with the longest response, so the long tail of the length distribution is paid.
+ends with the longest response, so the long tail of the length distribution is paid. Every
+decode step also pays the engine's host work the GPU waits for (perf/rl/overheads.py: the
+scheduler, input preparation, sampled tokens and their log-probs back to the host), which
+weighs most in that tail, where a few sequences decode at a small batch.
 
 Asynchronous (staleness k >= 1): up to k + 1 steps' requests are queued, so an engine fills
-the slot a finished response frees with the next step's prompts and the tail is paid once per
-k + 1 steps: a step's rollout is that stream's time over its steps.
+the slot a finished response frees with the next step's prompts; but a step's samples can start
+no earlier than the weights k steps old exist, so its own batch -- its longest response
+included -- must finish within k training periods (NeMo-RL's max_trajectory_age_steps, AReaL's
+and slime's staleness bound): a step's rollout is the slower of the stream's share and the
+step's own batch over k.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Any
 
 from aihpc.perf.infer.kv import ServingPlan
 from aihpc.perf.infer.rollout import LengthDist, RolloutEstimate, estimate_rollout
+from aihpc.perf.rl.overheads import overheads
 from aihpc.perf.step.params import DEFAULT_PARAMS, ModelParams
 from aihpc.runspec.cluster import ClusterSpec
 from aihpc.runspec.errors import SpecError
@@ -70,35 +77,61 @@ def price_rollout(
     rl: RLSpec,
     gpus: int,
     params: ModelParams = DEFAULT_PARAMS,
+    engine_host: bool = True,
 ) -> Rollout:
-    """The rollout of one step's samples on ``gpus`` GPUs of engines laid out as rl.rollout."""
+    """The rollout of one step's samples on ``gpus`` GPUs of engines laid out as rl.rollout
+    (``engine_host``: an RL framework's serving engine, its host work per decode step paid).
+
+    Asynchronous (staleness k >= 1): the engines stream k + 1 steps' requests, but a step's
+    samples may be generated no earlier than with the weights k steps old, which exist k
+    training periods before the step trains; so the step's own batch, its longest response
+    included, must be generated within k periods: a step costs the slower of the stream's
+    share (k + 1 steps' requests over k + 1) and the step's own batch over k."""
     plan = serving_plan(model, rl)
     engines = max(1, gpus // plan.gpus)
-    rounds = 1 + rl.staleness
+    k = rl.staleness
     try:
-        est = estimate_rollout(
-            model,
-            cluster.gpu,
-            plan,
-            prompts=rl.prompts_per_step * rounds,
-            samples=rl.samples_per_prompt,
-            prompt_len=rl.prompt_len,
-            response=length_dist(rl),
-            instances=engines,
-            gpu_memory_utilization=rl.rollout.gpu_memory_utilization,
-            params=params,
-        )
+        host = overheads().engine_step_s if engine_host else 0.0
+        stream = _estimate(model, cluster, rl, plan, engines, 1 + k, params, host)
+        own = _estimate(model, cluster, rl, plan, engines, 1, params, host) if k else stream
     except SpecError as err:
         if err.field != "rollout.gpu_memory_utilization":
             raise
         return Rollout(0.0, engines, 0, 0.0, 0.0, False, 0.0, None, str(err))
+    time_s = max(stream.phase_s / (1 + k), own.phase_s / k) if k else stream.phase_s
     return Rollout(
-        time_s=est.phase_s / rounds,
+        time_s=time_s,
         engines=engines,
-        slots=est.batch,
-        tail_share=est.tail_share,
-        kv_cache_gib=est.kv_capacity_gib,
+        slots=stream.batch,
+        tail_share=stream.tail_share,
+        kv_cache_gib=stream.kv_capacity_gib,
         fits=True,
-        tokens_per_s_per_gpu=est.tokens_per_s_per_gpu,
-        infer=est,
+        tokens_per_s_per_gpu=stream.tokens_per_s_per_gpu,
+        infer=stream,
+    )
+
+
+def _estimate(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    rl: RLSpec,
+    plan: ServingPlan,
+    engines: int,
+    rounds: int,
+    params: ModelParams,
+    host_step_s: float,
+) -> RolloutEstimate:
+    """``rounds`` steps' requests through the engines at once."""
+    return estimate_rollout(
+        model,
+        cluster.gpu,
+        plan,
+        prompts=rl.prompts_per_step * rounds,
+        samples=rl.samples_per_prompt,
+        prompt_len=rl.prompt_len,
+        response=length_dist(rl),
+        instances=engines,
+        gpu_memory_utilization=rl.rollout.gpu_memory_utilization,
+        params=params,
+        host_step_s=host_step_s,
     )

@@ -1,8 +1,10 @@
 """One RL step priced as named phases, and put together on the critical path.
 
-Synchronous (staleness 0): the phases run one after another: rollout, the colocated switch,
-the forward-only passes (old-policy and reference log-probs, critic values, reward model), the
-update(s) and the weight sync; the pool that is not working waits.
+Synchronous (staleness 0): the phases run one after another: rollout, the colocated switch
+(training state to host and back, the engine's sleep and wake), the forward-only passes
+(old-policy and reference log-probs, critic values, reward model), the update(s), the weight
+sync and the trainer's orchestration between phases (perf/rl/overheads.py); the pool that is
+not working waits.
 Asynchronous (staleness k >= 1, disaggregated): the rollout pool generates step n+1 while the
 training pool learns from step n, so the step is the slower pool, plus the sync both stop for
 (the rollout engines take the new weights between steps, NeMo-RL's in-flight weight update).
@@ -13,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from aihpc.perf.rl.overheads import engine_sleep_wake_s, overheads, training_ceiling_s
 from aihpc.perf.rl.phases import Training, price_training, switch_s, sync_bytes, sync_s
 from aihpc.perf.rl.rollout import Rollout, price_rollout
 from aihpc.perf.step.params import DEFAULT_PARAMS, ModelParams
@@ -24,7 +27,15 @@ from aihpc.runspec.runspec import RunSpec
 
 __all__ = ["RLEstimate", "estimate_rl"]
 
-TRAIN_SIDE = ("old_logprob", "ref_logprob", "critic_values", "reward", "critic_update", "update")
+TRAIN_SIDE = (
+    "old_logprob",
+    "ref_logprob",
+    "critic_values",
+    "reward",
+    "critic_update",
+    "update",
+    "orchestration",
+)
 
 
 @dataclass(frozen=True)
@@ -113,9 +124,15 @@ def _forward_phases(spec: RunSpec, plan: ParallelPlan, actor: Training, params: 
 
 
 def estimate_rl(
-    spec: RunSpec, plan: ParallelPlan | None = None, params: ModelParams = DEFAULT_PARAMS
+    spec: RunSpec,
+    plan: ParallelPlan | None = None,
+    params: ModelParams = DEFAULT_PARAMS,
+    in_process: bool = False,
 ) -> RLEstimate:
-    """Price the run spec's RL step (``[rl]``) under its training plan (or ``plan``)."""
+    """Price the run spec's RL step (``[rl]``) under its training plan (or ``plan``).
+    ``in_process``: the step as ``aihpc rl train`` runs it (its rollout copy of the policy in
+    the training processes, kept resident): none of an RL framework's serving-engine host work,
+    engine sleep and wake, offload or orchestration between phases."""
     rl = spec.rl
     if rl is None:
         raise SpecError("rl", None, "required: an [rl] table (docs/rl.md)")
@@ -126,13 +143,15 @@ def estimate_rl(
         raise problem
     rollout_gpus, train_gpus = rl.pools(cluster.num_gpus)
     actor = price_training(spec.model, train_cluster, plan, spec.training, rl, params)
-    rollout = price_rollout(spec.model, cluster, rl, rollout_gpus, params)
+    rollout = price_rollout(spec.model, cluster, rl, rollout_gpus, params, not in_process)
     phases, critic_update = _forward_phases(spec, plan, actor, params)
     phases = {"rollout": rollout.time_s, **phases}
     phases["critic_update"] = critic_update
     phases["update"] = actor.update_s
-    switch, moved = switch_s(actor.estimate, cluster, rl)
-    phases["switch"] = switch
+    _ceiling(phases, spec, train_gpus)
+    switch, moved = (0.0, 0.0) if in_process else switch_s(actor.estimate, cluster, rl)
+    phases["switch"] = switch + (0.0 if in_process else engine_sleep_wake_s(cluster, rl))
+    phases["orchestration"] = 0.0 if in_process else overheads().orchestration_s
     phases["weight_sync"] = sync_s(spec.model, cluster, rl, train_gpus, params)
     train_side = sum(phases[k] for k in TRAIN_SIDE)
     if rl.staleness:
@@ -155,6 +174,19 @@ def estimate_rl(
         fits=rollout.fits and actor.estimate.fits,
         notes=notes,
     )
+
+
+def _ceiling(phases: dict[str, float], spec: RunSpec, train_gpus: int) -> None:
+    """The actor's update and forward passes no faster than Megatron Core pre-trains the model
+    on this GPU (overheads.training_ceiling_s; a forward pass is a third of a training pass)."""
+    rl = spec.rl
+    assert rl is not None
+    tokens = rl.samples_per_step * (rl.prompt_len + rl.response_len)
+    floor = training_ceiling_s(spec.model, spec.training_cluster(), tokens, train_gpus)
+    phases["update"] = max(phases["update"], floor * rl.ppo_epochs)
+    phases["old_logprob"] = max(phases["old_logprob"], floor / 3)
+    if rl.kl and not rl.reference:  # the reference has the actor's shape
+        phases["ref_logprob"] = max(phases["ref_logprob"], floor / 3)
 
 
 def _notes(rollout: Rollout, actor: Training, rl: RLSpec) -> list[str]:

@@ -151,7 +151,11 @@ def _loop(tr: GRPOTrainer, spec: RunSpec, run_dir: Path, opts: RunOptions, echo:
         tr.save(ckpt_dir / f"rl_{0:08d}.pt")
     before = tr.accuracy(opts.eval_prompts)
     interval = spec.checkpoint.interval_steps or tr.g.steps
-    exporter = RLMetrics(run_dir) if main else None
+    from aihpc.runtime.rl.observe import RLObserver  # metrics.prom with the predicted phases
+    from aihpc.runtime.summary import device_label
+
+    exporter = RLObserver(RLMetrics(run_dir), spec, tr.ctx.world_size,
+                          device_label(tr.ctx.device), tr.task) if main else None  # fmt: skip
     while tr.step < tr.g.steps:
         m = tr.train_step()
         if exporter is not None:
@@ -171,6 +175,8 @@ def _loop(tr: GRPOTrainer, spec: RunSpec, run_dir: Path, opts: RunOptions, echo:
         "accuracy_before": before, "accuracy_after": tr.accuracy(opts.eval_prompts),
         "heldout_prompts": len(tr.task.heldout_pairs(opts.eval_prompts)),
     }  # fmt: skip
+    if exporter is not None:  # the phases measured beside aihpc rl estimate's (observe.py)
+        summary["performance"] = exporter.summary()
     if main:
         tmp = run_dir / "summary.json.tmp"
         tmp.write_text(json.dumps(summary, indent=1) + "\n")

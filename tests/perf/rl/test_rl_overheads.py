@@ -1,0 +1,96 @@
+"""What an RL step spends beside the phase models' GPU work (perf/rl/overheads.py): each figure
+a published component measurement with its source, the engine's host work paid on every decode
+step, the engine's sleep and wake only when colocated, the trainer's orchestration on the
+training side, and a ceiling from the model's published pre-training rate on that GPU."""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from importlib import resources
+
+import pytest
+
+from aihpc.perf.infer.kv import ServingPlan
+from aihpc.perf.infer.rollout import LengthDist, estimate_rollout
+from aihpc.perf.rl import estimate_rl
+from aihpc.perf.rl.overheads import overheads, training_ceiling_s
+from aihpc.perf.rl.step import TRAIN_SIDE
+from aihpc.runspec import runspec_from_dict
+from aihpc.runspec.cluster import gpu_from_id
+from aihpc.runspec.model import model_from_table
+
+BASE = {
+    "model": {"preset": "qwen3-30b-a3b"},
+    "cluster": {"gpu": "h100-sxm", "num_gpus": 32},
+    "parallel": {"ep": 8, "global_batch_size": 512},
+    "rl": {
+        "prompts_per_step": 64,
+        "samples_per_prompt": 32,
+        "prompt_len": 200,
+        "response_len": 2000,
+        "max_response_len": 3800,
+        "rollout": {"tp": 2},
+    },
+}
+
+
+def _spec(model=None, gpu=None, **rl):
+    data = copy.deepcopy(BASE)
+    data["rl"].update(rl)
+    if model:
+        data["model"]["preset"] = model
+    if gpu:
+        data["cluster"]["gpu"] = gpu
+    return runspec_from_dict(data)
+
+
+def test_every_figure_names_a_published_source():
+    text = resources.files("aihpc.perf.rl").joinpath("data/overheads.toml").read_text()
+    table = tomllib.loads(text)
+    rows = [table[k] for k in ("engine_step", "engine_sleep", "orchestration")]
+    rows += table["training_ceiling"]
+    assert all(len(r["source"]) > 40 for r in rows)
+    o = overheads()
+    assert 0 < o.engine_step_s < 0.1 and o.sleep_GiBps > 0 and o.orchestration_s > 0
+
+
+def test_the_engines_host_work_is_paid_on_every_decode_step():
+    model = model_from_table({"preset": "llama3-8b"})
+    args = {"prompts": 16, "samples": 4, "prompt_len": 256, "instances": 2}
+    lengths = LengthDist(kind="uniform", low=100, high=2000)
+    gpu, plan = gpu_from_id("h100-sxm"), ServingPlan(tp=1)
+    bare = estimate_rollout(model, gpu, plan, response=lengths, **args)
+    host = estimate_rollout(model, gpu, plan, response=lengths, host_step_s=0.004, **args)
+    # the longest response's decode steps run one after another, each paying the host's share
+    assert host.phase_s - bare.phase_s >= 0.004 * bare.longest_response * 0.99
+    assert host.tokens_per_s_per_gpu < bare.tokens_per_s_per_gpu
+
+
+def test_engine_sleep_and_wake_only_when_colocated():
+    colocated = estimate_rl(_spec())
+    apart = estimate_rl(_spec(placement="disaggregated", rollout_gpus=16))
+    o = overheads()
+    assert colocated.phases_s["switch"] >= o.wake_s
+    assert apart.phases_s["switch"] == 0.0
+
+
+def test_orchestration_is_on_the_training_side():
+    assert "orchestration" in TRAIN_SIDE
+    sync = estimate_rl(_spec())
+    assert sync.phases_s["orchestration"] == pytest.approx(overheads().orchestration_s)
+    assert sync.step_time_s == pytest.approx(sum(sync.phases_s.values()))
+
+
+def test_the_published_pretraining_rate_bounds_the_update():
+    spec = _spec()
+    est = estimate_rl(spec)
+    rl = spec.rl
+    tokens = rl.samples_per_step * (rl.prompt_len + rl.response_len)
+    floor = training_ceiling_s(spec.model, spec.training_cluster(), tokens, 32)
+    assert floor > 0  # Qwen3-30B-A3B on H100 has a published row
+    assert est.phases_s["update"] >= floor
+    assert est.phases_s["old_logprob"] >= floor / 3
+    # no row for this model on this GPU: no ceiling
+    other = _spec(model="llama3-8b", gpu="h100-sxm", rollout={"tp": 1})
+    assert training_ceiling_s(other.model, other.training_cluster(), tokens, 32) == 0.0
