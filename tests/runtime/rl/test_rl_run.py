@@ -123,7 +123,18 @@ def _write(tmp_path: Path, name: str, spec: dict) -> Path:
 @pytest.mark.parametrize(
     ("change", "field"),
     [
-        ({"rl": {"placement": "disaggregated", "rollout_gpus": 1}}, "rl.placement"),
+        (
+            {
+                "cluster": {"num_gpus": 4, "gpus_per_node": 4},
+                "rl.rollout": {"tp": 2},
+                "rl": {"placement": "disaggregated", "rollout_gpus": 2},
+            },
+            "rl.rollout.tp",
+        ),  # a rollout worker is one process
+        (
+            {"rl": {"placement": "disaggregated", "rollout_gpus": 1, "weight_sync": "storage"}},
+            "rl.weight_sync",
+        ),
         ({"parallel": {"tp": 2}}, "parallel.tp"),
         (
             {"rl": {"prompts_per_step": 3}, "parallel": {"global_batch_size": 12}},
@@ -135,7 +146,7 @@ def _write(tmp_path: Path, name: str, spec: dict) -> Path:
 def test_refusals_are_one_line_exit_2(tmp_path: Path, change: dict, field: str) -> None:
     spec = _spec_dict()
     for table, values in change.items():
-        spec[table] = {**spec[table], **values}
+        spec[table] = {**spec.get(table, {}), **values}
     done = _cli([str(_write(tmp_path, "s.toml", spec)), "--run-dir", str(tmp_path / "run")], 2)
     assert done.returncode == 2, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and field in done.stderr
