@@ -34,7 +34,7 @@ def register_train(rl_app: typer.Typer) -> None:
     ) -> None:
         """GRPO: rollout (KV cache), exact-match rewards, group-relative advantages, clipped
         loss with KL, update under the [parallel] plan (DDP / FSDP), weights synced in place
-        (colocated) or broadcast to rollout worker processes (disaggregated, [rl] staleness)."""
+        (colocated) or broadcast to rollout worker processes (disaggregated, rl.staleness)."""
         from aihpc.runtime.rl.run import RunOptions, check_rl_run, grpo_config
 
         if nproc_per_node < 1:
