@@ -66,20 +66,28 @@ def check_rl_run(spec: RunSpec, world_size: int) -> None:
         )
     if rl.placement == "disaggregated":
         _check_pool(rl)
-    for axis in ("tp", "pp", "cp", "ep"):
+    for axis in ("pp", "cp", "ep"):
         value = getattr(plan, axis)
         if value > 1:
             raise SpecError(
-                f"parallel.{axis}", value, "aihpc rl train updates the policy under data-"
-                "parallel plans only (one process, DDP at zero_stage 0, FSDP2 at 1-3); must be 1",
+                f"parallel.{axis}", value, "aihpc rl train updates the policy under data and "
+                "tensor parallel plans (one process, DDP, FSDP2, TP and their products); must be 1",
             )  # fmt: skip
-    if rl.prompts_per_step % world_size:
+    if plan.tp > 1 and plan.sequence_parallel:
+        raise SpecError(
+            "parallel.sequence_parallel", True, "must be false for aihpc rl train: a GRPO "
+            "batch's length (prompt + response - 1) need not divide by parallel.tp",
+        )  # fmt: skip
+    if world_size % plan.tp:
+        raise SpecError("parallel.tp", plan.tp, f"must divide the {world_size} ranks")
+    dp = world_size // plan.tp
+    if rl.prompts_per_step % dp:
         raise SpecError(
             "rl.prompts_per_step", rl.prompts_per_step,
-            f"must be a multiple of the {world_size} data-parallel ranks (whole groups per rank)",
+            f"must be a multiple of the {dp} data-parallel ranks (whole groups per rank)",
         )  # fmt: skip
     gbs = plan.global_batch_size
-    whole = rl.samples_per_prompt * world_size
+    whole = rl.samples_per_prompt * dp
     if gbs % whole:
         raise SpecError(
             "parallel.global_batch_size", gbs,

@@ -39,6 +39,7 @@ from aihpc.runtime.rl.grpo import (
     loo_advantages,
     policy_loss,
     response_logprobs,
+    whole_logits,
 )
 from aihpc.runtime.rl.rollout import full_weights, rollout, sync_weights
 from aihpc.runtime.rl.task import EOS, AdditionTask, exact_match
@@ -117,17 +118,18 @@ class GRPOTrainer:
             seqs = [self.task.sequence(*self.task.train_pair(i % (1 << 40))) for i in
                     range(start, start + local)]  # fmt: skip
             x, y, w = (t.to(self.ctx.device) for t in _sft_batch(seqs, p))
-            logits = self.policy(x).float()
+            logits = whole_logits(self.policy(x)).float()
             # the global batch's token mean: each rank's sum over all ranks' answer tokens,
-            # times dp (DDP / FSDP average the ranks' gradients)
-            tokens = _sum_over_ranks(float(w.sum()))
+            # times dp (DDP / FSDP average the ranks' gradients); a TP group's ranks hold the
+            # same batch, counted once
+            tokens = _sum_over_ranks(float(w.sum())) / self.par.dims.tp
             loss = (F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none") *
                     w.flatten()).sum() * dp / tokens  # fmt: skip
             loss.backward()
             clip_grad_norm(list(self.policy.parameters()), g.grad_clip, None)
             opt.step()
             opt.zero_grad(set_to_none=True)
-            losses.append(_sum_over_ranks(float(loss.detach())) / dp)
+            losses.append(_sum_over_ranks(float(loss.detach())) / self.ctx.world_size)
             if log is not None and (s + 1) % 50 == 0:
                 log({"phase": "sft", "step": s + 1, "loss": losses[-1]})
         self.sync()
@@ -161,7 +163,8 @@ class GRPOTrainer:
             synced = self.sync()
         else:
             synced = self.pool.publish(self.step + 1, full_weights(self.policy))
-            self.samples = _gather_samples(ids, versions.tolist())
+            mine = self.ctx.rank % self.par.dims.tp == 0  # a TP group's samples, once
+            self.samples = _gather_samples(ids if mine else [], versions.tolist() if mine else [])
         t_sync = time.perf_counter()
         staleness = self.step - int(versions.min())
         self.step += 1
@@ -177,7 +180,8 @@ class GRPOTrainer:
             "clip_fraction": float(sums[5]) / ranks, "grad_norm": grad_norm,
             "rollout_s": t_roll - t0, "logprob_s": t_logp - t_roll,
             "update_s": t_update - t_logp, "weight_sync_s": t_sync - t_update,
-            "weight_sync_bytes": synced, "rollout_tokens": int(sums[2]), "staleness": staleness,
+            "weight_sync_bytes": synced, "staleness": staleness,
+            "rollout_tokens": int(sums[2]) // self.par.dims.tp,  # a TP group's, once
         }  # fmt: skip
 
     def _update(self, ro: Any, adv: torch.Tensor, old: torch.Tensor, ref: Any) -> tuple:
