@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -67,7 +68,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_disaggregated_sync_equals_colocated_and_async_keeps_its_bound(runs) -> None:
+def test_disaggregated_sync_equals_colocated_and_async_keeps_its_bound(
+    runs, tmp_path: Path
+) -> None:
     colocated, sync, stale = (runs[k] for k in ("colocated", "sync", "async"))
     # staleness 0 over a process group is the colocated run, step for step and bit for bit
     assert _rows(sync) == _rows(colocated)
@@ -84,6 +87,13 @@ def test_disaggregated_sync_equals_colocated_and_async_keeps_its_bound(runs) -> 
     ids = [i for line in samples for i in line["ids"]]
     assert ids == list(range(STEPS * P * G))  # every sample trained on once
     assert _rows(stale)[1:] != _rows(colocated)[1:]  # off-policy: not the same run
+    # a checkpoint whose queue holds batches of staleness 1 does not resume at staleness 0
+    again = tmp_path / "again"
+    shutil.copytree(stale, again)
+    (again / "checkpoints" / f"rl_{STEPS:08d}.pt").unlink()  # the one before holds a queue
+    done = _cli([str(_write(tmp_path, "s0.toml", _dis(0))), "--run-dir", str(again), *ARGS])
+    assert done.returncode == 2 and "rl.staleness" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
 def _pids(run: Path) -> tuple[int, list[int]]:

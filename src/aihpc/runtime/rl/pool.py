@@ -39,6 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from aihpc.runspec import SpecError
 from aihpc.runtime.rl.rollout import Rollout
 from aihpc.runtime.rl.worker import broadcast_weights, gloo_group, unpack
 
@@ -58,13 +59,8 @@ class RolloutPool:
 
     def __init__(self, ctx: Any, run_dir: Path, workers: int, staleness: int, g: Any,
                  model_cfg: Any, timeout_s: float = 600.0) -> None:  # fmt: skip
-        self.ctx, self.dir, self.workers, self.s, self.g = (
-            ctx,
-            run_dir / "rollout",
-            workers,
-            staleness,
-            g,
-        )
+        self.ctx, self.dir, self.g = ctx, run_dir / "rollout", g
+        self.workers, self.s = workers, staleness
         self.model_cfg, self.timeout_s = model_cfg, timeout_s
         self.owner = ctx.is_main
         self.store: Any = None
@@ -95,8 +91,9 @@ class RolloutPool:
             port = [self.store.port]
         if self.ctx.world_size > 1:
             dist.broadcast_object_list(port, src=0)
-        if not self.owner:
-            self.store = dist.TCPStore("127.0.0.1", port[0], None, False,
+        if not self.owner:  # the workers share rank 0's node; other ranks may not
+            host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+            self.store = dist.TCPStore(host, port[0], None, False,
                                        timeout=timedelta(seconds=self.timeout_s))  # fmt: skip
             return
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -194,8 +191,6 @@ class RolloutPool:
 
     def load_state(self, state: dict[str, Any], step: int) -> None:
         if state["staleness"] != self.s and state["owed"]:
-            from aihpc.runspec import SpecError
-
             raise SpecError("rl.staleness", self.s, f"the checkpoint at step {step} was written "
                             f"with staleness {state['staleness']}; resume with that")  # fmt: skip
         self.restored = dict(state["queue"])
