@@ -27,11 +27,12 @@ samples.
 
 from __future__ import annotations
 
+import json
 import os
-import pickle
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -98,11 +99,10 @@ class RolloutPool:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
         cfg = {"host": "127.0.0.1", "port": port[0], "workers": self.workers, "model":
-               self.model_cfg, "task_base": self.g.task_base, "seed": self.g.seed,
+               asdict(self.model_cfg), "task_base": self.g.task_base, "seed": self.g.seed,
                "samples": self.g.samples_per_prompt, "temperature": self.g.temperature,
                "timeout_s": self.timeout_s}  # fmt: skip
-        with open(self.dir / "worker.pkl", "wb") as f:
-            pickle.dump(cfg, f)
+        (self.dir / "worker.json").write_text(json.dumps(cfg, indent=1) + "\n")
         for i, data in self.restored.items():
             self.store.set(f"res/{i}", data)
         self._spawn()
@@ -208,20 +208,20 @@ class RolloutPool:
         for slot in range(self.workers):
             log = open(self.dir / f"worker{slot}.log", "ab")  # noqa: SIM115 (the child's)
             self.procs.append(subprocess.Popen(
-                [sys.executable, "-m", "aihpc.runtime.rl.worker", str(self.dir / "worker.pkl"),
+                [sys.executable, "-m", "aihpc.runtime.rl.worker", str(self.dir / "worker.json"),
                  str(slot), str(self.generation)], env=env, stdout=log, stderr=log,
             ))  # fmt: skip
             log.close()
         self.n_cmds = [0] * self.workers
         pids = {"generation": self.generation, "pids": [p.pid for p in self.procs]}
         tmp = self.dir / "workers.json.tmp"
-        tmp.write_text(repr(pids).replace("'", '"') + "\n")
+        tmp.write_text(json.dumps(pids) + "\n")
         os.replace(tmp, self.dir / "workers.json")
         self.pg = gloo_group(self.store, self.generation, 0, self.workers + 1, self.timeout_s)
 
     def _command(self, slot: int, cmd: dict[str, Any]) -> None:
         key = f"g{self.generation}/cmd/{slot}/{self.n_cmds[slot]}"
-        self.store.set(key, pickle.dumps(cmd))
+        self.store.set(key, json.dumps(cmd))
         self.n_cmds[slot] += 1
 
     def _broadcast(self, weights: dict[str, torch.Tensor], version: int) -> int:

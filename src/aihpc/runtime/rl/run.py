@@ -15,7 +15,7 @@ sampling temperature, the task's operand range.
 The run directory: ``metrics.jsonl`` (one line per GRPO step), ``checkpoints/rl_XXXXXXXX.pt``
 (the full state, a disaggregated run's staleness queue included; the newest two kept),
 ``summary.json``; disaggregated: ``samples.jsonl`` (each step's sample ids and their weights
-versions) and ``rollout/`` (the workers' logs, pids and restarts). A run directory with a
+versions) and ``rollout/`` (the workers' config, logs, pids and restarts). A run directory with a
 checkpoint is resumed from its newest one.
 """
 

@@ -3,11 +3,12 @@ takes the weights the trainer broadcasts over a gloo process group, generates th
 the prompts it is sent with the KV cache (rollout.rollout, the colocated code path), and
 publishes each prompt's group to the trainer's store. Started by pool.RolloutPool:
 
-    python -m aihpc.runtime.rl.worker RUN_DIR/rollout/worker.pkl SLOT GENERATION
+    python -m aihpc.runtime.rl.worker RUN_DIR/rollout/worker.json SLOT GENERATION
 
-Everything it needs comes from the trainer's rank 0: ``worker.pkl`` (the model's shape, the
+Everything it needs comes from the trainer's rank 0: ``worker.json`` (the model's shape, the
 task, the sampling) and, through the TCPStore at the address it names, an ordered list of
-commands, ``g{generation}/cmd/{slot}/{n}``:
+commands (JSON: nothing read from the network is unpickled; results go back as tensors, read
+with ``weights_only``), ``g{generation}/cmd/{slot}/{n}``:
 
     {"op": "weights", "version": v}   join the broadcast of the policy's weights (version v)
     {"op": "batch", "version": v, "prompts": [i, ...]}   generate, publish ``res/{i}``
@@ -22,8 +23,8 @@ from __future__ import annotations
 
 import ctypes
 import io
+import json
 import os
-import pickle
 import signal
 import sys
 from datetime import timedelta
@@ -32,6 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from aihpc.runtime.config import LlamaConfig, MoEConfig
 from aihpc.runtime.model import Llama
 from aihpc.runtime.rl.rollout import rollout
 from aihpc.runtime.rl.task import AdditionTask
@@ -106,14 +108,16 @@ def serve(cfg: dict[str, Any], slot: int, generation: int) -> None:
     torch.set_num_threads(1)
     store = dist.TCPStore(cfg["host"], cfg["port"], None, False, timeout=WAIT)
     pg = gloo_group(store, generation, slot + 1, cfg["workers"] + 1, cfg["timeout_s"])
-    model = Llama(cfg["model"])
+    shape = dict(cfg["model"])
+    moe = shape.pop("moe")
+    model = Llama(LlamaConfig(**shape, moe=MoEConfig(**moe) if moe else None))
     model.init_weights(0)  # buffers; every weight comes from the trainer
     model.requires_grad_(False).eval()
     weights = model.state_dict()
     task = AdditionTask(base=cfg["task_base"], seed=cfg["seed"])
     version, n = -1, 0
     while True:
-        cmd = pickle.loads(store.get(f"g{generation}/cmd/{slot}/{n}"))
+        cmd = json.loads(store.get(f"g{generation}/cmd/{slot}/{n}"))
         n += 1
         if cmd["op"] == "stop":
             return
@@ -132,8 +136,8 @@ def serve(cfg: dict[str, Any], slot: int, generation: int) -> None:
 
 def main(argv: list[str]) -> None:
     _die_with_parent()
-    with open(argv[0], "rb") as f:
-        cfg = pickle.load(f)
+    with open(argv[0]) as f:
+        cfg = json.load(f)
     try:
         serve(cfg, int(argv[1]), int(argv[2]))
     except dist.DistNetworkError as e:  # the trainer (its store's host) is gone: so are we
