@@ -7,6 +7,12 @@ vocabulary) is first trained supervised on the task's format (``--sft-steps``), 
 ``train_steps`` GRPO steps (``aihpc rl train``'s loop, aihpc.runtime.rl.run). Accuracy is greedy
 exact match on the seed's held-out problems (a quarter of the 400 pairs, never trained on),
 measured on the rollout model after the warm-up and after the last step.
+
+    python benchmarks/grpo_tiny.py --placement disaggregated --rollout-workers 2 --staleness 1
+
+runs the same with rollout in worker processes of their own, weights broadcast to them over a
+gloo group and each batch generated from weights up to ``--staleness`` updates old (results
+``grpo_tiny_disaggregated_s1``).
 """
 
 from __future__ import annotations
@@ -37,11 +43,14 @@ def _shown(path: Path) -> str:
         return path.name
 
 
-def one_seed(spec_path: Path, seed: int, sft_steps: int) -> dict:
+def one_seed(spec_path: Path, seed: int, sft_steps: int, pool: tuple[int, int] | None) -> dict:
     import tomllib
 
     raw = tomllib.loads(spec_path.read_text())
     raw["training"]["seed"] = seed
+    if pool is not None:  # (rollout workers, staleness)
+        raw["rl"] |= {"placement": "disaggregated", "rollout_gpus": pool[0], "staleness": pool[1]}
+        raw["cluster"] |= {"num_gpus": pool[0] + 1, "gpus_per_node": pool[0] + 1}
     spec = runspec_from_dict(raw)
     with tempfile.TemporaryDirectory() as run_dir:
         t0 = time.perf_counter()
@@ -58,6 +67,7 @@ def one_seed(spec_path: Path, seed: int, sft_steps: int) -> dict:
         "reward_first_tenth": statistics.mean(r["reward"] for r in rows[:tenth]),
         "reward_last_tenth": statistics.mean(r["reward"] for r in rows[-tenth:]),
         "kl_last": rows[-1]["kl"],
+        "staleness_max": max(r.get("staleness", 0) for r in rows),
         "wall_s": wall,
     }
 
@@ -67,17 +77,26 @@ def main() -> None:
     ap.add_argument("--spec", type=Path, default=SPEC)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--sft-steps", type=int, default=400)
+    ap.add_argument("--placement", choices=["colocated", "disaggregated"], default="colocated")
+    ap.add_argument("--rollout-workers", type=int, default=2)
+    ap.add_argument("--staleness", type=int, default=0)
     add_results_arg(ap)
     args = ap.parse_args()
     load_runspec(args.spec)  # its own rules first
-    runs = [one_seed(args.spec, s, args.sft_steps) for s in args.seeds]
+    pool, name = None, "grpo_tiny"
+    if args.placement == "disaggregated":
+        pool = (args.rollout_workers, args.staleness)
+        name = f"grpo_tiny_disaggregated_s{args.staleness}"
+    runs = [one_seed(args.spec, s, args.sft_steps, pool) for s in args.seeds]
     before = statistics.mean(r["accuracy_sft"] for r in runs)
     after = statistics.mean(r["accuracy_grpo"] for r in runs)
     lines = [
         "# GRPO on the addition task (tiny Llama, CPU)",
         "",
         f"`{' '.join(sys.argv)}`; spec `{args.spec.name}`, {args.sft_steps} supervised steps, "
-        "then GRPO; greedy exact-answer accuracy on held-out problems.",
+        f"then GRPO ({args.placement}"
+        + (f", {pool[0]} rollout workers, staleness {pool[1]}" if pool else "")
+        + "); greedy exact-answer accuracy on held-out problems.",
         "",
         "| seed | held-out | after SFT | after GRPO | GRPO steps | reward first / last tenth "
         "| KL last | wall s |",
@@ -91,8 +110,10 @@ def main() -> None:
         )
     lines += ["", f"Mean accuracy {before:.3f} -> {after:.3f} over {len(runs)} seeds."]
     data = {"machine": machine(), "spec": _shown(args.spec), "sft_steps": args.sft_steps,
+            "placement": args.placement, "rollout_workers": pool[0] if pool else 0,
+            "staleness": pool[1] if pool else 0,
             "runs": runs, "mean_before": before, "mean_after": after}  # fmt: skip
-    save("grpo_tiny", data, "\n".join(lines) + "\n", args.results)
+    save(name, data, "\n".join(lines) + "\n", args.results)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """``aihpc rl train RUN.toml --run-dir DIR``: GRPO run for real on the trainer's model
-(aihpc.runtime.rl), colocated rollout with the KV cache, on the shipped arithmetic task."""
+(aihpc.runtime.rl), rollout with the KV cache colocated or in worker processes of its own
+(disaggregated, optionally asynchronous), on the shipped arithmetic task."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ def register_train(rl_app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     ) -> None:
         """GRPO: rollout (KV cache), exact-match rewards, group-relative advantages, clipped
-        loss with KL, update under the [parallel] plan (DDP / FSDP), weights synced in place."""
+        loss with KL, update under the [parallel] plan (DDP / FSDP), weights synced in place
+        (colocated) or broadcast to rollout worker processes (disaggregated, rl.staleness)."""
         from aihpc.runtime.rl.run import RunOptions, check_rl_run, grpo_config
 
         if nproc_per_node < 1:

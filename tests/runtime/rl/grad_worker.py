@@ -42,8 +42,8 @@ def main(spec_path: str, out: str) -> None:
         scored = ro.rewards.sum()
         if ctx.world_size > 1:
             torch.distributed.all_reduce(scored)
-        if ctx.is_main:
-            torch.save({"grads": grads, "rewards": float(scored)}, out)
+        if ctx.is_main:  # a TP group's ranks hold the same samples: counted once
+            torch.save({"grads": grads, "rewards": float(scored) / par.dims.tp}, out)
 
 
 if __name__ == "__main__":

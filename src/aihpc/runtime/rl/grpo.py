@@ -14,7 +14,21 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["group_advantages", "loo_advantages", "policy_loss", "response_logprobs"]
+__all__ = [
+    "group_advantages",
+    "loo_advantages",
+    "policy_loss",
+    "response_logprobs",
+    "whole_logits",
+]
+
+
+def whole_logits(logits: torch.Tensor) -> torch.Tensor:
+    """A tensor-parallel policy's logits are sharded over the vocabulary (a DTensor, ready for
+    loss parallel): gathered whole here (differentiably), as the per-token log-probabilities of
+    sampled tokens need every vocabulary entry's logit. Plain tensors pass through."""
+    full = getattr(logits, "full_tensor", None)
+    return full() if full is not None else logits
 
 
 def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -39,7 +53,7 @@ def response_logprobs(
     """prompts (rows, p), responses (rows, steps) → (rows, steps) the log-probability of each
     response token given the prompt and the tokens before it (padding positions too: mask them)."""
     seq = torch.cat([prompts, responses], dim=1)
-    logits = model(seq[:, :-1]).float()
+    logits = whole_logits(model(seq[:, :-1])).float()
     p = prompts.shape[1]
     logits = logits[:, p - 1 :]
     return logits.log_softmax(-1).gather(-1, responses[..., None])[..., 0]

@@ -56,5 +56,5 @@ class RLMetrics:
         self.reward.set(m["reward"])
         self.length.set(m["response_len"])
         self.kl.set(m["kl"])
-        self.staleness.set(0)  # colocated: every rollout is from the current policy
+        self.staleness.set(m.get("staleness", 0))  # versions the oldest sample was behind
         write_to_textfile(str(self.path), self.registry)

@@ -8,8 +8,8 @@ one process or of many, and after a resume.
 
 Weight sync, colocated: the rollout model lives in the training process; the policy's full
 weights (gathered from FSDP shards, or DDP's replica) are copied into the rollout model's
-tensors in place. Disaggregated placement (separate rollout processes) is refused in one line
-for now (``placement_refusal``).
+tensors in place. Disaggregated: rollout worker processes (worker.py) run ``rollout`` one prompt
+at a time, their weights broadcast over a gloo group (pool.py).
 """
 
 from __future__ import annotations

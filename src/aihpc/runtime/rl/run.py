@@ -3,7 +3,9 @@ process, or the ranks torchrun started), into a run directory.
 
 What the spec decides: ``[model]`` the policy (its reference and rollout copies have its shape),
 ``[parallel]`` the update's plan (data parallel: one process, DDP at zero_stage 0, FSDP2 at
-1-3), ``[rl]`` prompts_per_step, samples_per_prompt, ppo_epochs, kl and placement,
+1-3), ``[rl]`` prompts_per_step, samples_per_prompt, ppo_epochs, kl, placement (colocated: the
+rollout model in each training process; disaggregated: ``rollout_gpus`` worker processes,
+pool.py) and staleness (disaggregated: batches from weights up to that many updates old),
 ``[training]`` train_steps (GRPO steps), learning_rate and seed, ``[checkpoint]``
 interval_steps. The task (runtime/rl/task.py) fixes the prompt and response lengths, so
 ``rl.prompt_len`` / ``response_len`` (the planner's) are not read. What the run knobs add
@@ -11,8 +13,10 @@ interval_steps. The task (runtime/rl/task.py) fixes the prompt and response leng
 sampling temperature, the task's operand range.
 
 The run directory: ``metrics.jsonl`` (one line per GRPO step), ``checkpoints/rl_XXXXXXXX.pt``
-(the full state; the newest two kept), ``summary.json``. A run directory with a checkpoint is
-resumed from its newest one.
+(the full state, a disaggregated run's staleness queue included; the newest two kept),
+``summary.json``; disaggregated: ``samples.jsonl`` (each step's sample ids and their weights
+versions) and ``rollout/`` (the workers' config, logs, pids and restarts). A run directory with a
+checkpoint is resumed from its newest one.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ import torch
 from aihpc.runspec import RunSpec, SpecError
 from aihpc.runtime.config import LlamaConfig
 from aihpc.runtime.rl.metrics import RLMetrics
+from aihpc.runtime.rl.pool import RolloutPool
+from aihpc.runtime.rl.rollout import full_weights
 from aihpc.runtime.rl.task import AdditionTask
 from aihpc.runtime.rl.trainer import GRPOConfig, GRPOTrainer
 
@@ -58,25 +64,30 @@ def check_rl_run(spec: RunSpec, world_size: int) -> None:
         raise SpecError(
             "rl.algorithm", rl.algorithm, "aihpc rl train runs grpo | rloo (ppo's critic: not yet)"
         )
-    if rl.placement != "colocated":
-        raise SpecError(
-            "rl.placement", rl.placement, "aihpc rl train runs colocated (rollout in the training "
-            "processes, weights synced in place); separate rollout processes are not built yet",
-        )  # fmt: skip
-    for axis in ("tp", "pp", "cp", "ep"):
+    if rl.placement == "disaggregated":
+        _check_pool(rl)
+    for axis in ("pp", "cp", "ep"):
         value = getattr(plan, axis)
         if value > 1:
             raise SpecError(
-                f"parallel.{axis}", value, "aihpc rl train updates the policy under data-"
-                "parallel plans only (one process, DDP at zero_stage 0, FSDP2 at 1-3); must be 1",
+                f"parallel.{axis}", value, "aihpc rl train updates the policy under data and "
+                "tensor parallel plans (one process, DDP, FSDP2, TP and their products); must be 1",
             )  # fmt: skip
-    if rl.prompts_per_step % world_size:
+    if plan.tp > 1 and plan.sequence_parallel:
+        raise SpecError(
+            "parallel.sequence_parallel", True, "must be false for aihpc rl train: a GRPO "
+            "batch's length (prompt + response - 1) need not divide by parallel.tp",
+        )  # fmt: skip
+    if world_size % plan.tp:
+        raise SpecError("parallel.tp", plan.tp, f"must divide the {world_size} ranks")
+    dp = world_size // plan.tp
+    if rl.prompts_per_step % dp:
         raise SpecError(
             "rl.prompts_per_step", rl.prompts_per_step,
-            f"must be a multiple of the {world_size} data-parallel ranks (whole groups per rank)",
+            f"must be a multiple of the {dp} data-parallel ranks (whole groups per rank)",
         )  # fmt: skip
     gbs = plan.global_batch_size
-    whole = rl.samples_per_prompt * world_size
+    whole = rl.samples_per_prompt * dp
     if gbs % whole:
         raise SpecError(
             "parallel.global_batch_size", gbs,
@@ -85,6 +96,23 @@ def check_rl_run(spec: RunSpec, world_size: int) -> None:
         )  # fmt: skip
     if spec.model.vocab_size < 256:
         raise SpecError("model.vocab_size", spec.model.vocab_size, ">= 256 (byte tokens)")
+
+
+def _check_pool(rl: Any) -> None:
+    """A disaggregated run: rl.rollout_gpus worker processes of one device each, weights
+    broadcast over a process group (pool.py)."""
+    for axis in ("tp", "pp", "ep"):
+        value = getattr(rl.rollout, axis)
+        if value > 1:
+            raise SpecError(
+                f"rl.rollout.{axis}", value, "aihpc rl train's rollout workers hold the whole "
+                "model, one process each (rl.rollout_gpus of them); must be 1",
+            )  # fmt: skip
+    if rl.weight_sync == "storage":
+        raise SpecError(
+            "rl.weight_sync", "storage", "aihpc rl train syncs a disaggregated pool over a "
+            "process group (gloo broadcast): auto | nccl",
+        )  # fmt: skip
 
 
 def grpo_config(spec: RunSpec, opts: RunOptions) -> GRPOConfig:
@@ -128,8 +156,16 @@ def run_rl(spec: RunSpec, run_dir: Path, opts: RunOptions, echo: Any = None) -> 
     with init_distributed() as ctx:
         check_rl_run(spec, ctx.world_size)
         par = Parallel(ParallelDims.from_plan(spec.plan(), ctx.world_size), ctx.device.type)
-        trainer = GRPOTrainer(LlamaConfig.from_spec(spec.model), g, ctx, par)
-        return _loop(trainer, spec, run_dir, opts, echo if ctx.is_main else None)
+        cfg = LlamaConfig.from_spec(spec.model)
+        trainer = GRPOTrainer(cfg, g, ctx, par)
+        rl = spec.rl
+        if rl.placement == "disaggregated":
+            trainer.pool = RolloutPool(ctx, run_dir, rl.rollout_gpus, rl.staleness, g, cfg)
+        try:
+            return _loop(trainer, spec, run_dir, opts, echo if ctx.is_main else None)
+        finally:
+            if trainer.pool is not None:
+                trainer.pool.close()
 
 
 def _loop(tr: GRPOTrainer, spec: RunSpec, run_dir: Path, opts: RunOptions, echo: Any) -> dict:
@@ -144,12 +180,19 @@ def _loop(tr: GRPOTrainer, spec: RunSpec, run_dir: Path, opts: RunOptions, echo:
             kept = [x for x in metrics.read_text().splitlines(keepends=True)
                     if x.endswith("\n") and json.loads(x)["step"] <= tr.step]  # fmt: skip
             metrics.write_text("".join(kept))
+            samples = run_dir / "samples.jsonl"
+            if samples.exists():
+                kept = [x for x in samples.read_text().splitlines(keepends=True)
+                        if x.endswith("\n") and json.loads(x)["step"] <= tr.step]  # fmt: skip
+                samples.write_text("".join(kept))
     if not tr.sft_done:
         summary["accuracy_init"] = tr.accuracy(opts.eval_prompts)
         sft = tr.sft()
         summary["sft"] = {"steps": tr.g.sft_steps, "final_loss": sft[-1]}
         tr.save(ckpt_dir / f"rl_{0:08d}.pt")
     before = tr.accuracy(opts.eval_prompts)
+    if tr.pool is not None:
+        tr.pool.start(tr.step, full_weights(tr.policy))
     interval = spec.checkpoint.interval_steps or tr.g.steps
     from aihpc.runtime.rl.observe import RLObserver  # metrics.prom with the predicted phases
     from aihpc.runtime.summary import device_label
@@ -163,6 +206,9 @@ def _loop(tr: GRPOTrainer, spec: RunSpec, run_dir: Path, opts: RunOptions, echo:
         if main:
             with metrics.open("a") as f:
                 f.write(json.dumps(m) + "\n")
+            if tr.samples:  # disaggregated: which samples the step trained on, their versions
+                with (run_dir / "samples.jsonl").open("a") as f:
+                    f.write(json.dumps({"step": tr.step, **tr.samples}) + "\n")
         if echo is not None:
             echo(m)
         if tr.step % interval == 0 or tr.step == tr.g.steps:
@@ -172,6 +218,8 @@ def _loop(tr: GRPOTrainer, spec: RunSpec, run_dir: Path, opts: RunOptions, echo:
                     old.unlink()
     summary |= {
         "steps": tr.step, "world_size": tr.ctx.world_size, "config": asdict(tr.g),
+        "placement": spec.rl.placement, "rollout_workers": spec.rl.rollout_gpus if tr.pool else 0,
+        "staleness": spec.rl.staleness, "pool_restarts": tr.pool.restarts if tr.pool else 0,
         "accuracy_before": before, "accuracy_after": tr.accuracy(opts.eval_prompts),
         "heldout_prompts": len(tr.task.heldout_pairs(opts.eval_prompts)),
     }  # fmt: skip

@@ -39,6 +39,7 @@ from aihpc.runtime.rl.grpo import (
     loo_advantages,
     policy_loss,
     response_logprobs,
+    whole_logits,
 )
 from aihpc.runtime.rl.rollout import full_weights, rollout, sync_weights
 from aihpc.runtime.rl.task import EOS, AdditionTask, exact_match
@@ -82,6 +83,8 @@ class GRPOTrainer:
             self.g = g = replace(g, minibatch=g.prompts_per_step * g.samples_per_prompt)
         self.step = 0
         self.sft_done = g.sft_steps == 0
+        self.pool: Any = None  # disaggregated: a pool.RolloutPool (run.py sets it)
+        self.samples: dict[str, list[int]] = {}  # the last step's sample ids and versions (rank 0)
         self.sync()
         self.reference.load_state_dict(self.rollout_model.state_dict())
 
@@ -115,17 +118,18 @@ class GRPOTrainer:
             seqs = [self.task.sequence(*self.task.train_pair(i % (1 << 40))) for i in
                     range(start, start + local)]  # fmt: skip
             x, y, w = (t.to(self.ctx.device) for t in _sft_batch(seqs, p))
-            logits = self.policy(x).float()
+            logits = whole_logits(self.policy(x)).float()
             # the global batch's token mean: each rank's sum over all ranks' answer tokens,
-            # times dp (DDP / FSDP average the ranks' gradients)
-            tokens = _sum_over_ranks(float(w.sum()))
+            # times dp (DDP / FSDP average the ranks' gradients); a TP group's ranks hold the
+            # same batch, counted once
+            tokens = _sum_over_ranks(float(w.sum())) / self.par.dims.tp
             loss = (F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none") *
                     w.flatten()).sum() * dp / tokens  # fmt: skip
             loss.backward()
             clip_grad_norm(list(self.policy.parameters()), g.grad_clip, None)
             opt.step()
             opt.zero_grad(set_to_none=True)
-            losses.append(_sum_over_ranks(float(loss.detach())) / dp)
+            losses.append(_sum_over_ranks(float(loss.detach())) / self.ctx.world_size)
             if log is not None and (s + 1) % 50 == 0:
                 log({"phase": "sft", "step": s + 1, "loss": losses[-1]})
         self.sync()
@@ -138,12 +142,16 @@ class GRPOTrainer:
         g = self.g
         t0 = time.perf_counter()
         indices = self.rank_prompts()
-        ro = rollout(self.rollout_model, self.task, indices, g.samples_per_prompt, g.seed,
-                     g.temperature)  # fmt: skip
+        if self.pool is None:
+            ro = rollout(self.rollout_model, self.task, indices, g.samples_per_prompt, g.seed,
+                         g.temperature)  # fmt: skip
+            versions = torch.full((ro.rewards.numel(),), self.step)
+        else:  # the pool's, generated with weights at most [rl] staleness versions old
+            ro, versions, ids = self.pool.take(self.step, indices)
         t_roll = time.perf_counter()
         baseline = loo_advantages if g.algorithm == "rloo" else group_advantages
         adv = baseline(ro.rewards.view(self.local_prompts, -1)).flatten()
-        with torch.no_grad():
+        with torch.no_grad():  # old log-probs: the current policy's (verl's one-step-off too)
             old = response_logprobs(self.policy, ro.prompts, ro.responses)
             ref = None
             if g.kl_coef > 0:
@@ -151,8 +159,14 @@ class GRPOTrainer:
         t_logp = time.perf_counter()
         loss, stats, grad_norm = self._update(ro, adv, old, ref)
         t_update = time.perf_counter()
-        synced = self.sync()
+        if self.pool is None:
+            synced = self.sync()
+        else:
+            synced = self.pool.publish(self.step + 1, full_weights(self.policy))
+            mine = self.ctx.rank % self.par.dims.tp == 0  # a TP group's samples, once
+            self.samples = _gather_samples(ids if mine else [], versions.tolist() if mine else [])
         t_sync = time.perf_counter()
+        staleness = self.step - int(versions.min())
         self.step += 1
         last_loss = float(loss.detach())
         sums = torch.tensor([float(ro.rewards.sum()), ro.rewards.numel(), ro.tokens,
@@ -166,7 +180,8 @@ class GRPOTrainer:
             "clip_fraction": float(sums[5]) / ranks, "grad_norm": grad_norm,
             "rollout_s": t_roll - t0, "logprob_s": t_logp - t_roll,
             "update_s": t_update - t_logp, "weight_sync_s": t_sync - t_update,
-            "weight_sync_bytes": synced, "rollout_tokens": int(sums[2]),
+            "weight_sync_bytes": synced, "staleness": staleness,
+            "rollout_tokens": int(sums[2]) // self.par.dims.tp,  # a TP group's, once
         }  # fmt: skip
 
     def _update(self, ro: Any, adv: torch.Tensor, old: torch.Tensor, ref: Any) -> tuple:
@@ -189,7 +204,9 @@ class GRPOTrainer:
         return loss, stats, grad_norm
 
     def accuracy(self, n: int | None = None) -> float:
-        """Greedy exact-answer accuracy of the rollout model on the held-out problems."""
+        """Greedy exact-answer accuracy of the policy (its copy in the rollout model, synced
+        here: disaggregated runs sync their pool, not this copy) on the held-out problems."""
+        self.sync()
         return heldout_accuracy(self.rollout_model, self.task, n)
 
     # -- checkpoints: the full state in one file, written by rank 0 (atomic rename) ----------
@@ -201,6 +218,8 @@ class GRPOTrainer:
         if self.ctx.is_main:
             state = {"step": self.step, "sft_done": self.sft_done, "policy": model_sd,
                      "optimizer": optim_sd, "reference": self.reference.state_dict()}  # fmt: skip
+            if self.pool is not None:  # the staleness queue: owed batches' samples
+                state["rollout"] = self.pool.state()
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(path.name + ".tmp")
             torch.save(state, tmp)
@@ -216,6 +235,8 @@ class GRPOTrainer:
         )  # fmt: skip
         self.reference.load_state_dict(state["reference"])
         self.step, self.sft_done = int(state["step"]), bool(state["sft_done"])
+        if self.pool is not None and "rollout" in state:
+            self.pool.load_state(state["rollout"], self.step)
         self.sync()
 
 
@@ -246,6 +267,18 @@ def _sft_batch(seqs: list[list[int]], prompt_len: int) -> tuple[torch.Tensor, ..
         t[i, : len(s)] = torch.tensor(s)
         w[i, prompt_len - 1 : len(s) - 1] = 1.0
     return t[:, :-1], t[:, 1:], w
+
+
+def _gather_samples(ids: list[int], versions: list[int]) -> dict[str, list[int]]:
+    """Every rank's sample ids and versions, in rank order, on rank 0 (others: empty)."""
+    mine = (ids, versions)
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return {"ids": ids, "versions": versions}
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    if dist.get_rank():
+        return {}
+    return {"ids": [i for e in every for i in e[0]], "versions": [v for e in every for v in e[1]]}
 
 
 def _sum_over_ranks(value: float) -> float:
