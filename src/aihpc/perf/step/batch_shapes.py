@@ -337,6 +337,15 @@ def moe_comm_fwd_s(
                 cluster, one * k, one, plan.ep, plan.etp, hier, remote, params, reach
             )
         parts[i] += load * t
+    if cluster.gpu.host_is_device and stack is None:
+        # aihpc's own dispatcher (the trainer where the host is the device): before each stage's
+        # data, one all-to-all of a (peers, 1 + local experts) int64 count table
+        # (comm/route.py, plan_route), a stage per level; its backward reuses the counts
+        table = plan.ep * (1 + model.num_experts / plan.ep) * 8.0
+        one = comm.moe_all_to_all_time_s(
+            cluster, table, table, plan.ep, plan.etp, False, remote, params, reach
+        )
+        parts[0] += (2 if hier else 1) * one
     if plan.etp > 1:
         recv = tokens * k * h * 2.0 * load
         parts[0] += collective("all_gather", recv * plan.etp, plan.etp, 1)

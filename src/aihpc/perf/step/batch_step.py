@@ -241,6 +241,12 @@ class StepTerms(StepState):
         shard = where(b.zero >= 1, self.shard_n, 1)
         gpu, params, training = self.cluster.gpu, self.params, self.training
         opt = optimizer_time_s(self.params_stage, b.zero, shard, gpu, params, training)
+        # the routed experts' weights on this rank are updated too (their own ZeRO shard: over
+        # the expert-data-parallel ranks, tp x cp x dp / (etp x ep)); a zero array for dense
+        edp = maximum(1, b.tp * b.cp * b.dp // (b.etp * b.ep))
+        opt = opt + optimizer_time_s(
+            self.expert_params, b.zero, where(b.zero >= 1, edp, 1), gpu, params, training, 0
+        )
         tied, cal = self.model.tied_embeddings, self.cluster.calibration
         # an eager optimizer's per-tensor loop on a CPU host (perf/step/eager_host.py)
         opt = opt + optimizer_eager_host_s(self.layers, b.pp, tied, gpu, training, params)

@@ -27,6 +27,7 @@ from aihpc.perf.step.dtensor_host import stage_tensors
 from aihpc.perf.step.numeric import maximum
 from aihpc.perf.step.params import ModelParams
 from aihpc.runspec.cluster import GPUSpec
+from aihpc.runspec.model import ModelSpec
 from aihpc.runspec.training import TrainingSpec
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "eager",
     "layer_host_s",
     "layer_ops",
+    "moe_loop_copy_bytes",
     "optimizer_eager_host_s",
     "outside_host_s",
     "pass_excess_s",
@@ -92,6 +94,22 @@ def layer_ops(local_experts: float | None = None) -> tuple[float, float]:
         return DENSE_LAYER_OPS
     fixed, per = MOE_LAYER_OPS_FIXED, MOE_LAYER_OPS_PER_EXPERT
     return fixed[0] + per[0] * local_experts, fixed[1] + per[1] * local_experts
+
+
+def moe_loop_copy_bytes(
+    model: ModelSpec, copies: float, local_experts: float, etp: int = 1
+) -> tuple[float, float]:
+    """(forward, backward) bytes read and written by the copies of the trainer's per-expert loop
+    (runtime/moe.py ``GroupedExperts`` as it runs where the host is the device: the loop, fp32,
+    4 bytes a value), one MoE layer and micro-batch with ``copies`` routed token copies on the
+    rank. Forward: ``torch.cat`` of the experts' outputs (reads and writes copies x h).
+    Backward: the ``split``'s gradient, a ``cat`` of the experts' input gradients (copies x h
+    again), and the ``unbind``'s, a ``stack`` of each of w1, w3, w2's per-expert weight
+    gradients (local experts x h x ffn each). The ``cat``'s own gradient is views (no copy)."""
+    h, ffn = model.hidden_size, model.expert_ffn_hidden_size / etp
+    tokens = 2 * copies * h * 4.0
+    weights = 2 * 3 * local_experts * h * ffn * 4.0
+    return tokens, tokens + weights
 
 
 def layer_host_s(
