@@ -91,13 +91,21 @@ def layer_times(
     # The attention core (score GEMMs plus, when unfused, the softmax/dropout traffic) is what
     # selective recompute re-runs, so it is kept in fwd_attn.
     softmax = stream_time_s(attn_stream_fwd, gpu, params, kernels=2) if attn_stream_fwd else 0.0
+    soft_f, soft_b = softmax, 2 * softmax
+    if gpu.host_is_device and plan.cp > 1 and eager_host.eager(training):
+        # the trainer's ring attention on a CPU: its fp32 element-wise passes (eager_host.py)
+        ring = eager_host.ring_attention_bytes(
+            k.tokens, model.num_attention_heads / plan.tp, model.seq_length, model.kv_channels,
+            plan.cp,
+        )  # fmt: skip
+        soft_f, soft_b = (stream_time_s(x, gpu, params, kernels=0) for x in ring)
     fwd_stream, bwd_stream = elementwise_times(k, stream_moe)
     lt = LayerTimes(
         fwd_gemm,
-        fwd_attn + softmax,
+        fwd_attn + soft_f,
         fwd_stream,
         bwd_gemm,  # gradients w.r.t. inputs and weights, each the forward's size
-        bwd_attn + 2 * softmax,
+        bwd_attn + soft_b,
         bwd_stream,
         unsaved_op,
         module_times(k),
