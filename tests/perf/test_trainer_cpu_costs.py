@@ -122,25 +122,15 @@ def _spec(parallel: dict, moe: bool = False, experts: int = 4, dim: int = 0, ffn
         model.update(num_experts=experts, moe_top_k=2, moe_ffn_hidden_size=ffn)
     if dim:
         model.update(hidden_size=dim, num_attention_heads=4, num_kv_heads=2)
+    gpu = {"bf16_tflops": 0.1, "fp32_tflops": 0.1, "hbm_gib": 16, "hbm_bw_GBps": 20.0,
+           "scale_up_bw_GBps": 1.0, "scale_up_domain": 2, "scale_out_bw_GBps": 1.0,
+           "gpus_per_node": 2, "host_is_device": True}  # fmt: skip
+    cluster = {"num_gpus": 2 if parallel.get("cp") else 1, "gpus_per_node": 2, "gpu_spec": gpu}
     return runspec_from_dict(
         {
             "model": model,
-            "cluster": {
-                "num_gpus": 2 if parallel.get("cp") else 1,
-                "gpus_per_node": 2,
-                "gpu_spec": {
-                    "bf16_tflops": 0.1,
-                    "fp32_tflops": 0.1,
-                    "hbm_gib": 16,
-                    "hbm_bw_GBps": 20.0,
-                    "scale_up_bw_GBps": 1.0,
-                    "scale_up_domain": 2,
-                    "scale_out_bw_GBps": 1.0,
-                    "gpus_per_node": 2,
-                    "host_is_device": True,
-                },
-            },
+            "cluster": cluster,
             "training": {"fused_kernels": False},
             "parallel": {"global_batch_size": 8, "micro_batch_size": 4, **parallel},
-        }  # fmt: skip
+        }
     )
