@@ -44,9 +44,10 @@ def test_local_calibration_prices_the_spec_on_this_host(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     # one line per phase on stderr as it starts (i of n, elapsed), then the time taken
     phases = [line for line in r.stderr.splitlines() if line.startswith("[")]
-    assert [p.split()[0] for p in phases] == ["[1/4]", "[2/4]", "[3/4]", "[4/4]"], r.stderr
-    for phase, what in zip(phases, ("memory", "GEMMs", "attention", "DTensor"), strict=True):
-        assert re.fullmatch(rf"\[\d/4\] \d+:\d\d {what}\b.+", phase), phase
+    assert [p.split()[0] for p in phases] == [f"[{i}/5]" for i in range(1, 6)], r.stderr
+    whats = ("memory", "GEMMs", "attention", "DTensor", "eager op")
+    for phase, what in zip(phases, whats, strict=True):
+        assert re.fullmatch(rf"\[\d/5\] \d+:\d\d {what}\b.+", phase), phase
     assert re.search(r"^measured in \d+ s$", r.stderr, re.M), r.stderr
     cal = tomllib.loads((tmp_path / "cal.toml").read_text())
     measured = {g["precision"]: g["points"] for g in cal["gemm"]}
@@ -74,6 +75,9 @@ def test_local_calibration_prices_the_spec_on_this_host(tmp_path: Path) -> None:
     low, high = PLAUSIBLE_MEM_BW_GBps["cpu"]
     assert low <= cluster["gpu_spec"]["hbm_bw_GBps"] <= high
     assert cal["dtensor_op_us"] >= 0
+    # an eager op of the trainer costs host time (thread CPU time: above nothing, below a
+    # millisecond on any host that can train)
+    assert 0 < cal["eager_op_us"] < 1000
     assert local["model"] == tomllib.loads(spec.read_text())["model"]
     est = _aihpc("estimate", "tiny.local.toml", "--json", cwd=tmp_path)
     assert est.returncode == 0, est.stderr
@@ -160,7 +164,7 @@ def test_calibrate_local_refuses_before_measuring_more(tmp_path: Path, monkeypat
         assert "memory bandwidth measured 0.3 GB/s" in lines[-1] and "1-2000 GB/s" in lines[-1]
         assert "nothing written" in lines[-1] and r.stdout == ""
         if phase_lines:
-            assert lines[0].startswith("[1/4] 0:00 memory bandwidth")
+            assert lines[0].startswith("[1/5] 0:00 memory bandwidth")
     assert list(tmp_path.iterdir()) == []
 
 

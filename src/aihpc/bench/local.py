@@ -78,6 +78,8 @@ class LocalMeasurement:
     # host time DTensor adds to one op of the trainer's tensor-parallel layer (CPU hosts only:
     # on a GPU the host runs ahead of the kernels and the figure is not the one that matters)
     dtensor_op_us: float | None = None
+    # host CPU time of one eager op of the trainer (CPU hosts only: bench/eager_ops.py)
+    eager_op_us: float | None = None
 
 
 def _threads(nproc: int) -> int:
@@ -311,7 +313,7 @@ def measure_local(
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cpu, several, threads = device.type == "cpu", nproc > 1, _threads(nproc)
-    phase = _Phases(3 + several + (cpu and several) + cpu, progress)
+    phase = _Phases(3 + several + (cpu and several) + 2 * cpu, progress)
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -339,9 +341,19 @@ def measure_local(
 
         phase("DTensor's host time per op: a tensor-parallel decoder on a one-rank mesh")
         dtensor = float(f"{measure_dtensor_op_us(attention):.4g}")
+    eager_us = None
+    if cpu:
+        from aihpc.bench.eager_ops import measure_eager_op_us
+
+        phase("eager op host time: the trainer's decoder at width 16, on CPU time")
+        torch.set_num_threads(1)
+        try:
+            eager_us = float(f"{measure_eager_op_us():.4g}")
+        finally:
+            torch.set_num_threads(old)
     return LocalMeasurement(
         nproc, threads, name, gemm, comm, mem_bw, _host_mem_gib(), curve, call, device.type,
-        dtensor,
+        dtensor, eager_us,
     )  # fmt: skip
 
 

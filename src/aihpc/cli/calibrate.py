@@ -63,9 +63,10 @@ def _local_spec_target(spec_path: str | None, local: bool, nproc: int) -> tuple 
 def _measure_local(nproc: int, target: tuple | None, quiet: bool) -> tuple[list, dict, dict, tuple]:
     """This host's measurements as calibration points (GEMMs for fp32 and, as the CPU
     runtime trains bf16 specs in fp32, for bf16 too), its gpu_spec table, and (a collective's
-    cost inside a step, DTensor's host time per op); the attention kernel and the DTensor
-    decoder at the shape of ``target``'s model (``_local_spec_target``), else a default one.
-    Each phase is a line on stderr unless ``quiet``; a figure no device could give is exit 1."""
+    cost inside a step, DTensor's host time per op, an eager op's host time); the attention
+    kernel and the DTensor decoder at the shape of ``target``'s model (``_local_spec_target``),
+    else a default one. Each phase is a line on stderr unless ``quiet``; a figure no device
+    could give is exit 1."""
     import tempfile
     import time
 
@@ -98,7 +99,7 @@ def _measure_local(nproc: int, target: tuple | None, quiet: bool) -> tuple[list,
         comm_pts, gemm_pts = load_measurements([str(f) for f in files], None, None, "out-of-place")
     if "fp32" in gemm_pts:
         gemm_pts.setdefault("bf16", list(gemm_pts["fp32"]))
-    return comm_pts, gemm_pts, local_gpu_spec(m), (m.call, m.dtensor_op_us)
+    return comm_pts, gemm_pts, local_gpu_spec(m), (m.call, m.dtensor_op_us, m.eager_op_us)
 
 
 def _write_local_spec(target: tuple, calibration: Path, device: dict, nproc: int) -> None:
@@ -218,13 +219,13 @@ def _calibrate_measurements(
 
         warnings += [w for w in (load_warning(),) if w]
         _warn(warnings)  # before the minutes it explains
-        comm_pts, gemm_pts, device, (call, dtensor_op_us) = _measure_local(
+        comm_pts, gemm_pts, device, (call, dtensor_op_us, eager_op_us) = _measure_local(
             nproc, local_spec, as_json
         )
         source = f"aihpc calibrate --local --nproc {nproc}"
     else:
         comm_pts, gemm_pts = load_measurements(inputs or [], tier, collective, column)
-        device, call, dtensor_op_us = None, None, None
+        device, call, dtensor_op_us, eager_op_us = None, None, None, None
         source = "aihpc calibrate " + " ".join(Path(p).name for p in inputs or [])
     cal, reports = fit_to_calibration(comm_pts, gemm_pts, source, regimes)
     if call is not None:  # a call inside a training step costs what it costs between GEMMs
@@ -233,6 +234,8 @@ def _calibrate_measurements(
         cal = with_call_cost(cal, call)
     if dtensor_op_us is not None:
         cal = replace(cal, dtensor_op_us=dtensor_op_us)
+    if eager_op_us is not None:
+        cal = replace(cal, eager_op_us=eager_op_us)
     header = (
         "Written by `aihpc calibrate`. Time of a collective of whole-buffer size S on "
         "n ranks:\nlatency_us + S * busbw_factor(n) / busbw_GBps / 1e3 (us), in the "
@@ -302,6 +305,7 @@ def _calibration_json(output: str, cal: Any, reports: list, warnings: list[str])
         ],
         "overlap_compute_penalty": cal.overlap_compute_penalty,
         "dtensor_op_us": cal.dtensor_op_us,
+        "eager_op_us": cal.eager_op_us,
         "warnings": warnings,
     }
 
@@ -358,4 +362,9 @@ def _report_calibration(
         console.print(
             f"DTensor dispatch {cal.dtensor_op_us:.3g} us per op: what eager tensor parallel "
             "and FSDP2 add to each op on this host"
+        )
+    if cal.eager_op_us is not None:
+        console.print(
+            f"eager op {cal.eager_op_us:.3g} us of host CPU time: what each op the trainer "
+            "issues costs on this host"
         )

@@ -166,6 +166,14 @@ class Calibration:
     # microseconds, measured on this host (`aihpc calibrate --local`); None: the model's
     # constant (params.dtensor_op_s).
     dtensor_op_us: float | None = None
+    # Host CPU time of one eager op of this trainer's decoder at width 16 (Python, dispatcher,
+    # autograd), microseconds, measured on this host (`aihpc calibrate --local`, thread CPU
+    # time). Recorded, not yet priced: the model keeps params.host_eager_op_s (8 us), as the
+    # figure (3.4 us on this project's host) leaves out what an op costs at the trainer's sizes
+    # beyond its arithmetic (fresh allocations' first-touch page faults: ~8,000 a step of the
+    # 1-rank dense plan at 2.1-2.6 us each), and priced alone it made every dense plan more
+    # optimistic (docs/benchmarks.md).
+    eager_op_us: float | None = None
 
     def comm_fit(self, collective: str, tier: str) -> CommFit | None:
         return self.comm.get((collective, tier))
@@ -189,7 +197,8 @@ def _num(where: str, value: Any, allow_inf: bool = False) -> float:
     return float(value)
 
 
-_TOP_KEYS = ("source", "comm", "gemm", "efficiency", "overlap_compute_penalty", "dtensor_op_us")
+_TOP_KEYS = ("source", "comm", "gemm", "efficiency", "overlap_compute_penalty", "dtensor_op_us",
+             "eager_op_us")  # fmt: skip
 _COMM_KEYS = (
     "collective",
     "tier",
@@ -297,6 +306,7 @@ def calibration_from_dict(data: dict[str, Any], path: str = "") -> Calibration:
         efficiency=_efficiency(data["efficiency"]) if "efficiency" in data else None,
         overlap_compute_penalty=_penalty(data.get("overlap_compute_penalty")),
         dtensor_op_us=_optional_num("calibration.dtensor_op_us", data.get("dtensor_op_us")),
+        eager_op_us=_optional_num("calibration.eager_op_us", data.get("eager_op_us")),
     )
 
 
@@ -350,6 +360,8 @@ def calibration_to_toml(cal: Calibration, header: str = "") -> str:
         lines.append(f"overlap_compute_penalty = {_fmt(cal.overlap_compute_penalty)}")
     if cal.dtensor_op_us is not None:
         lines.append(f"dtensor_op_us = {_fmt(cal.dtensor_op_us)}")
+    if cal.eager_op_us is not None:
+        lines.append(f"eager_op_us = {_fmt(cal.eager_op_us)}")
     for (coll, tier), fit in sorted(cal.comm.items()):
         lines += [
             "",
