@@ -125,7 +125,8 @@ def _spec(parallel: dict, moe: bool = False, experts: int = 4, dim: int = 0, ffn
     gpu = {"bf16_tflops": 0.1, "fp32_tflops": 0.1, "hbm_gib": 16, "hbm_bw_GBps": 20.0,
            "scale_up_bw_GBps": 1.0, "scale_up_domain": 2, "scale_out_bw_GBps": 1.0,
            "gpus_per_node": 2, "host_is_device": True}  # fmt: skip
-    cluster = {"num_gpus": 2 if parallel.get("cp") else 1, "gpus_per_node": 2, "gpu_spec": gpu}
+    two = parallel.get("cp") or parallel.get("ep")
+    cluster = {"num_gpus": 2 if two else 1, "gpus_per_node": 2, "gpu_spec": gpu}
     return runspec_from_dict(
         {
             "model": model,
@@ -134,3 +135,21 @@ def _spec(parallel: dict, moe: bool = False, experts: int = 4, dim: int = 0, ffn
             "parallel": {"global_batch_size": 8, "micro_batch_size": 4, **parallel},
         }
     )
+
+
+def test_ep_pays_the_in_step_latency_of_each_of_its_five_all_to_alls() -> None:
+    """Under EP on a CPU host every MoE layer and micro-batch makes five gloo all-to-alls (the
+    count table, the tokens and the combine forward; the two gradients backward: the counts are
+    kept), each at the calibration's all_to_all latency (calibrate --local measures it): 4
+    layers, one micro-batch per rank, so a millisecond more latency is 20 ms more ep_comm."""
+    from aihpc.runspec.calibration import Calibration, CommFit, CommRegime
+
+    def ep_comm(latency_us: float) -> float:
+        spec = _spec({"ep": 2, "zero_stage": 0}, moe=True)
+        fit = CommFit("all_to_all", "scale_up", (CommRegime(latency_us, 1e6),), num_ranks=2)
+        cal = Calibration(comm={("all_to_all", "scale_up"): fit})
+        cluster = dataclasses.replace(spec.cluster, calibration=cal)
+        est = estimate_plan(spec.model, cluster, spec.plan(), spec.training)
+        return est.time_s["ep_comm"]
+
+    assert ep_comm(2000.0) - ep_comm(1000.0) == pytest.approx(4 * 5 * 1e-3, rel=1e-6)

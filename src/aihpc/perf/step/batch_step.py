@@ -158,7 +158,8 @@ class StepTerms(StepState):
         window = eff * moe_layers * sh["moe_fb"]
         hidden_ep = where(b.a2a == A2A_DUALPIPE, minimum(ep_all, window), hidden_ep)
         none = b.a2a == A2A_NONE
-        ep_mb = where(none, ep_all, ep_all - hidden_ep)
+        # the count exchange the host waits on (batch_shapes.count_exchange_s): never hidden
+        ep_mb = where(none, ep_all, ep_all - hidden_ep) + moe_layers * reps * sh["ep_count"]
         return where(on, ep_mb, 0.0), where(on & (b.a2a != A2A_NONE), hidden_ep, 0.0)
 
     def cp_comm(self) -> tuple[Any, Any]:
