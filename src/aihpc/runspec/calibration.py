@@ -8,6 +8,8 @@ File layout (TOML)::
                                    # collective, a fraction of its time (calibrate --local)
     dtensor_op_us = 45.0           # optional: this host's time to dispatch one op on a DTensor
                                    # beyond the plain op, microseconds (calibrate --local)
+    eager_op_us = 3.4              # optional: host CPU time of one eager op of the trainer,
+                                   # microseconds (calibrate --local; recorded, not priced)
     [[comm]]                       # one per (collective, tier)
     collective = "all_reduce"      # all_reduce | all_gather | reduce_scatter | all_to_all |
                                    # broadcast | send_recv
