@@ -454,6 +454,9 @@ def estimate_plan(
 
     shard = shard_n if plan.zero_stage >= 1 else 1
     opt = optimizer_time_s(params_stage, plan.zero_stage, shard, gpu, params, training)
+    # the routed experts' weights on this rank, sharded over their own data-parallel ranks
+    e_shard = max(1, plan.tp * plan.cp * plan.dp // (plan.etp * plan.ep))
+    opt += optimizer_time_s(expert_params, plan.zero_stage, e_shard, gpu, params, training, 0)
 
     compute_total = m * compute_mb + penalty
     step = compute_total + m * (recompute_mb + tp_mb + cp_mb + ep_mb + offload_mb)
@@ -635,14 +638,15 @@ def optimizer_time_s(
     gpu: GPUSpec,
     params: ModelParams,
     training: TrainingSpec,
+    kernels: int = 4,
 ) -> float:
     """Fused Adam: read master weight, gradient, m and v and write weight, m, v and the 16-bit
-    copy (fp32 states: 16 + 12 + 2 bytes per parameter)."""
+    copy (fp32 states: 16 + 12 + 2 bytes per parameter), in ``kernels`` launches."""
     updated = params_local / (shard if zero_stage >= 1 else 1)
     o = DTYPE_BYTES[training.optimizer_dtype]
     g = DTYPE_BYTES[training.grad_reduce_dtype]
     per_param = (3 * o + g) + 3 * o + 2
-    return compute.stream_time_s(updated * per_param, gpu, params, kernels=4)
+    return compute.stream_time_s(updated * per_param, gpu, params, kernels=kernels)
 
 
 # compute.layer_times as it was before item 1 split it into kernel-class terms; frozen here.

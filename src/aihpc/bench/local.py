@@ -70,7 +70,7 @@ __all__ = [
 
 # Square GEMMs spanning a tiny model's layer shapes (dim 64 .. 1024 x tokens 256 .. 4096).
 _GEMM_SIZES = (128, 256, 512, 1024)
-_COLLECTIVES = "all_reduce,all_gather,reduce_scatter,send_recv"
+_COLLECTIVES = "all_reduce,all_gather,reduce_scatter,send_recv,all_to_all"
 
 
 @dataclass(frozen=True)

@@ -173,7 +173,7 @@ def _shape_comm(
     def collective(kind: str, size: float, n: int, stride: int) -> float:
         return comm.collective_time_s(cluster, kind, size, n, stride, params)
 
-    out = {"act_bytes": act_bytes, "ep_fwd": 0.0, "ep_disp": 0.0}
+    out = {"act_bytes": act_bytes, "ep_fwd": 0.0, "ep_disp": 0.0, "ep_count": 0.0}
     out.update(dict.fromkeys(TP_TERMS, 0.0))
     if plan.tp > 1:
         terms = tp_layer_s(model, cluster, plan, training, params, act_bytes, collective, moe_frac)
@@ -181,6 +181,7 @@ def _shape_comm(
     if moe_frac and (plan.ep > 1 or plan.etp > 1):
         parts = moe_comm_fwd_s(model, cluster, plan, training, params, collective, split=True)
         out["ep_disp"], out["ep_fwd"] = parts[0], parts[0] + parts[1]
+        out["ep_count"] = count_exchange_s(model, cluster, plan, training, params)
     out.update(fwd_c=0.0, fwd_x=0.0, bwd_c=0.0, bwd_x=0.0)
     if plan.cp > 1:
         fwd_c, fwd_x, bwd_c, bwd_x = cp_exchange_s(model, cluster, plan, training, params, lt)
@@ -269,6 +270,26 @@ def cp_exchange_s(
     both = comm.p2p_time_s(cluster, 2 * kv_local, cross, params, channels=ctas)
     bwd_c = 2 * step + (cp - 2) * both if cp > 1 else 0.0
     return fwd_c, max(0.0, fwd_c - hide * lt.fwd_attn), bwd_c, max(0.0, bwd_c - hide * lt.bwd_attn)
+
+
+def count_exchange_s(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: ParallelPlan,
+    training: TrainingSpec,
+    params: ModelParams,
+) -> float:
+    """aihpc's own dispatcher (the trainer, where the host is the device; no framework stack
+    named): before each dispatch stage's data, one all-to-all of a (peers, 1 + local experts)
+    int64 count table that the host reads (comm/route.py, ``plan_route``), one stage per level;
+    the backward reuses the counts. 0 elsewhere (a GPU framework's count exchange is priced
+    with its dispatcher's host work, perf/step/moe_host.py)."""
+    stack = stack_of(training)
+    if not cluster.gpu.host_is_device or stack is not None or plan.ep <= 1:
+        return 0.0
+    table = plan.ep * (1 + model.num_experts / plan.ep) * 8.0
+    one = comm.moe_all_to_all_time_s(cluster, table, table, plan.ep, plan.etp, False, 0.0, params)
+    return (2 if training.moe_dispatcher == "hierarchical" else 1) * one
 
 
 def moe_comm_fwd_s(

@@ -158,7 +158,8 @@ class StepTerms(StepState):
         window = eff * moe_layers * sh["moe_fb"]
         hidden_ep = where(b.a2a == A2A_DUALPIPE, minimum(ep_all, window), hidden_ep)
         none = b.a2a == A2A_NONE
-        ep_mb = where(none, ep_all, ep_all - hidden_ep)
+        # the count exchange the host waits on (batch_shapes.count_exchange_s): never hidden
+        ep_mb = where(none, ep_all, ep_all - hidden_ep) + moe_layers * reps * sh["ep_count"]
         return where(on, ep_mb, 0.0), where(on & (b.a2a != A2A_NONE), hidden_ep, 0.0)
 
     def cp_comm(self) -> tuple[Any, Any]:
@@ -241,6 +242,12 @@ class StepTerms(StepState):
         shard = where(b.zero >= 1, self.shard_n, 1)
         gpu, params, training = self.cluster.gpu, self.params, self.training
         opt = optimizer_time_s(self.params_stage, b.zero, shard, gpu, params, training)
+        # the routed experts' weights on this rank are updated too (their own ZeRO shard: over
+        # the expert-data-parallel ranks, tp x cp x dp / (etp x ep)); a zero array for dense
+        edp = maximum(1, b.tp * b.cp * b.dp // (b.etp * b.ep))
+        opt = opt + optimizer_time_s(
+            self.expert_params, b.zero, where(b.zero >= 1, edp, 1), gpu, params, training, 0
+        )
         tied, cal = self.model.tied_embeddings, self.cluster.calibration
         # an eager optimizer's per-tensor loop on a CPU host (perf/step/eager_host.py)
         opt = opt + optimizer_eager_host_s(self.layers, b.pp, tied, gpu, training, params)

@@ -91,13 +91,21 @@ def layer_times(
     # The attention core (score GEMMs plus, when unfused, the softmax/dropout traffic) is what
     # selective recompute re-runs, so it is kept in fwd_attn.
     softmax = stream_time_s(attn_stream_fwd, gpu, params, kernels=2) if attn_stream_fwd else 0.0
+    soft_f, soft_b = softmax, 2 * softmax
+    if gpu.host_is_device and plan.cp > 1 and eager_host.eager(training):
+        # the trainer's ring attention on a CPU: its fp32 element-wise passes (eager_host.py)
+        ring = eager_host.ring_attention_bytes(
+            k.tokens, model.num_attention_heads / plan.tp, model.seq_length, model.kv_channels,
+            plan.cp,
+        )  # fmt: skip
+        soft_f, soft_b = (stream_time_s(x, gpu, params, kernels=0) for x in ring)
     fwd_stream, bwd_stream = elementwise_times(k, stream_moe)
     lt = LayerTimes(
         fwd_gemm,
-        fwd_attn + softmax,
+        fwd_attn + soft_f,
         fwd_stream,
         bwd_gemm,  # gradients w.r.t. inputs and weights, each the forward's size
-        bwd_attn + 2 * softmax,
+        bwd_attn + soft_b,
         bwd_stream,
         unsaved_op,
         module_times(k),
@@ -106,6 +114,13 @@ def layer_times(
         attn_f, attn_b = attention_gemm_times(k)
         moe_f = fwd_gemm - attn_f + stream_time_s(stream_moe, gpu, params, kernels=5)
         moe_b = bwd_gemm - attn_b + stream_time_s(2 * stream_moe, gpu, params, kernels=10)
+        if gpu.host_is_device and eager_host.eager(training):
+            # the trainer's per-expert loop on a CPU: its cat / stack copies (eager_host.py)
+            local, copies = model.num_experts / plan.ep, routed_tokens(model, plan, training)
+            extra = eager_host.moe_loop_copy_bytes(model, copies, local, plan.etp)
+            cf, cb = (stream_time_s(x, gpu, params, kernels=0) for x in extra)
+            moe_f, moe_b = moe_f + cf, moe_b + cb
+            lt = replace(lt, fwd_elementwise=fwd_stream + cf, bwd_elementwise=bwd_stream + cb)
         lt = replace(lt, mlp_fwd=moe_f, mlp_bwd=moe_b)
     stack = stack_of(training)
     host = stack.host if stack is not None else training.moe_dispatcher
@@ -438,11 +453,13 @@ def optimizer_time_s(
     gpu: GPUSpec,
     params: ModelParams,
     training: TrainingSpec,
+    kernels: int = 4,
 ) -> Any:
     """Fused Adam: read master weight, gradient, m and v and write weight, m, v and the 16-bit
-    copy (fp32 states: 16 + 12 + 2 bytes per parameter). One plan or arrays of plans."""
+    copy (fp32 states: 16 + 12 + 2 bytes per parameter), in ``kernels`` launches. One plan or
+    arrays of plans."""
     updated = params_local / where(zero_stage >= 1, shard, 1)
     o = DTYPE_BYTES[training.optimizer_dtype]
     g = DTYPE_BYTES[training.grad_reduce_dtype]
     per_param = (3 * o + g) + 3 * o + 2
-    return stream_time_s(updated * per_param, gpu, params, kernels=4)
+    return stream_time_s(updated * per_param, gpu, params, kernels=kernels)

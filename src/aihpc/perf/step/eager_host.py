@@ -27,6 +27,7 @@ from aihpc.perf.step.dtensor_host import stage_tensors
 from aihpc.perf.step.numeric import maximum
 from aihpc.perf.step.params import ModelParams
 from aihpc.runspec.cluster import GPUSpec
+from aihpc.runspec.model import ModelSpec
 from aihpc.runspec.training import TrainingSpec
 
 __all__ = [
@@ -40,9 +41,12 @@ __all__ = [
     "eager",
     "layer_host_s",
     "layer_ops",
+    "moe_loop_copy_bytes",
     "optimizer_eager_host_s",
     "outside_host_s",
     "pass_excess_s",
+    "ring_attention_bytes",
+    "ring_extra_ops",
 ]
 
 # One dense decoder layer, one micro-batch, plain tensors (torch 2.13): forward 83 aten ops (two
@@ -57,6 +61,16 @@ DENSE_LAYER_OPS = (83, 147)
 # the SiLU, the product) and 17 backward (their gradients and the split / unbind bookkeeping).
 MOE_LAYER_OPS_FIXED = (169, 162)
 MOE_LAYER_OPS_PER_EXPERT = (5, 17)
+# Context parallelism: the trainer's ring attention (comm/ring.py) in place of one SDPA call,
+# one layer and micro-batch, fp32 on a CPU, counted with a dispatch mode at cp 1 and 2 (torch
+# 2.13): (forward, backward) aten ops = fixed + per ring step x cp, against SDPA's 2 and 8 (the
+# call and its output's detach; the backward kernel and its three gradients' copies).
+RING_OPS_FIXED, RING_OPS_PER_STEP, SDPA_OPS = (4, 10), (38, 59), (2, 8)
+# Bytes its element-wise ops read and write (every op but the matmuls and views): per score
+# element of the local queries against the whole sequence (the mask, log-sum-exp, exp,
+# probabilities and dS passes over the fp32 scores) and per query element and ring step (the
+# running output's and dQ's rescale and accumulate).
+RING_BYTES_PER_SCORE, RING_BYTES_PER_Q_STEP = (36.3, 47.4), (38.0, 76.4)
 # Outside the layers, one micro-batch: the embedding, the final norm, the output layer and the
 # cross-entropy on fp32 logits.
 OUTSIDE_OPS = (20, 34)
@@ -94,16 +108,53 @@ def layer_ops(local_experts: float | None = None) -> tuple[float, float]:
     return fixed[0] + per[0] * local_experts, fixed[1] + per[1] * local_experts
 
 
+def moe_loop_copy_bytes(
+    model: ModelSpec, copies: float, local_experts: float, etp: int = 1
+) -> tuple[float, float]:
+    """(forward, backward) bytes read and written by the copies of the trainer's per-expert loop
+    (runtime/moe.py ``GroupedExperts`` as it runs where the host is the device: the loop, fp32,
+    4 bytes a value), one MoE layer and micro-batch with ``copies`` routed token copies on the
+    rank. Forward: ``torch.cat`` of the experts' outputs (reads and writes copies x h).
+    Backward: the ``split``'s gradient, a ``cat`` of the experts' input gradients (copies x h
+    again), and the ``unbind``'s, a ``stack`` of each of w1, w3, w2's per-expert weight
+    gradients (local experts x h x ffn each). The ``cat``'s own gradient is views (no copy)."""
+    h, ffn = model.hidden_size, model.expert_ffn_hidden_size / etp
+    tokens = 2 * copies * h * 4.0
+    weights = 2 * 3 * local_experts * h * ffn * 4.0
+    return tokens, tokens + weights
+
+
+def ring_extra_ops(cp: int) -> tuple[float, float]:
+    """(forward, backward) eager ops the ring attention of ``cp`` ranks issues beyond the SDPA
+    call it replaces (none for cp 1: the trainer calls SDPA)."""
+    if cp <= 1:
+        return 0.0, 0.0
+    fixed, per, sdpa = RING_OPS_FIXED, RING_OPS_PER_STEP, SDPA_OPS
+    return fixed[0] + per[0] * cp - sdpa[0], fixed[1] + per[1] * cp - sdpa[1]
+
+
+def ring_attention_bytes(
+    tokens: float, heads: float, seq: int, head_dim: int, cp: int
+) -> tuple[float, float]:
+    """(forward, backward) element-wise bytes of the trainer's ring attention, one layer and
+    micro-batch, ``tokens`` local queries of ``heads`` heads against ``seq`` keys."""
+    score, q = tokens * heads * seq, tokens * heads * head_dim * cp
+    f = RING_BYTES_PER_SCORE[0] * score + RING_BYTES_PER_Q_STEP[0] * q
+    return f, RING_BYTES_PER_SCORE[1] * score + RING_BYTES_PER_Q_STEP[1] * q
+
+
 def layer_host_s(
-    training: TrainingSpec, params: ModelParams, local_experts: float | None = None
+    training: TrainingSpec, params: ModelParams, local_experts: float | None = None, cp: int = 1
 ) -> tuple[float, float]:
     """(forward, backward) host issue of one eager layer and micro-batch (dense, or MoE with
-    ``local_experts`` on this rank: ``layer_ops``); 0 when fused."""
+    ``local_experts`` on this rank: ``layer_ops``; with ``cp`` > 1 the ring attention's own
+    ops, ``ring_extra_ops``); 0 when fused."""
     if not eager(training):
         return 0.0, 0.0
     op_s = params.host_eager_op_s
     fwd, bwd = layer_ops(local_experts)
-    return fwd * op_s, bwd * op_s
+    ring_f, ring_b = ring_extra_ops(cp)
+    return (fwd + ring_f) * op_s, (bwd + ring_b) * op_s
 
 
 def outside_host_s(training: TrainingSpec, params: ModelParams) -> tuple[float, float]:

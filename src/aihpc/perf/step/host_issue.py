@@ -74,14 +74,18 @@ def issue_host_s(training: TrainingSpec, params: ModelParams) -> tuple[float, fl
 
 
 def layer_issue_s(
-    training: TrainingSpec, params: ModelParams, gpu: GPUSpec, local_experts: float | None = None
+    training: TrainingSpec,
+    params: ModelParams,
+    gpu: GPUSpec,
+    local_experts: float | None = None,
+    cp: int = 1,
 ) -> tuple[float, float]:
     """(forward, backward) host issue of one layer and micro-batch on ``gpu``: where the host is
     the device (a CPU: fp32, no autocast) the compiled launches or the eager ops counted by
-    eager_host.py (an MoE layer's own, with ``local_experts`` experts on the rank); on a GPU
-    ``issue_host_s`` (a dense layer's)."""
+    eager_host.py (an MoE layer's own, with ``local_experts`` experts on the rank; the ring
+    attention's under ``cp`` > 1); on a GPU ``issue_host_s`` (a dense layer's)."""
     if gpu.host_is_device and not training.compile:
-        return eager_host.layer_host_s(training, params, local_experts)
+        return eager_host.layer_host_s(training, params, local_experts, cp)
     return issue_host_s(training, params)
 
 
@@ -100,7 +104,7 @@ def with_host_time(
     tensor-parallel layer not compiled, DTensor's dispatch (dtensor_host.py); all of it where the
     host is the device, else what it takes beyond the layer's kernels. ``local_experts``: an
     MoE layer with that many experts on the rank (its own eager ops on a CPU)."""
-    issue = layer_issue_s(training, params, gpu, local_experts)
+    issue = layer_issue_s(training, params, gpu, local_experts, plan.cp)
     fwd, bwd = (0.0, 0.0) if moe_priced else issue
     if training.dtensor_dispatch == "eager" and plan.tp > 1 and not training.compile:
         op_s = dtensor_host.dtensor_op_s(params, calibration)
