@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from aihpc.perf.multimodal import encoder_host
 from aihpc.perf.multimodal import placement as pl
 from aihpc.perf.multimodal.encoder import encoder_activation_bytes, encoder_memory_bytes
 from aihpc.perf.multimodal.imbalance import Grid
@@ -215,11 +216,14 @@ def _price(
     enc_trained, proj_trained = not mm.freeze_encoder, not mm.freeze_projector
     rates = rates_for(v, spec.model, mm, spec.cluster, spec.training, params, e_tp, samples_mb)
     sample = sample_cost(v, mm, rates, enc_trained, proj_trained)
-    mb = sample.times(samples_mb)
+    kernels_mb = sample.times(samples_mb)
+    host_mb = encoder_host.micro_batch_host_s(v, mm, spec.training, params)
+    mb = encoder_host.with_host(kernels_mb, host_mb, spec.cluster.gpu)
     terms = _placement_terms(spec, plan, lay, est, where, e_tp, extra, mb, sample, llm_step, m)
     time_s = {**llm_t, "encoder": terms.encoder, "encoder_imbalance": terms.imbalance}
     time_s["encoder_fill"] = terms.fill + terms.transfer
     time_s["cross_attention"] = _cross_attention_s(spec, plan, lay, est, m)
+    time_s |= _encoder_step_terms(spec, plan, where, kernels_mb.mean, m, params)
     step = sum(time_s.values())
     works = image_works(v, mm)
     mean = mean_works(works)
@@ -245,6 +249,27 @@ def _price(
         encoder_flops_per_sample=flops,
         imbalance={"micro_batch_mean_s": mb.mean, "micro_batch_p99_s": mb.quantile(0.99)},
     )
+
+
+def _encoder_step_terms(
+    spec: RunSpec,
+    plan: ParallelPlan,
+    where: str,
+    kernels_mb_s: float,
+    m: int,
+    params: ModelParams,
+) -> dict[str, float]:
+    """Where the encoder shares the language model's GPUs (replicated, tp, bubble): its blocks'
+    own ZeRO-3 gathers and reduce-scatters (each block an FSDP unit) and what its parameters add
+    to an eager optimizer step on a CPU host (encoder_host.py); 0 elsewhere."""
+    v, cluster, training = spec.vision, spec.cluster, spec.training
+    assert v is not None
+    if where not in ("replicated", "tp", "bubble"):
+        return {"encoder_dp_comm": 0.0, "encoder_optimizer": 0.0}
+    window = params.overlap_efficiency * kernels_mb_s
+    comm, _ = encoder_host.fsdp_comm_s(v, cluster, plan, training, params, m, window)
+    opt = encoder_host.optimizer_host_s(v, plan, cluster.gpu, training, params)
+    return {"encoder_dp_comm": comm, "encoder_optimizer": opt}
 
 
 def _placement_terms(
