@@ -18,9 +18,9 @@ image selection and scatter, and what the text-only loss adds to the decoder's c
 dispatch mode (forward with text_loss, backward, one clipped AdamW step, on plain tensors),
 subtracts the decoder's (perf/step/eager_host.py's constants) and checks what is left against the
 constants below, at 1 and 2 encoder blocks, 1 to 6 images, with and without the projector's
-hidden layer and with ``encoder_recompute = "full"`` (torch 2.13). A micro-batch with no image at all
-still calls the encoder on an empty batch (11 ops more forward, the empty attention's path): not
-priced, a micro-batch of text only is rare where images are the point.
+hidden layer and with ``encoder_recompute = "full"`` (torch 2.13). A micro-batch with no image at
+all still calls the encoder on an empty batch (11 ops more forward, the empty attention's path):
+not priced, a micro-batch of text only is rare where images are the point.
 
 **Cost per op.** ``params.host_eager_op_s`` per op, as eager_host.py prices the decoder's. On a
 CPU (``gpu_spec.host_is_device``) it adds to the encoder's kernels; on a GPU a micro-batch's
@@ -134,9 +134,19 @@ def with_host(mb: Grid, host_s: float, gpu: GPUSpec) -> Grid:
         return mb
     if gpu.host_is_device:
         return replace(mb, lo=mb.lo + host_s)
-    if mb.lo >= host_s:
+    values = mb.values
+    if values[-1] < host_s:  # every micro-batch waits on its host
+        return Grid.point(host_s)
+    # the micro-batches whose kernels are shorter move to the first point at or above host_s
+    # (on the same grid: where none is shorter the distribution is unchanged)
+    below = values < host_s
+    if not below.any():
         return mb
-    return mb.map(lambda x: np.maximum(x, host_s))
+    p = mb.p.copy()
+    first = int(np.argmax(~below))
+    p[first] += p[below].sum()
+    p[below] = 0.0
+    return replace(mb, p=p)
 
 
 def optimizer_host_s(
