@@ -158,20 +158,26 @@ def test_zero3_gathers_each_encoder_block_twice_a_micro_batch() -> None:
     n = layer_params(v) + 7 * v.hidden_size + v.ffn_hidden_size
     ag = collective_time_s(cluster, "all_gather", 4.0 * n, 2, 1, DEFAULT_PARAMS)
     rs = collective_time_s(cluster, "reduce_scatter", 4.0 * n, 2, 1, DEFAULT_PARAMS)
-    exposed, hidden = enh.fsdp_comm_s(v, cluster, plan, training, DEFAULT_PARAMS, 2, 0.0)
-    assert exposed == pytest.approx(2 * v.num_layers * 2 * ag + v.num_layers * rs, rel=1e-12)
-    assert hidden == 0.0
-    window = ag  # half of a micro-batch's gathers hide
-    exposed_w, hidden_w = enh.fsdp_comm_s(v, cluster, plan, training, DEFAULT_PARAMS, 2, window)
-    assert exposed_w == pytest.approx(exposed - 2 * window) and hidden_w == pytest.approx(2 * ag)
+    bare = enh.fsdp_comm_s(v, cluster, plan, training, DEFAULT_PARAMS, 2, 0.0)
+    assert bare.exposed == pytest.approx(2 * v.num_layers * 2 * ag + v.num_layers * rs, rel=1e-12)
+    assert bare.hidden == 0.0
+    assert bare.forward == pytest.approx(2 * v.num_layers * ag, rel=1e-12)  # the forwards' half
+    window = ag  # a quarter of a micro-batch's gathers hide
+    hid = enh.fsdp_comm_s(v, cluster, plan, training, DEFAULT_PARAMS, 2, window)
+    assert hid.exposed == pytest.approx(bare.exposed - 2 * window)
+    assert hid.hidden == pytest.approx(2 * ag)
     per_tensor = dataclasses.replace(training, zero3_gather="per_tensor")
-    assert enh.fsdp_comm_s(v, cluster, plan, per_tensor, DEFAULT_PARAMS, 2, 0.0) == (0.0, 0.0)
+    none = (0.0, 0.0, 0.0)
+    assert enh.fsdp_comm_s(v, cluster, plan, per_tensor, DEFAULT_PARAMS, 2, 0.0) == none
     zero2 = dataclasses.replace(plan, zero_stage=2)
-    assert enh.fsdp_comm_s(v, cluster, zero2, training, DEFAULT_PARAMS, 2, 0.0) == (0.0, 0.0)
+    assert enh.fsdp_comm_s(v, cluster, zero2, training, DEFAULT_PARAMS, 2, 0.0) == none
+    pp2 = dataclasses.replace(plan, pp=2)  # the blocks gathered once a step, reduced once
+    piped = enh.fsdp_comm_s(v, cluster, pp2, training, DEFAULT_PARAMS, 2, 0.0)
+    assert piped.exposed == pytest.approx(v.num_layers * (ag + rs), rel=1e-12)
     est = estimate_vlm(spec, placement="replicated")
     host_mb = sum(enh.encoder_ops(v, spec.multimodal)) * DEFAULT_PARAMS.host_eager_op_s
     kernels_mb = est.time_s["encoder"] / 2 - host_mb  # two micro-batches a rank
     window = DEFAULT_PARAMS.overlap_efficiency * kernels_mb
     assert est.time_s["encoder_dp_comm"] == pytest.approx(
-        enh.fsdp_comm_s(v, cluster, plan, training, DEFAULT_PARAMS, 2, window)[0], rel=1e-6
+        enh.fsdp_comm_s(v, cluster, plan, training, DEFAULT_PARAMS, 2, window).exposed, rel=1e-6
     )

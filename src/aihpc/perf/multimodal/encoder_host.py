@@ -37,6 +37,7 @@ decoder's ops (sharding propagation of matmuls, redistributions), 50-104 us on t
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -61,9 +62,11 @@ __all__ = [
     "FIXED_TENSORS",
     "OPTIMIZER_DTENSOR_OP_S",
     "PROJECTOR_HIDDEN_OPS",
+    "EncoderComm",
     "encoder_ops",
     "encoder_tensors",
     "fsdp_comm_s",
+    "host_ops_s",
     "micro_batch_host_s",
     "optimizer_host_s",
     "with_host",
@@ -112,19 +115,26 @@ def encoder_tensors(v: VisionSpec) -> tuple[int, int]:
     return count, matrices
 
 
-def micro_batch_host_s(
+def host_ops_s(
     v: VisionSpec, mm: MultimodalSpec, training: TrainingSpec, params: ModelParams
-) -> float:
-    """Host issue of one micro-batch's encoder and projector: the forward, and the backward of
-    what is trained (a frozen encoder under a trained projector: the fixed part's backward);
+) -> tuple[float, float]:
+    """(forward, backward) host issue of one micro-batch's encoder and projector: the backward
+    of what is trained (a frozen encoder under a trained projector: the fixed part's backward);
     0 when the encoder is not run eagerly (compiled, fused, CUDA graphs)."""
     if not eager_host.eager(training):
-        return 0.0
+        return 0.0, 0.0
     fwd, bwd = encoder_ops(v, mm)
     if mm.freeze_encoder:
         bwd = 0 if mm.freeze_projector else FIXED_OPS[1]
         bwd += PROJECTOR_HIDDEN_OPS[1] if v.projector_hidden and not mm.freeze_projector else 0
-    return (fwd + bwd) * params.host_eager_op_s
+    return fwd * params.host_eager_op_s, bwd * params.host_eager_op_s
+
+
+def micro_batch_host_s(
+    v: VisionSpec, mm: MultimodalSpec, training: TrainingSpec, params: ModelParams
+) -> float:
+    """Host issue of one micro-batch's encoder and projector, forward and backward."""
+    return sum(host_ops_s(v, mm, training, params))
 
 
 def with_host(mb: Grid, host_s: float, gpu: GPUSpec) -> Grid:
@@ -172,6 +182,15 @@ def optimizer_host_s(
     return host
 
 
+class EncoderComm(NamedTuple):
+    """A step's encoder-block collectives: exposed and hidden seconds, and of the exposed those
+    before the forwards (the gathers a forward waits on)."""
+
+    exposed: float
+    hidden: float
+    forward: float
+
+
 def fsdp_comm_s(
     v: VisionSpec,
     cluster: ClusterSpec,
@@ -180,8 +199,8 @@ def fsdp_comm_s(
     params: ModelParams,
     m: int,
     window_s: float,
-) -> tuple[float, float]:
-    """(exposed, hidden) seconds a step spends on the encoder blocks' own ZeRO-3 collectives
+) -> EncoderComm:
+    """The seconds a step spends on the encoder blocks' own ZeRO-3 collectives
     (FSDP2, each block a unit; not DeepSpeed's per-tensor gathers, ``zero3_gather =
     "per_tensor"``): without PP, per micro-batch an all-gather of each block before its forward
     and again before its backward, hidden behind ``window_s`` (the overlap efficiency's share of
@@ -193,7 +212,7 @@ def fsdp_comm_s(
     the decoder's bucketed reductions (not priced here either)."""
     shard = (plan.dp_shard or plan.dp) * plan.cp
     if plan.zero_stage != 3 or training.zero3_gather == "per_tensor" or shard <= 1:
-        return 0.0, 0.0
+        return EncoderComm(0.0, 0.0, 0.0)
     # a block's weights: layer_params' matrices and norm weights, and the trainer's biases (the
     # norms' 2h, the linears' 3h + h + f + h)
     n = layer_params(v) + 7 * v.hidden_size + v.ffn_hidden_size
@@ -209,7 +228,7 @@ def fsdp_comm_s(
     ag, rs = coll("all_gather", weights), coll("reduce_scatter", grads)
     blocks = v.num_layers
     if plan.pp > 1:
-        return blocks * (ag + rs), 0.0
+        return EncoderComm(blocks * (ag + rs), 0.0, blocks * ag)
     per_mb = blocks * 2 * ag
     exposed = max(0.0, per_mb - window_s)
-    return m * exposed + blocks * rs, m * (per_mb - exposed)
+    return EncoderComm(m * exposed + blocks * rs, m * (per_mb - exposed), m * exposed / 2)
