@@ -26,7 +26,8 @@ __all__ = [
 ]
 
 _TERMS = ("compute", "recompute", "tp_comm", "dp_comm", "pipeline_bubble", "encoder")
-_TERMS += ("encoder_imbalance", "encoder_fill", "cross_attention")
+_TERMS += ("encoder_imbalance", "encoder_dp_comm", "encoder_optimizer", "encoder_fill")
+_TERMS += ("cross_attention",)
 
 
 def _plan_text(e: VlmEstimate) -> str:
