@@ -3,10 +3,11 @@ runtime/vlm/), in seconds: its ops issued one by one from Python, its optimizer 
 its parameter tensors, and, under ZeRO-3, the gathers of its blocks (each block an FSDP unit).
 
 The encoder's arithmetic (encoder.py) is a small part of a small encoder's time on a CPU: the
-trainer's 2-layer ViT of width 32 encodes a micro-batch of five 16-patch images in about 0.1 ms
-of GEMMs, while its forward and backward issue 261 aten ops (2 ms at 8 us an op), its 33 parameter
-tensors add 552 ops to the optimizer step, and under FSDP2 its two blocks add four all-gathers a
-micro-batch and two reduce-scatters a step (1.7 ms each on this project's 2-core host's gloo).
+trainer's 2-layer ViT of width 32 runs a micro-batch of five 16-patch images forward and
+backward in about 0.6 ms of kernels at its host's calibrated rates, while it issues 261 aten ops
+(2 ms at 8 us an op), its 33 parameter tensors add 309 ops to the optimizer step (243 of them on
+DTensors under FSDP2), and under FSDP2 its two blocks add four all-gathers a micro-batch and two
+reduce-scatters a step (1.7-3.8 ms each as this project's loaded 2-core host calibrates gloo).
 
 **Ops, counted not fitted.** The trainer encodes a micro-batch's images in one batched call
 (model.py ``VisionLlama.embed``: the real images picked out of their slots by one boolean index,
@@ -28,10 +29,11 @@ encoder costs max(kernels, host issue) (eager_host.pass_excess_s), which for a C
 tower on hundreds of patches an image is its kernels. An optimizer op on a DTensor parameter
 (FSDP2's Shard(0), or the encoder's Replicate weights under TP) costs ``OPTIMIZER_DTENSOR_OP_S``
 more: in-place element-wise ops on a one-rank mesh's Shard(0) DTensor against the same ops on
-plain tensors (``mul_`` / ``addcmul_`` of 32 x 32 and 96 x 32 fp32 values, and AdamW over 33
-such parameters), 13 us and 14 us more an op on this project's 2-core Xeon host (torch 2.13,
-load average 3.5). That is not ``dtensor_op_us``: the calibration times the tensor-parallel
-decoder's ops (sharding propagation of matmuls, redistributions), 50-104 us on the same host.
+plain tensors on this project's 2-core Xeon host (torch 2.13, load average 3.5): 12.7 us more an
+op for ``mul_`` / ``addcmul_`` of 32 x 32 and 96 x 32 fp32 values, 17 us for AdamW's 8 ops a
+parameter over 33 such parameters; 14 us is taken. That is not ``dtensor_op_us``: the
+calibration times the tensor-parallel decoder's ops (sharding propagation of matmuls,
+redistributions), 50-104 us on the same host.
 """
 
 from __future__ import annotations
