@@ -107,8 +107,10 @@ def _imbalance_line(imb: dict) -> str:
         )
     if not m:
         return line + " not measured"
+    fwd = imb.get("predicted_encoder_forward_s")
+    beside = f" ({fwd * 1e3:.1f} ms predicted)" if fwd is not None else ""
     return (
-        f"{line} forward {m['encoder_forward_s_mean'] * 1e3:.1f} ms measured, slowest rank "
+        f"{line} forward {m['encoder_forward_s_mean'] * 1e3:.1f} ms measured{beside}, slowest rank "
         f"+{m['encoder_forward_imbalance_s'] * 1e3:.2f} ms; images per rank and step "
         f"{m['images_per_rank_mean']:.1f} mean, {m['images_per_rank_max']:.1f} on the busiest"
     )

@@ -26,7 +26,8 @@ __all__ = [
 ]
 
 _TERMS = ("compute", "recompute", "tp_comm", "dp_comm", "pipeline_bubble", "encoder")
-_TERMS += ("encoder_imbalance", "encoder_fill", "cross_attention")
+_TERMS += ("encoder_imbalance", "encoder_dp_comm", "encoder_optimizer", "encoder_fill")
+_TERMS += ("cross_attention",)
 
 
 def _plan_text(e: VlmEstimate) -> str:
@@ -138,7 +139,7 @@ def vlm_search(spec: RunSpec, top: int, json_out: bool, runnable: bool = False) 
     con.print("\n".join([_header(), *(_row(e) for e in best)]), highlight=False)
     runs = sum(_trainer_refusal(spec, e) is None for e in result.plans[:top])
     con.print(
-        f"\naihpc train runs {runs} of the {len(result.plans[:top])} listed"
+        f"\nthe trainer (aihpc train) runs {runs} of the {len(result.plans[:top])} listed"
         + ("" if runnable else " (--runnable: only the pairs it runs)"),
         highlight=False,
     )

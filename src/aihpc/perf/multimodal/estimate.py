@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from aihpc.perf.multimodal import encoder_host
 from aihpc.perf.multimodal import placement as pl
 from aihpc.perf.multimodal.encoder import encoder_activation_bytes, encoder_memory_bytes
 from aihpc.perf.multimodal.imbalance import Grid
@@ -215,11 +216,15 @@ def _price(
     enc_trained, proj_trained = not mm.freeze_encoder, not mm.freeze_projector
     rates = rates_for(v, spec.model, mm, spec.cluster, spec.training, params, e_tp, samples_mb)
     sample = sample_cost(v, mm, rates, enc_trained, proj_trained)
-    mb = sample.times(samples_mb)
+    kernels_mb = sample.times(samples_mb)
+    host_mb = encoder_host.micro_batch_host_s(v, mm, spec.training, params)
+    mb = encoder_host.with_host(kernels_mb, host_mb, spec.cluster.gpu)
     terms = _placement_terms(spec, plan, lay, est, where, e_tp, extra, mb, sample, llm_step, m)
     time_s = {**llm_t, "encoder": terms.encoder, "encoder_imbalance": terms.imbalance}
     time_s["encoder_fill"] = terms.fill + terms.transfer
     time_s["cross_attention"] = _cross_attention_s(spec, plan, lay, est, m)
+    extra_terms, forward_s = _encoder_step_terms(spec, plan, where, rates, samples_mb, m, params)
+    time_s |= extra_terms
     step = sum(time_s.values())
     works = image_works(v, mm)
     mean = mean_works(works)
@@ -243,8 +248,41 @@ def _price(
         memory_gib=mem / GiB,
         encoder_memory_gib=enc_mem / GiB,
         encoder_flops_per_sample=flops,
-        imbalance={"micro_batch_mean_s": mb.mean, "micro_batch_p99_s": mb.quantile(0.99)},
+        imbalance={
+            "micro_batch_mean_s": mb.mean,
+            "micro_batch_p99_s": mb.quantile(0.99),
+            "step_forward_s": forward_s,
+        },
     )
+
+
+def _encoder_step_terms(
+    spec: RunSpec,
+    plan: ParallelPlan,
+    where: str,
+    rates: Any,
+    samples_mb: int,
+    m: int,
+    params: ModelParams,
+) -> tuple[dict[str, float], float]:
+    """Where the encoder shares the language model's GPUs (replicated, tp, bubble): its blocks'
+    own ZeRO-3 gathers and reduce-scatters (each block an FSDP unit) and what its parameters add
+    to an eager optimizer step on a CPU host (encoder_host.py), 0 elsewhere; and the mean
+    seconds of a rank's encoder forwards in a step (kernels, host issue and the gathers they
+    wait on: what the trainer times around its encoder's calls)."""
+    v, mm, cluster, training = spec.vision, spec.multimodal, spec.cluster, spec.training
+    assert v is not None and mm is not None
+    gpu = cluster.gpu
+    kernels = sample_cost(v, mm, rates, not mm.freeze_encoder, not mm.freeze_projector)
+    fwd_kernels = sample_cost(v, mm, rates, False, False).times(samples_mb)
+    fwd_host = encoder_host.host_ops_s(v, mm, training, params)[0]
+    forward = m * encoder_host.with_host(fwd_kernels, fwd_host, gpu).mean
+    if where not in ("replicated", "tp", "bubble"):
+        return {"encoder_dp_comm": 0.0, "encoder_optimizer": 0.0}, forward
+    window = params.overlap_efficiency * kernels.mean * samples_mb
+    comm = encoder_host.fsdp_comm_s(v, cluster, plan, training, params, m, window)
+    opt = encoder_host.optimizer_host_s(v, plan, gpu, training, params)
+    return {"encoder_dp_comm": comm.exposed, "encoder_optimizer": opt}, forward + comm.forward
 
 
 def _placement_terms(

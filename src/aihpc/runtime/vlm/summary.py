@@ -77,6 +77,8 @@ def vlm_measured_vs_predicted(
     out["imbalance"] = {
         "predicted_encoder_s": est.time_s["encoder"] if est else None,
         "predicted_encoder_imbalance_s": est.time_s["encoder_imbalance"] if est else None,
+        # a rank's encoder forwards in a step: what the trainer times around its encoder calls
+        "predicted_encoder_forward_s": est.imbalance["step_forward_s"] if est else None,
         "measured": measured_imbalance(image_log),
     }
     return out
