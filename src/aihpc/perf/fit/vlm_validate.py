@@ -26,7 +26,7 @@ TARGET_VLM_MAPE = 0.15
 TARGET_VLM_MAX_ERROR = 0.30
 
 VLM_COLUMNS = ("id", "vlm", "gpu", "num_gpus", "global_batch_size", "samples", "measured_hours")
-_PLAN_INT = ("tp", "pp", "dp", "micro_batch_size", "global_batch_size", "zero_stage")
+_PLAN_INT = ("tp", "pp", "cp", "dp", "micro_batch_size", "global_batch_size", "zero_stage")
 _FLAGS = ("packing", "freeze_encoder", "freeze_projector", "freeze_llm")
 
 
@@ -158,9 +158,15 @@ def row_spec(row: dict[str, str]) -> RunSpec:
         gpus = int(cell(row, "num_gpus"))
     except ValueError:
         raise SpecError("num_gpus", cell(row, "num_gpus"), "expected a whole number") from None
+    model: dict[str, Any] = {"preset": cell(row, "vlm")}
+    if cell(row, "seq_length"):  # the run's sequence length where it differs from the preset's
+        try:
+            model["seq_length"] = int(cell(row, "seq_length"))
+        except ValueError:
+            raise SpecError("seq_length", cell(row, "seq_length"), "a whole number") from None
     return runspec_from_dict(
         {
-            "model": {"preset": cell(row, "vlm")},
+            "model": model,
             "cluster": {"gpu": cell(row, "gpu"), "num_gpus": gpus},
             "parallel": parallel,
             "training": training,
