@@ -47,3 +47,49 @@ def test_held_out_rows_were_priced_once_before_any_change(report) -> None:  # ty
 def test_vlm_targets(report) -> None:  # type: ignore[no-untyped-def]
     assert report.mape <= TARGET_VLM_MAPE
     assert report.max_error <= TARGET_VLM_MAX_ERROR
+
+
+STEP_RUNS = "vlm_step_runs.csv"
+
+
+@pytest.fixture(scope="module")
+def step_report():  # type: ignore[no-untyped-def]
+    return validate_vlm(data_file(STEP_RUNS))
+
+
+def test_step_level_rows_are_held_out_sourced_and_were_priced_once(step_report) -> None:  # type: ignore[no-untyped-def]
+    """The step-level set (step times, not wall clock): every row held out, named with its
+    source, and recorded at its first pricing before any model change."""
+    assert len(step_report.rows) >= 3
+    first = (ROOT / "benchmarks" / "results" / "vlm_step_heldout_first.md").read_text()
+    rows = list(csv.DictReader(data_file(STEP_RUNS).open()))
+    for row, r in zip(rows, step_report.rows, strict=True):
+        assert r.heldout and len(r.source) > 60 and f"| {r.id} | yes |" in first
+        step_s = float(row["measured_hours"]) * 3600
+        assert r.measured == pytest.approx(float(row["samples"]) / step_s / int(row["num_gpus"]))
+
+
+def test_step_rows_carry_their_cp_and_sequence_length(step_report) -> None:  # type: ignore[no-untyped-def]
+    rows = {row["id"]: row for row in csv.DictReader(data_file(STEP_RUNS).open())}
+    for r in step_report.rows:
+        plan = r.estimate.llm.plan
+        assert plan.cp == int(rows[r.id]["cp"] or 1)
+        assert plan.tp * plan.pp * plan.cp * plan.dp == r.num_gpus
+
+
+def test_a_bad_sequence_length_cell_names_its_row_and_column(tmp_path: Path) -> None:
+    from aihpc.runspec.errors import SpecError
+
+    text = data_file(STEP_RUNS).read_text().splitlines()
+    head = text[0].split(",")
+    bad = next(line for line in text[1:] if line.startswith("M2,"))
+    fields = next(csv.reader([bad]))
+    fields[head.index("seq_length")] = "long"
+    out = tmp_path / "runs.csv"
+    with out.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(head)
+        w.writerow(fields)
+    with pytest.raises(SpecError) as err:
+        validate_vlm(out)
+    assert err.value.field == "row M2: seq_length" and err.value.value == "long"
