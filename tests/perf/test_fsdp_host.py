@@ -91,3 +91,30 @@ def test_megatron_style_zero_12_has_no_fsdp_copies() -> None:
     assert _dp_comm(1, 20.0, "none") < _dp_comm(1, 20.0)
     training = dataclasses.replace(_spec(1, 10.0).training, dtensor_dispatch="none")
     assert not fh.eager_fsdp(training)
+
+
+@pytest.mark.parametrize("zero", [1, 3])
+@pytest.mark.parametrize("m", [1, 3])
+def test_the_terms_issue_the_counted_collectives(zero: int, m: int) -> None:
+    """dp_comm's eager-FSDP2 terms make the collectives ``collectives`` says (counted above):
+    with nothing to hide them (no window) and each gather costing 1 and each reduce-scatter 10,
+    the exposed time is their count. Copies left out here (``dtensor_dispatch`` none makes
+    them 0; the bytes are checked above)."""
+    from types import SimpleNamespace
+
+    from aihpc.perf.step import dp_comm
+
+    layers, training = 4, _spec(zero, 10.0, "none").training
+    rows = SimpleNamespace(
+        grad_bytes=1e6, edge_frac=0.1, layers=layers, m=m, body_param_bytes=9e5,
+        edge_param_bytes=1e5, first_fwd=0.0, last_bwd=0.0, training=training,
+    )  # fmt: skip
+
+    def cost(kind: str, size: float) -> float:
+        return {"all_gather": 1.0, "reduce_scatter": 10.0}[kind]
+
+    term = dp_comm._fsdp_zero3 if zero == 3 else dp_comm._fsdp_zero12
+    exposed, hidden = term(rows, cost, 0.0)
+    units, gathers, reduces = fh.collectives(layers, m, zero)
+    assert exposed == units * gathers * 1.0 + units * reduces * 10.0
+    assert hidden == 0.0

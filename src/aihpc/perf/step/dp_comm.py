@@ -206,13 +206,30 @@ def _dp_zero3(r: Any, c: Coll, window: Any) -> tuple:
     """ZeRO-3 / FSDP: one gather per layer for forward and backward, one reduce-scatter, per
     micro-batch; the root unit (edge) gathered before the first layer and reduced after the
     last backward, on the critical path each time."""
+    if fsdp_host.eager_fsdp(r.training):
+        return _fsdp_zero3(r, c, window)
     gb, ef, layers, m = r.grad_bytes, r.edge_frac, r.layers, r.m
     body_p = r.body_param_bytes / layers
     body_g = gb * (1 - ef) / layers
     per_mb = layers * (2 * c("all_gather", body_p) + c("reduce_scatter", body_g))
     edges = c("all_gather", r.edge_param_bytes) + c("reduce_scatter", gb * ef)
     exposed = maximum(0.0, per_mb - window)
-    return m * (exposed + edges) + _fsdp_copies(r), m * (per_mb - exposed)
+    return m * (exposed + edges), m * (per_mb - exposed)
+
+
+def _fsdp_zero3(r: Any, c: Coll, window: Any) -> tuple:
+    """ZeRO-3 as the trainer's eager FSDP2 runs it (fsdp_host.collectives, counted): every unit,
+    the root too, gathered for the forward and again for the backward of each micro-batch; the
+    gradients reduce-scattered once, in the last micro-batch (the trainer syncs gradients there
+    only); and the copies around each."""
+    gb, ef, layers, m = r.grad_bytes, r.edge_frac, r.layers, r.m
+    gathers = layers * 2 * c("all_gather", r.body_param_bytes / layers)
+    grads = layers * c("reduce_scatter", gb * (1 - ef) / layers)
+    edges = m * 2 * c("all_gather", r.edge_param_bytes) + c("reduce_scatter", gb * ef)
+    exp_rest = maximum(0.0, gathers - window)
+    exp_last = maximum(0.0, gathers + grads - window)
+    exposed = (m - 1) * exp_rest + exp_last + edges + _fsdp_copies(r)
+    return exposed, (m - 1) * (gathers - exp_rest) + gathers + grads - exp_last
 
 
 def _fsdp_copies(r: Any, m: Any = None, zero: Any = None) -> Any:
