@@ -93,9 +93,9 @@ def test_megatron_style_zero_12_has_no_fsdp_copies() -> None:
     assert not fh.eager_fsdp(training)
 
 
-@pytest.mark.parametrize("zero", [1, 3])
+@pytest.mark.parametrize(("zero", "pp"), [(1, 1), (1, 2), (3, 1)])
 @pytest.mark.parametrize("m", [1, 3])
-def test_the_terms_issue_the_counted_collectives(zero: int, m: int) -> None:
+def test_the_terms_issue_the_counted_collectives(zero: int, pp: int, m: int) -> None:
     """dp_comm's eager-FSDP2 terms make the collectives ``collectives`` says (counted above):
     with nothing to hide them (no window) and each gather costing 1 and each reduce-scatter 10,
     the exposed time is their count. Copies left out here (``dtensor_dispatch`` none makes
@@ -107,7 +107,7 @@ def test_the_terms_issue_the_counted_collectives(zero: int, m: int) -> None:
     layers, training = 4, _spec(zero, 10.0, "none").training
     rows = SimpleNamespace(
         grad_bytes=1e6, edge_frac=0.1, layers=layers, m=m, body_param_bytes=9e5,
-        edge_param_bytes=1e5, first_fwd=0.0, last_bwd=0.0, training=training,
+        edge_param_bytes=1e5, first_fwd=0.0, last_bwd=0.0, training=training, pp=pp,
     )  # fmt: skip
 
     def cost(kind: str, size: float) -> float:
@@ -115,6 +115,7 @@ def test_the_terms_issue_the_counted_collectives(zero: int, m: int) -> None:
 
     term = dp_comm._fsdp_zero3 if zero == 3 else dp_comm._fsdp_zero12
     exposed, hidden = term(rows, cost, 0.0)
-    units, gathers, reduces = fh.collectives(layers, m, zero)
+    units, gathers, reduces = fh.collectives(layers, m, zero, pp)
+    assert gathers == (1 if pp > 1 else m) * (2 if zero == 3 else 1)
     assert exposed == units * gathers * 1.0 + units * reduces * 10.0
     assert hidden == 0.0

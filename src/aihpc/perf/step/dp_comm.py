@@ -31,7 +31,7 @@ def _dp_setup(st: StepState) -> None:
     replicas, cp ranks tp apart (dp ranks tp x cp apart without CP); the first stage holds the
     embedding and, without PP, the untied output layer too."""
     b, model, training = st.b, st.model, st.training
-    st.dp_n, st.zero = b.dp * b.cp, b.zero
+    st.dp_n, st.zero, st.pp = b.dp * b.cp, b.zero, b.pp
     st.stride = where(b.cp > 1, b.tp, b.tp * b.cp)
     st.embeddings = where((b.pp > 1) | model.tied_embeddings, 1, 2)
     st.layer_params, st.expert_params = layer_params_split(model, st.layers, b.tp, b.etp, b.ep)
@@ -241,7 +241,7 @@ def _fsdp_copies(r: Any, m: Any = None, zero: Any = None) -> Any:
     m, zero = r.m if m is None else m, r.zero if zero is None else zero
     gpu, params = r.cluster.gpu, r.params
     return fsdp_host.copy_time_s(
-        r.param_bytes, r.grad_bytes, r.shard_n, r.layers, m, zero, gpu, params
+        r.param_bytes, r.grad_bytes, r.shard_n, r.layers, m, zero, gpu, params, r.pp
     )
 
 
@@ -249,8 +249,10 @@ def _fsdp_zero12(r: Any, c: Coll, window: Any) -> tuple:
     """ZeRO 1/2 as the trainer's eager FSDP2 runs them (fsdp_host.py): per layer unit a gather
     before its forward in every micro-batch, hidden behind that micro-batch's forward, and a
     reduce-scatter after the last backward, hidden behind it; the root unit's gather and
-    reduction exposed; and the copies around each."""
-    gb, ef, layers, m = r.grad_bytes, r.edge_frac, r.layers, r.m
+    reduction exposed; and the copies around each. Under PP the schedule gathers each unit once
+    a step (torch.distributed.pipelining unshards before the first micro-batch)."""
+    gb, ef, layers = r.grad_bytes, r.edge_frac, r.layers
+    _, m, _ = fsdp_host.collectives(layers, r.m, 1, r.pp)  # gathers per unit a step
     gathers = layers * c("all_gather", r.body_param_bytes / layers)
     grads = layers * c("reduce_scatter", gb * (1 - ef) / layers)
     edges = m * c("all_gather", r.edge_param_bytes) + c("reduce_scatter", gb * ef)

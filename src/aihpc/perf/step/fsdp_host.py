@@ -63,11 +63,14 @@ def eager_fsdp(training: TrainingSpec) -> bool:
     return training.dtensor_dispatch == "eager"
 
 
-def collectives(layers: Any, m: Any, zero: Any) -> tuple[Any, Any, Any]:
+def collectives(layers: Any, m: Any, zero: Any, pp: Any = 1) -> tuple[Any, Any, Any]:
     """(units, gathers per unit, reduce-scatters per unit) of one step with ``layers`` layers on
     the stage and ``m`` micro-batches: a unit per layer and the root; a gather per micro-batch
-    (two under ZeRO 3); one reduce-scatter."""
-    return layers + 1, where(zero == 3, 2 * m, m), 1
+    (two under ZeRO 3), under ZeRO 1/2 with PP one a step (torch.distributed.pipelining keeps
+    the units gathered over the micro-batches: ``set_reshard_after_backward(False)``); one
+    reduce-scatter."""
+    per_mb = where(pp > 1, 1, m)
+    return layers + 1, where(zero == 3, 2 * m, per_mb), 1
 
 
 def copy_bytes(param_bytes: Any, grad_bytes: Any, shard_n: Any, gathers: Any, reduces: Any) -> Any:
@@ -90,10 +93,11 @@ def copy_time_s(
     zero: Any,
     gpu: GPUSpec,
     params: ModelParams,
+    pp: Any = 1,
 ) -> Any:
     """Seconds of FSDP2's copies in one step (``copy_bytes`` at the memory bandwidth, a launch
     per copy per unit)."""
-    units, gathers, reduces = collectives(layers, m, zero)
+    units, gathers, reduces = collectives(layers, m, zero, pp)
     num_bytes = copy_bytes(param_bytes, grad_bytes, shard_n, gathers, reduces)
     kernels = units * (COPIES_PER_GATHER * gathers + COPIES_PER_REDUCE * reduces)
     return stream_time_s(num_bytes, gpu, params, kernels=kernels)
