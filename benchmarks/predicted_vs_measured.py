@@ -10,15 +10,15 @@ host.
    2 ranks back to back, between computations and beside them, and the host time DTensor's
    dispatch adds to one op of the trainer's tensor-parallel decoder) and writes the
    calibration and a gpu_spec;
-2. every plan below (19 on a CPU: every schedule the trainer runs -- 1F1B, interleaved 1F1B,
-   ZBV; it has no GPipe --, ZeRO 0-3, recompute none / selective / full, TP with and without
-   SP, CP, EP on a mixture-of-experts variant, and issue 41's eight plans) trains the same
-   model (preset tiny-llama-small: 4 layers, dim 256, seq 128; global batch 8) for ``--steps``
-   steps with `aihpc train`, whose summary.json holds `aihpc estimate`'s prediction for the
-   same spec on this host, priced with the trainer's own software facts (eager element-wise
-   ops and loss, an eager layer's host issue, TP collectives in line, DTensor's eager
-   dispatch, the ring's unfused attention: `as_trained` in runtime/summary.py; `performance`
-   in summary.json);
+2. every plan below (20 on a CPU: every schedule the trainer runs -- 1F1B, interleaved 1F1B,
+   ZBV; it has no GPipe --, ZeRO 0-3, recompute none / selective / full, TP with and without SP,
+   CP, EP on a mixture-of-experts variant, torch.compile, and issue 41's eight plans) trains the
+   same model (preset tiny-llama-small: 4 layers, dim 256, seq 128; global batch 8) for
+   ``--steps`` steps with `aihpc train`, whose summary.json holds `aihpc estimate`'s prediction
+   for the same spec on this host, priced with the trainer's own software facts (eager
+   element-wise ops and loss, an eager layer's host issue, TP collectives in line, DTensor's
+   eager dispatch, the ring's unfused attention: `as_trained` in runtime/summary.py;
+   `performance` in summary.json);
 3. per plan: the median step after the first WARMUP steps (the typical step, what a user
    waits for; the fastest is shown too), the prediction, error = predicted / median - 1 and
    its sign (+: pessimistic); over plans: median |error|, the worst, Spearman's rho between
@@ -102,8 +102,9 @@ PLANS: list[tuple] = [
     ("cp2 zero 3", 2, "cp = 2\nzero_stage = 3"),  # issue 41
     ("1 rank MoE", 1, "zero_stage = 0", MOE),
     ("ep2 MoE", 2, "ep = 2\nzero_stage = 0", MOE),
-    # ("1 rank compiled", 1, "zero_stage = 0", "", "compile = true"): add with [training]
-    # compile (issue 41 item 3) once the trainer has it, beside "1 rank" (the eager twin)
+    # torch.compile of each block (issue 41 item 3), beside "1 rank" (its eager twin): Inductor
+    # needs a C compiler; the first step compiles (about 40 s here) and is not compared
+    ("1 rank compiled", 1, "zero_stage = 0", "", "compile = true"),
 ]
 
 

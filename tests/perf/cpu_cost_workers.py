@@ -62,3 +62,67 @@ def ring_counts(shape: tuple[int, int, int, int, int]) -> dict[int, dict[str, in
             out[cp] = {"fwd_ops": fwd.ops, "bwd_ops": bwd.ops, "fwd_bytes": fwd.bytes,
                        "bwd_bytes": bwd.bytes}  # fmt: skip
     return out
+
+
+class FSDPCopies(TorchDispatchMode):
+    """FSDP2's collectives and the bytes its copies around them read and write (every tensor
+    an op takes or writes into: the shards in and the gathered buffer; the buffer out and the
+    unsharded parameters; the gradients in and the reduce-scatter's input; the shard copy's
+    source and destination)."""
+
+    COPIES = ("all_gather_copy_in", "split_with_sizes_copy", "_chunk_cat", "chunk_cat", "copy_")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: dict[str, int] = {}
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
+        out = func(*args, **(kwargs or {}))
+        name = func.__name__.split(".")[0]
+        self.ops[name] = self.ops.get(name, 0) + 1
+        if name == "all_gather_copy_in":  # the shards read, and written into the input buffer
+            self.bytes += 2 * sum(t.numel() * t.element_size() for t in args[0])
+        elif name in self.COPIES:  # source(s) and destination(s)
+            flat = tree_flatten((args, kwargs))[0]
+            self.bytes += sum(t.numel() * t.element_size() for t in flat if torch.is_tensor(t))
+        return out
+
+
+def fsdp_counts(zeros: tuple[int, ...], micro_batches: int) -> dict[int, dict[str, Any]]:
+    """{zero: one forward-backward of the trainer's step (runtime/step.py) at that ZeRO stage on
+    this rank's ``micro_batches`` micro-batches of tiny-llama-small: FSDP2's collectives and
+    copy bytes, the unsharded parameters' bytes, the layers}; rank 0's."""
+    import tempfile
+    from contextlib import nullcontext
+    from pathlib import Path
+
+    from aihpc.runspec import runspec_from_dict
+    from aihpc.runtime.job import TrainOptions, build
+
+    out = {}
+    with init_distributed(120.0) as ctx, tempfile.TemporaryDirectory() as tmp:
+        for zero in zeros:
+            parallel = {"global_batch_size": 4 * micro_batches, "micro_batch_size": 2}
+            spec = runspec_from_dict(
+                {
+                    "model": {"preset": "tiny-llama-small"},
+                    "cluster": {"num_gpus": 2, "gpus_per_node": 2, "gpu": "h100-sxm"},
+                    "parallel": {**parallel, "zero_stage": zero},
+                }
+            )
+            _, parts, stepper, _ = build(spec, TrainOptions(run_dir=Path(tmp) / str(zero)), ctx)
+            stepper.step(nullcontext())  # the first step's lazy initialisation not counted
+            x, y = stepper._batch()
+            mode = FSDPCopies()
+            with mode:
+                stepper._forward_backward(x, y, nullcontext())
+            full = sum(p.numel() * p.element_size() for p in parts.model.parameters())
+            layers = len(parts.model.layers)
+            out[zero] = {
+                "ops": mode.ops,
+                "bytes": mode.bytes,
+                "param_bytes": full,
+                "layers": layers,
+            }
+    return out

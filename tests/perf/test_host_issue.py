@@ -130,3 +130,23 @@ def test_the_trainers_summary_prices_a_compiled_run_as_compiled() -> None:
     assert not eager.training.fused_kernels and not eager.training.compile
     assert compiled.training.fused_kernels and compiled.training.compile
     assert _step(compiled) < _step(eager)
+
+
+def test_compiling_the_blocks_leaves_the_rest_eager() -> None:
+    """runtime/speed.py compiles each decoder block and nothing else: the embedding, final
+    norm, output layer and loss are issued op by op as in an eager run, and on a CPU host the
+    optimizer's per-tensor AdamW loop too (eager_host.py's counts); fused kernels without
+    compile (Megatron, TE) pay neither."""
+    from aihpc.perf.step import eager_host
+    from aihpc.runtime.summary import as_trained
+
+    eager = as_trained(_spec("h100-sxm")).training
+    compiled = as_trained(_spec("h100-sxm", compile=True)).training
+    fused = dataclasses.replace(eager, fused_kernels=True)
+    assert eager_host.outside_host_s(compiled, P) == eager_host.outside_host_s(eager, P)
+    assert eager_host.outside_host_s(compiled, P)[0] > 0
+    assert eager_host.outside_host_s(fused, P) == (0.0, 0.0)
+    cpu = dataclasses.replace(_spec("h100-sxm").cluster.gpu, host_is_device=True)
+    loop = [eager_host.optimizer_eager_host_s(4, 1, False, cpu, t, P) for t in (eager, compiled)]
+    assert loop[0] == loop[1] > 0
+    assert eager_host.optimizer_eager_host_s(4, 1, False, cpu, fused, P) == 0.0

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from aihpc.perf.step import fsdp_host
 from aihpc.perf.step.flops import (
     embedding_params,
     param_tensors_per_layer,
@@ -30,7 +31,7 @@ def _dp_setup(st: StepState) -> None:
     replicas, cp ranks tp apart (dp ranks tp x cp apart without CP); the first stage holds the
     embedding and, without PP, the untied output layer too."""
     b, model, training = st.b, st.model, st.training
-    st.dp_n = b.dp * b.cp
+    st.dp_n, st.zero, st.pp = b.dp * b.cp, b.zero, b.pp
     st.stride = where(b.cp > 1, b.tp, b.tp * b.cp)
     st.embeddings = where((b.pp > 1) | model.tied_embeddings, 1, 2)
     st.layer_params, st.expert_params = layer_params_split(model, st.layers, b.tp, b.etp, b.ep)
@@ -89,14 +90,16 @@ def _dp_sizes(st: StepState) -> None:
     forward (distrib_optimizer.py, zero_grad); DDP's last bucket holds the embedding too
     (buckets fill in reverse parameter order). FSDP2 (torchtitan) shards the root module,
     embedding plus untied output layer, as one unit gathered at the start of the forward and
-    reduced after the backward."""
+    reduced after the backward; so does the trainer's eager FSDP2 under ZeRO 1 and 2
+    (fsdp_host.py)."""
     b, hide = st.b, st.params.overlap_efficiency
     if st.training.grad_reduce_overlap:
         st.last_bwd = hide * (st.layers * (st.bwd_layer + st.recompute_layer))
     else:
         st.last_bwd = b.zeros()
     st.first_fwd = hide * (st.layers * st.fwd_layer)
-    edge = where(b.zero == 3, st.embeddings, 1) * embedding_params(st.model) / b.tp
+    root = (b.zero >= 1) if fsdp_host.eager_fsdp(st.training) else (b.zero == 3)
+    edge = where(root, st.embeddings, 1) * embedding_params(st.model) / b.tp
     st.edge_frac = minimum(1.0, edge / st.params_stage)
     st.edge_param_bytes = st.gather_bytes * minimum(edge, st.params_stage - st.layer_params)
     st.body_param_bytes = st.param_bytes - st.edge_param_bytes
@@ -174,6 +177,8 @@ def _dp_zero0(r: Any, c: Coll, window: Any) -> tuple:
 
 def _dp_zero12(r: Any, c: Coll, window: Any) -> tuple:
     """Distributed optimizer: reduce-scatter the gradients, all-gather the updated weights."""
+    if fsdp_host.eager_fsdp(r.training):
+        return _fsdp_zero12(r, c, window)
     gb, ef = r.grad_bytes, r.edge_frac
     tail = c("reduce_scatter", gb * ef)
     head = c("all_gather", r.edge_param_bytes)
@@ -193,13 +198,16 @@ def _dp_zero3_pp(r: Any, c: Coll, window: Any) -> tuple:
     gather = c("all_gather", r.body_param_bytes)
     grads = c("reduce_scatter", gb * (1 - ef))
     exp = maximum(0.0, gather - r.first_fwd) + maximum(0.0, grads - r.last_bwd)
-    return head + tail + exp, gather + grads - exp
+    # eager FSDP2's copies: one gather and one reduction of the stage (fsdp_host.py)
+    return head + tail + exp + _fsdp_copies(r, 1, 1), gather + grads - exp
 
 
 def _dp_zero3(r: Any, c: Coll, window: Any) -> tuple:
     """ZeRO-3 / FSDP: one gather per layer for forward and backward, one reduce-scatter, per
     micro-batch; the root unit (edge) gathered before the first layer and reduced after the
     last backward, on the critical path each time."""
+    if fsdp_host.eager_fsdp(r.training):
+        return _fsdp_zero3(r, c, window)
     gb, ef, layers, m = r.grad_bytes, r.edge_frac, r.layers, r.m
     body_p = r.body_param_bytes / layers
     body_g = gb * (1 - ef) / layers
@@ -207,6 +215,51 @@ def _dp_zero3(r: Any, c: Coll, window: Any) -> tuple:
     edges = c("all_gather", r.edge_param_bytes) + c("reduce_scatter", gb * ef)
     exposed = maximum(0.0, per_mb - window)
     return m * (exposed + edges), m * (per_mb - exposed)
+
+
+def _fsdp_zero3(r: Any, c: Coll, window: Any) -> tuple:
+    """ZeRO-3 as the trainer's eager FSDP2 runs it (fsdp_host.collectives, counted): every unit,
+    the root too, gathered for the forward and again for the backward of each micro-batch; the
+    gradients reduce-scattered once, in the last micro-batch (the trainer syncs gradients there
+    only); and the copies around each."""
+    gb, ef, layers, m = r.grad_bytes, r.edge_frac, r.layers, r.m
+    gathers = layers * 2 * c("all_gather", r.body_param_bytes / layers)
+    grads = layers * c("reduce_scatter", gb * (1 - ef) / layers)
+    edges = m * 2 * c("all_gather", r.edge_param_bytes) + c("reduce_scatter", gb * ef)
+    exp_rest = maximum(0.0, gathers - window)
+    exp_last = maximum(0.0, gathers + grads - window)
+    exposed = (m - 1) * exp_rest + exp_last + edges + _fsdp_copies(r)
+    return exposed, (m - 1) * (gathers - exp_rest) + gathers + grads - exp_last
+
+
+def _fsdp_copies(r: Any, m: Any = None, zero: Any = None) -> Any:
+    """FSDP2's copies around its gathers and reductions on the training thread, under eager
+    FSDP2 (fsdp_host.py), for ``m`` micro-batches at ``zero`` (the plans' own by default); 0
+    otherwise (Megatron-Core's buffers are gathered in place)."""
+    if not fsdp_host.eager_fsdp(r.training):
+        return 0.0 * r.grad_bytes
+    m, zero = r.m if m is None else m, r.zero if zero is None else zero
+    gpu, params = r.cluster.gpu, r.params
+    return fsdp_host.copy_time_s(
+        r.param_bytes, r.grad_bytes, r.shard_n, r.layers, m, zero, gpu, params, r.pp
+    )
+
+
+def _fsdp_zero12(r: Any, c: Coll, window: Any) -> tuple:
+    """ZeRO 1/2 as the trainer's eager FSDP2 runs them (fsdp_host.py): per layer unit a gather
+    before its forward in every micro-batch, hidden behind that micro-batch's forward, and a
+    reduce-scatter after the last backward, hidden behind it; the root unit's gather and
+    reduction exposed; and the copies around each. Under PP the schedule gathers each unit once
+    a step (torch.distributed.pipelining unshards before the first micro-batch)."""
+    gb, ef, layers = r.grad_bytes, r.edge_frac, r.layers
+    _, m, _ = fsdp_host.collectives(layers, r.m, 1, r.pp)  # gathers per unit a step
+    gathers = layers * c("all_gather", r.body_param_bytes / layers)
+    grads = layers * c("reduce_scatter", gb * (1 - ef) / layers)
+    edges = m * c("all_gather", r.edge_param_bytes) + c("reduce_scatter", gb * ef)
+    exp_a = maximum(0.0, gathers - r.first_fwd)
+    exp_g = maximum(0.0, grads - r.last_bwd)
+    exposed = edges + m * exp_a + exp_g + _fsdp_copies(r)
+    return exposed, m * (gathers - exp_a) + grads - exp_g
 
 
 def _per_tensor_zero3(r: Any, coll: Coll, window: Any) -> tuple:

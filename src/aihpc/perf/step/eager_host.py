@@ -39,6 +39,7 @@ __all__ = [
     "OPTIMIZER_OPS_PER_TENSOR",
     "OUTSIDE_OPS",
     "eager",
+    "eager_outside",
     "layer_host_s",
     "layer_ops",
     "moe_loop_copy_bytes",
@@ -88,6 +89,15 @@ def eager(training: TrainingSpec) -> bool:
     (no torch.compile, no Megatron/TE fusions) and no CUDA graph said to replay them (``none``,
     or ``unknown``: unfused PyTorch is not captured in graphs unless a run says so)."""
     return not training.fused_kernels and training.cuda_graphs in ("none", "unknown")
+
+
+def eager_outside(training: TrainingSpec) -> bool:
+    """Whether what runs outside the decoder blocks (embedding, final norm, output layer, loss,
+    the optimizer's loop) is issued op by op: under ``eager``, and under ``training.compile``
+    too, which compiles each block and nothing else (runtime/speed.py, as torchtitan), unless a
+    CUDA graph is said to replay the step."""
+    compiled_blocks = training.compile and training.cuda_graphs in ("none", "unknown")
+    return eager(training) or compiled_blocks
 
 
 def pass_excess_s(kernels_s: Any, host_s: Any, gpu: GPUSpec) -> Any:
@@ -158,8 +168,9 @@ def layer_host_s(
 
 
 def outside_host_s(training: TrainingSpec, params: ModelParams) -> tuple[float, float]:
-    """(forward, backward) host issue of the embedding, final norm, output layer and loss."""
-    if not eager(training):
+    """(forward, backward) host issue of the embedding, final norm, output layer and loss
+    (``eager_outside``: eager ops, compiled blocks or not)."""
+    if not eager_outside(training):
         return 0.0, 0.0
     op_s = params.host_eager_op_s
     return OUTSIDE_OPS[0] * op_s, OUTSIDE_OPS[1] * op_s
@@ -171,8 +182,9 @@ def optimizer_eager_host_s(
     """Host issue of one optimizer step with clipping over the last stage's parameter tensors
     (``layers`` layers; ``dtensor_host.stage_tensors``), where the host is the device (a CPU:
     AdamW loops over the tensors in Python); on a GPU PyTorch's AdamW takes its foreach path,
-    a few ops per parameter group, which this does not price."""
-    if not gpu.host_is_device or not eager(training):
+    a few ops per parameter group, which this does not price. Compiling the blocks leaves the
+    optimizer eager (``eager_outside``)."""
+    if not gpu.host_is_device or not eager_outside(training):
         return 0.0 * layers
     count, matrices = stage_tensors(layers, pp, tied)
     ops = (OPTIMIZER_OPS_PER_TENSOR + CLIP_OPS_PER_TENSOR) * count + matrices
