@@ -228,6 +228,12 @@ def rl_run(tmp_path_factory, prometheus) -> Run:
                             stderr=subprocess.DEVNULL)  # fmt: skip
     job = f"rl-{uuid.uuid4().hex[:8]}"
     prometheus.add_targets(job, [port])
+    # The GRPO steps take a second or two: start only once Prometheus scrapes the exporter, or
+    # the file watcher's delay on a loaded host leaves the counters one sample and no rate.
+    deadline = time.monotonic() + hang_guard_s(60)
+    while prometheus.values(f'up{{test="{job}"}}').get("") != 1.0:
+        assert time.monotonic() < deadline, f"Prometheus never scraped node-exporter on {port}"
+        time.sleep(0.25)
     args = [sys.executable, "-m", "aihpc", "rl", "train", str(tmp / "rl.toml")]
     args += ["--run-dir", str(run_dir), "--json"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "AIHPC_JOB": job}

@@ -324,6 +324,41 @@ def test_dashboard_gpu_row_returns_the_jobs_gpu_data(prometheus, gpu_jobs):
 
 
 @pytest.mark.slow
+def test_dashboard_gpu_row_beside_cpu_ranks(prometheus, gpu_jobs):
+    """Ranks with no GPU label (CPU runs) in the picked jobs while dcgm-exporter series exist:
+    the GPU row's join has no series for them, where it used to fail the whole query (two
+    ranks in the empty UUID group: "found duplicate series for the match group {}")."""
+    from aihpc.observe.dashboards.build import DCGM_ROW, PANELS
+
+    tag = uuid.uuid4().hex[:8]
+    jobs = [f"cpu-a-{tag}", f"cpu-b-{tag}"]
+    procs = []
+    try:
+        for job in jobs:
+            port = free_port()
+            procs.append(_worker(port, job, (HOST, "", "")))
+            prometheus.add_targets(job, [port])
+        every = f'{{hpc_job=~"{"|".join(jobs)}"}}'
+        _wait(
+            "the CPU ranks scraped",
+            lambda: len(prometheus.query(f"aihpc_train_step{every}")) == 2,
+            60,
+        )
+        assert prometheus.query("DCGM_FI_DEV_GPU_UTIL"), "the dcgm series must be live here"
+        titles = {p.title for p in PANELS if p.row == DCGM_ROW}
+        exprs = [
+            e for t, e, _ in panel_queries(load_dashboard()) if t in titles and "on (UUID)" in e
+        ]
+        assert exprs
+        for expr in exprs:
+            assert prometheus.query(substitute(expr, "|".join(jobs), "4s")) == [], expr
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.slow
 def test_died_alert_names_the_killed_job_not_the_closed_one(prometheus, gpu_jobs):
     jobs = gpu_jobs["jobs"]
     died = " ".join(ALERT["AihpcJobDied"].expr.split())

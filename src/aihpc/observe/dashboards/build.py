@@ -54,10 +54,14 @@ def _rate_mean(name: str, by: str = "hpc_job") -> str:
 def _job_gpus(dcgm: str, by: str = "hpc_job, rank") -> str:
     """dcgm-exporter's series of the GPUs the job's ranks run on, labelled with ``by``: joined on
     the GPU's UUID, which is the same inside and outside a job's device cgroup (an index may not
-    be). One series per rank on the right, so ``group_left`` copies the rank's labels over."""
+    be). One series per rank on the right, so ``group_left`` copies the rank's labels over.
+    Ranks with no UUID (CPU runs, or a GPU not told for sure) are left out of the right side:
+    two of them share the empty match group, and Prometheus refuses the whole query ("found
+    duplicate series") as soon as any dcgm-exporter series is on the left."""
+    ranks = J[:-1] + ', UUID!=""}'
     return (
         f"{dcgm} * on (UUID) group_left ({by}) "
-        f"group by (UUID, {by}) (aihpc_train_job_start_timestamp_seconds{J})"
+        f"group by (UUID, {by}) (aihpc_train_job_start_timestamp_seconds{ranks})"
     )
 
 
