@@ -106,9 +106,17 @@ class Stepper:
         return x.to(self.device), y.to(self.device)
 
     def _microbatches(self, x: torch.Tensor, y: torch.Tensor) -> Iterator[tuple[Any, ...]]:
+        """(last, count, the model's inputs, targets) of each micro-batch."""
         n = x.shape[0] // self.micro
         for i, (xm, ym) in enumerate(zip(x.split(self.micro), y.split(self.micro), strict=True)):
-            yield i == n - 1, n, xm, ym
+            yield i == n - 1, n, (xm,), ym
+
+    def _stage_inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """What the first pipeline stage takes for the whole local batch."""
+        return (x,)
+
+    def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return token_loss(logits, targets)
 
     def _forward_backward(self, x: torch.Tensor, y: torch.Tensor, autocast: Any) -> torch.Tensor:
         """Gradient accumulation over micro-batches; the mean loss of this rank's tokens."""
@@ -116,14 +124,14 @@ class Stepper:
         fsdp = hasattr(model, "set_requires_gradient_sync")
         ddp = hasattr(model, "no_sync")
         local = torch.zeros((), dtype=torch.float32, device=self.device)
-        for last, n, xm, ym in self._microbatches(x, y):
+        for last, n, inputs, ym in self._microbatches(x, y):
             if fsdp:
                 model.set_requires_gradient_sync(last)
             sync = model.no_sync() if ddp and not last else nullcontext()
             with sync, self._loss_ctx():
                 with autocast:
-                    logits = model(xm)
-                loss = token_loss(logits, ym) / n
+                    logits = model(*inputs)
+                loss = self._loss(logits, ym) / n
                 loss.backward()
             value = loss.detach()
             local += value.full_tensor() if isinstance(value, DTensor) else value
@@ -132,7 +140,7 @@ class Stepper:
     def _pipeline(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One step of the pipeline schedule; the mean loss on ranks of the last stage, else 0."""
         losses: list[torch.Tensor] = []
-        args = (x,) if self.parts.first else ()
+        args = self._stage_inputs(x) if self.parts.first else ()
         target = y if self.parts.last else None
         with self._loss_ctx():
             self.schedule.step(*args, target=target, losses=losses)

@@ -11,14 +11,12 @@ Dividing each rank's sum by its own text tokens instead would weight a rank with
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.tensor import DTensor
 
 from aihpc.runtime.step import Stepper
 from aihpc.runtime.vlm.images import IGNORE
@@ -58,36 +56,14 @@ class VisionStepper(Stepper):
         n = x.shape[0] // self.micro
         rows = (x.split(self.micro), y.split(self.micro), self.images.split(self.micro))
         for i, (xm, ym, im) in enumerate(zip(*rows, strict=True)):
-            yield i == n - 1, n, xm, ym, im
+            yield i == n - 1, n, (xm, im), ym
 
-    def _forward_backward(self, x: torch.Tensor, y: torch.Tensor, autocast: Any) -> torch.Tensor:
-        model = self.parts.model
-        fsdp = hasattr(model, "set_requires_gradient_sync")
-        ddp = hasattr(model, "no_sync")
-        local = torch.zeros((), dtype=torch.float32, device=self.device)
-        for last, n, xm, ym, im in self._microbatches(x, y):
-            if fsdp:
-                model.set_requires_gradient_sync(last)
-            sync = model.no_sync() if ddp and not last else nullcontext()
-            with sync, self._loss_ctx():
-                with autocast:
-                    logits = model(xm, im)
-                loss = text_loss(logits, ym) / n
-                loss.backward()
-            value = loss.detach()
-            local += value.full_tensor() if isinstance(value, DTensor) else value
-        return local
+    def _stage_inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        assert self.images is not None
+        return x, self.images
 
-    def _pipeline(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        losses: list[torch.Tensor] = []
-        args = (x, self.images) if self.parts.first else ()
-        target = y if self.parts.last else None
-        with self._loss_ctx():
-            self.schedule.step(*args, target=target, losses=losses)
-        if not self.parts.last:
-            return torch.zeros((), dtype=torch.float32, device=self.device)
-        values = [v.full_tensor() if isinstance(v, DTensor) else v for v in losses]
-        return torch.stack([v.detach().float() for v in values]).mean()
+    def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return text_loss(logits, targets)
 
     def step(self, autocast: Any) -> float:
         vlm = _inner(self.parts.model)
