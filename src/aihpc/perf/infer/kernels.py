@@ -17,6 +17,7 @@ from aihpc.perf.infer.kv import (
     kv_heads_per_gpu,
     stage_layer_counts,
 )
+from aihpc.perf.infer.routing import routing_imbalance_floor
 from aihpc.perf.step.attention_kernels import head_dim_factor, kernel_efficiency
 from aihpc.perf.step.flops import mla_gemms, mla_head_dims, mlp_params
 from aihpc.perf.step.gemm import gemm_efficiency
@@ -30,6 +31,7 @@ __all__ = [
     "Work",
     "attention_decode_s",
     "attention_prefill_s",
+    "busiest_expert_share",
     "expert_rows",
     "gemm_s",
 ]
@@ -279,18 +281,30 @@ def experts_touched(num_experts: int, top_k: int, tokens: float) -> float:
     return 1.0 - (1.0 - top_k / num_experts) ** tokens
 
 
+def busiest_expert_share(e: Engine, tokens_per_dp: float) -> float:
+    """The busiest expert GPU's routed copies over the mean for a step of ``tokens_per_dp`` on
+    each data-parallel rank: the plan's ``moe_imbalance`` (a run's published load) or, where
+    larger, the floor that chance alone sets with balanced experts (routing.py), since a
+    published max / mean already contains the chance part."""
+    p = e.plan
+    if p.ep <= 1:
+        return p.moe_imbalance
+    floor = routing_imbalance_floor(e.model, p.ep, tokens_per_dp * p.dp)
+    return max(p.moe_imbalance, floor)
+
+
 def routed_experts_s(e: Engine, tokens_per_dp: float) -> float:
     """The routed experts of one MoE layer on one GPU. The stage's tp x dp GPUs hold every
     expert once (ep groups of etp); the tokens of all dp ranks reach them, top_k copies each.
     Weights are read for the experts the step touches; FLOPs are the GPU's share of the
-    copies; the busiest GPU takes ``moe_imbalance`` times the mean and sets the step."""
+    copies; the busiest GPU takes ``busiest_expert_share`` times the mean and sets the step."""
     m, p = e.model, e.plan
     group_tokens = tokens_per_dp * p.dp
     expert = mlp_params(m, m.expert_ffn_hidden_size)
     touched = experts_touched(m.num_experts, m.moe_top_k, group_tokens)
     local = m.num_experts / p.ep
     # routed token copies this GPU's experts take (the busiest GPU's)
-    copies = group_tokens * m.moe_top_k / p.ep * p.moe_imbalance
+    copies = group_tokens * m.moe_top_k / p.ep * busiest_expert_share(e, tokens_per_dp)
     if copies <= 0:
         return 0.0
     per_expert = copies / max(local * touched, 1e-9)
@@ -314,7 +328,7 @@ def moe_copy_moves_s(e: Engine, tokens: float) -> float:
     and summed with their weights (the permute / un-permute kernels of vLLM's fused MoE, SGLang's
     and DeepEP's layouts): four hidden-sized reads or writes per copy, on the busiest GPU."""
     m, p = e.model, e.plan
-    copies = tokens * p.dp * m.moe_top_k / p.ep * p.moe_imbalance
+    copies = tokens * p.dp * m.moe_top_k / p.ep * busiest_expert_share(e, tokens)
     return 4.0 * copies * m.hidden_size * e.act_bytes / p.etp / e.hbm_Bps
 
 

@@ -13,7 +13,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from aihpc.perf.infer.comm import deepep_ll_s, moe_normal_s, pp_hop_s, tp_all_reduce_s
-from aihpc.perf.infer.kernels import Engine, StageCompute, Work, stage_compute
+from aihpc.perf.infer.kernels import (
+    Engine,
+    StageCompute,
+    Work,
+    busiest_expert_share,
+    stage_compute,
+)
 from aihpc.perf.infer.kv import stage_layer_counts
 from aihpc.perf.infer.software import gpu_sms
 from aihpc.runspec.cluster import ClusterSpec
@@ -110,8 +116,9 @@ def _stage_comm(e: Engine, cluster: ClusterSpec, w: Work) -> tuple[float, float]
             )
         else:
             dispatch, combine = moe_normal_s(cluster, per_rank, m, p.ep, e.params)
-        # the busiest GPU receives moe_imbalance times the mean copies and returns them
-        return dense * 2 * ar + moe * ar, moe * (dispatch + combine) * p.moe_imbalance
+        # the busiest GPU receives more than the mean copies and returns them
+        busiest = busiest_expert_share(e, t)
+        return dense * 2 * ar + moe * ar, moe * (dispatch + combine) * busiest
     return (dense + moe) * 2 * ar, a2a
 
 
