@@ -74,8 +74,14 @@ def test_validate_inference_reports_every_row_with_its_source() -> None:
     assert len(out["rows"]) >= 25
     assert all(row["source"] for row in out["rows"])
     assert sum(row["heldout"] for row in out["rows"]) >= 5
-    errors = [abs(row["error"]) for row in out["rows"]]
+    judged = [row for row in out["rows"] if row["judged"]]
+    assert out["judged_rows"] == len(judged) >= 25
+    errors = [abs(row["error"]) for row in judged]
     assert out["mape"] == pytest.approx(sum(errors) / len(errors))
+    assert out["max_abs_error"] == pytest.approx(max(errors))
+    # a row left out of the targets is still priced and printed, and says why
+    aside = [row for row in out["rows"] if not row["judged"]]
+    assert all(row["predicted_per_gpu"] > 0 and len(row["uncertainty"]) > 40 for row in aside)
     assert {row["engine"] for row in out["rows"]} >= {"default", "trtllm-0.5", "deepseek"}
     noted = [row for row in out["rows"] if row["uncertainty"]]
     assert noted and all(len(row["uncertainty"]) > 40 for row in noted)

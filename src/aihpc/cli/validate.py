@@ -174,19 +174,22 @@ def _validate_inference(json_out: bool, heldout: bool, runs: Path | None, other:
     notes = []
     for r in report.rows:
         held = {None: "", 1: "yes"}.get(r.get("heldout_set"), f"yes ({r.get('heldout_set')})")
-        mark = ""
+        mark = "" if r["judged"] else " (not judged)"
         if r.get("uncertainty"):
             notes.append(f"[{len(notes) + 1}] {r['id']}: {r['uncertainty']}")
-            mark = f" [{len(notes)}]"
+            mark += f" [{len(notes)}]"
         lines.append(
             f"| {r['id']}{mark} | {held} | {r['measured_per_gpu']:,.0f} | "
             f"{r['predicted_per_gpu']:,.0f} | {r['error']:+.1%} |"
         )
     verdict = "met" if report.passed else "NOT met"
     lines += ["", *notes] if notes else []
+    aside = len(report.rows) - len(report.judged)
     lines += [
         "",
-        f"{len(report.rows)} rows: MAPE {report.mape:.1%}, worst {report.worst:.1%} "
+        f"{len(report.judged)} rows judged"
+        + (f" ({aside} printed, not judged)" if aside else "")
+        + f": MAPE {report.mape:.1%}, worst {report.worst:.1%} "
         f"(targets {MAPE_TARGET:.0%} / {MAX_TARGET:.0%}): {verdict}",
     ]
     typer.echo("\n".join(lines))

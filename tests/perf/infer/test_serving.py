@@ -3,6 +3,7 @@ follows its stated physics."""
 
 from __future__ import annotations
 
+import json
 import tomllib
 from importlib import resources
 
@@ -11,7 +12,7 @@ import pytest
 from aihpc.perf.infer.kv import ServingPlan
 from aihpc.perf.infer.search import search_serving
 from aihpc.perf.infer.serving import Load, disaggregated, prefill_throughput, steady_state
-from aihpc.perf.infer.validate import load_rows, predict_row
+from aihpc.perf.infer.validate import load_rows, predict_row, validate_inference
 from aihpc.runspec import SpecError
 from aihpc.runspec.cluster import gpu_from_id
 from aihpc.runspec.model import model_from_table
@@ -88,6 +89,7 @@ def test_every_published_row_names_its_source_and_no_row_carries_a_constant() ->
         "kv_free_fraction", "scheduler", "prefix_hit", "gpu_memory_utilization", "metric",
         "measured", "source", "heldout", "heldout_set", "engine", "moe_imbalance",
         "cuda_graphs", "gqa_grouped_decode", "two_batch_overlap", "comm_sms", "uncertainty",
+        "judged",
     }  # fmt: skip
     for row in rows:
         assert set(row) <= allowed, set(row) - allowed  # a system's settings, no fudge factor
@@ -100,3 +102,42 @@ def test_a_row_is_priced_on_its_own_configuration() -> None:
     base = predict_row(row)
     assert predict_row({**row, "gpu": "h200"}) > base  # more HBM bandwidth and capacity
     assert predict_row({**row, "kv_dtype": "bf16"}) < base
+
+
+def _two_rows(tmp_path, extra: str) -> str:
+    """The set's first two rows as a --runs file, the second with ``extra`` lines."""
+    text = resources.files("aihpc.perf.infer").joinpath("data/serving_runs.toml").read_text()
+    first, second = tomllib.loads(text)["row"][:2]
+
+    def value(v: object) -> str:
+        return json.dumps(v)  # strings, numbers and booleans are written alike in TOML
+
+    def table(row: dict, more: str = "") -> str:
+        body = "\n".join(f"{k} = {value(v)}" for k, v in row.items())
+        return f"[[row]]\n{body}\n{more}\n"
+
+    path = tmp_path / "rows.toml"
+    path.write_text(table(first) + table(second, extra))
+    return str(path)
+
+
+def test_a_row_not_judged_is_priced_and_kept_out_of_the_targets(tmp_path) -> None:
+    why = 'uncertainty = "a fleet average over deployed node-hours, not a throughput measurement"'
+    both = validate_inference(_two_rows(tmp_path, ""))
+    one = validate_inference(_two_rows(tmp_path, "judged = false\n" + why))
+    assert len(one.rows) == len(both.rows) == 2
+    assert [r["error"] for r in one.rows] == [r["error"] for r in both.rows]  # priced the same
+    assert [r["judged"] for r in one.rows] == [True, False]
+    assert one.mape == pytest.approx(abs(one.rows[0]["error"]))
+    assert one.worst == pytest.approx(abs(one.rows[0]["error"]))
+    assert one.to_json()["judged_rows"] == 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [('judged = "no"', "row[1].judged"), ("judged = false", "row[1].uncertainty")],
+)
+def test_a_row_left_out_must_say_why(tmp_path, extra: str, field: str) -> None:
+    with pytest.raises(SpecError) as err:
+        load_rows(_two_rows(tmp_path, extra))
+    assert field in str(err.value)
