@@ -115,3 +115,21 @@ def test_a_bad_sequence_length_cell_names_its_row_and_column(tmp_path: Path) -> 
     with pytest.raises(SpecError) as err:
         validate_vlm(out)
     assert err.value.field == "row M2: seq_length" and err.value.value == "long"
+
+
+def test_fsdp2_rows_are_priced_with_eager_dtensor_dispatch(step_report) -> None:  # type: ignore[no-untyped-def]
+    """NeMo AutoModel's recipes run PyTorch FSDP2 eagerly: the column reaches the spec, and the
+    eager FSDP2 terms (a gather per unit and micro-batch, their copies) cost time, not less."""
+    import dataclasses
+
+    from aihpc.perf.fit.vlm_validate import row_spec
+    from aihpc.perf.multimodal.estimate import estimate_vlm
+
+    rows = {row["id"]: row for row in csv.DictReader(data_file(STEP_RUNS).open())}
+    for r in step_report.rows:
+        spec = row_spec(rows[r.id])
+        assert spec.training.dtensor_dispatch == (rows[r.id]["dtensor_dispatch"] or "none")
+        if spec.training.dtensor_dispatch == "eager":
+            plain = dataclasses.replace(spec.training, dtensor_dispatch="none")
+            before = estimate_vlm(dataclasses.replace(spec, training=plain))
+            assert r.estimate.step_time_s > before.step_time_s

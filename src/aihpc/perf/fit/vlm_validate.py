@@ -147,7 +147,7 @@ def row_spec(row: dict[str, str]) -> RunSpec:
     if cell(row, "sequence_parallel"):
         parallel["sequence_parallel"] = _bool(row, "sequence_parallel")
     training: dict[str, Any] = {"precision": cell(row, "precision") or "bf16"}
-    for text in ("attention", "cross_entropy", "zero3_gather"):
+    for text in ("attention", "cross_entropy", "zero3_gather", "dtensor_dispatch"):
         if cell(row, text):
             training[text] = cell(row, text)
     if cell(row, "fused_kernels"):
