@@ -42,6 +42,7 @@ def _spec(preset: str, gpus: int = 64, parallel: dict | None = None, mm: dict | 
         ("qwen2.5-vl-7b", 675e6, True),
         ("internvl2.5-78b", 5.5e9, False),
         ("internvl2.5-8b", 0.3e9, False),
+        ("internvl3.5-4b", 0.3e9, False),
     ],
 )
 def test_encoder_parameters_match_published_counts(
@@ -53,6 +54,19 @@ def test_encoder_parameters_match_published_counts(
     if with_projector:
         n += projector_params(spec.vision, spec.model.hidden_size)
     assert n == pytest.approx(published, rel=0.02)
+
+
+# Qwen3-4B, the language model of both 4B presets: "Number of Parameters (Non-Embedding): 3.6B"
+# and 4.0B in all with its tied embedding (Qwen/Qwen3-4B model card). Its 32 heads of 128 are
+# wider than its 2560 hidden (head_dim set apart): without head_dim the layers count 3.0B.
+@pytest.mark.parametrize("preset", ["qwen3-vl-4b", "internvl3.5-4b"])
+def test_the_4b_presets_language_model_has_qwen3_4b_s_published_size(preset: str) -> None:
+    from aihpc.perf.step.flops import embedding_params, params_per_layer
+
+    m = _spec(preset).model
+    layers = params_per_layer(m) * m.num_layers
+    assert layers == pytest.approx(3.6e9, rel=0.02)
+    assert layers + embedding_params(m) == pytest.approx(4.0e9, rel=0.02)
 
 
 def test_encoder_flops_by_a_count_of_its_own() -> None:

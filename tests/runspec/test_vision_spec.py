@@ -40,6 +40,7 @@ PAIRS = [
     ("internvl2.5-8b", "internvl2.5-8b.json"),
     ("internvl2.5-78b", "internvl2.5-78b.json"),
     ("llava-onevision-7b", "llava-onevision-qwen2-7b-ov.json"),
+    ("qwen3-vl-4b", "qwen3-vl-4b-instruct.json"),
 ]
 
 
