@@ -22,6 +22,7 @@ from aihpc.runspec._table import check_choice, check_positive, from_table, looku
 from aihpc.runspec.errors import SpecError
 
 __all__ = [
+    "IMAGE_PROCESSORS",
     "PLACEMENTS",
     "Distribution",
     "MultimodalSpec",
@@ -41,6 +42,10 @@ __all__ = [
 PLACEMENTS = ("replicated", "tp", "stage", "pool", "bubble")
 RESOLUTIONS = ("tiles", "native")
 SCOPES = ("tile", "image")
+# The image processor a run's data loader applies (perf/multimodal/loader.py prices it from
+# published per-image figures): none (not priced), hf-torchvision (Hugging Face's processors on
+# their default torchvision backend), hf-pil (the PIL / NumPy "slow" processors)
+IMAGE_PROCESSORS = ("none", "hf-torchvision", "hf-pil")
 
 
 @dataclass(frozen=True)
@@ -243,9 +248,16 @@ class MultimodalSpec:
     placement: str = "auto"  # one of PLACEMENTS, or auto (the search chooses)
     encoder_tp: int = 0  # the encoder's own TP (stage, pool); 0: the search chooses
     encoder_gpus: int = 0  # pool: GPUs of the encoder pool; 0: the search chooses
+    # The data loader: the processor that decodes and resizes each image on the host (none: the
+    # loader is not priced) and the DataLoader's worker processes (0: it runs in the training
+    # process, serially before each step; w: w processes working ahead of the step)
+    image_processor: str = "none"
+    loader_workers: int = 0
 
     def __post_init__(self) -> None:
         check_choice("multimodal.placement", self.placement, ("auto", *PLACEMENTS))
+        check_choice("multimodal.image_processor", self.image_processor, IMAGE_PROCESSORS)
+        check_positive("multimodal.loader_workers", self.loader_workers, allow_zero=True)
         check_choice("multimodal.padding", self.padding, ("longest", "grouped", "max"))
         check_choice("multimodal.encoder_recompute", self.encoder_recompute, ("full", "none"))
         check_positive("multimodal.encoder_tp", self.encoder_tp, allow_zero=True)

@@ -163,9 +163,16 @@ def row_spec(row: dict[str, str]) -> RunSpec:
     for flag in _FLAGS:
         if cell(row, flag):
             mm[flag] = _bool(row, flag)
-    for text in ("padding", "placement"):
+    for text in ("padding", "placement", "image_processor"):
         if cell(row, text):
             mm[text] = cell(row, text)
+    if cell(row, "loader_workers"):
+        try:
+            mm["loader_workers"] = int(cell(row, "loader_workers"))
+        except ValueError:
+            raise SpecError(
+                "loader_workers", cell(row, "loader_workers"), "a whole number"
+            ) from None
     try:
         gpus = int(cell(row, "num_gpus"))
     except ValueError:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from aihpc.perf.multimodal import encoder_host
+from aihpc.perf.multimodal import encoder_host, loader
 from aihpc.perf.multimodal import placement as pl
 from aihpc.perf.multimodal.encoder import encoder_activation_bytes, encoder_memory_bytes
 from aihpc.perf.multimodal.imbalance import Grid
@@ -226,6 +226,11 @@ def _price(
     extra_terms, forward_s = _encoder_step_terms(spec, plan, where, rates, samples_mb, m, params)
     time_s |= extra_terms
     step = sum(time_s.values())
+    if mm.image_processor != "none":  # the data loader's host time (loader.py)
+        samples_rank = plan.global_batch_size * lay.samples_per_seq // plan.dp
+        host = loader.loader_step_s(v, mm, samples_rank, plan.dp)
+        time_s["data_loader"] = loader.loader_visible_s(host, mm.loader_workers, step)
+        step += time_s["data_loader"]
     works = image_works(v, mm)
     mean = mean_works(works)
     flops = mean.flops_fwd(v, spec.model.hidden_size) * mm.images_per_sample.mean
