@@ -27,7 +27,7 @@ __all__ = [
 
 _TERMS = ("compute", "recompute", "tp_comm", "dp_comm", "pipeline_bubble", "encoder")
 _TERMS += ("encoder_imbalance", "encoder_dp_comm", "encoder_optimizer", "encoder_fill")
-_TERMS += ("cross_attention",)
+_TERMS += ("cross_attention", "data_loader")
 
 
 def _plan_text(e: VlmEstimate) -> str:
