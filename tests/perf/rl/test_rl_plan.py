@@ -153,3 +153,17 @@ def test_every_rl_row_names_its_source_and_is_priced():
     assert len(report.rows) >= 10
     assert all(r.source and r.predicted_s > 0 for r in report.rows)
     assert {r.set for r in report.rows} == {"dev", "heldout"}
+
+
+def test_published_phase_breakdowns_are_priced_phase_by_phase():
+    from aihpc.perf.fit.rl_validate import PHASES, validate_phases, validate_rl
+
+    runs = {r.id: r for r in validate_rl().rows}
+    phases = validate_phases()
+    assert len(phases) >= 4
+    for p in phases:
+        assert p.source and p.id in runs
+        assert set(p.measured) == set(p.predicted) == set(PHASES)
+        assert all(v > 0 for v in p.measured.values())
+        # the phases priced are the step's own: together no more than its critical path
+        assert sum(p.predicted.values()) <= runs[p.id].predicted_s
