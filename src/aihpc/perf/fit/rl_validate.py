@@ -68,6 +68,8 @@ def rl_runspec(row: dict[str, str]) -> dict[str, Any]:
     }
     if row["placement"] == "disaggregated":
         rl["rollout_gpus"] = v["rollout_gpus"]
+    if row.get("weight_sync"):  # the refit the run used (auto where the column is absent)
+        rl["weight_sync"] = row["weight_sync"]
     parallel = {
         "tp": v["train_tp"],
         "cp": v["train_cp"],
