@@ -134,10 +134,19 @@ def test_zero3_forward_passes_gather_the_parameters():
     assert gap3 > gap1  # the forward's all-gather is paid under ZeRO-3 only
 
 
+def test_rl_targets_hold_on_the_dev_rows():
+    """The rows the model was developed on meet issue 39's targets (MAPE <= 20%, none beyond
+    40%); the held-out rows do not yet (below)."""
+    from aihpc.perf.fit.rl_validate import validate_rl
+
+    report = validate_rl()
+    assert report.mape("dev") <= 0.20 and report.worst("dev") <= 0.40
+
+
 @pytest.mark.xfail(
     strict=True,
-    reason="issue 39's RL targets (MAPE <= 20%, no row beyond 40%) are not met yet: see "
-    "docs/rl.md, Checked against published RL runs",
+    reason="issue 39's RL targets (MAPE <= 20%, no row beyond 40%) are not met on the held-out "
+    "rows yet: see docs/rl.md, Checked against published RL runs",
 )
 def test_rl_targets():
     from aihpc.perf.fit.rl_validate import validate_rl
