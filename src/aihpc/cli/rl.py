@@ -193,14 +193,16 @@ def validate_rl_command(as_json: bool, runs: Path | None) -> None:
     """``aihpc validate --rl [--runs CSV]``: predicted vs measured RL steps, MAPE per set."""
     import os
 
-    from aihpc.perf.fit.rl_validate import validate_refit, validate_rl
+    from aihpc.perf.fit.rl_validate import validate_phases, validate_refit, validate_rl
 
     if runs is not None and not os.path.exists(runs):
         raise SpecError("--runs", str(runs), "file not found")
     report = validate_rl(runs)
     refits = validate_refit() if runs is None else []
+    phases = validate_phases() if runs is None else []
     if as_json:
-        print_json(report.to_json() | {"refit": [r.to_json() for r in refits]})
+        extra = {"refit": [r.to_json() for r in refits], "phases": [p.to_json() for p in phases]}
+        print_json(report.to_json() | extra)
         return
     typer.echo(f"{'run':30s} {'measured s':>10s} {'predicted s':>11s} {'error':>7s}")
     for r in report.rows:
@@ -217,3 +219,15 @@ def validate_rl_command(as_json: bool, runs: Path | None) -> None:
                 f"{f.id:30s} {f.measured_low_s:4.2f}-{f.measured_high_s:4.2f} s "
                 f"{f.predicted_s:11.2f} {f.error:+7.0%}"
             )
+    if phases:
+        _echo_phases(phases)
+
+
+def _echo_phases(phases: list) -> None:
+    """The published phase breakdowns: measured / predicted seconds and the error per phase."""
+    names = list(phases[0].measured)
+    typer.echo("\nphases, measured / predicted s (published breakdowns)")
+    typer.echo(f"{'run':22s} " + " ".join(f"{n:>19s}" for n in names))
+    for p in phases:
+        cells = [f"{p.measured[n]:5.0f} /{p.predicted[n]:6.1f} {p.error(n):+5.0%}" for n in names]
+        typer.echo(f"{p.id:22s} " + " ".join(f"{c:>19s}" for c in cells))

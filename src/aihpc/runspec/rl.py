@@ -47,10 +47,13 @@ PLACEMENTS = ("colocated", "disaggregated")
 # fixed: every response response_len long; uniform: evenly round the mean, within [1, cap];
 # lognormal: RL's long tail, mean response_len and log-space spread response_sigma.
 RESPONSE_DISTS = ("fixed", "uniform", "lognormal")
-# auto: cuda_ipc when colocated, nccl otherwise; cuda_ipc: in place on the same GPUs (verl's
-# hybrid engine, NeMo-RL's colocated refit); nccl: a broadcast from the training ranks to the
-# rollout ranks; storage: written to and read back from the checkpoint file system.
-WEIGHT_SYNCS = ("auto", "cuda_ipc", "nccl", "storage")
+# auto: cuda_ipc when colocated, nccl otherwise; cuda_ipc: in place on the same GPUs, each GPU
+# taking its engine's shard (verl's hybrid engine); nccl: shard to shard from the training ranks
+# to the rollout ranks (NeMo-RL's nccl_reshard refit); full: every rollout GPU receives every
+# full tensor and keeps its slice (NeMo-RL's default refit through v0.6: Megatron-Bridge's
+# export gathers each tensor on every training rank, then IPC when colocated, a broadcast when
+# not); storage: written to and read back from the checkpoint file system.
+WEIGHT_SYNCS = ("auto", "cuda_ipc", "nccl", "full", "storage")
 ROLLOUT_PRECISIONS = ("bf16", "fp8")
 # The planner's range. The largest published steps generate ~10^4 samples (NeMo-RL: 2,048;
 # verl's DAPO: 512 x 16) of up to ~10^5 tokens; published asynchronous runs stay within 8 steps
@@ -184,7 +187,9 @@ class RLSpec:
                     'the same GPUs, so nothing overlaps (use "disaggregated")',
                 )
             if self.weight_sync == "nccl":
-                raise SpecError("rl.weight_sync", "nccl", "colocated: auto | cuda_ipc | storage")
+                raise SpecError(
+                    "rl.weight_sync", "nccl", "colocated: auto | cuda_ipc | full | storage"
+                )
         elif self.rollout_gpus < 1:
             raise SpecError(
                 "rl.rollout_gpus",
@@ -195,7 +200,8 @@ class RLSpec:
             raise SpecError(
                 "rl.weight_sync",
                 "cuda_ipc",
-                "needs the pools on the same GPUs (placement = colocated); here: nccl | storage",
+                "needs the pools on the same GPUs (placement = colocated); here: nccl | full | "
+                "storage",
             )
 
     @property

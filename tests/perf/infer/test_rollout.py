@@ -39,7 +39,8 @@ def test_the_last_sequence_bounds_the_phase_from_below() -> None:
     one_step = step_time(e, cluster, Work(decode_seqs=1, decode_ctx=0)).total
     assert r.phase_s >= r.longest_response * one_step  # its tokens come one step at a time
     assert r.mean_finish_s < r.phase_s
-    assert r.longest_response == 3000 - round(2900 / (2 * r.sequences / 4))  # top quantile
+    # the top quantile of the whole step's responses, whichever instance holds it
+    assert r.longest_response == 3000 - round(2900 / (2 * r.sequences))
 
 
 def test_the_length_cap_bounds_the_longest_response() -> None:
@@ -61,6 +62,23 @@ def test_memory_beside_the_training_state_limits_the_batch() -> None:
 def test_more_engine_instances_shorten_the_phase() -> None:
     fixed = LengthDist(kind="fixed", mean=1024)
     assert roll(fixed, instances=8).phase_s < roll(fixed, instances=2).phase_s
+
+
+def test_the_steps_longest_response_ends_the_phase_however_it_is_split() -> None:
+    """Splitting the step's responses over more instances does not shorten its longest one:
+    the instance that holds it decodes it to the end (the expected maximum over all N draws,
+    not over one instance's share); each instance still takes an even share of the rest."""
+    wide = LengthDist(kind="lognormal", mean=400, sigma=0.8, max_len=65536)
+    one, many = roll(wide, instances=1), roll(wide, instances=16)
+    assert many.longest_response == one.longest_response == int(wide.quantiles(512).max())
+
+    # an even share of the rest (n quantiles), so holding the longest it generates more than
+    # an average share, and less than the whole step's mean plus that longest response
+    share = wide.quantiles(many.sequences // 16)
+    assert share.mean() < many.mean_response < share.mean() + many.longest_response / len(share)
+    e, cluster = engine_for(MODEL, H100, PLAN)
+    one_step = step_time(e, cluster, Work(decode_seqs=1, decode_ctx=0)).total
+    assert many.phase_s >= many.longest_response * one_step
 
 
 @pytest.mark.parametrize(

@@ -134,10 +134,19 @@ def test_zero3_forward_passes_gather_the_parameters():
     assert gap3 > gap1  # the forward's all-gather is paid under ZeRO-3 only
 
 
+def test_rl_targets_hold_on_the_dev_rows():
+    """The rows the model was developed on meet issue 39's targets (MAPE <= 20%, none beyond
+    40%); the held-out rows do not yet (below)."""
+    from aihpc.perf.fit.rl_validate import validate_rl
+
+    report = validate_rl()
+    assert report.mape("dev") <= 0.20 and report.worst("dev") <= 0.40
+
+
 @pytest.mark.xfail(
     strict=True,
-    reason="issue 39's RL targets (MAPE <= 20%, no row beyond 40%) are not met yet: see "
-    "docs/rl.md, Checked against published RL runs",
+    reason="issue 39's RL targets (MAPE <= 20%, no row beyond 40%) are not met on the held-out "
+    "rows yet: see docs/rl.md, Checked against published RL runs",
 )
 def test_rl_targets():
     from aihpc.perf.fit.rl_validate import validate_rl
@@ -153,3 +162,17 @@ def test_every_rl_row_names_its_source_and_is_priced():
     assert len(report.rows) >= 10
     assert all(r.source and r.predicted_s > 0 for r in report.rows)
     assert {r.set for r in report.rows} == {"dev", "heldout"}
+
+
+def test_published_phase_breakdowns_are_priced_phase_by_phase():
+    from aihpc.perf.fit.rl_validate import PHASES, validate_phases, validate_rl
+
+    runs = {r.id: r for r in validate_rl().rows}
+    phases = validate_phases()
+    assert len(phases) >= 4
+    for p in phases:
+        assert p.source and p.id in runs
+        assert set(p.measured) == set(p.predicted) == set(PHASES)
+        assert all(v > 0 for v in p.measured.values())
+        # the phases priced are the step's own: together no more than its critical path
+        assert sum(p.predicted.values()) <= runs[p.id].predicted_s

@@ -17,7 +17,16 @@ from aihpc.perf.rl.step import estimate_rl
 from aihpc.runspec.errors import SpecError
 from aihpc.runspec.runspec import runspec_from_dict
 
-__all__ = ["RLRow", "RLValidation", "RefitRow", "rl_runspec", "validate_refit", "validate_rl"]
+__all__ = [
+    "PhaseRow",
+    "RLRow",
+    "RLValidation",
+    "RefitRow",
+    "rl_runspec",
+    "validate_phases",
+    "validate_refit",
+    "validate_rl",
+]
 
 _INTS = (
     "num_gpus",
@@ -59,6 +68,8 @@ def rl_runspec(row: dict[str, str]) -> dict[str, Any]:
     }
     if row["placement"] == "disaggregated":
         rl["rollout_gpus"] = v["rollout_gpus"]
+    if row.get("weight_sync"):  # the refit the run used (auto where the column is absent)
+        rl["weight_sync"] = row["weight_sync"]
     parallel = {
         "tp": v["train_tp"],
         "cp": v["train_cp"],
@@ -205,4 +216,47 @@ def validate_refit() -> list[RefitRow]:
         predicted = sync_s(spec.model, spec.cluster, spec.rl, train)
         low, high = float(row["measured_low_s"]), float(row["measured_high_s"])
         out.append(RefitRow(row["id"], low, high, predicted, row["source"]))
+    return out
+
+
+# A published phase breakdown's names -> the step model's phases (each a sum of these).
+PHASES = {
+    "generation": ("rollout",),
+    "training": ("update",),
+    "logprobs": ("old_logprob", "ref_logprob"),
+    "refit": ("weight_sync",),
+}
+
+
+@dataclass(frozen=True)
+class PhaseRow:
+    """One published step's phases (rl_phases.csv) beside the step model's, in seconds."""
+
+    id: str
+    measured: dict[str, float]
+    predicted: dict[str, float]
+    source: str
+
+    def error(self, phase: str) -> float:
+        return (self.predicted[phase] - self.measured[phase]) / self.measured[phase]
+
+    def to_json(self) -> dict[str, Any]:
+        errors = {k: self.error(k) for k in self.measured}
+        return {**self.__dict__, "error": errors}
+
+
+def validate_phases(runs: str | Path | None = None) -> list[PhaseRow]:
+    """Each phase of the steps whose breakdown is published (rl_phases.csv, its rows named by
+    their id in the runs CSV) against the step model's phase: which phase a miss is in."""
+    with open(_default_csv("rl_phases.csv"), newline="", encoding="utf-8") as f:
+        published = {row["id"]: row for row in csv.DictReader(f)}
+    priced = {r.id: r for r in validate_rl(runs).rows}
+    out = []
+    for rid, row in published.items():
+        if rid not in priced:
+            continue
+        measured = {k: float(row[f"{k}_s"]) for k in PHASES}
+        phases = priced[rid].phases_s
+        predicted = {k: sum(phases.get(p, 0.0) for p in parts) for k, parts in PHASES.items()}
+        out.append(PhaseRow(rid, measured, predicted, row["source"]))
     return out

@@ -11,11 +11,13 @@ linear in it). Between two finishes the batch is constant and its context grows 
 step, so the time of those steps is summed in closed form: the phase is simulated event by
 event, one event per finished sequence.
 
-Response lengths are the distribution's quantiles at (i + 1/2) / n, admitted in a fixed
-shuffled order (no random draw at pricing time), so the longest response is the distribution's
-expected maximum over n draws, and the phase's tail -- a few long responses decoding at a small
-batch after the rest finished -- is priced as it runs. The N samples of one prompt share its
-KV pages and are prefilled once (vLLM's prefix caching, SGLang's radix cache).
+Response lengths are the distribution's quantiles at (i + 1/2) / n for each instance's n
+responses, admitted in a fixed shuffled order (no random draw at pricing time); the instance
+that finishes last is the one holding the step's longest response, the distribution's expected
+maximum over all N = n x instances draws, and that instance is the one simulated, so the
+phase's tail -- a few long responses decoding at a small batch after the rest finished -- is
+priced as it runs. The N samples of one prompt share its KV pages and are prefilled once
+(vLLM's prefix caching, SGLang's radix cache).
 
 Colocated with training (verl, slime): the engine may use ``gpu_memory_utilization`` of each
 GPU, and training state left resident (``training_state_gib``, not offloaded) is taken from
@@ -74,9 +76,15 @@ class LengthDist:
 
     def quantiles(self, n: int) -> np.ndarray:
         """n lengths at the quantiles (i + 1/2) / n, capped at max_len, at least 1."""
-        p = (np.arange(n) + 0.5) / n
+        return self._at((np.arange(n) + 0.5) / n)
+
+    def longest(self, n: int) -> float:
+        """The longest of n draws as quantiles(n) places it: the quantile (n - 1/2) / n."""
+        return float(self._at(np.array([(n - 0.5) / n]))[0])
+
+    def _at(self, p: np.ndarray) -> np.ndarray:
         if self.kind == "fixed":
-            x = np.full(n, self.mean)
+            x = np.full(len(p), self.mean)
         elif self.kind == "uniform":
             x = self.low + p * (self.high - self.low)
         else:  # lognormal with the given mean: mu = ln(mean) - sigma^2 / 2
@@ -192,6 +200,18 @@ def _simulate(lengths: np.ndarray, slots: int, prompt: float, sm: _StepModel) ->
     return finish
 
 
+def _last_instance_lengths(response: LengthDist, n: int, instances: int) -> np.ndarray:
+    """The ``n`` response lengths of the instance that finishes last: the one holding the step's
+    longest response. Every instance takes an even share of the distribution (its n quantiles);
+    the longest of this one is the longest of all n x instances responses of the step (the
+    expected maximum over every draw, not over one instance's share), so the phase ends with
+    it. The share is admitted in a fixed shuffled order (no random draw at pricing time)."""
+    lengths = response.quantiles(n)
+    lengths[-1] = max(lengths[-1], response.longest(n * instances))
+    rng = np.random.default_rng(0)
+    return lengths[rng.permutation(n)]
+
+
 def estimate_rollout(
     model: ModelSpec,
     gpu: GPUSpec | ClusterSpec,
@@ -226,9 +246,7 @@ def estimate_rollout(
         )
     util = min(gpu_memory_utilization, (hbm - training_state_gib) / hbm)
     n = math.ceil(prompts * samples / instances)
-    lengths = response.quantiles(n)
-    rng = np.random.default_rng(0)  # a fixed admission order, not a draw per pricing
-    lengths = lengths[rng.permutation(n)]
+    lengths = _last_instance_lengths(response, n, instances)
     mem = inference_memory(
         model, hbm, plan, e.params, batch=1, seq_len=1, step_tokens=8192,
         gpu_memory_utilization=util, act_bytes=e.act_bytes,

@@ -32,6 +32,7 @@ from aihpc.runspec.training import TrainingSpec
 __all__ = [
     "Training",
     "forward_s",
+    "full_sync_bytes_s",
     "price_training",
     "switch_s",
     "sync_bytes",
@@ -124,6 +125,7 @@ def sync_s(
     rl: RLSpec,
     train_gpus: int,
     params: ModelParams = DEFAULT_PARAMS,
+    plan: ParallelPlan | None = None,
 ) -> float:
     """Seconds to move the updated weights into the rollout engines: the bytes over the fabric
     below, plus the host cost of handing over each checkpoint tensor (SYNC_OPS_PER_TENSOR eager
@@ -134,9 +136,42 @@ def sync_s(
     nccl (disaggregated): each rollout GPU receives its engine's shard over its NIC while the
     training GPUs send every engine a copy, fanned out by a pipelined broadcast: the slower of
     the rollout side's receive and the training side's send.
+    full: every rollout GPU receives the whole model and its loader keeps its slice
+    (``full_sync_bytes_s``; ``plan``: the training plan, whose shards a colocated GPU gathers).
     storage: the weights written by the training pool and read by every engine."""
     host = checkpoint_tensors(model) * SYNC_OPS_PER_TENSOR * params.host_eager_op_s
+    if rl.sync_method == "full":
+        return host + full_sync_bytes_s(model, cluster, rl, train_gpus, plan)
     return host + _sync_bytes_s(model, cluster, rl, train_gpus)
+
+
+def full_sync_bytes_s(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    rl: RLSpec,
+    train_gpus: int,
+    plan: ParallelPlan | None = None,
+) -> float:
+    """Seconds for every rollout GPU to receive every full tensor (``weight_sync = "full"``).
+
+    Disaggregated: the training side broadcasts each full tensor to every rollout GPU, which
+    receives the whole model over its NIC. Colocated: the exporter gathers each full tensor on
+    every training rank (a broadcast from the pipeline stage that owns it, all-gathers over
+    the tensor- and expert-parallel ranks) and hands it to the engine on the same GPU: a GPU
+    receives the whole model less the shard it trains, from the ranks that hold the rest --
+    over NVLink where they share its scale-up domain, else at its NIC's rate. The ranks holding
+    distinct shards: ``pp`` stages of max(tp, etp x ep) ranks; pipeline stages are the
+    outermost ranks, so with pp > 1 they span the training pool."""
+    total = sync_bytes(model, rl)
+    nic = cluster.scale_out_bw_GBps * 1e9
+    if rl.placement != "colocated":
+        return total / nic
+    plan = plan or ParallelPlan()
+    within = max(plan.tp, plan.etp * plan.ep if model.is_moe else 1)
+    holders = plan.pp * within
+    span = train_gpus if plan.pp > 1 else within
+    fabric = cluster.scale_up_bw_GBps * 1e9 if span <= cluster.nvlink_domain else nic
+    return total * (1.0 - 1.0 / holders) / fabric
 
 
 def _sync_bytes_s(model: ModelSpec, cluster: ClusterSpec, rl: RLSpec, train_gpus: int) -> float:

@@ -17,7 +17,9 @@ step's own batch over k.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any
 
 from aihpc.perf.infer.kv import ServingPlan
@@ -57,13 +59,46 @@ def serving_plan(model: ModelSpec, rl: RLSpec) -> ServingPlan:
     return plan
 
 
+def capped_lognormal_mean(mean: float, sigma: float, cap: float) -> float:
+    """E[min(X, cap)] for X lognormal with this mean and log-space ``sigma``: the part below the
+    cap, mean x Phi((ln cap - mu - sigma^2) / sigma), plus the cap times P(X >= cap), with
+    mu = ln(mean) - sigma^2 / 2."""
+    if sigma <= 0:
+        return min(mean, cap)
+    mu = math.log(mean) - sigma**2 / 2
+    phi = NormalDist().cdf
+    below = mean * phi((math.log(cap) - mu - sigma**2) / sigma)
+    return below + cap * (1.0 - phi((math.log(cap) - mu) / sigma))
+
+
+def uncapped_mean(target: float, sigma: float, cap: float) -> float:
+    """The lognormal's own mean whose draws, each cut at ``cap``, average ``target`` tokens.
+    [rl].response_len is the mean response a run generated (NeMo-RL's G-Average Seq len less
+    the prompt), its responses already cut at max_response_len; a lognormal of that mean, cut
+    again, would generate fewer tokens than the run did (a fifth fewer at 5,548 of 8,042)."""
+    if sigma <= 0 or target >= cap:
+        return float(min(target, cap))
+    lo, hi = float(target), float(target)
+    while capped_lognormal_mean(hi, sigma, cap) < target:
+        hi *= 2.0
+    for _ in range(100):  # bisection: the capped mean rises with the lognormal's mean
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if capped_lognormal_mean(mid, sigma, cap) < target else (lo, mid)
+    return (lo + hi) / 2
+
+
 def length_dist(rl: RLSpec) -> LengthDist:
-    """The [rl] response lengths as the inference planner's distribution, capped at the cap."""
+    """The [rl] response lengths as the inference planner's distribution, capped at the cap;
+    a lognormal's own mean set so that its capped draws average response_len
+    (``uncapped_mean``)."""
     mean, cap = rl.response_len, rl.response_cap
     half = min(mean - 1, cap - mean)
+    own = mean
+    if rl.response_dist == "lognormal":
+        own = uncapped_mean(mean, rl.response_sigma, cap)
     return LengthDist(
         kind=rl.response_dist,
-        mean=mean,
+        mean=own,
         sigma=rl.response_sigma,
         low=mean - half,
         high=mean + half,

@@ -152,7 +152,7 @@ def estimate_rl(
     switch, moved = (0.0, 0.0) if in_process else switch_s(actor.estimate, cluster, rl)
     phases["switch"] = switch + (0.0 if in_process else engine_sleep_wake_s(cluster, rl))
     phases["orchestration"] = 0.0 if in_process else overheads().orchestration_s
-    phases["weight_sync"] = sync_s(spec.model, cluster, rl, train_gpus, params)
+    phases["weight_sync"] = sync_s(spec.model, cluster, rl, train_gpus, params, plan)
     train_side = sum(phases[k] for k in TRAIN_SIDE)
     if rl.staleness:
         step = max(rollout.time_s, train_side) + phases["weight_sync"]
