@@ -43,7 +43,7 @@ def register_train(rl_app: typer.Typer) -> None:
         opts = RunOptions(sft_steps=sft_steps, clip=clip, kl_coef=kl_coef,
                           temperature=temperature, task_base=task_base)  # fmt: skip
         world = int(os.environ.get("WORLD_SIZE", nproc_per_node))
-        check_rl_run(spec, world)  # every refusal before a process starts
+        check_rl_run(spec, world, opts)  # every refusal before a process starts
         grpo_config(spec, opts)
         if run_dir.exists() and not run_dir.is_dir():
             raise SpecError("--run-dir", str(run_dir), "exists and is not a directory")

@@ -3,9 +3,10 @@ process, or the ranks torchrun started), into a run directory.
 
 What the spec decides: ``[model]`` the policy (its reference and rollout copies have its shape),
 ``[parallel]`` the update's plan (data parallel: one process, DDP at zero_stage 0, FSDP2 at
-1-3), ``[rl]`` prompts_per_step, samples_per_prompt, ppo_epochs, kl, placement (colocated: the
-rollout model in each training process; disaggregated: ``rollout_gpus`` worker processes,
-pool.py) and staleness (disaggregated: batches from weights up to that many updates old),
+1-3; tensor parallel; pipeline parallel with the trainer's schedules, micro_batch_size rows per
+micro-batch), ``[rl]`` prompts_per_step, samples_per_prompt, ppo_epochs, kl, placement
+(colocated: the rollout model in each training process; disaggregated: ``rollout_gpus`` worker
+processes, pool.py) and staleness (disaggregated: batches from weights up to that many updates old),
 ``[training]`` train_steps (GRPO steps), learning_rate and seed, ``[checkpoint]``
 interval_steps. The task (runtime/rl/task.py) fixes the prompt and response lengths, so
 ``rl.prompt_len`` / ``response_len`` (the planner's) are not read. What the run knobs add
@@ -33,7 +34,6 @@ from aihpc.runspec import RunSpec, SpecError
 from aihpc.runtime.config import LlamaConfig
 from aihpc.runtime.rl.metrics import RLMetrics
 from aihpc.runtime.rl.pool import RolloutPool
-from aihpc.runtime.rl.rollout import full_weights
 from aihpc.runtime.rl.task import AdditionTask
 from aihpc.runtime.rl.trainer import GRPOConfig, GRPOTrainer
 
@@ -55,7 +55,7 @@ class RunOptions:
     eval_prompts: int | None = None  # held-out problems for accuracy (None: all of them)
 
 
-def check_rl_run(spec: RunSpec, world_size: int) -> None:
+def check_rl_run(spec: RunSpec, world_size: int, opts: RunOptions | None = None) -> None:
     """What ``aihpc rl train`` does not run, as a SpecError (one line, exit 2)."""
     rl, plan = spec.rl, spec.plan()
     if rl is None:
@@ -66,21 +66,24 @@ def check_rl_run(spec: RunSpec, world_size: int) -> None:
         )
     if rl.placement == "disaggregated":
         _check_pool(rl)
-    for axis in ("pp", "cp", "ep"):
+    why = {  # what the update does not split
+        "cp": "a GRPO batch is a few short sequences (prompt + response): nothing to split "
+        "over context-parallel ranks",
+        "ep": "the policy is the trainer's dense Llama (the RL task's model has no experts)",
+    }
+    for axis, reason in why.items():
         value = getattr(plan, axis)
         if value > 1:
-            raise SpecError(
-                f"parallel.{axis}", value, "aihpc rl train updates the policy under data and "
-                "tensor parallel plans (one process, DDP, FSDP2, TP and their products); must be 1",
-            )  # fmt: skip
+            raise SpecError(f"parallel.{axis}", value, f"must be 1 for aihpc rl train: {reason}")
     if plan.tp > 1 and plan.sequence_parallel:
         raise SpecError(
             "parallel.sequence_parallel", True, "must be false for aihpc rl train: a GRPO "
             "batch's length (prompt + response - 1) need not divide by parallel.tp",
         )  # fmt: skip
-    if world_size % plan.tp:
-        raise SpecError("parallel.tp", plan.tp, f"must divide the {world_size} ranks")
-    dp = world_size // plan.tp
+    if world_size % (plan.tp * plan.pp):
+        raise SpecError("parallel", f"tp*pp = {plan.tp * plan.pp}",
+                        f"must divide the {world_size} ranks")  # fmt: skip
+    dp = world_size // (plan.tp * plan.pp)
     if rl.prompts_per_step % dp:
         raise SpecError(
             "rl.prompts_per_step", rl.prompts_per_step,
@@ -96,6 +99,26 @@ def check_rl_run(spec: RunSpec, world_size: int) -> None:
         )  # fmt: skip
     if spec.model.vocab_size < 256:
         raise SpecError("model.vocab_size", spec.model.vocab_size, ">= 256 (byte tokens)")
+    if plan.pp > 1:
+        _check_pipeline(spec, world_size, dp, opts or RunOptions())
+
+
+def _check_pipeline(spec: RunSpec, world_size: int, dp: int, opts: RunOptions) -> None:
+    """Pipeline parallel: the trainer's rules for its schedules (enough micro-batches, a layer
+    per stage, no tied embeddings, ...) on the update's minibatch, and the warm-up's batch in
+    whole micro-batches too."""
+    from aihpc.runspec.rules import trainer_plan_refusal
+
+    plan = spec.plan()
+    problem = trainer_plan_refusal(plan, spec.model, world_size, spec.parallel.dp)
+    if problem is not None:
+        raise problem
+    if opts.sft_steps and (opts.sft_batch % (dp * plan.micro_batch_size) or
+                           opts.sft_batch // (dp * plan.micro_batch_size) < plan.pp):  # fmt: skip
+        raise SpecError(
+            "sft_batch", opts.sft_batch, f"must be a multiple of dp x micro_batch_size = "
+            f"{dp * plan.micro_batch_size}, at least pp = {plan.pp} micro-batches per rank",
+        )  # fmt: skip
 
 
 def _check_pool(rl: Any) -> None:
@@ -142,7 +165,7 @@ def grpo_config(spec: RunSpec, opts: RunOptions) -> GRPOConfig:
         kl_coef=opts.kl_coef if rl.kl else 0.0, temperature=opts.temperature,
         ppo_epochs=rl.ppo_epochs, algorithm=rl.algorithm, minibatch=spec.plan().global_batch_size,
         sft_steps=opts.sft_steps, sft_batch=opts.sft_batch, sft_lr=opts.sft_lr,
-        task_base=opts.task_base,
+        task_base=opts.task_base, micro_batch=spec.plan().micro_batch_size,
     )  # fmt: skip
 
 
@@ -154,7 +177,7 @@ def run_rl(spec: RunSpec, run_dir: Path, opts: RunOptions, echo: Any = None) -> 
     g = grpo_config(spec, opts)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     with init_distributed() as ctx:
-        check_rl_run(spec, ctx.world_size)
+        check_rl_run(spec, ctx.world_size, opts)
         par = Parallel(ParallelDims.from_plan(spec.plan(), ctx.world_size), ctx.device.type)
         cfg = LlamaConfig.from_spec(spec.model)
         trainer = GRPOTrainer(cfg, g, ctx, par)
@@ -192,7 +215,7 @@ def _loop(tr: GRPOTrainer, spec: RunSpec, run_dir: Path, opts: RunOptions, echo:
         tr.save(ckpt_dir / f"rl_{0:08d}.pt")
     before = tr.accuracy(opts.eval_prompts)
     if tr.pool is not None:
-        tr.pool.start(tr.step, full_weights(tr.policy))
+        tr.pool.start(tr.step, tr.full_weights())
     interval = spec.checkpoint.interval_steps or tr.g.steps
     from aihpc.runtime.rl.observe import RLObserver  # metrics.prom with the predicted phases
     from aihpc.runtime.summary import device_label
