@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +32,10 @@ import torch
 
 from aihpc.runspec import RunSpec, SpecError
 from aihpc.runtime.config import LlamaConfig
+from aihpc.runtime.recoveries import load_record
 from aihpc.runtime.rl.metrics import RLMetrics
 from aihpc.runtime.rl.pool import RolloutPool
+from aihpc.runtime.rl.recover import generations, memory_tier, restore, rl_state
 from aihpc.runtime.rl.task import AdditionTask
 from aihpc.runtime.rl.trainer import GRPOConfig, GRPOTrainer
 
@@ -53,6 +55,7 @@ class RunOptions:
     temperature: float = 1.0
     task_base: int = 20
     eval_prompts: int | None = None  # held-out problems for accuracy (None: all of them)
+    faults: tuple[Any, ...] = field(default=(), compare=False)  # --inject (a drill's faults)
 
 
 def check_rl_run(spec: RunSpec, world_size: int, opts: RunOptions | None = None) -> None:
@@ -170,13 +173,33 @@ def grpo_config(spec: RunSpec, opts: RunOptions) -> GRPOConfig:
 
 
 def run_rl(spec: RunSpec, run_dir: Path, opts: RunOptions, echo: Any = None) -> dict[str, Any]:
-    """The whole run on this process's world; the summary (also written to summary.json)."""
+    """The whole run on this process's world; the summary (also written to summary.json). An
+    exception restarts it in the same processes from the newest state (recover.py), up to
+    ``[checkpoint] in_process_restarts`` times."""
+    from aihpc.runtime.distributed import _LAUNCHER_KEYS, _restore_env, rendezvous_store
+
+    grpo_config(spec, opts)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    limit = spec.checkpoint.in_process_limit(torch.cuda.is_available())
+    before = {k: os.environ.get(k) for k in _LAUNCHER_KEYS}
+    loads: list[dict[str, Any]] = []  # every load after a fault, in order
+    try:
+        store = rendezvous_store() if limit else None
+        return generations(
+            lambda gen: _generation(spec, run_dir, opts, echo, store, gen, loads), limit
+        )
+    finally:
+        _restore_env(before)
+
+
+def _generation(spec: RunSpec, run_dir: Path, opts: RunOptions, echo: Any, store: Any,
+                generation: int, loads: list) -> dict[str, Any]:  # fmt: skip
+    from aihpc.resilience import FaultInjector
     from aihpc.runtime.distributed import init_distributed
     from aihpc.runtime.mesh import Parallel, ParallelDims
 
     g = grpo_config(spec, opts)
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    with init_distributed() as ctx:
+    with init_distributed(store=store, generation=generation) as ctx:
         check_rl_run(spec, ctx.world_size, opts)
         par = Parallel(ParallelDims.from_plan(spec.plan(), ctx.world_size), ctx.device.type)
         cfg = LlamaConfig.from_spec(spec.model)
@@ -184,72 +207,106 @@ def run_rl(spec: RunSpec, run_dir: Path, opts: RunOptions, echo: Any = None) -> 
         rl = spec.rl
         if rl.placement == "disaggregated":
             trainer.pool = RolloutPool(ctx, run_dir, rl.rollout_gpus, rl.staleness, g, cfg)
+        memory = memory_tier(spec, run_dir, trainer)
+        injector = FaultInjector(list(opts.faults), ctx.rank, run_dir)
+        if memory is not None:
+            injector.lose_node_memory = memory.drop_own
+        done = False
         try:
-            return _loop(trainer, spec, run_dir, opts, echo if ctx.is_main else None)
+            loop = _Loop(trainer, spec, run_dir, opts, echo if ctx.is_main else None)
+            summary = loop.run(memory, injector, generation, loads)
+            done = True
+            if memory is not None:
+                summary["memory_checkpoint"] = memory.report()
+                memory.discard()  # the run is over: its memory is freed
+            return summary
         finally:
             if trainer.pool is not None:
-                trainer.pool.close()
+                trainer.pool.close(kill=not done)
+            if memory is not None:
+                memory.close()
 
 
-def _loop(tr: GRPOTrainer, spec: RunSpec, run_dir: Path, opts: RunOptions, echo: Any) -> dict:
-    ckpt_dir, main = run_dir / "checkpoints", tr.ctx.is_main
-    found = sorted(ckpt_dir.glob("rl_*.pt"))
-    summary: dict[str, Any] = {"resumed_from": None}
-    metrics = run_dir / "metrics.jsonl"
-    if found:
-        tr.load(found[-1])
-        summary["resumed_from"] = tr.step
-        if main and metrics.exists():  # the steps after the checkpoint run again: drop their lines
-            kept = [x for x in metrics.read_text().splitlines(keepends=True)
-                    if x.endswith("\n") and json.loads(x)["step"] <= tr.step]  # fmt: skip
-            metrics.write_text("".join(kept))
-            samples = run_dir / "samples.jsonl"
-            if samples.exists():
-                kept = [x for x in samples.read_text().splitlines(keepends=True)
-                        if x.endswith("\n") and json.loads(x)["step"] <= tr.step]  # fmt: skip
-                samples.write_text("".join(kept))
-    if not tr.sft_done:
-        summary["accuracy_init"] = tr.accuracy(opts.eval_prompts)
-        sft = tr.sft()
-        summary["sft"] = {"steps": tr.g.sft_steps, "final_loss": sft[-1]}
-        tr.save(ckpt_dir / f"rl_{0:08d}.pt")
-    before = tr.accuracy(opts.eval_prompts)
-    if tr.pool is not None:
-        tr.pool.start(tr.step, tr.full_weights())
-    interval = spec.checkpoint.interval_steps or tr.g.steps
-    from aihpc.runtime.rl.observe import RLObserver  # metrics.prom with the predicted phases
-    from aihpc.runtime.summary import device_label
+@dataclass
+class _Loop:
+    tr: GRPOTrainer
+    spec: RunSpec
+    run_dir: Path
+    opts: RunOptions
+    echo: Any
 
-    exporter = RLObserver(RLMetrics(run_dir), spec, tr.ctx.world_size,
-                          device_label(tr.ctx.device), tr.task) if main else None  # fmt: skip
-    while tr.step < tr.g.steps:
+    def trim(self, step: int) -> None:
+        """Rank 0: the lines of steps after ``step`` (they run again) dropped."""
+        if not self.tr.ctx.is_main:
+            return
+        for name in ("metrics.jsonl", "samples.jsonl"):
+            path = self.run_dir / name
+            if path.exists():
+                kept = [x for x in path.read_text().splitlines(keepends=True)
+                        if x.endswith("\n") and json.loads(x)["step"] <= step]  # fmt: skip
+                path.write_text("".join(kept))
+
+    def run(self, memory: Any, injector: Any, generation: int, loads: list) -> dict[str, Any]:
+        tr, opts, spec = self.tr, self.opts, self.spec
+        ckpt_dir, main = self.run_dir / "checkpoints", tr.ctx.is_main
+        got = restore(tr, memory, ckpt_dir)
+        summary: dict[str, Any] = {"resumed_from": got["step"] if got["source"] else None}
+        if generation:
+            loads.append(load_record(got["step"], got["source"], got["from_peer"], 0, generation))
+        self.trim(tr.step)
+        if not tr.sft_done:
+            summary["accuracy_init"] = tr.accuracy(opts.eval_prompts)
+            sft = tr.sft()
+            summary["sft"] = {"steps": tr.g.sft_steps, "final_loss": sft[-1]}
+            tr.save(ckpt_dir / f"rl_{0:08d}.pt")
+        before = tr.accuracy(opts.eval_prompts)
+        if tr.pool is not None:
+            tr.pool.start(tr.step, tr.full_weights())
+        from aihpc.runtime.rl.observe import RLObserver  # metrics.prom with the predicted phases
+        from aihpc.runtime.summary import device_label
+
+        exporter = RLObserver(RLMetrics(self.run_dir), spec, tr.ctx.world_size,
+                              device_label(tr.ctx.device), tr.task) if main else None  # fmt: skip
+        while tr.step < tr.g.steps:
+            self.step(exporter, memory)
+            injector.fire(tr.step, "step")  # a drill's fault, after the step and its saves
+        summary |= {
+            "steps": tr.step, "world_size": tr.ctx.world_size, "config": asdict(tr.g),
+            "placement": spec.rl.placement,
+            "rollout_workers": spec.rl.rollout_gpus if tr.pool else 0,
+            "staleness": spec.rl.staleness, "pool_restarts": tr.pool.restarts if tr.pool else 0,
+            "accuracy_before": before, "accuracy_after": tr.accuracy(opts.eval_prompts),
+            "heldout_prompts": len(tr.task.heldout_pairs(opts.eval_prompts)),
+            "in_process_restarts": generation, "recoveries": loads,
+        }  # fmt: skip
+        if exporter is not None:  # the phases measured beside aihpc rl estimate's (observe.py)
+            summary["performance"] = exporter.summary()
+        if main:
+            tmp = self.run_dir / "summary.json.tmp"
+            tmp.write_text(json.dumps(summary, indent=1) + "\n")
+            os.replace(tmp, self.run_dir / "summary.json")
+        return summary
+
+    def step(self, exporter: Any, memory: Any) -> None:
+        """One GRPO step, its lines, its checkpoint file and memory snapshot when due."""
+        tr, run_dir, spec = self.tr, self.run_dir, self.spec
+        ckpt_dir, main = run_dir / "checkpoints", tr.ctx.is_main
         m = tr.train_step()
         if exporter is not None:
             exporter.record(m)
         if main:
-            with metrics.open("a") as f:
+            with (run_dir / "metrics.jsonl").open("a") as f:
                 f.write(json.dumps(m) + "\n")
             if tr.samples:  # disaggregated: which samples the step trained on, their versions
                 with (run_dir / "samples.jsonl").open("a") as f:
                     f.write(json.dumps({"step": tr.step, **tr.samples}) + "\n")
-        if echo is not None:
-            echo(m)
+        if self.echo is not None:
+            self.echo(m)
+        interval = spec.checkpoint.interval_steps or tr.g.steps
         if tr.step % interval == 0 or tr.step == tr.g.steps:
             tr.save(ckpt_dir / f"rl_{tr.step:08d}.pt")
             if main:
                 for old in sorted(ckpt_dir.glob("rl_*.pt"))[:-KEEP]:
                     old.unlink()
-    summary |= {
-        "steps": tr.step, "world_size": tr.ctx.world_size, "config": asdict(tr.g),
-        "placement": spec.rl.placement, "rollout_workers": spec.rl.rollout_gpus if tr.pool else 0,
-        "staleness": spec.rl.staleness, "pool_restarts": tr.pool.restarts if tr.pool else 0,
-        "accuracy_before": before, "accuracy_after": tr.accuracy(opts.eval_prompts),
-        "heldout_prompts": len(tr.task.heldout_pairs(opts.eval_prompts)),
-    }  # fmt: skip
-    if exporter is not None:  # the phases measured beside aihpc rl estimate's (observe.py)
-        summary["performance"] = exporter.summary()
-    if main:
-        tmp = run_dir / "summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=1) + "\n")
-        os.replace(tmp, run_dir / "summary.json")
-    return summary
+        if memory is not None and tr.step % spec.checkpoint.memory_interval_steps == 0:
+            memory.snapshot(tr.step, rl_state(tr))
