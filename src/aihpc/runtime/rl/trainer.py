@@ -283,7 +283,8 @@ class GRPOTrainer:
         )
         if self.pp > 1:  # every stage's, so the file is one process's (any plan resumes it)
             every: list[Any] = [None] * self.pp
-            dist.all_gather_object(every, (model_sd, optim_sd), group=self.par.pp_group)
+            mine = _to_cpu((model_sd, optim_sd))  # pickled across ranks: never a device's
+            dist.all_gather_object(every, mine, group=self.par.pp_group)
             model_sd, optim_sd = merge_states(every)
         if self.ctx.is_main:
             state = {"step": self.step, "sft_done": self.sft_done, "policy": model_sd,
@@ -364,3 +365,13 @@ def _sum_over_ranks(value: float) -> float:
     t = torch.tensor([value], dtype=torch.float64)
     dist.all_reduce(t)
     return float(t)
+
+
+def _to_cpu(tree: Any) -> Any:
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().cpu()
+    if isinstance(tree, dict):
+        return {k: _to_cpu(v) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(_to_cpu(v) for v in tree)
+    return tree
