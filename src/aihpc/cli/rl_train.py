@@ -39,8 +39,9 @@ def register_train(rl_app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     ) -> None:
         """GRPO: rollout (KV cache), exact-match rewards, group-relative advantages, clipped
-        loss with KL, update under the [parallel] plan (DDP / FSDP / TP / PP), weights synced in place
-        (colocated) or broadcast to rollout worker processes (disaggregated, rl.staleness)."""
+        loss with KL, update under the [parallel] plan (DDP / FSDP / TP / PP), weights synced in
+        place (colocated) or broadcast to rollout worker processes (disaggregated,
+        rl.staleness); in-memory snapshots and in-process restart ([checkpoint])."""
         from aihpc.runtime.rl.run import RunOptions, check_rl_run, grpo_config
 
         if nproc_per_node < 1:
