@@ -158,6 +158,16 @@ def test_refusals_are_one_line_exit_2(tmp_path: Path, change: dict, field: str) 
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("fault", ["hang:step=1", "exception:step=1:at=save",
+                                   "exception:step=9", "kill:step=1:rank=2"])  # fmt: skip
+def test_inject_refusals_are_one_line_exit_2(tmp_path: Path, fault: str) -> None:
+    """Only what the RL loop fires (kill | exception after a step), on a step and rank it has."""
+    spec = _write(tmp_path, "s.toml", _spec_dict())
+    done = _cli([str(spec), "--run-dir", str(tmp_path / "run"), "--inject", fault], 2)
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "--inject" in done.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize(
@@ -229,6 +239,17 @@ def test_rl_train_on_two_ranks_runs_the_same_first_step(tmp_path: Path) -> None:
     assert [{k: r[k] for k in rollout} for r in runs["pp"][0]] == [
         {k: r[k] for k in rollout} for r in one
     ]
+    # the stages' states merged: one process's file, which one process resumes
+    files = [torch.load(tmp_path / n / "checkpoints" / f"rl_{2:08d}.pt", weights_only=True)
+             for n in ("one", "pp")]  # fmt: skip
+    assert list(files[0]["policy"]) == list(files[1]["policy"])
+    assert files[0]["optimizer"]["param_groups"] == files[1]["optimizer"]["param_groups"]
+    assert set(files[0]["optimizer"]["state"]) == set(files[1]["optimizer"]["state"])
+    more = _write(tmp_path, "more.toml", _spec_dict(steps=3))
+    done = _cli([str(more), "--run-dir", str(tmp_path / "pp"), "--sft-steps", "20",
+                 "--task-base", str(BASE), "--json"], 1)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout)["resumed_from"] == 2
 
 
 @pytest.mark.slow
