@@ -17,7 +17,9 @@ The run directory: ``metrics.jsonl`` (one line per GRPO step), ``checkpoints/rl_
 (the full state, a disaggregated run's staleness queue included; the newest two kept),
 ``summary.json``; disaggregated: ``samples.jsonl`` (each step's sample ids and their weights
 versions) and ``rollout/`` (the workers' config, logs, pids and restarts). A run directory with a
-checkpoint is resumed from its newest one.
+checkpoint is resumed from its newest one. ``[checkpoint] memory_interval_steps`` and
+``in_process_restarts`` add pre-training's in-memory snapshots and in-process restarts
+(recover.py); ``RunOptions.faults`` (``--inject``) drills them.
 """
 
 from __future__ import annotations
