@@ -210,16 +210,18 @@ def test_two_rank_policy_gradient_equals_one_process(
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_rl_train_on_two_ranks_runs_the_same_first_step(tmp_path: Path) -> None:
-    """aihpc rl train under FSDP2, TP and PP (1F1B, two stages) on 2 ranks: the same supervised
-    warm-up (weights to rounding) and the same first rollout (every reward and length) as one
-    process; under PP every step's rollout."""
+    """aihpc rl train under FSDP2, TP and PP (1F1B, two stages) on 2 ranks and PP x DP on 4:
+    the same supervised warm-up (weights to rounding) and the same first rollout (every reward
+    and length) as one process; under PP every step's rollout."""
     runs = {}
     plans = {"one": ({}, 1), "fsdp": ({"zero_stage": 3}, 2),
              "tp": ({"tp": 2, "sequence_parallel": False}, 2),
-             "pp": ({"pp": 2, "micro_batch_size": 4}, 2)}  # fmt: skip
+             "pp": ({"pp": 2, "micro_batch_size": 4}, 2),
+             "ppdp": ({"pp": 2, "micro_batch_size": 2}, 4)}  # fmt: skip
     for name, (parallel, nproc) in plans.items():
         spec = _spec_dict()
         spec["parallel"] |= parallel
+        spec["cluster"] |= {"num_gpus": max(nproc, 2), "gpus_per_node": max(nproc, 2)}
         run = tmp_path / name
         done = _cli([str(_write(tmp_path, f"{name}.toml", spec)), "--run-dir", str(run),
                      "--sft-steps", "20", "--task-base", str(BASE), "--json"], nproc)  # fmt: skip
@@ -230,15 +232,16 @@ def test_rl_train_on_two_ranks_runs_the_same_first_step(tmp_path: Path) -> None:
         assert [r["step"] for r in rows] == [1, 2]
         runs[name] = rows, summary
     one, s_one = runs["one"]
-    for name in ("fsdp", "tp", "pp"):
+    for name in ("fsdp", "tp", "pp", "ppdp"):
         rows, summary = runs[name]
         for key in ("reward", "response_len", "rollout_tokens"):
             assert one[0][key] == rows[0][key], (name, key)
         assert s_one["accuracy_before"] == summary["accuracy_before"], name
     rollout = ("step", "reward", "response_len", "rollout_tokens", "staleness")
-    assert [{k: r[k] for k in rollout} for r in runs["pp"][0]] == [
-        {k: r[k] for k in rollout} for r in one
-    ]
+    for name in ("pp", "ppdp"):
+        assert [{k: r[k] for k in rollout} for r in runs[name][0]] == [
+            {k: r[k] for k in rollout} for r in one
+        ], name
     # the stages' states merged: one process's file, which one process resumes
     files = [torch.load(tmp_path / n / "checkpoints" / f"rl_{2:08d}.pt", weights_only=True)
              for n in ("one", "pp")]  # fmt: skip
