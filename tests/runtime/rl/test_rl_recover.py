@@ -2,9 +2,9 @@
 trainer's fault injection (``--inject``, as tests/runtime/test_fast_recovery.py drills
 pre-training): an exception after a step recovered in the same processes from the in-memory
 snapshot (policy, optimizer, reference, step, staleness queue), and a pipeline-parallel rank
-SIGKILLed then the command run again (resumed from its checkpoint file). Each run ends as the
-uninterrupted one: the same metrics lines (timings aside), each sample trained on once, the same
-final weights bit for bit.
+with a rollout worker SIGKILLed then the command run again (resumed from its checkpoint file).
+Each run ends as the uninterrupted one: the same metrics lines (timings aside), each sample
+trained on once, the same final weights bit for bit.
 """
 
 from __future__ import annotations
@@ -76,26 +76,40 @@ def test_exception_in_an_async_run_keeps_its_staleness_queue(tmp_path: Path) -> 
     run, summary = _run(tmp_path, "faulted", spec, 1, "--inject", "exception:step=3")
     _in_memory(summary, 3)
     _same(straight, run, steps)
-    samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    samples = _samples(run)
     ids = [i for s in samples for i in s["ids"]]
     assert len(ids) == len(set(ids)) == steps * 4 * 4
-    assert samples == [json.loads(x) for x in (straight / "samples.jsonl").read_text().splitlines()]
+    assert samples == _samples(straight)
+
+
+def _samples(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_pipeline_run_recovers_in_process_and_after_a_kill(tmp_path: Path) -> None:
-    """pp = 2 (1F1B): an exception on the last stage's rank recovered from memory (each rank
-    restores its own stage), and a SIGKILL of that rank, after which the same command resumes
-    from the checkpoint file of the step before (the merged stages' state)."""
+    """pp = 2 (1F1B) with a rollout worker at staleness 1: the stages' weights gathered and
+    broadcast to the worker give one process's rollouts; an exception on the last stage's rank
+    is recovered from memory (each rank restores its own stage, rank 0 the queue), and after a
+    SIGKILL of that rank the same command resumes from the checkpoint file of the step before
+    (the merged stages' state)."""
     steps = 4
-    spec = _spec_dict(steps=steps)
-    spec["parallel"] |= {"pp": 2, "micro_batch_size": 4}
+    spec = _spec_dict(steps=steps, placement="disaggregated", rollout_gpus=1, staleness=1)
     spec["checkpoint"] = FAST
+    one, _ = _run(tmp_path, "one", spec, 1)
+    spec["parallel"] |= {"pp": 2, "micro_batch_size": 4}
+    spec["cluster"] |= {"num_gpus": 3, "gpus_per_node": 3}  # 2 trainer ranks, 1 rollout worker
     straight, _ = _run(tmp_path, "straight", spec, 2)
+    rollout = ("step", "reward", "response_len", "rollout_tokens", "staleness")
+    assert [{k: r[k] for k in rollout} for r in _rows(straight)] == [
+        {k: r[k] for k in rollout} for r in _rows(one)
+    ]
+    assert _samples(straight) == _samples(one)  # each sample once, with one process's version
     run, summary = _run(tmp_path, "faulted", spec, 2, "--inject", "exception:step=2:rank=1")
     _in_memory(summary, 2)
     _same(straight, run, steps)
+    assert _samples(run) == _samples(straight)
 
     spec["checkpoint"] = {"interval_steps": 1}
     killed = tmp_path / "killed"
@@ -106,3 +120,4 @@ def test_pipeline_run_recovers_in_process_and_after_a_kill(tmp_path: Path) -> No
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads(again.stdout)["resumed_from"] == 2
     _same(straight, killed, steps)
+    assert _samples(killed) == _samples(straight)

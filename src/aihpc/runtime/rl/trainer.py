@@ -209,7 +209,8 @@ class GRPOTrainer:
             if self.pp > 1:  # the rollout model holds the next step's old policy
                 self.sync(weights)
             synced = self.pool.publish(self.step + 1, weights)
-            mine = self.ctx.rank % self.par.dims.tp == 0  # a TP group's samples, once
+            # a TP group's (a pipeline's) samples, once: its first tensor and pipeline rank's
+            mine = self.ctx.rank % self.par.dims.tp == 0 and self.par.pp_rank == 0
             self.samples = _gather_samples(ids if mine else [], versions.tolist() if mine else [])
         t_sync = time.perf_counter()
         staleness = self.step - int(versions.min())
