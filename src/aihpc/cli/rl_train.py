@@ -30,20 +30,28 @@ def register_train(rl_app: typer.Typer) -> None:
         clip: float = typer.Option(0.2, "--clip", help="Policy-ratio clip range."),
         temperature: float = typer.Option(1.0, "--temperature", help="Rollout sampling."),
         task_base: int = typer.Option(20, "--task-base", help="Operands in [0, base)."),
+        inject: list[str] | None = typer.Option(
+            None,
+            "--inject",
+            help="A drill's fault after a GRPO step: kill|exception:step=N"
+            "[:rank=R][:mode=node] (repeatable; each fires once per run directory).",
+        ),
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     ) -> None:
         """GRPO: rollout (KV cache), exact-match rewards, group-relative advantages, clipped
-        loss with KL, update under the [parallel] plan (DDP / FSDP), weights synced in place
-        (colocated) or broadcast to rollout worker processes (disaggregated, rl.staleness)."""
+        loss with KL, update under the [parallel] plan (DDP / FSDP / TP / PP), weights synced in
+        place (colocated) or broadcast to rollout worker processes (disaggregated,
+        rl.staleness); in-memory snapshots and in-process restart ([checkpoint])."""
         from aihpc.runtime.rl.run import RunOptions, check_rl_run, grpo_config
 
         if nproc_per_node < 1:
             raise SpecError("--nproc-per-node", nproc_per_node, "must be >= 1")
         spec = load_runspec(runspec)
-        opts = RunOptions(sft_steps=sft_steps, clip=clip, kl_coef=kl_coef,
-                          temperature=temperature, task_base=task_base)  # fmt: skip
         world = int(os.environ.get("WORLD_SIZE", nproc_per_node))
-        check_rl_run(spec, world)  # every refusal before a process starts
+        opts = RunOptions(sft_steps=sft_steps, clip=clip, kl_coef=kl_coef,
+                          temperature=temperature, task_base=task_base,
+                          faults=_faults(spec, inject or [], world))  # fmt: skip
+        check_rl_run(spec, world, opts)  # every refusal before a process starts
         grpo_config(spec, opts)
         if run_dir.exists() and not run_dir.is_dir():
             raise SpecError("--run-dir", str(run_dir), "exists and is not a directory")
@@ -58,6 +66,22 @@ def register_train(rl_app: typer.Typer) -> None:
             print_json(summary)
         else:
             typer.echo(_summary_line(summary))
+
+
+def _faults(spec: Any, texts: list[str], world: int) -> tuple:
+    """``--inject``: the faults the RL loop fires (after a step), each able to fire here."""
+    from aihpc.resilience import parse_fault
+
+    faults = tuple(parse_fault(t) for t in texts)
+    for text, f in zip(texts, faults, strict=True):
+        if f.kind not in ("kill", "exception") or f.at != "step":
+            raise SpecError("--inject", text, "aihpc rl train fires kill | exception at=step "
+                            "(after a GRPO step and its checkpoint)")  # fmt: skip
+        last = spec.training.train_steps
+        if f.rank >= world or f.step > last:
+            raise SpecError("--inject", text, f"rank must be below the {world} ranks and step "
+                            f"at most training.train_steps {last}")  # fmt: skip
+    return faults
 
 
 def _run(spec: Any, run_dir: Path, opts: Any, as_json: bool) -> dict:

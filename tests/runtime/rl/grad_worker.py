@@ -1,5 +1,6 @@
 """One GRPO minibatch's gradient under a plan, written by rank 0: run as ``python
-grad_worker.py SPEC.toml OUT.pt`` (a world of one) or under torchrun (DDP / FSDP2 on gloo).
+grad_worker.py SPEC.toml OUT.pt`` (a world of one) or under
+torchrun (DDP / FSDP2 / TP / PP on gloo).
 The same prompts and samples whatever the world size (runtime/rl/trainer.py, rank_prompts)."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from aihpc.runtime.config import LlamaConfig
 from aihpc.runtime.distributed import init_distributed
 from aihpc.runtime.mesh import Parallel, ParallelDims
 from aihpc.runtime.rl.grpo import group_advantages, policy_loss, response_logprobs
+from aihpc.runtime.rl.pipeline import pack_grpo, policy_stepper
 from aihpc.runtime.rl.rollout import rollout
 from aihpc.runtime.rl.run import RunOptions, grpo_config
 from aihpc.runtime.rl.trainer import GRPOTrainer
@@ -30,20 +32,33 @@ def main(spec_path: str, out: str) -> None:
         ro = rollout(tr.rollout_model, tr.task, tr.rank_prompts(), g.samples_per_prompt, g.seed,
                      g.temperature)  # fmt: skip
         adv = group_advantages(ro.rewards.view(-1, g.samples_per_prompt)).flatten()
-        with torch.no_grad():
-            old = response_logprobs(tr.policy, ro.prompts, ro.responses)
-        logp = response_logprobs(tr.policy, ro.prompts, ro.responses)
-        loss, _ = policy_loss(logp, old, old + 0.1, adv, ro.mask, g.clip, g.kl_coef)
-        loss.backward()
+        with torch.no_grad():  # the policy's (its whole copy's under pipeline parallel)
+            current = tr.rollout_model if par.dims.pp > 1 else tr.policy
+            old = response_logprobs(current, ro.prompts, ro.responses)
+        if par.dims.pp > 1:  # the pipeline schedule, the trainer's update without its step
+            x = torch.cat([ro.prompts, ro.responses], dim=1)[:, :-1]
+            stepper = policy_stepper(tr.parts, par, tr.optimizer, ctx.device, x.shape[0],
+                                     g.micro_batch, g.grad_clip, clip=g.clip,
+                                     kl_coef=g.kl_coef)  # fmt: skip
+            stepper._pipeline(x, pack_grpo(ro.responses, ro.mask, old, old + 0.1, adv))
+        else:
+            logp = response_logprobs(tr.policy, ro.prompts, ro.responses)
+            loss, _ = policy_loss(logp, old, old + 0.1, adv, ro.mask, g.clip, g.kl_coef)
+            loss.backward()
         grads = {}
         for name, p in tr.policy.named_parameters():
             grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
             grads[name.removeprefix("module.")] = grad.detach().clone()
+        if par.dims.pp > 1:  # every stage's
+            every = [None] * par.dims.pp
+            torch.distributed.all_gather_object(every, grads, group=par.pp_group)
+            grads = {k: v for part in every for k, v in part.items()}
         scored = ro.rewards.sum()
         if ctx.world_size > 1:
             torch.distributed.all_reduce(scored)
-        if ctx.is_main:  # a TP group's ranks hold the same samples: counted once
-            torch.save({"grads": grads, "rewards": float(scored) / par.dims.tp}, out)
+        if ctx.is_main:  # a TP group's (a pipeline's) ranks hold the same samples: counted once
+            torch.save({"grads": grads, "rewards": float(scored) / (par.dims.tp * par.dims.pp)},
+                       out)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """GRPO run for real (runtime/rl, ``aihpc rl train``): exact resume, the rollout model after a
 sync generates what the policy generates, the command's refusals, and a 2-rank gloo update
-(DDP and FSDP2) equal to one process's.
+(DDP, FSDP2, TP and PP) equal to one process's.
 
 Parity tolerance. The ranks compute the same gradient of the same samples as one process, only
 reduced in another order (DDP's bucketed all-reduce, FSDP2's reduce-scatter, per-rank forward
@@ -9,7 +9,7 @@ batches of half the rows), so parameters differ by fp32 rounding amplified by Ad
 at lr 3e-3 and allows 5e-5; this run takes fewer, smaller steps, and we allow the same 5e-5.
 Gradients (test_two_rank_policy_gradient_equals_one_process) are held to 1e-5 of the largest
 element: measured 8.0e-7 (DDP), 1.8e-6 (FSDP2), 8.4e-6 (TP, whose row-parallel matmuls also
-sum their halves in another order).
+sum their halves in another order), 6.4e-7 (PP: 1F1B over micro-batches of 4 rows).
 """
 
 from __future__ import annotations
@@ -138,7 +138,8 @@ def _write(tmp_path: Path, name: str, spec: dict) -> Path:
             {"rl": {"placement": "disaggregated", "rollout_gpus": 1, "weight_sync": "storage"}},
             "rl.weight_sync",
         ),
-        ({"parallel": {"pp": 2}}, "parallel.pp"),
+        ({"parallel": {"pp": 2, "micro_batch_size": 8}}, "parallel.pp"),  # 1 micro-batch < pp
+        ({"parallel": {"cp": 2}}, "parallel.cp"),
         ({"parallel": {"tp": 2}}, "parallel.sequence_parallel"),  # TP runs, SP's lengths don't
         (
             {"rl": {"prompts_per_step": 3}, "parallel": {"global_batch_size": 12}},
@@ -157,19 +158,34 @@ def test_refusals_are_one_line_exit_2(tmp_path: Path, change: dict, field: str) 
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("fault", ["hang:step=1", "exception:step=1:at=save",
+                                   "exception:step=9", "kill:step=1:rank=2"])  # fmt: skip
+def test_inject_refusals_are_one_line_exit_2(tmp_path: Path, fault: str) -> None:
+    """Only what the RL loop fires (kill | exception after a step), on a step and rank it has."""
+    spec = _write(tmp_path, "s.toml", _spec_dict())
+    done = _cli([str(spec), "--run-dir", str(tmp_path / "run"), "--inject", fault], 2)
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "--inject" in done.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize(("plan", "zero", "tp"), [("ddp", 0, 1), ("fsdp", 3, 1), ("tp", 0, 2)])
+@pytest.mark.parametrize(
+    ("plan", "zero", "tp", "pp"),
+    [("ddp", 0, 1, 1), ("fsdp", 3, 1, 1), ("tp", 0, 2, 1), ("pp", 0, 1, 2)],
+)
 def test_two_rank_policy_gradient_equals_one_process(
-    tmp_path: Path, plan: str, zero: int, tp: int
+    tmp_path: Path, plan: str, zero: int, tp: int, pp: int
 ) -> None:
     """The GRPO loss's gradient (clipped ratio and KL terms both live: the reference is set off
     the policy) on 2 gloo ranks equals one process's, to fp32 rounding of the reduction; under
-    TP the ranks split every matrix and gather the vocabulary's logits."""
+    TP the ranks split every matrix and gather the vocabulary's logits; under PP the 1F1B
+    schedule runs the two stages over micro-batches of 4 rows."""
     worker = Path(__file__).with_name("grad_worker.py")
     spec = _spec_dict(zero_stage=zero, global_batch_size=16)
     one = _write(tmp_path, "one.toml", {**spec, "parallel": {"global_batch_size": 16}})
     spec["parallel"] |= {"tp": tp, "sequence_parallel": False} if tp > 1 else {}
+    spec["parallel"] |= {"pp": pp, "micro_batch_size": 4} if pp > 1 else {}
     two = _write(tmp_path, "two.toml", spec)
     got = {}
     for nproc in (1, 2):
@@ -194,12 +210,18 @@ def test_two_rank_policy_gradient_equals_one_process(
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_rl_train_on_two_ranks_runs_the_same_first_step(tmp_path: Path) -> None:
-    """aihpc rl train under FSDP2 and under TP on 2 ranks: the same supervised warm-up (weights
-    to rounding) and the same first rollout (every reward and length) as one process."""
+    """aihpc rl train under FSDP2, TP and PP (1F1B, two stages) on 2 ranks and PP x DP on 4:
+    the same supervised warm-up (weights to rounding) and the same first rollout (every reward
+    and length) as one process; under PP every step's rollout."""
     runs = {}
-    for name, zero, tp, nproc in (("one", 0, 1, 1), ("fsdp", 3, 1, 2), ("tp", 0, 2, 2)):
-        spec = _spec_dict(zero_stage=zero)
-        spec["parallel"] |= {"tp": tp, "sequence_parallel": False} if tp > 1 else {}
+    plans = {"one": ({}, 1), "fsdp": ({"zero_stage": 3}, 2),
+             "tp": ({"tp": 2, "sequence_parallel": False}, 2),
+             "pp": ({"pp": 2, "micro_batch_size": 4}, 2),
+             "ppdp": ({"pp": 2, "micro_batch_size": 2}, 4)}  # fmt: skip
+    for name, (parallel, nproc) in plans.items():
+        spec = _spec_dict()
+        spec["parallel"] |= parallel
+        spec["cluster"] |= {"num_gpus": max(nproc, 2), "gpus_per_node": max(nproc, 2)}
         run = tmp_path / name
         done = _cli([str(_write(tmp_path, f"{name}.toml", spec)), "--run-dir", str(run),
                      "--sft-steps", "20", "--task-base", str(BASE), "--json"], nproc)  # fmt: skip
@@ -210,11 +232,27 @@ def test_rl_train_on_two_ranks_runs_the_same_first_step(tmp_path: Path) -> None:
         assert [r["step"] for r in rows] == [1, 2]
         runs[name] = rows, summary
     one, s_one = runs["one"]
-    for name in ("fsdp", "tp"):
+    for name in ("fsdp", "tp", "pp", "ppdp"):
         rows, summary = runs[name]
         for key in ("reward", "response_len", "rollout_tokens"):
             assert one[0][key] == rows[0][key], (name, key)
         assert s_one["accuracy_before"] == summary["accuracy_before"], name
+    rollout = ("step", "reward", "response_len", "rollout_tokens", "staleness")
+    for name in ("pp", "ppdp"):
+        assert [{k: r[k] for k in rollout} for r in runs[name][0]] == [
+            {k: r[k] for k in rollout} for r in one
+        ], name
+    # the stages' states merged: one process's file, which one process resumes
+    files = [torch.load(tmp_path / n / "checkpoints" / f"rl_{2:08d}.pt", weights_only=True)
+             for n in ("one", "pp")]  # fmt: skip
+    assert list(files[0]["policy"]) == list(files[1]["policy"])
+    assert files[0]["optimizer"]["param_groups"] == files[1]["optimizer"]["param_groups"]
+    assert set(files[0]["optimizer"]["state"]) == set(files[1]["optimizer"]["state"])
+    more = _write(tmp_path, "more.toml", _spec_dict(steps=3))
+    done = _cli([str(more), "--run-dir", str(tmp_path / "pp"), "--sft-steps", "20",
+                 "--task-base", str(BASE), "--json"], 1)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout)["resumed_from"] == 2
 
 
 @pytest.mark.slow

@@ -110,15 +110,21 @@ class RolloutPool:
         for batch in range(step, min(step + self.s, self.g.steps - 1) + 1):
             version = self.owed.setdefault(batch, batch_version(batch, self.s))
             whole = all(i in self.restored for i in self.batch_prompts(batch))
-            if version != step and not whole:  # a checkpoint holds every owed batch's results
+            # a checkpoint holds every owed batch's results; a memory snapshot, those that had
+            # come and the weights to make the rest again
+            if version != step and not whole and version not in self.weights:
                 raise RuntimeError(f"batch {batch} (version {version}) owed at step {step}")
         self._resend()
 
-    def close(self) -> None:
+    def close(self, kill: bool = False) -> None:
+        """Stop the workers after their commands; ``kill``: at once (an in-process restart
+        starts a fresh pool from the snapshot)."""
         if not self.owner:
             return
         for slot, p in enumerate(self.procs):
-            if p.poll() is None and self.pg is not None:
+            if kill:
+                p.kill()
+            elif p.poll() is None and self.pg is not None:
                 self._command(slot, {"op": "stop"})
         for p in self.procs:
             try:
@@ -180,14 +186,23 @@ class RolloutPool:
 
     # -- checkpoints: the staleness queue ----------------------------------------------------
 
-    def state(self) -> dict[str, Any]:
-        """Rank 0: every owed batch's results (waited for), the queue a resume trains on."""
+    def state(self, wait: bool = True) -> dict[str, Any]:
+        """Rank 0: every owed batch's results (waited for), the queue a resume trains on.
+        ``wait`` False (the in-memory snapshot of every step, which must not stall the overlap
+        of rollout and training): the results that have come, and the weights of each version
+        whose batch is incomplete, with which a fresh pool makes the rest again."""
         queue: dict[int, bytes] = {}
+        weights: dict[int, dict[str, torch.Tensor]] = {}
         for batch in sorted(self.owed):
             prompts = self.batch_prompts(batch)
-            self._wait(prompts)
-            queue |= {i: self.restored.get(i) or self.store.get(f"res/{i}") for i in prompts}
-        return {"staleness": self.s, "owed": dict(self.owed), "queue": queue}
+            if wait:
+                self._wait(prompts)
+            have = [i for i in prompts if i in self.restored or self.store.check([f"res/{i}"])]
+            queue |= {i: self.restored.get(i) or self.store.get(f"res/{i}") for i in have}
+            if len(have) < len(prompts):
+                version = self.owed[batch]
+                weights[version] = self.weights[version]
+        return {"staleness": self.s, "owed": dict(self.owed), "queue": queue, "weights": weights}
 
     def load_state(self, state: dict[str, Any], step: int) -> None:
         if state["staleness"] != self.s and state["owed"]:
@@ -195,6 +210,7 @@ class RolloutPool:
                             f"with staleness {state['staleness']}; resume with that")  # fmt: skip
         self.restored = dict(state["queue"])
         self.owed = dict(state["owed"])
+        self.weights |= state.get("weights", {})
 
     # -- rank 0: workers, commands, failures ------------------------------------------------
 

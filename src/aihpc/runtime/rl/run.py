@@ -3,9 +3,10 @@ process, or the ranks torchrun started), into a run directory.
 
 What the spec decides: ``[model]`` the policy (its reference and rollout copies have its shape),
 ``[parallel]`` the update's plan (data parallel: one process, DDP at zero_stage 0, FSDP2 at
-1-3), ``[rl]`` prompts_per_step, samples_per_prompt, ppo_epochs, kl, placement (colocated: the
-rollout model in each training process; disaggregated: ``rollout_gpus`` worker processes,
-pool.py) and staleness (disaggregated: batches from weights up to that many updates old),
+1-3; tensor parallel; pipeline parallel with the trainer's schedules, micro_batch_size rows per
+micro-batch), ``[rl]`` prompts_per_step, samples_per_prompt, ppo_epochs, kl, placement
+(colocated: the rollout model in each training process; disaggregated: ``rollout_gpus`` worker
+processes, pool.py) and staleness (disaggregated: batches from weights up to that many updates old),
 ``[training]`` train_steps (GRPO steps), learning_rate and seed, ``[checkpoint]``
 interval_steps. The task (runtime/rl/task.py) fixes the prompt and response lengths, so
 ``rl.prompt_len`` / ``response_len`` (the planner's) are not read. What the run knobs add
@@ -16,14 +17,16 @@ The run directory: ``metrics.jsonl`` (one line per GRPO step), ``checkpoints/rl_
 (the full state, a disaggregated run's staleness queue included; the newest two kept),
 ``summary.json``; disaggregated: ``samples.jsonl`` (each step's sample ids and their weights
 versions) and ``rollout/`` (the workers' config, logs, pids and restarts). A run directory with a
-checkpoint is resumed from its newest one.
+checkpoint is resumed from its newest one. ``[checkpoint] memory_interval_steps`` and
+``in_process_restarts`` add pre-training's in-memory snapshots and in-process restarts
+(recover.py); ``RunOptions.faults`` (``--inject``) drills them.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +34,10 @@ import torch
 
 from aihpc.runspec import RunSpec, SpecError
 from aihpc.runtime.config import LlamaConfig
+from aihpc.runtime.recoveries import load_record
 from aihpc.runtime.rl.metrics import RLMetrics
 from aihpc.runtime.rl.pool import RolloutPool
-from aihpc.runtime.rl.rollout import full_weights
+from aihpc.runtime.rl.recover import generations, memory_tier, restore, rl_state
 from aihpc.runtime.rl.task import AdditionTask
 from aihpc.runtime.rl.trainer import GRPOConfig, GRPOTrainer
 
@@ -53,9 +57,10 @@ class RunOptions:
     temperature: float = 1.0
     task_base: int = 20
     eval_prompts: int | None = None  # held-out problems for accuracy (None: all of them)
+    faults: tuple[Any, ...] = field(default=(), compare=False)  # --inject (a drill's faults)
 
 
-def check_rl_run(spec: RunSpec, world_size: int) -> None:
+def check_rl_run(spec: RunSpec, world_size: int, opts: RunOptions | None = None) -> None:
     """What ``aihpc rl train`` does not run, as a SpecError (one line, exit 2)."""
     rl, plan = spec.rl, spec.plan()
     if rl is None:
@@ -66,21 +71,24 @@ def check_rl_run(spec: RunSpec, world_size: int) -> None:
         )
     if rl.placement == "disaggregated":
         _check_pool(rl)
-    for axis in ("pp", "cp", "ep"):
+    why = {  # what the update does not split
+        "cp": "a GRPO batch is a few short sequences (prompt + response): nothing to split "
+        "over context-parallel ranks",
+        "ep": "the policy is the trainer's dense Llama (the RL task's model has no experts)",
+    }
+    for axis, reason in why.items():
         value = getattr(plan, axis)
         if value > 1:
-            raise SpecError(
-                f"parallel.{axis}", value, "aihpc rl train updates the policy under data and "
-                "tensor parallel plans (one process, DDP, FSDP2, TP and their products); must be 1",
-            )  # fmt: skip
+            raise SpecError(f"parallel.{axis}", value, f"must be 1 for aihpc rl train: {reason}")
     if plan.tp > 1 and plan.sequence_parallel:
         raise SpecError(
             "parallel.sequence_parallel", True, "must be false for aihpc rl train: a GRPO "
             "batch's length (prompt + response - 1) need not divide by parallel.tp",
         )  # fmt: skip
-    if world_size % plan.tp:
-        raise SpecError("parallel.tp", plan.tp, f"must divide the {world_size} ranks")
-    dp = world_size // plan.tp
+    if world_size % (plan.tp * plan.pp):
+        raise SpecError("parallel", f"tp*pp = {plan.tp * plan.pp}",
+                        f"must divide the {world_size} ranks")  # fmt: skip
+    dp = world_size // (plan.tp * plan.pp)
     if rl.prompts_per_step % dp:
         raise SpecError(
             "rl.prompts_per_step", rl.prompts_per_step,
@@ -96,6 +104,26 @@ def check_rl_run(spec: RunSpec, world_size: int) -> None:
         )  # fmt: skip
     if spec.model.vocab_size < 256:
         raise SpecError("model.vocab_size", spec.model.vocab_size, ">= 256 (byte tokens)")
+    if plan.pp > 1:
+        _check_pipeline(spec, world_size, dp, opts or RunOptions())
+
+
+def _check_pipeline(spec: RunSpec, world_size: int, dp: int, opts: RunOptions) -> None:
+    """Pipeline parallel: the trainer's rules for its schedules (enough micro-batches, a layer
+    per stage, no tied embeddings, ...) on the update's minibatch, and the warm-up's batch in
+    whole micro-batches too."""
+    from aihpc.runspec.rules import trainer_plan_refusal
+
+    plan = spec.plan()
+    problem = trainer_plan_refusal(plan, spec.model, world_size, spec.parallel.dp)
+    if problem is not None:
+        raise problem
+    if opts.sft_steps and (opts.sft_batch % (dp * plan.micro_batch_size) or
+                           opts.sft_batch // (dp * plan.micro_batch_size) < plan.pp):  # fmt: skip
+        raise SpecError(
+            "sft_batch", opts.sft_batch, f"must be a multiple of dp x micro_batch_size = "
+            f"{dp * plan.micro_batch_size}, at least pp = {plan.pp} micro-batches per rank",
+        )  # fmt: skip
 
 
 def _check_pool(rl: Any) -> None:
@@ -142,91 +170,145 @@ def grpo_config(spec: RunSpec, opts: RunOptions) -> GRPOConfig:
         kl_coef=opts.kl_coef if rl.kl else 0.0, temperature=opts.temperature,
         ppo_epochs=rl.ppo_epochs, algorithm=rl.algorithm, minibatch=spec.plan().global_batch_size,
         sft_steps=opts.sft_steps, sft_batch=opts.sft_batch, sft_lr=opts.sft_lr,
-        task_base=opts.task_base,
+        task_base=opts.task_base, micro_batch=spec.plan().micro_batch_size,
     )  # fmt: skip
 
 
 def run_rl(spec: RunSpec, run_dir: Path, opts: RunOptions, echo: Any = None) -> dict[str, Any]:
-    """The whole run on this process's world; the summary (also written to summary.json)."""
+    """The whole run on this process's world; the summary (also written to summary.json). An
+    exception restarts it in the same processes from the newest state (recover.py), up to
+    ``[checkpoint] in_process_restarts`` times."""
+    from aihpc.runtime.distributed import _LAUNCHER_KEYS, _restore_env, rendezvous_store
+
+    grpo_config(spec, opts)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    limit = spec.checkpoint.in_process_limit(torch.cuda.is_available())
+    before = {k: os.environ.get(k) for k in _LAUNCHER_KEYS}
+    loads: list[dict[str, Any]] = []  # every load after a fault, in order
+    try:
+        store = rendezvous_store() if limit else None
+        return generations(
+            lambda gen: _generation(spec, run_dir, opts, echo, store, gen, loads), limit
+        )
+    finally:
+        _restore_env(before)
+
+
+def _generation(spec: RunSpec, run_dir: Path, opts: RunOptions, echo: Any, store: Any,
+                generation: int, loads: list) -> dict[str, Any]:  # fmt: skip
+    from aihpc.resilience import FaultInjector
     from aihpc.runtime.distributed import init_distributed
     from aihpc.runtime.mesh import Parallel, ParallelDims
 
     g = grpo_config(spec, opts)
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    with init_distributed() as ctx:
-        check_rl_run(spec, ctx.world_size)
+    with init_distributed(store=store, generation=generation) as ctx:
+        check_rl_run(spec, ctx.world_size, opts)
         par = Parallel(ParallelDims.from_plan(spec.plan(), ctx.world_size), ctx.device.type)
         cfg = LlamaConfig.from_spec(spec.model)
         trainer = GRPOTrainer(cfg, g, ctx, par)
         rl = spec.rl
         if rl.placement == "disaggregated":
             trainer.pool = RolloutPool(ctx, run_dir, rl.rollout_gpus, rl.staleness, g, cfg)
+        memory = memory_tier(spec, run_dir, trainer)
+        injector = FaultInjector(list(opts.faults), ctx.rank, run_dir)
+        if memory is not None:
+            injector.lose_node_memory = memory.drop_own
+        done = False
         try:
-            return _loop(trainer, spec, run_dir, opts, echo if ctx.is_main else None)
+            loop = _Loop(trainer, spec, run_dir, opts, echo if ctx.is_main else None)
+            summary = loop.run(memory, injector, generation, loads)
+            done = True
+            if memory is not None:
+                summary["memory_checkpoint"] = memory.report()
+                memory.discard()  # the run is over: its memory is freed
+            return summary
         finally:
             if trainer.pool is not None:
-                trainer.pool.close()
+                trainer.pool.close(kill=not done)
+            if memory is not None:
+                memory.close()
 
 
-def _loop(tr: GRPOTrainer, spec: RunSpec, run_dir: Path, opts: RunOptions, echo: Any) -> dict:
-    ckpt_dir, main = run_dir / "checkpoints", tr.ctx.is_main
-    found = sorted(ckpt_dir.glob("rl_*.pt"))
-    summary: dict[str, Any] = {"resumed_from": None}
-    metrics = run_dir / "metrics.jsonl"
-    if found:
-        tr.load(found[-1])
-        summary["resumed_from"] = tr.step
-        if main and metrics.exists():  # the steps after the checkpoint run again: drop their lines
-            kept = [x for x in metrics.read_text().splitlines(keepends=True)
-                    if x.endswith("\n") and json.loads(x)["step"] <= tr.step]  # fmt: skip
-            metrics.write_text("".join(kept))
-            samples = run_dir / "samples.jsonl"
-            if samples.exists():
-                kept = [x for x in samples.read_text().splitlines(keepends=True)
-                        if x.endswith("\n") and json.loads(x)["step"] <= tr.step]  # fmt: skip
-                samples.write_text("".join(kept))
-    if not tr.sft_done:
-        summary["accuracy_init"] = tr.accuracy(opts.eval_prompts)
-        sft = tr.sft()
-        summary["sft"] = {"steps": tr.g.sft_steps, "final_loss": sft[-1]}
-        tr.save(ckpt_dir / f"rl_{0:08d}.pt")
-    before = tr.accuracy(opts.eval_prompts)
-    if tr.pool is not None:
-        tr.pool.start(tr.step, full_weights(tr.policy))
-    interval = spec.checkpoint.interval_steps or tr.g.steps
-    from aihpc.runtime.rl.observe import RLObserver  # metrics.prom with the predicted phases
-    from aihpc.runtime.summary import device_label
+@dataclass
+class _Loop:
+    tr: GRPOTrainer
+    spec: RunSpec
+    run_dir: Path
+    opts: RunOptions
+    echo: Any
 
-    exporter = RLObserver(RLMetrics(run_dir), spec, tr.ctx.world_size,
-                          device_label(tr.ctx.device), tr.task) if main else None  # fmt: skip
-    while tr.step < tr.g.steps:
+    def trim(self, step: int) -> None:
+        """Rank 0: the lines of steps after ``step`` (they run again) dropped."""
+        if not self.tr.ctx.is_main:
+            return
+        for name in ("metrics.jsonl", "samples.jsonl"):
+            path = self.run_dir / name
+            if path.exists():
+                kept = [x for x in path.read_text().splitlines(keepends=True)
+                        if x.endswith("\n") and json.loads(x)["step"] <= step]  # fmt: skip
+                path.write_text("".join(kept))
+
+    def run(self, memory: Any, injector: Any, generation: int, loads: list) -> dict[str, Any]:
+        tr, opts, spec = self.tr, self.opts, self.spec
+        ckpt_dir, main = self.run_dir / "checkpoints", tr.ctx.is_main
+        got = restore(tr, memory, ckpt_dir)
+        summary: dict[str, Any] = {"resumed_from": got["step"] if got["source"] else None}
+        if generation:
+            loads.append(load_record(got["step"], got["source"], got["from_peer"], 0, generation))
+        self.trim(tr.step)
+        if not tr.sft_done:
+            summary["accuracy_init"] = tr.accuracy(opts.eval_prompts)
+            sft = tr.sft()
+            summary["sft"] = {"steps": tr.g.sft_steps, "final_loss": sft[-1]}
+            tr.save(ckpt_dir / f"rl_{0:08d}.pt")
+        before = tr.accuracy(opts.eval_prompts)
+        if tr.pool is not None:
+            tr.pool.start(tr.step, tr.full_weights())
+        from aihpc.runtime.rl.observe import RLObserver  # metrics.prom with the predicted phases
+        from aihpc.runtime.summary import device_label
+
+        exporter = RLObserver(RLMetrics(self.run_dir), spec, tr.ctx.world_size,
+                              device_label(tr.ctx.device), tr.task) if main else None  # fmt: skip
+        while tr.step < tr.g.steps:
+            self.step(exporter, memory)
+            injector.fire(tr.step, "step")  # a drill's fault, after the step and its saves
+        summary |= {
+            "steps": tr.step, "world_size": tr.ctx.world_size, "config": asdict(tr.g),
+            "placement": spec.rl.placement,
+            "rollout_workers": spec.rl.rollout_gpus if tr.pool else 0,
+            "staleness": spec.rl.staleness, "pool_restarts": tr.pool.restarts if tr.pool else 0,
+            "accuracy_before": before, "accuracy_after": tr.accuracy(opts.eval_prompts),
+            "heldout_prompts": len(tr.task.heldout_pairs(opts.eval_prompts)),
+            "in_process_restarts": generation, "recoveries": loads,
+        }  # fmt: skip
+        if exporter is not None:  # the phases measured beside aihpc rl estimate's (observe.py)
+            summary["performance"] = exporter.summary()
+        if main:
+            tmp = self.run_dir / "summary.json.tmp"
+            tmp.write_text(json.dumps(summary, indent=1) + "\n")
+            os.replace(tmp, self.run_dir / "summary.json")
+        return summary
+
+    def step(self, exporter: Any, memory: Any) -> None:
+        """One GRPO step, its lines, its checkpoint file and memory snapshot when due."""
+        tr, run_dir, spec = self.tr, self.run_dir, self.spec
+        ckpt_dir, main = run_dir / "checkpoints", tr.ctx.is_main
         m = tr.train_step()
         if exporter is not None:
             exporter.record(m)
         if main:
-            with metrics.open("a") as f:
+            with (run_dir / "metrics.jsonl").open("a") as f:
                 f.write(json.dumps(m) + "\n")
             if tr.samples:  # disaggregated: which samples the step trained on, their versions
                 with (run_dir / "samples.jsonl").open("a") as f:
                     f.write(json.dumps({"step": tr.step, **tr.samples}) + "\n")
-        if echo is not None:
-            echo(m)
+        if self.echo is not None:
+            self.echo(m)
+        interval = spec.checkpoint.interval_steps or tr.g.steps
         if tr.step % interval == 0 or tr.step == tr.g.steps:
             tr.save(ckpt_dir / f"rl_{tr.step:08d}.pt")
             if main:
                 for old in sorted(ckpt_dir.glob("rl_*.pt"))[:-KEEP]:
                     old.unlink()
-    summary |= {
-        "steps": tr.step, "world_size": tr.ctx.world_size, "config": asdict(tr.g),
-        "placement": spec.rl.placement, "rollout_workers": spec.rl.rollout_gpus if tr.pool else 0,
-        "staleness": spec.rl.staleness, "pool_restarts": tr.pool.restarts if tr.pool else 0,
-        "accuracy_before": before, "accuracy_after": tr.accuracy(opts.eval_prompts),
-        "heldout_prompts": len(tr.task.heldout_pairs(opts.eval_prompts)),
-    }  # fmt: skip
-    if exporter is not None:  # the phases measured beside aihpc rl estimate's (observe.py)
-        summary["performance"] = exporter.summary()
-    if main:
-        tmp = run_dir / "summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=1) + "\n")
-        os.replace(tmp, run_dir / "summary.json")
-    return summary
+        if memory is not None and tr.step % spec.checkpoint.memory_interval_steps == 0:
+            memory.snapshot(tr.step, rl_state(tr))

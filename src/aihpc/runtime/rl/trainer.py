@@ -1,6 +1,7 @@
-"""The GRPO loop on one rank: the policy under the trainer's data-parallel plans (one process,
-DDP, FSDP2 on gloo or NCCL), a frozen reference, a colocated rollout model synced in place after
-every update, an optional supervised warm-up on the task's format, and exact checkpoints.
+"""The GRPO loop on one rank: the policy under the trainer's plans (one process, DDP, FSDP2 on
+gloo or NCCL, tensor parallel, pipeline parallel through pipeline.py), a frozen reference, a
+colocated rollout model synced in place after every update, an optional supervised warm-up on
+the task's format, and exact checkpoints.
 
 A step: this data-parallel rank's share of the step's prompts (prompts_per_step / dp, whole
 groups) is rolled out with the KV cache, scored, turned into group-relative advantages; the
@@ -9,6 +10,10 @@ the clipped objective follow; the new weights go to the rollout model. Prompts a
 run-wide (step x prompts_per_step + i) and each is sampled from its own seeded generator, so the
 step's data and samples are one function of (seed, step): the data cursor and the RNG state a
 checkpoint needs are the step number.
+
+Under pipeline parallel every rank of a pipeline holds the same rollout (its data-parallel
+rank's), the old-policy log-probs come from the rollout model (the policy's whole weights, synced
+after every update), and the update runs the pipeline schedule (pipeline.py).
 """
 
 from __future__ import annotations
@@ -33,13 +38,20 @@ from aihpc.runtime.distributed import DistContext
 from aihpc.runtime.generate import generate
 from aihpc.runtime.mesh import Parallel
 from aihpc.runtime.model import Llama
-from aihpc.runtime.parallelize import build_parallel_model
+from aihpc.runtime.parallelize import build_parallel_model, unwrap
 from aihpc.runtime.rl.grpo import (
     group_advantages,
     loo_advantages,
     policy_loss,
     response_logprobs,
     whole_logits,
+)
+from aihpc.runtime.rl.pipeline import (
+    gather_stages,
+    merge_states,
+    own_part,
+    pack_grpo,
+    policy_stepper,
 )
 from aihpc.runtime.rl.rollout import full_weights, rollout, sync_weights
 from aihpc.runtime.rl.task import EOS, AdditionTask, exact_match
@@ -66,6 +78,7 @@ class GRPOConfig:
     sft_batch: int = 32
     sft_lr: float = 3e-3
     task_base: int = 20
+    micro_batch: int = 1  # pipeline parallel: rows per micro-batch ([parallel].micro_batch_size)
 
 
 class GRPOTrainer:
@@ -73,7 +86,9 @@ class GRPOTrainer:
         self.cfg, self.g, self.ctx, self.par = cfg, g, ctx, par
         self.task = AdditionTask(base=g.task_base, seed=g.seed)
         torch.manual_seed(g.seed)
-        self.policy = build_parallel_model(cfg, ctx, par, g.seed).model
+        self.parts = build_parallel_model(cfg, ctx, par, g.seed)
+        self.policy = self.parts.model
+        self.pipe: Any = None  # pipeline parallel: the update's PolicyStepper (first update)
         self.optimizer = torch.optim.AdamW(
             self.policy.parameters(), lr=g.lr, betas=(0.9, 0.99), weight_decay=0.0
         )
@@ -102,9 +117,22 @@ class GRPOTrainer:
         updates = range(g.prompts_per_step // per_update)
         return [start + k * per_update + j for k in updates for j in range(share)]
 
-    def sync(self) -> int:
+    @property
+    def pp(self) -> int:
+        return self.par.dims.pp
+
+    def full_weights(self) -> dict[str, torch.Tensor]:
+        """The policy's whole weights on every rank (collective): data / tensor parallel shards
+        gathered, and under pipeline parallel every stage's."""
+        weights = full_weights(self.policy)
+        if self.pp > 1:
+            order = list(self.rollout_model.state_dict())
+            weights = gather_stages(weights, self.par.pp_group, order)
+        return weights
+
+    def sync(self, weights: dict[str, torch.Tensor] | None = None) -> int:
         """Colocated weight sync: the policy's full weights into the rollout model, in place."""
-        return sync_weights(self.rollout_model, full_weights(self.policy))
+        return sync_weights(self.rollout_model, weights or self.full_weights())
 
     def sft(self, log: Any = None) -> list[float]:
         """The supervised warm-up: cross-entropy on the answers of the task's training problems
@@ -113,29 +141,42 @@ class GRPOTrainer:
         opt = torch.optim.AdamW(self.policy.parameters(), lr=g.sft_lr, weight_decay=0.0)
         local, losses = g.sft_batch // dp, []
         p = self.task.prompt_len
+        pipe = None
+        if self.pp > 1:  # inputs padded to the GRPO inputs' width: one shape for the stages
+            pipe = policy_stepper(self.parts, self.par, opt, self.ctx.device, local,
+                                  g.micro_batch, g.grad_clip, kind="sft")  # fmt: skip
         for s in range(g.sft_steps):
             start = -(s + 1) * g.sft_batch + rank * local  # negative: a stream apart from GRPO's
             seqs = [self.task.sequence(*self.task.train_pair(i % (1 << 40))) for i in
                     range(start, start + local)]  # fmt: skip
-            x, y, w = (t.to(self.ctx.device) for t in _sft_batch(seqs, p))
-            logits = whole_logits(self.policy(x)).float()
-            # the global batch's token mean: each rank's sum over all ranks' answer tokens,
-            # times dp (DDP / FSDP average the ranks' gradients); a TP group's ranks hold the
-            # same batch, counted once
-            tokens = _sum_over_ranks(float(w.sum())) / self.par.dims.tp
-            loss = (F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none") *
-                    w.flatten()).sum() * dp / tokens  # fmt: skip
-            loss.backward()
-            clip_grad_norm(list(self.policy.parameters()), g.grad_clip, None)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            losses.append(_sum_over_ranks(float(loss.detach())) / self.ctx.world_size)
+            width = p + self.task.max_answer_len if pipe is not None else None
+            x, y, w = (t.to(self.ctx.device) for t in _sft_batch(seqs, p, width))
+            if pipe is not None:
+                tokens = _sum_over_ranks(float(w.sum())) / (self.par.dims.tp * self.pp)
+                pipe.sft_scale = dp * (local // g.micro_batch) / tokens
+                losses.append(pipe.run(x, torch.stack([y.float(), w], dim=-1))[0])
+            else:
+                losses.append(self._sft_step(x, y, w, opt))
             if log is not None and (s + 1) % 50 == 0:
                 log({"phase": "sft", "step": s + 1, "loss": losses[-1]})
         self.sync()
         self.reference.load_state_dict(self.rollout_model.state_dict())
         self.sft_done = True
         return losses
+
+    def _sft_step(self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, opt: Any) -> float:
+        logits = whole_logits(self.policy(x)).float()
+        # the global batch's token mean: each rank's sum over all ranks' answer tokens, times dp
+        # (DDP / FSDP average the ranks' gradients); a TP group's ranks hold the same batch,
+        # counted once
+        tokens = _sum_over_ranks(float(w.sum())) / self.par.dims.tp
+        loss = (F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none") *
+                w.flatten()).sum() * self.par.dims.dp / tokens  # fmt: skip
+        loss.backward()
+        clip_grad_norm(list(self.policy.parameters()), self.g.grad_clip, None)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return _sum_over_ranks(float(loss.detach())) / self.ctx.world_size
 
     def train_step(self) -> dict[str, float]:
         """One GRPO step; the step's metrics (means over every rank's samples)."""
@@ -152,7 +193,9 @@ class GRPOTrainer:
         baseline = loo_advantages if g.algorithm == "rloo" else group_advantages
         adv = baseline(ro.rewards.view(self.local_prompts, -1)).flatten()
         with torch.no_grad():  # old log-probs: the current policy's (verl's one-step-off too)
-            old = response_logprobs(self.policy, ro.prompts, ro.responses)
+            # under pipeline parallel its whole copy's: the rollout model, synced to it
+            current = self.rollout_model if self.pp > 1 else self.policy
+            old = response_logprobs(current, ro.prompts, ro.responses)
             ref = None
             if g.kl_coef > 0:
                 ref = response_logprobs(self.reference, ro.prompts, ro.responses)
@@ -162,18 +205,24 @@ class GRPOTrainer:
         if self.pool is None:
             synced = self.sync()
         else:
-            synced = self.pool.publish(self.step + 1, full_weights(self.policy))
-            mine = self.ctx.rank % self.par.dims.tp == 0  # a TP group's samples, once
+            weights = self.full_weights()
+            if self.pp > 1:  # the rollout model holds the next step's old policy
+                self.sync(weights)
+            synced = self.pool.publish(self.step + 1, weights)
+            # a TP group's (a pipeline's) samples, once: its first tensor and pipeline rank's
+            mine = self.ctx.rank % self.par.dims.tp == 0 and self.par.pp_rank == 0
             self.samples = _gather_samples(ids if mine else [], versions.tolist() if mine else [])
         t_sync = time.perf_counter()
         staleness = self.step - int(versions.min())
         self.step += 1
-        last_loss = float(loss.detach())
+        # the loss and its statistics: the last pipeline stage's ranks (every rank without PP)
+        last = 1.0 if self.parts.last else 0.0
         sums = torch.tensor([float(ro.rewards.sum()), ro.rewards.numel(), ro.tokens,
-                             last_loss, stats["kl"], stats["clip_fraction"]])  # fmt: skip
+                             last * loss, last * stats["kl"],
+                             last * stats["clip_fraction"]])  # fmt: skip
         if self.ctx.world_size > 1:
             dist.all_reduce(sums)
-        n, ranks = float(sums[1]), self.ctx.world_size
+        n, ranks = float(sums[1]), self.ctx.world_size // self.pp
         return {
             "step": self.step, "reward": float(sums[0]) / n, "response_len": float(sums[2]) / n,
             "loss": float(sums[3]) / ranks, "kl": float(sums[4]) / ranks,
@@ -181,7 +230,7 @@ class GRPOTrainer:
             "rollout_s": t_roll - t0, "logprob_s": t_logp - t_roll,
             "update_s": t_update - t_logp, "weight_sync_s": t_sync - t_update,
             "weight_sync_bytes": synced, "staleness": staleness,
-            "rollout_tokens": int(sums[2]) // self.par.dims.tp,  # a TP group's, once
+            "rollout_tokens": int(sums[2]) // (self.par.dims.tp * self.pp),  # a group's, once
         }  # fmt: skip
 
     def _update(self, ro: Any, adv: torch.Tensor, old: torch.Tensor, ref: Any) -> tuple:
@@ -189,6 +238,8 @@ class GRPOTrainer:
         (its share of [parallel].global_batch_size, in order): the first minibatch's ratio is
         1, the later ones' are off the policy that sampled them and the clip holds them."""
         rows, mb = adv.shape[0], self.g.minibatch // self.par.dims.dp
+        if self.pp > 1:
+            return self._pipeline_update(ro, adv, old, ref, mb)
         for _ in range(self.g.ppo_epochs):
             for lo in range(0, rows, mb):
                 part = slice(lo, lo + mb)
@@ -201,7 +252,23 @@ class GRPOTrainer:
                 grad_norm = clip_grad_norm(list(self.policy.parameters()), self.g.grad_clip, None)
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
-        return loss, stats, grad_norm
+        return float(loss.detach()), stats, grad_norm
+
+    def _pipeline_update(self, ro: Any, adv: torch.Tensor, old: torch.Tensor, ref: Any,
+                         mb: int) -> tuple:  # fmt: skip
+        """``_update`` under pipeline parallel: each minibatch one step of the schedule."""
+        g = self.g
+        if self.pipe is None:
+            self.pipe = policy_stepper(self.parts, self.par, self.optimizer, self.ctx.device, mb,
+                                       g.micro_batch, g.grad_clip, clip=g.clip,
+                                       kl_coef=g.kl_coef)  # fmt: skip
+        x = torch.cat([ro.prompts, ro.responses], dim=1)[:, :-1]
+        target = pack_grpo(ro.responses, ro.mask, old, ref, adv)
+        for _ in range(g.ppo_epochs):
+            for lo in range(0, adv.shape[0], mb):
+                loss, stats = self.pipe.run(x[lo : lo + mb], target[lo : lo + mb])
+        # the step's loss is already every rank's mean: counted once per last-stage rank
+        return loss, stats, float(self.pipe.last_grad_norm or 0.0)
 
     def accuracy(self, n: int | None = None) -> float:
         """Greedy exact-answer accuracy of the policy (its copy in the rollout model, synced
@@ -215,6 +282,11 @@ class GRPOTrainer:
         model_sd, optim_sd = get_state_dict(
             self.policy, self.optimizer, options=StateDictOptions(full_state_dict=True)
         )
+        if self.pp > 1:  # every stage's, so the file is one process's (any plan resumes it)
+            every: list[Any] = [None] * self.pp
+            mine = _to_cpu((model_sd, optim_sd))  # pickled across ranks: never a device's
+            dist.all_gather_object(every, mine, group=self.par.pp_group)
+            model_sd, optim_sd = merge_states(every)
         if self.ctx.is_main:
             state = {"step": self.step, "sft_done": self.sft_done, "policy": model_sd,
                      "optimizer": optim_sd, "reference": self.reference.state_dict()}  # fmt: skip
@@ -229,9 +301,13 @@ class GRPOTrainer:
 
     def load(self, path: Path) -> None:
         state = torch.load(path, map_location="cpu", weights_only=True)
+        model_sd, optim_sd = state["policy"], state["optimizer"]
+        if self.pp > 1:  # this rank's stages' part
+            own = set(unwrap(self.policy).state_dict())
+            model_sd, optim_sd = own_part(model_sd, optim_sd, own.__contains__)
         set_state_dict(
-            self.policy, self.optimizer, model_state_dict=state["policy"],
-            optim_state_dict=state["optimizer"], options=StateDictOptions(full_state_dict=True),
+            self.policy, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,
+            options=StateDictOptions(full_state_dict=True),
         )  # fmt: skip
         self.reference.load_state_dict(state["reference"])
         self.step, self.sft_done = int(state["step"]), bool(state["sft_done"])
@@ -258,9 +334,12 @@ def _plain(cfg: LlamaConfig, device: torch.device) -> Llama:
     return model.eval()
 
 
-def _sft_batch(seqs: list[list[int]], prompt_len: int) -> tuple[torch.Tensor, ...]:
-    """Right-padded inputs, targets and the answer tokens' weights."""
-    width = max(len(s) for s in seqs)
+def _sft_batch(
+    seqs: list[list[int]], prompt_len: int, width: int | None = None
+) -> tuple[torch.Tensor, ...]:
+    """Right-padded (to the longest, or ``width``) inputs, targets and the answer tokens'
+    weights."""
+    width = width or max(len(s) for s in seqs)
     t = torch.zeros((len(seqs), width), dtype=torch.int64)
     w = torch.zeros((len(seqs), width - 1))
     for i, s in enumerate(seqs):
@@ -287,3 +366,13 @@ def _sum_over_ranks(value: float) -> float:
     t = torch.tensor([value], dtype=torch.float64)
     dist.all_reduce(t)
     return float(t)
+
+
+def _to_cpu(tree: Any) -> Any:
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().cpu()
+    if isinstance(tree, dict):
+        return {k: _to_cpu(v) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(_to_cpu(v) for v in tree)
+    return tree
