@@ -2,9 +2,13 @@
 
 - training: the actor's update, the existing estimate of the training plan on the training
   pool, once per optimizer step (the step's samples / ``[parallel].global_batch_size``, times
-  ``ppo_epochs``), sequences as long as a packed sample (mean prompt + mean response);
+  ``ppo_epochs``), on the micro-batches the trainer forms (perf/rl/batching.py: NeMo-RL's
+  sequence packing into bins of micro_batch_size x (prompt + longest response) tokens, one
+  bin per micro-batch, round-robin over the data-parallel ranks; the pipeline's bubble over
+  that many micro-batches);
 - forward-only passes (old-policy and reference log-probs, a critic's values, a reward model):
-  the same plan's forward share of that step: a third of its compute (the forward of the
+  one pass over all the step's samples, packed as the update's are, priced as the same plan's
+  forward share of such a step: a third of its compute (the forward of the
   forward + backward = 3 x forward FLOPs), half its layer communication (tensor, context,
   expert and pipeline traffic run both ways in training), under ZeRO-3 a third of its data-
   parallel traffic (the forward's parameter all-gather), no recompute, no gradient reduction,
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from aihpc.perf.rl.batching import Batches, batches
 from aihpc.perf.step.estimate import Estimate, estimate_plan
 from aihpc.perf.step.flops import num_params
 from aihpc.perf.step.memory import GiB
@@ -31,9 +36,12 @@ from aihpc.runspec.training import TrainingSpec
 
 __all__ = [
     "Training",
+    "batched",
     "forward_s",
     "full_sync_bytes_s",
+    "packed_model",
     "price_training",
+    "reference_swap_s",
     "switch_s",
     "sync_bytes",
     "sync_s",
@@ -46,9 +54,10 @@ _LAYER_COMM = ("tp_comm", "cp_comm", "ep_comm", "pp_comm")
 class Training:
     """The training plan priced on a step's samples."""
 
-    estimate: Estimate
+    estimate: Estimate  # one optimizer step on its packed micro-batches
     optimizer_steps: int  # per RL step (ppo_epochs included)
-    forward_steps: int  # optimizer-step batches one forward-only pass covers
+    forward: Estimate  # the plan on one pass over all the step's samples (forward share used)
+    batches: Batches  # the update's micro-batches (one optimizer step)
 
     @property
     def update_s(self) -> float:
@@ -56,7 +65,7 @@ class Training:
 
     @property
     def forward_s(self) -> float:
-        return forward_s(self.estimate) * self.forward_steps
+        return forward_s(self.forward)
 
 
 def forward_s(e: Estimate) -> float:
@@ -72,11 +81,22 @@ def forward_s(e: Estimate) -> float:
 
 
 def packed_model(model: ModelSpec, rl: RLSpec, plan: ParallelPlan) -> ModelSpec:
-    """The model with sequences of a packed sample's mean length (prompt + response), padded
-    to a multiple of 2 x cp x tp as packing pads for context and sequence parallelism."""
+    """The model with sequences of a full packed bin (prompt + longest response: one
+    micro-batch's most tokens), padded to a multiple of 2 x cp x tp: the probe the search ranks
+    training plans with, so that the plans it keeps hold a full bin's activations (the step
+    itself is priced on the packed micro-batches, ``price_training``)."""
     unit = 2 * plan.cp * plan.tp
-    seq = -(-(rl.prompt_len + rl.response_len) // unit) * unit
+    seq = -(-(rl.prompt_len + rl.response_cap) // unit) * unit
     return replace(model, seq_length=seq)
+
+
+def batched(model: ModelSpec, plan: ParallelPlan, b: Batches) -> tuple[ModelSpec, ParallelPlan]:
+    """The model and plan the step model prices ``b``'s micro-batches with: sequences of
+    ``b.seq`` tokens, ``b.mbs`` to a micro-batch, ``b.microbatches`` per data-parallel rank."""
+    return (
+        replace(model, seq_length=b.seq),
+        replace(plan, micro_batch_size=b.mbs, global_batch_size=b.global_batch(plan.dp)),
+    )
 
 
 def price_training(
@@ -86,11 +106,19 @@ def price_training(
     training: TrainingSpec,
     rl: RLSpec,
     params: ModelParams = DEFAULT_PARAMS,
+    batching: str = "packed",
 ) -> Training:
-    """The actor (or critic) trained under ``plan`` on ``cluster`` (the training pool)."""
-    est = estimate_plan(packed_model(model, rl, plan), cluster, plan, training, params)
-    batches = rl.samples_per_step // plan.global_batch_size
-    return Training(est, batches * rl.ppo_epochs, batches)
+    """The actor (or critic) trained under ``plan`` on ``cluster`` (the training pool), its
+    samples batched as ``batching`` says (perf/rl/batching.py)."""
+    gbs = min(plan.global_batch_size, rl.samples_per_step)
+    update = batches(rl, plan, gbs, batching)
+    m, p = batched(model, plan, update)
+    est = estimate_plan(m, cluster, p, training, params)
+    passes = batches(rl, plan, rl.samples_per_step, batching)
+    m, p = batched(model, plan, passes)
+    fwd = estimate_plan(m, cluster, p, training, params)
+    steps = max(1, rl.samples_per_step // plan.global_batch_size)
+    return Training(est, steps * rl.ppo_epochs, fwd, update)
 
 
 def sync_bytes(model: ModelSpec, rl: RLSpec) -> float:
@@ -196,6 +224,19 @@ def _sync_bytes_s(model: ModelSpec, cluster: ClusterSpec, rl: RLSpec, train_gpus
             "needs cluster.storage_write_bw_GBps and storage_read_bw_GBps (the file system's)",
         )
     return total / (write * 1e9) + total * engines / (read * 1e9)
+
+
+def reference_swap_s(train: Estimate, cluster: ClusterSpec) -> float:
+    """Seconds to swap the reference policy in for its log-prob pass and out again, as NeMo-RL
+    does (megatron_policy_worker.use_reference_model: the reference's weights live in host
+    memory; the policy's own 16-bit weights are copied to the host, the reference's loaded onto
+    the GPU, and after the pass the policy's loaded back): three copies of each GPU's weights
+    over its host link, at the pinned-memory rate (the copies use pageable memory, so this is a
+    lower bound). 0 where the GPU names no host_link_GBps."""
+    link = cluster.gpu.host_link_GBps
+    if link is None:
+        return 0.0
+    return 3.0 * train.memory.weights / (link * 1e9)
 
 
 def switch_s(train: Estimate, cluster: ClusterSpec, rl: RLSpec) -> tuple[float, float]:

@@ -16,7 +16,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aihpc.perf.rl.overheads import engine_sleep_wake_s, overheads, training_ceiling_s
-from aihpc.perf.rl.phases import Training, price_training, switch_s, sync_bytes, sync_s
+from aihpc.perf.rl.phases import (
+    Training,
+    price_training,
+    reference_swap_s,
+    switch_s,
+    sync_bytes,
+    sync_s,
+)
 from aihpc.perf.rl.rollout import Rollout, price_rollout
 from aihpc.perf.step.params import DEFAULT_PARAMS, ModelParams
 from aihpc.runspec.errors import SpecError
@@ -102,25 +109,37 @@ def _preset(name: str | None, actor: ModelSpec, field_name: str) -> ModelSpec:
         raise SpecError(field_name, name, err.allowed) from None
 
 
-def _forward_phases(spec: RunSpec, plan: ParallelPlan, actor: Training, params: ModelParams):
-    """(the forward-only phases, the critic's update) in seconds."""
+def _forward_phases(
+    spec: RunSpec,
+    plan: ParallelPlan,
+    actor: Training,
+    params: ModelParams,
+    in_process: bool = False,
+    batching: str = "packed",
+):
+    """(the forward-only phases, the critic's update, the reference's swap) in seconds."""
     rl, cluster = spec.rl, spec.training_cluster()
     assert rl is not None
+    swap = 0.0
     out = {"old_logprob": actor.forward_s}
     out["ref_logprob"] = 0.0
     if rl.kl:
         ref = _preset(rl.reference, spec.model, "rl.reference")
-        out["ref_logprob"] = price_training(ref, cluster, plan, spec.training, rl, params).forward_s
+        priced = price_training(ref, cluster, plan, spec.training, rl, params, batching)
+        out["ref_logprob"] = priced.forward_s
+        if not in_process:  # an RL framework's reference weights wait in host memory
+            swap = reference_swap_s(priced.estimate, cluster)
     out["critic_values"], critic_update = 0.0, 0.0
     if rl.algorithm == "ppo":
         critic = _preset(rl.critic, spec.model, "rl.critic")
-        priced = price_training(critic, cluster, plan, spec.training, rl, params)
+        priced = price_training(critic, cluster, plan, spec.training, rl, params, batching)
         out["critic_values"], critic_update = priced.forward_s, priced.update_s
     out["reward"] = 0.0
     if rl.reward == "model":
         judge = _preset(rl.reward_model, spec.model, "rl.reward_model")
-        out["reward"] = price_training(judge, cluster, plan, spec.training, rl, params).forward_s
-    return out, critic_update
+        judged = price_training(judge, cluster, plan, spec.training, rl, params, batching)
+        out["reward"] = judged.forward_s
+    return out, critic_update, swap
 
 
 def estimate_rl(
@@ -128,11 +147,14 @@ def estimate_rl(
     plan: ParallelPlan | None = None,
     params: ModelParams = DEFAULT_PARAMS,
     in_process: bool = False,
+    batching: str = "packed",
 ) -> RLEstimate:
     """Price the run spec's RL step (``[rl]``) under its training plan (or ``plan``).
     ``in_process``: the step as ``aihpc rl train`` runs it (its rollout copy of the policy in
     the training processes, kept resident): none of an RL framework's serving-engine host work,
-    engine sleep and wake, offload or orchestration between phases."""
+    engine sleep and wake, offload, reference swap or orchestration between phases.
+    ``batching``: how the update's and log-prob passes' micro-batches are formed
+    (perf/rl/batching.py: ``packed``, NeMo-RL's sequence packing, or ``padded``)."""
     rl = spec.rl
     if rl is None:
         raise SpecError("rl", None, "required: an [rl] table (docs/rl.md)")
@@ -142,13 +164,14 @@ def estimate_rl(
     if problem is not None:
         raise problem
     rollout_gpus, train_gpus = rl.pools(cluster.num_gpus)
-    actor = price_training(spec.model, train_cluster, plan, spec.training, rl, params)
+    actor = price_training(spec.model, train_cluster, plan, spec.training, rl, params, batching)
     rollout = price_rollout(spec.model, cluster, rl, rollout_gpus, params, not in_process)
-    phases, critic_update = _forward_phases(spec, plan, actor, params)
+    phases, critic_update, swap = _forward_phases(spec, plan, actor, params, in_process, batching)
     phases = {"rollout": rollout.time_s, **phases}
     phases["critic_update"] = critic_update
     phases["update"] = actor.update_s
     _ceiling(phases, spec, train_gpus)
+    phases["ref_logprob"] += swap  # host copies: no GPU ceiling bounds them
     switch, moved = (0.0, 0.0) if in_process else switch_s(actor.estimate, cluster, rl)
     phases["switch"] = switch + (0.0 if in_process else engine_sleep_wake_s(cluster, rl))
     phases["orchestration"] = 0.0 if in_process else overheads().orchestration_s

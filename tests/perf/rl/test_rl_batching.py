@@ -1,0 +1,126 @@
+"""The RL update's and log-prob passes' micro-batches as NeMo-RL forms them (perf/rl/batching.py)
+and the reference policy's swap through host memory, each checked against its definition."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+from aihpc.perf.rl import estimate_rl
+from aihpc.perf.rl.batching import (
+    batches,
+    first_fit_decreasing,
+    pad_unit,
+    sequence_lengths,
+)
+from aihpc.perf.rl.phases import reference_swap_s
+from aihpc.perf.rl.rollout import length_dist
+from aihpc.runspec import SpecError, runspec_from_dict
+
+BASE = {
+    "model": {"preset": "llama3-8b"},
+    "cluster": {"gpu": "h100-sxm", "num_gpus": 8},
+    "parallel": {"global_batch_size": 512},
+    "rl": {
+        "prompts_per_step": 64,
+        "samples_per_prompt": 32,
+        "prompt_len": 150,
+        "response_len": 800,
+        "max_response_len": 3946,
+        "rollout": {"tp": 1},
+    },
+}
+
+
+def _spec(parallel=None, **rl):
+    data = copy.deepcopy(BASE)
+    data["rl"].update(rl)
+    data["parallel"].update(parallel or {})
+    return runspec_from_dict(data)
+
+
+def test_first_fit_decreasing_fills_bins_as_defined():
+    # decreasing: 7 opens a bin, 5 opens one (12 > 10), 3 joins 7, 2 joins 5, 2 joins 5
+    assert first_fit_decreasing(np.array([2, 5, 3, 7, 2]), 10) == [10, 9]
+    # a sequence longer than a bin gets one of its own
+    assert first_fit_decreasing(np.array([12, 1]), 10) == [12, 1]
+    lengths = np.array([3, 9, 4, 4, 6, 1, 8])
+    bins = first_fit_decreasing(lengths, 10)
+    assert sum(bins) == lengths.sum() and max(bins) <= 10
+    assert len(bins) >= int(np.ceil(lengths.sum() / 10))  # no fewer than the volume bound
+
+
+def test_pad_unit_follows_tp_and_context_parallelism():
+    spec = _spec({"tp": 2})
+    assert pad_unit(spec.plan()) == 2
+    spec = _spec({"tp": 2, "cp": 2})
+    assert pad_unit(spec.plan()) == 8  # 2 x cp x tp
+    lengths = sequence_lengths(spec.rl, 64, 8)
+    assert np.all(lengths % 8 == 0) and np.all(lengths >= spec.rl.prompt_len)
+
+
+def test_packed_bins_keep_every_token_and_the_attention_of_each_sequence():
+    spec = _spec()
+    plan, rl = spec.plan(), spec.rl
+    b = batches(rl, plan, 512)
+    lengths = sequence_lengths(rl, 512, pad_unit(plan))
+    capacity = rl.prompt_len + rl.response_cap  # mbs 1 x max_total_sequence_length
+    bins = first_fit_decreasing(lengths, capacity)
+    assert b.microbatches == -(-len(bins) // plan.dp)  # round-robin: the busiest rank
+    # a micro-batch priced as mbs sequences of seq: its tokens are a mean bin's (rounded up)
+    assert b.seq * b.mbs >= sum(bins) / len(bins)
+    assert b.seq * b.mbs <= sum(bins) / len(bins) + b.mbs * 2 * plan.cp * plan.tp
+    # and its attention (mbs x seq^2) that of the packed sequences (sum of L^2), not one of seq
+    attention_len = np.sum(lengths**2) / np.sum(lengths)
+    assert b.seq == pytest.approx(attention_len, rel=0.25)
+    assert b.seq < capacity
+    assert b.useful == pytest.approx(1.0, abs=0.01)  # no pipeline: no padding
+
+
+def test_pipeline_pads_every_packed_microbatch_to_the_longest_bin():
+    spec = _spec({"pp": 2})
+    plan, rl = spec.plan(), spec.rl
+    b = batches(rl, plan, 512)
+    bins = first_fit_decreasing(sequence_lengths(rl, 512, pad_unit(plan)), 4096)
+    assert b.seq * b.mbs >= max(bins)
+    assert b.useful == pytest.approx(sum(bins) / (max(bins) * len(bins)), rel=1e-6)
+    assert b.useful < 1.0
+
+
+def test_padded_batches_pad_to_the_longest_of_the_batch():
+    spec = _spec()
+    plan, rl = spec.plan(), spec.rl
+    b = batches(rl, plan, 2048, "padded")
+    longest = rl.prompt_len + length_dist(rl).longest(2048)
+    assert longest <= b.seq < longest + pad_unit(plan) * 2
+    assert b.mbs == plan.micro_batch_size
+    assert b.microbatches == 2048 // plan.dp
+    assert b.useful == pytest.approx((rl.prompt_len + rl.response_len) / b.seq)
+    with pytest.raises(SpecError):
+        batches(rl, plan, 2048, "dynamic")
+
+
+def test_padding_costs_more_than_packing():
+    spec = _spec()
+    est = estimate_rl(spec)
+    from aihpc.perf.rl.phases import price_training
+
+    padded = price_training(
+        spec.model, spec.cluster, spec.plan(), spec.training, spec.rl, batching="padded"
+    )
+    assert padded.update_s > est.actor.update_s
+    assert padded.forward_s > est.actor.forward_s
+
+
+def test_reference_swap_is_three_copies_of_the_weights_over_the_host_link():
+    spec = _spec()
+    est = estimate_rl(spec)
+    w = est.actor.estimate.memory.weights
+    link = spec.cluster.gpu.host_link_GBps
+    assert reference_swap_s(est.actor.estimate, spec.cluster) == pytest.approx(3 * w / (link * 1e9))
+    inproc = estimate_rl(spec, in_process=True)
+    assert est.phases_s["ref_logprob"] > inproc.phases_s["ref_logprob"]
+    no_kl = estimate_rl(_spec(kl=False))
+    assert no_kl.phases_s["ref_logprob"] == 0.0
