@@ -75,7 +75,9 @@ def predict_phases(
     share = max(1, plan.global_batch_size // max(1, world_size))
     plan = dataclasses.replace(plan, micro_batch_size=share)  # one pass per optimizer step
     try:
-        est = estimate_rl(as_trained(dataclasses.replace(priced, rl=rl)), plan, in_process=True)
+        run = as_trained(dataclasses.replace(priced, rl=rl))
+        # the trainer right-pads every response to the cap (grpo.py): no packing
+        est = estimate_rl(run, plan, in_process=True, batching="padded")
     except (SpecError, ValueError) as err:
         return None, f"no prediction: aihpc rl estimate cannot price this run ({err})", None
     return runtime_phases(est.phases_s), None, priced.path or "the run spec"
