@@ -90,6 +90,9 @@ class LocalMeasurement:
     dtensor_op_us: float | None = None
     # a CPU host's decode-step figures (bench/local_decode.py), on the CPU clock
     decode: DecodeHost | None = None
+    # a CPU host's page faults of a training step's fresh allocations (bench/local_faults.py):
+    # (one fresh page's microseconds, the share of a step's counted pages that fault)
+    faults: tuple[float, float] | None = None
 
 
 def _threads(nproc: int) -> int:
@@ -322,6 +325,7 @@ def measure_local(
     attention: tuple[int, ...] = DEFAULT_ATTENTION_SHAPE,
     progress: Callable[[str], None] | None = None,
     decode: DecodeShape | None = None,
+    faults_target: tuple[Any, int, float] | None = None,
 ) -> LocalMeasurement:
     """Run the memory, GEMM, attention and collective measurements for ``nproc`` local ranks;
     ``attention``: the shape of the model's attention calls (``attention_shape``); each phase
@@ -334,7 +338,8 @@ def measure_local(
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cpu, several, threads = device.type == "cpu", nproc > 1, _threads(nproc)
-    phase = _Phases(3 + several + (cpu and several) + 2 * cpu, progress)
+    faulted = cpu and faults_target is not None
+    phase = _Phases(3 + several + (cpu and several) + 2 * cpu + faulted, progress)
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -368,10 +373,21 @@ def measure_local(
 
         phase("DTensor's host time per op: a tensor-parallel decoder on a one-rank mesh")
         dtensor = float(f"{measure_dtensor_op_us(attention):.4g}")
+    faults = _faults(faults_target, phase) if faulted else None
     return LocalMeasurement(
         nproc, threads, name, gemm, comm, mem_bw, _host_mem_gib(), curve, call, device.type,
-        dtensor, host,
+        dtensor, host, faults,
     )  # fmt: skip
+
+
+def _faults(target: tuple[Any, int, float], phase: Callable[[str], None]) -> tuple[float, float]:
+    """(one fresh page's microseconds, the share of the trainer's step's counted large-allocation
+    pages that fault) for ``target``: (a dense ModelSpec, sequences a micro-batch, the pages
+    perf/step/page_faults counts for its step)."""
+    from aihpc.bench.local_faults import fresh_fault_fraction, page_fault_us
+
+    phase("page faults: a fresh page's cost, and the share of a training step's that fault")
+    return float(f"{page_fault_us():.4g}"), float(f"{fresh_fault_fraction(*target):.4g}")
 
 
 def load_warning() -> str | None:
@@ -444,6 +460,12 @@ def local_gpu_spec(m: LocalMeasurement) -> dict[str, Any]:
                 "decode_attention_GBps": m.decode.decode_attention_GBps,
             }
             if m.decode is not None
+            else {}
+        ),
+        # a CPU host's page faults of a training step's fresh allocations (perf/step/page_faults)
+        **(
+            {"page_fault_us": m.faults[0], "fresh_fault_fraction": m.faults[1]}
+            if m.faults is not None
             else {}
         ),
     }

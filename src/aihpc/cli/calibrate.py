@@ -58,7 +58,24 @@ def _local_spec_target(spec_path: str | None, local: bool, nproc: int) -> tuple 
     target = Path(Path(spec_path).stem + ".local.toml")  # in the current folder
     check_output_path(target, "--spec")
     mbs = getattr(spec.parallel, "micro_batch_size", None)
-    return spec_path, target, attention_shape(spec.model, mbs), decode_shape(spec.model)
+    return spec_path, target, attention_shape(spec.model, mbs), decode_shape(spec.model), spec.model
+
+
+def _faults_target(model: Any, micro_batch: int) -> tuple[Any, int, float]:
+    """What the page-fault phase measures (bench/local_faults.py): the spec's model (without
+    one tiny-llama-small; an MoE model's dense twin, whose layers page_faults counts) at
+    ``micro_batch`` sequences, and the pages its step's large fresh allocations take."""
+    import dataclasses
+
+    from aihpc.bench.local_faults import MICRO_BATCHES
+    from aihpc.perf.step.page_faults import step_pages
+    from aihpc.runspec.model import model_from_table
+
+    if model is None:
+        model = model_from_table({"preset": "tiny-llama-small"})
+    dense = dataclasses.replace(model, num_experts=0) if model.num_experts else model
+    pages = step_pages(dense, micro_batch * dense.seq_length, MICRO_BATCHES)
+    return dense, micro_batch, pages
 
 
 def _measure_local(nproc: int, target: tuple | None, quiet: bool) -> tuple[list, dict, dict, tuple]:
@@ -86,7 +103,11 @@ def _measure_local(nproc: int, target: tuple | None, quiet: bool) -> tuple[list,
     t0 = time.perf_counter()
     try:
         decode = target[3] if target else None
-        m = measure_local(nproc, attention=shape, progress=None if quiet else say, decode=decode)
+        faults = _faults_target(target[4] if target else None, shape[0])
+        m = measure_local(
+            nproc, attention=shape, progress=None if quiet else say, decode=decode,
+            faults_target=faults,
+        )  # fmt: skip
     except MeasurementError as err:
         fail(str(err), code=1)
     if not quiet:
