@@ -83,7 +83,7 @@ def test_local_calibration_prices_the_spec_on_this_host(tmp_path: Path) -> None:
     gpu = cluster["gpu_spec"]
     assert low <= gpu["weight_stream_GBps"] <= high and low <= gpu["decode_attention_GBps"]
     assert 0.05 < gpu["host_op_us"] < 1000
-    assert cal["dtensor_op_us"] >= 0
+    assert cal["dtensor_op_us"] >= 0 and cal["dtensor_optimizer_op_us"] >= 0
     assert local["model"] == tomllib.loads(spec.read_text())["model"]
     est = _aihpc("estimate", "tiny.local.toml", "--json", cwd=tmp_path)
     assert est.returncode == 0, est.stderr

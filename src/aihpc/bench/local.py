@@ -88,6 +88,7 @@ class LocalMeasurement:
     # host time DTensor adds to one op of the trainer's tensor-parallel layer (CPU hosts only:
     # on a GPU the host runs ahead of the kernels and the figure is not the one that matters)
     dtensor_op_us: float | None = None
+    dtensor_optimizer_op_us: float | None = None  # the same for an op of the optimizer step
     # a CPU host's decode-step figures (bench/local_decode.py), on the CPU clock
     decode: DecodeHost | None = None
     # a CPU host's page faults of a training step's fresh allocations (bench/local_faults.py):
@@ -367,16 +368,16 @@ def measure_local(
     if cpu and several:
         phase(f"an all-gather's cost between and beside GEMMs on {nproc} ranks")
     call = interleaved_call_cost(nproc) if cpu else None
-    dtensor = None
+    dtensor = dtensor_opt = None
     if cpu:
-        from aihpc.bench.dtensor_host import measure_dtensor_op_us
+        from aihpc.bench.dtensor_host import measure_dtensor_host
 
         phase("DTensor's host time per op: a tensor-parallel decoder on a one-rank mesh")
-        dtensor = float(f"{measure_dtensor_op_us(attention):.4g}")
+        dtensor, dtensor_opt = (float(f"{x:.4g}") for x in measure_dtensor_host(attention))
     faults = _faults(faults_target, phase) if faulted else None
     return LocalMeasurement(
         nproc, threads, name, gemm, comm, mem_bw, _host_mem_gib(), curve, call, device.type,
-        dtensor, host, faults,
+        dtensor, dtensor_opt, host, faults,
     )  # fmt: skip
 
 

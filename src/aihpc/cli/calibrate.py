@@ -121,7 +121,12 @@ def _measure_local(nproc: int, target: tuple | None, quiet: bool) -> tuple[list,
         comm_pts, gemm_pts = load_measurements([str(f) for f in files], None, None, "out-of-place")
     if "fp32" in gemm_pts:
         gemm_pts.setdefault("bf16", list(gemm_pts["fp32"]))
-    return comm_pts, gemm_pts, local_gpu_spec(m), (m.call, m.dtensor_op_us)
+    return (
+        comm_pts,
+        gemm_pts,
+        local_gpu_spec(m),
+        (m.call, m.dtensor_op_us, m.dtensor_optimizer_op_us),
+    )
 
 
 def _write_local_spec(target: tuple, calibration: Path, device: dict, nproc: int) -> None:
@@ -241,13 +246,13 @@ def _calibrate_measurements(
 
         warnings += [w for w in (load_warning(),) if w]
         _warn(warnings)  # before the minutes it explains
-        comm_pts, gemm_pts, device, (call, dtensor_op_us) = _measure_local(
+        comm_pts, gemm_pts, device, (call, dtensor_op_us, dtensor_opt_us) = _measure_local(
             nproc, local_spec, as_json
         )
         source = f"aihpc calibrate --local --nproc {nproc}"
     else:
         comm_pts, gemm_pts = load_measurements(inputs or [], tier, collective, column)
-        device, call, dtensor_op_us = None, None, None
+        device, call, dtensor_op_us, dtensor_opt_us = None, None, None, None
         source = "aihpc calibrate " + " ".join(Path(p).name for p in inputs or [])
     cal, reports = fit_to_calibration(comm_pts, gemm_pts, source, regimes)
     if call is not None:  # a call inside a training step costs what it costs between GEMMs
@@ -255,7 +260,7 @@ def _calibrate_measurements(
 
         cal = with_call_cost(cal, call)
     if dtensor_op_us is not None:
-        cal = replace(cal, dtensor_op_us=dtensor_op_us)
+        cal = replace(cal, dtensor_op_us=dtensor_op_us, dtensor_optimizer_op_us=dtensor_opt_us)
     header = (
         "Written by `aihpc calibrate`. Time of a collective of whole-buffer size S on "
         "n ranks:\nlatency_us + S * busbw_factor(n) / busbw_GBps / 1e3 (us), in the "
@@ -325,6 +330,7 @@ def _calibration_json(output: str, cal: Any, reports: list, warnings: list[str])
         ],
         "overlap_compute_penalty": cal.overlap_compute_penalty,
         "dtensor_op_us": cal.dtensor_op_us,
+        "dtensor_optimizer_op_us": cal.dtensor_optimizer_op_us,
         "warnings": warnings,
     }
 
@@ -381,4 +387,9 @@ def _report_calibration(
         console.print(
             f"DTensor dispatch {cal.dtensor_op_us:.3g} us per op: what eager tensor parallel "
             "and FSDP2 add to each op on this host"
+            + (
+                f" ({cal.dtensor_optimizer_op_us:.3g} us per op of the optimizer step)"
+                if cal.dtensor_optimizer_op_us is not None
+                else ""
+            )
         )
