@@ -10,7 +10,9 @@ group is left behind):
   counted by a dispatch mode that sees every aten op before DTensor does;
 * ``measure_dtensor_op_us``: the same decoder's forward and backward timed on DTensors and on
   plain tensors, back to back, the median of the paired differences over the counted ops.
-  On a one-rank mesh no collective runs, so the difference is DTensor's own host time;
+  On a one-rank mesh no collective runs, so the difference is DTensor's own host time, timed on
+  the thread's CPU clock (other jobs on a shared host stretched the wall-clock figure from
+  45-50 to 128-151 us an op);
 * ``measure_dtensor_host``: that, and the same for the optimizer step with gradient clipping
   over the two decoders' parameters, over its counted ops (an optimizer op costs DTensor less
   than a layer's: AdamW on the trainer's tp2 parameters measured 21-25 us an op beyond the
@@ -130,10 +132,10 @@ def _timing(cfg: Any, tokens: Any) -> tuple[float, int]:
             forward().backward()
 
     def mean(parallel: bool) -> float:
-        start = time.perf_counter()
+        start = time.thread_time()
         for _ in range(_CALLS):
             once(parallel)
-        return (time.perf_counter() - start) / _CALLS
+        return (time.thread_time() - start) / _CALLS
 
     for parallel in (False, True):
         once(parallel)
@@ -169,10 +171,10 @@ def _optimizer_timing(cfg: Any, tokens: Any) -> tuple[float, int]:
         steps[parallel] = step
 
     def mean(parallel: bool) -> float:
-        start = time.perf_counter()
+        start = time.thread_time()
         for _ in range(_CALLS):
             steps[parallel]()
-        return (time.perf_counter() - start) / _CALLS
+        return (time.thread_time() - start) / _CALLS
 
     diffs = [-mean(False) + mean(True) for _ in range(_ROUNDS)]
     return statistics.median(diffs), _counts(cfg, False, tokens)["optimizer"]
