@@ -322,6 +322,14 @@ def run_rounds(
                 f"fastest {min(steps) * 1e3:.1f} ms, predicted {preds[name][-1] * 1e3:.1f} ms",
                 flush=True,
             )
+    return plan_rows(plans, times, preds, loads, failed), summaries, failed
+
+
+def plan_rows(
+    plans: list[tuple], times: dict, preds: dict, loads: dict, failed: dict
+) -> list[dict]:
+    """One row per plan that ran: its measured step (the median over rounds of each round's
+    median step), fastest step, prediction (the median of its rounds'), load and errors."""
     rows = []
     for name, nproc, *_ in plans:
         if name in failed:
@@ -348,7 +356,7 @@ def run_rounds(
                 "error_vs_fastest": pred / best - 1,
             }
         )
-    return rows, summaries, failed
+    return rows
 
 
 def main() -> None:
