@@ -7,9 +7,10 @@ host.
 
 1. `aihpc calibrate --local --nproc 2` measures this host (GEMMs at one thread per rank, memory
    bandwidth, the model's attention calls at their length and half of it, gloo collectives on
-   2 ranks back to back, between computations and beside them, and the host time DTensor's
-   dispatch adds to one op of the trainer's tensor-parallel decoder) and writes the
-   calibration and a gpu_spec;
+   2 ranks back to back, between computations and beside them, the host time DTensor's
+   dispatch adds to one op of the trainer's tensor-parallel decoder and of its optimizer
+   step, and what a fresh page costs and the share of a training step's large fresh
+   allocations that fault) and writes the calibration and a gpu_spec;
 2. every plan below (20 on a CPU: every schedule the trainer runs -- 1F1B, interleaved 1F1B,
    ZBV; it has no GPipe --, ZeRO 0-3, recompute none / selective / full, TP with and without SP,
    CP, EP on a mixture-of-experts variant, torch.compile, and issue 41's eight plans) trains the
@@ -17,19 +18,24 @@ host.
    ``--steps`` steps with `aihpc train`, whose summary.json holds `aihpc estimate`'s prediction
    for the same spec on this host, priced with the trainer's own software facts (eager
    element-wise ops and loss, an eager layer's host issue, TP collectives in line, DTensor's
-   eager dispatch, the ring's unfused attention: `as_trained` in runtime/summary.py;
+   eager dispatch, the ring's unfused attention, FSDP2's and DDP's copies, the page faults of
+   fresh allocations: `as_trained` in runtime/summary.py, perf/step/page_faults.py;
    `performance` in summary.json);
 3. per plan: the median step after the first WARMUP steps (the typical step, what a user
    waits for; the fastest is shown too), the prediction, error = predicted / median - 1 and
    its sign (+: pessimistic); over plans: median |error|, the worst, Spearman's rho between
    the predicted and measured orders (targets: <= 10%, >= 0.85), and how many predictions
-   fall on each side. ``--rounds R`` trains every plan R times, round-robin, and pools each
-   plan's steps over all rounds; on a CPU every round calibrates the host afresh first, and a
-   plan's prediction is the median of its rounds' (a calibration's noise goes both ways: a
-   slowed GEMM timing makes the host look slower, a slowed baseline makes the overlap
-   penalty, a ratio of two timings, look smaller; three calibrations of one morning measured
-   it at 1.0, 0.20 and 0.94). A plan the trainer refuses is listed under ``failed`` and the
-   others still run. The load average is in the results' ``machine``: on the shared 2-core
+   fall on each side. ``--rounds R`` trains every plan R times, interleaved (round-robin,
+   each round starting further down the table, so no plan always follows a calibration or
+   the same neighbour), and a plan's measured step is the median over the rounds of each
+   round's median step (one round slowed by other work moves it no more than one value of
+   R); on a CPU every round calibrates the host afresh first, and a plan's prediction is the
+   median of its rounds' (a calibration's noise goes both ways: a slowed GEMM timing makes
+   the host look slower, a slowed baseline makes the overlap penalty, a ratio of two
+   timings, look smaller; three calibrations of one morning measured it at 1.0, 0.20 and
+   0.94). A plan the trainer refuses is listed under ``failed`` and the others still run.
+   Each plan's 1-minute load average (the higher of its start and end, the highest over its
+   rounds) is in its row, the whole run's in the results' ``machine``: on the shared 2-core
    host other jobs stretch every step, which no prediction for the machine alone can price.
 
 Every rank runs one thread (OMP_NUM_THREADS=1); the 1-rank plan is priced with a one-rank
@@ -231,7 +237,16 @@ def calibration_summary(clusters: dict) -> dict:
             }
             entry["overlap_compute_penalty"] = doc.get("overlap_compute_penalty")
             entry["dtensor_op_us"] = doc.get("dtensor_op_us")
-        for key in ("attention_fwd_efficiency", "attention_bwd_efficiency", "attention_tokens"):
+            entry["dtensor_optimizer_op_us"] = doc.get("dtensor_optimizer_op_us")
+        for key in (
+            "attention_fwd_efficiency",
+            "attention_bwd_efficiency",
+            "attention_tokens",
+            "hbm_bw_GBps",
+            "host_op_us",
+            "page_fault_us",
+            "fresh_fault_fraction",
+        ):
             entry[key] = spec.get(key)
         out[str(n)] = entry
     return out
@@ -267,15 +282,22 @@ def run_rounds(
     else:
         plans, model, mbs = select(PLANS, args.plans), MODEL, 4
     ranks = sorted({p[1] for p in plans})
-    times: dict[str, list[float]] = {p[0]: [] for p in plans}
+    times: dict[str, list[list[float]]] = {p[0]: [] for p in plans}
     preds: dict[str, list[float]] = {p[0]: [] for p in plans}
+    loads: dict[str, list[float]] = {p[0]: [] for p in plans}
     summaries: list[dict] = []
     failed: dict[str, str] = {}
     for rnd in range(args.rounds):
         clusters = gpu_cluster if args.gpu else local_clusters(folder / f"round{rnd}", ranks)
         if not args.gpu:
             summaries.append(calibration_summary(clusters))
-        for i, (name, nproc, par, model_extra, train_extra) in enumerate(plans):
+        # each round starts further down the table, so no plan always runs first after a
+        # calibration, or always beside the same neighbour's burst of load
+        start = rnd * len(plans) // max(1, args.rounds)
+        order = list(enumerate(plans))[start:] + list(enumerate(plans))[:start]
+        for i, (name, nproc, par, model_extra, train_extra) in order:
+            if name in failed:
+                continue
             text = (
                 model
                 + model_extra
@@ -285,39 +307,56 @@ def run_rounds(
                     "[checkpoint]", train_extra + "\n[checkpoint]"
                 )
             )
+            load = os.getloadavg()[0]
             try:
                 perf, steps = train(folder, f"{i}-{rnd}", text, nproc, name, data)
             except SystemExit as err:  # one plan the trainer refuses does not end the run
                 failed[name] = str(err)
                 print(err, flush=True)
                 continue
-            times[name] += steps
+            times[name].append(steps)
             preds[name].append(perf["predicted_step_time_s"])
+            loads[name].append(max(load, os.getloadavg()[0]))
             print(
                 f"round {rnd + 1}, {name}: median step {statistics.median(steps) * 1e3:.1f} ms, "
                 f"fastest {min(steps) * 1e3:.1f} ms, predicted {preds[name][-1] * 1e3:.1f} ms",
                 flush=True,
             )
+    return plan_rows(plans, times, preds, loads, failed), summaries, failed
+
+
+def plan_rows(
+    plans: list[tuple], times: dict, preds: dict, loads: dict, failed: dict
+) -> list[dict]:
+    """One row per plan that ran: its measured step (the median over rounds of each round's
+    median step), fastest step, prediction (the median of its rounds'), load and errors."""
     rows = []
     for name, nproc, *_ in plans:
         if name in failed:
             continue
-        best, med = min(times[name]), statistics.median(times[name])
+        by_round = [statistics.median(steps) for steps in times[name]]
+        best = min(min(steps) for steps in times[name])
+        # the median over rounds of each round's median step: one round slowed by a neighbour
+        # moves it no more than one value of several
+        med = statistics.median(by_round)
         pred = statistics.median(preds[name])
         rows.append(
             {
                 "plan": name,
                 "ranks": nproc,
                 "measured_s": med,  # the median step after the warm-up: the typical step
+                "measured_by_round_s": by_round,
                 "fastest_s": best,
                 "predicted_s": pred,
                 "predicted_by_round_s": preds[name],
-                "steps_compared": len(times[name]),
+                "steps_compared": sum(len(steps) for steps in times[name]),
+                "load_by_round": loads[name],  # the 1-minute load average, the higher of
+                # the plan's start and end
                 "error": pred / med - 1,
                 "error_vs_fastest": pred / best - 1,
             }
         )
-    return rows, summaries, failed
+    return rows
 
 
 def main() -> None:
@@ -342,12 +381,12 @@ def main() -> None:
     table = "\n".join(
         [
             "| plan | ranks | median ms | fastest ms | predicted ms | error (vs median) | "
-            "vs fastest |",
-            "|---|---:|---:|---:|---:|---:|---:|",
+            "vs fastest | load |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
             *(
                 f"| {r['plan']} | {r['ranks']} | {r['measured_s'] * 1e3:.1f} | "
                 f"{r['fastest_s'] * 1e3:.1f} | {r['predicted_s'] * 1e3:.1f} | {r['error']:+.0%} | "
-                f"{r['error_vs_fastest']:+.0%} |"
+                f"{r['error_vs_fastest']:+.0%} | {max(r['load_by_round']):.1f} |"
                 for r in rows
             ),
             "",
@@ -355,7 +394,9 @@ def main() -> None:
             f"(target <= 10%), worst {worst['error']:+.0%} ({worst['plan']}), Spearman rho "
             + ("-" if rho is None else f"{rho:.2f}")
             + f" (target >= 0.85); {over} of {len(rows)} predictions above the measured step "
-            f"(pessimistic), {len(rows) - over} below (optimistic).",
+            f"(pessimistic), {len(rows) - over} below (optimistic). Load: the 1-minute load "
+            "average while the plan ran (the highest over its rounds); on this 2-core host a "
+            "plan whose load is above 1 shared the cores with other work.",
         ]
     )
     data = {"machine": machine(), "steps": args.steps, "rounds": args.rounds, "plans": rows}

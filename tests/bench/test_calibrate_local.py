@@ -44,10 +44,10 @@ def test_local_calibration_prices_the_spec_on_this_host(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     # one line per phase on stderr as it starts (i of n, elapsed), then the time taken
     phases = [line for line in r.stderr.splitlines() if line.startswith("[")]
-    assert [p.split()[0] for p in phases] == [f"[{i}/5]" for i in range(1, 6)], r.stderr
-    whats = ("memory", "GEMMs", "attention", "decode", "DTensor")
+    assert [p.split()[0] for p in phases] == [f"[{i}/6]" for i in range(1, 7)], r.stderr
+    whats = ("memory", "GEMMs", "attention", "decode", "DTensor", "page")
     for phase, what in zip(phases, whats, strict=True):
-        assert re.fullmatch(rf"\[\d/5\] \d+:\d\d {what}\b.+", phase), phase
+        assert re.fullmatch(rf"\[\d/6\] \d+:\d\d {what}\b.+", phase), phase
     assert re.search(r"^measured in \d+ s$", r.stderr, re.M), r.stderr
     cal = tomllib.loads((tmp_path / "cal.toml").read_text())
     measured = {g["precision"]: g["points"] for g in cal["gemm"]}
@@ -58,6 +58,9 @@ def test_local_calibration_prices_the_spec_on_this_host(tmp_path: Path) -> None:
     cluster = local["cluster"]
     assert cluster["num_gpus"] == cluster["gpus_per_node"] == 1 and "gpu" not in cluster
     assert cluster["calibration"] == "cal.toml"
+    # a CPU host's page faults (perf/step/page_faults.py): a fault's cost and the share that fault
+    assert cluster["gpu_spec"]["page_fault_us"] > 0
+    assert 0 <= cluster["gpu_spec"]["fresh_fault_fraction"] <= 1
     best = max(t for _, t in measured["fp32"])
     # the calibration file keeps 4 significant digits (relative rounding <= 5e-4)
     assert cluster["gpu_spec"]["bf16_tflops"] == pytest.approx(best, rel=5e-4)
@@ -80,7 +83,7 @@ def test_local_calibration_prices_the_spec_on_this_host(tmp_path: Path) -> None:
     gpu = cluster["gpu_spec"]
     assert low <= gpu["weight_stream_GBps"] <= high and low <= gpu["decode_attention_GBps"]
     assert 0.05 < gpu["host_op_us"] < 1000
-    assert cal["dtensor_op_us"] >= 0
+    assert cal["dtensor_op_us"] >= 0 and cal["dtensor_optimizer_op_us"] >= 0
     assert local["model"] == tomllib.loads(spec.read_text())["model"]
     est = _aihpc("estimate", "tiny.local.toml", "--json", cwd=tmp_path)
     assert est.returncode == 0, est.stderr
@@ -167,7 +170,7 @@ def test_calibrate_local_refuses_before_measuring_more(tmp_path: Path, monkeypat
         assert "memory bandwidth measured 0.3 GB/s" in lines[-1] and "1-2000 GB/s" in lines[-1]
         assert "nothing written" in lines[-1] and r.stdout == ""
         if phase_lines:
-            assert lines[0].startswith("[1/5] 0:00 memory bandwidth")
+            assert lines[0].startswith("[1/6] 0:00 memory bandwidth")
     assert list(tmp_path.iterdir()) == []
 
 

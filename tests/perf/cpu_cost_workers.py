@@ -126,3 +126,63 @@ def fsdp_counts(zeros: tuple[int, ...], micro_batches: int) -> dict[int, dict[st
                 "layers": layers,
             }
     return out
+
+
+class GradCopies(TorchDispatchMode):
+    """The ops that write or read a whole tensor into or out of another: ``copy_`` (its
+    destination's address and bytes) and out= variants (``mul`` with ``out``: its input's
+    address and the output's bytes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.copies: list[tuple[str, int, int]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = func.__name__.split(".")[0]
+        if name == "copy_":
+            dst = args[0]
+            self.copies.append(("copy_", dst.data_ptr(), dst.numel() * dst.element_size()))
+        elif "out" in kwargs and torch.is_tensor(args[0]):
+            dst = kwargs["out"]
+            self.copies.append((name, args[0].data_ptr(), dst.numel() * dst.element_size()))
+        return out
+
+
+def ddp_copies(micro_batches: int) -> dict[str, Any]:
+    """One forward-backward of the trainer's step (runtime/step.py) under DDP (ZeRO 0, data
+    parallel only) on ``micro_batches`` micro-batches of tiny-llama-small: the bytes of the
+    copies into a gradient (``copy_`` whose destination is a parameter's gradient: DDP's
+    reducer copying the all-reduced bucket back) and out of one (an out= op whose input is a
+    gradient: the reducer's copy into its bucket, divided by the ranks on the way), and the
+    parameters' count and bytes; rank 0's."""
+    import tempfile
+    from contextlib import nullcontext
+    from pathlib import Path
+
+    from aihpc.runspec import runspec_from_dict
+    from aihpc.runtime.job import TrainOptions, build
+
+    with init_distributed(120.0) as ctx, tempfile.TemporaryDirectory() as tmp:
+        parallel = {"global_batch_size": 4 * micro_batches, "micro_batch_size": 2}
+        spec = runspec_from_dict(
+            {
+                "model": {"preset": "tiny-llama-small"},
+                "cluster": {"num_gpus": 2, "gpus_per_node": 2, "gpu": "h100-sxm"},
+                "parallel": {**parallel, "zero_stage": 0},
+            }
+        )
+        _, parts, stepper, _ = build(spec, TrainOptions(run_dir=Path(tmp) / "ddp"), ctx)
+        stepper.step(nullcontext())  # the first step's lazy initialisation not counted
+        x, y = stepper._batch()
+        mode = GradCopies()
+        with mode:
+            stepper._forward_backward(x, y, nullcontext())
+        params = list(parts.model.parameters())
+        grads = {p.grad.data_ptr() for p in params}
+        into = [b for name, ptr, b in mode.copies if name == "copy_" and ptr in grads]
+        out_of = [b for name, ptr, b in mode.copies if name != "copy_" and ptr in grads]
+        return {"into": into, "out_of": out_of, "tensors": len(params),
+                "param_bytes": sum(p.numel() * p.element_size() for p in params),
+                "ddp": type(parts.model).__name__}  # fmt: skip

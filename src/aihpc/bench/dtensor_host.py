@@ -10,7 +10,13 @@ group is left behind):
   counted by a dispatch mode that sees every aten op before DTensor does;
 * ``measure_dtensor_op_us``: the same decoder's forward and backward timed on DTensors and on
   plain tensors, back to back, the median of the paired differences over the counted ops.
-  On a one-rank mesh no collective runs, so the difference is DTensor's own host time.
+  On a one-rank mesh no collective runs, so the difference is DTensor's own host time, timed on
+  the thread's CPU clock (other jobs on a shared host stretched the wall-clock figure from
+  45-50 to 128-151 us an op);
+* ``measure_dtensor_host``: that, and the same for the optimizer step with gradient clipping
+  over the two decoders' parameters, over its counted ops (an optimizer op costs DTensor less
+  than a layer's: AdamW on the trainer's tp2 parameters measured 21-25 us an op beyond the
+  plain step where a layer's op measured 45-48).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["count_trainer_ops", "measure_dtensor_op_us"]
+__all__ = ["count_trainer_ops", "measure_dtensor_host", "measure_dtensor_op_us"]
 
 # The measured decoder: two layers, one sequence; the op counts do not depend on the sizes.
 _LAYERS = 2
@@ -126,10 +132,10 @@ def _timing(cfg: Any, tokens: Any) -> tuple[float, int]:
             forward().backward()
 
     def mean(parallel: bool) -> float:
-        start = time.perf_counter()
+        start = time.thread_time()
         for _ in range(_CALLS):
             once(parallel)
-        return (time.perf_counter() - start) / _CALLS
+        return (time.thread_time() - start) / _CALLS
 
     for parallel in (False, True):
         once(parallel)
@@ -138,6 +144,40 @@ def _timing(cfg: Any, tokens: Any) -> tuple[float, int]:
     diffs = [-mean(False) + mean(True) for _ in range(_ROUNDS)]
     counts = _counts(cfg, False, tokens)
     return statistics.median(diffs), counts["fwd"] + counts["bwd"]
+
+
+def _optimizer_timing(cfg: Any, tokens: Any) -> tuple[float, int]:
+    """(seconds DTensor adds to one optimizer step with gradient clipping, the DTensor ops it
+    dispatched there): the trainer's AdamW and clipping over the tensor-parallel decoder's
+    parameters and over the plain decoder's, back to back, the gradients kept between steps."""
+    from aihpc.runspec.training import TrainingSpec
+    from aihpc.runtime.job import build_optimizer
+    from aihpc.runtime.step import clip_grad_norm
+
+    plain, tp = _models(cfg, False)
+    steps = {}
+    for parallel, model in ((False, plain), (True, tp)):
+        ctx, forward = _pass(model, tokens, parallel)
+        with ctx():
+            forward().backward()
+        opt, _ = build_optimizer(model, TrainingSpec())
+        params = list(model.parameters())
+
+        def step(opt: Any = opt, params: list = params) -> None:
+            clip_grad_norm(params, 1.0, None)
+            opt.step()
+
+        step()  # AdamW's state created
+        steps[parallel] = step
+
+    def mean(parallel: bool) -> float:
+        start = time.thread_time()
+        for _ in range(_CALLS):
+            steps[parallel]()
+        return (time.thread_time() - start) / _CALLS
+
+    diffs = [-mean(False) + mean(True) for _ in range(_ROUNDS)]
+    return statistics.median(diffs), _counts(cfg, False, tokens)["optimizer"]
 
 
 def _worker(rank: int, init: str, out: str, task: str, shape: tuple[int, ...]) -> None:
@@ -156,7 +196,9 @@ def _worker(rank: int, init: str, out: str, task: str, shape: tuple[int, ...]) -
             }
         else:
             seconds, ops = _timing(_config(shape, _LAYERS), tokens)
-            result = {"op_us": max(0.0, seconds / ops * 1e6), "ops": ops}
+            opt_s, opt_ops = _optimizer_timing(_config(shape, _LAYERS), tokens)
+            result = {"op_us": max(0.0, seconds / ops * 1e6), "ops": ops,
+                      "optimizer_op_us": max(0.0, opt_s / opt_ops * 1e6)}  # fmt: skip
         Path(out).write_text(json.dumps(result))
     finally:
         dist.destroy_process_group()
@@ -183,4 +225,11 @@ def measure_dtensor_op_us(shape: tuple[int, ...]) -> float:
     """Host microseconds DTensor adds to one op of the trainer's tensor-parallel decoder with
     the attention shape (batch, heads, kv heads, sequence, head dim) of the spec's model, at
     one thread (a training rank's when several share the host)."""
-    return float(_spawn("time", shape)["op_us"])
+    return measure_dtensor_host(shape)[0]
+
+
+def measure_dtensor_host(shape: tuple[int, ...]) -> tuple[float, float]:
+    """(``measure_dtensor_op_us``, the microseconds DTensor adds to one op of the trainer's
+    optimizer step with clipping over the same decoder's parameters), one process."""
+    result = _spawn("time", shape)
+    return float(result["op_us"]), float(result["optimizer_op_us"])

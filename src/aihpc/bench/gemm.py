@@ -42,6 +42,10 @@ class GemmConfig:
     precision: str = "bf16"
     iters: int = 10
     warmup: int = 2
+    # Bytes of operands to rotate through (0: one pair, hot in the cache): each call then finds
+    # its A and B out of the cache, as a training step's GEMMs do after the element-wise ops
+    # between them (`calibrate --local` on a CPU).
+    cold_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -163,18 +167,29 @@ def _time_shape(
 ) -> GemmResult:
     import torch
 
-    a = torch.randn(m, k, device=device).to(dtype)
-    b = torch.randn(k, n, device=device).to(dtype)
-    for _ in range(cfg.warmup):
-        torch.matmul(a, b)
+    pairs = [
+        (torch.randn(m, k, device=device).to(dtype), torch.randn(k, n, device=device).to(dtype))
+        for _ in range(operand_pairs(m, n, k, cfg))
+    ]
+    for i in range(cfg.warmup):
+        torch.matmul(*pairs[i % len(pairs)])
     _sync(device)
     t0 = clock()
-    for _ in range(cfg.iters):
-        torch.matmul(a, b)
+    for i in range(cfg.iters):
+        torch.matmul(*pairs[i % len(pairs)])
     _sync(device)
     sec = max(clock() - t0, 1e-9) / cfg.iters
     flop = 2.0 * m * n * k
     return GemmResult(m, n, k, cfg.precision, flop / 1e9, sec * 1e6, flop / sec / 1e12)
+
+
+def operand_pairs(m: int, n: int, k: int, cfg: GemmConfig) -> int:
+    """How many (A, B) pairs a shape's timing rotates through: enough to hold ``cold_bytes``
+    (each call's operands then evicted since its last use), one without it."""
+    if cfg.cold_bytes <= 0:
+        return 1
+    one = (m * k + k * n) * _BYTES[cfg.precision]
+    return max(1, -(-cfg.cold_bytes // one))
 
 
 def _sync(device: torch.device) -> None:

@@ -70,6 +70,7 @@ __all__ = [
 
 # Square GEMMs spanning a tiny model's layer shapes (dim 64 .. 1024 x tokens 256 .. 4096).
 _GEMM_SIZES = (128, 256, 512, 1024)
+_COLD_BYTES = 64 << 20  # past a server CPU's last-level cache (this host's: 32 MiB)
 _COLLECTIVES = "all_reduce,all_gather,reduce_scatter,send_recv,all_to_all"
 
 
@@ -88,8 +89,12 @@ class LocalMeasurement:
     # host time DTensor adds to one op of the trainer's tensor-parallel layer (CPU hosts only:
     # on a GPU the host runs ahead of the kernels and the figure is not the one that matters)
     dtensor_op_us: float | None = None
+    dtensor_optimizer_op_us: float | None = None  # the same for an op of the optimizer step
     # a CPU host's decode-step figures (bench/local_decode.py), on the CPU clock
     decode: DecodeHost | None = None
+    # a CPU host's page faults of a training step's fresh allocations (bench/local_faults.py):
+    # (one fresh page's microseconds, the share of a step's counted pages that fault)
+    faults: tuple[float, float] | None = None
 
 
 def _threads(nproc: int) -> int:
@@ -285,7 +290,8 @@ class _Phases:
 
 
 def _gemms(device: Any, iters: int) -> dict[str, Any]:
-    """`aihpc bench gemm --json` of _GEMM_SIZES, best of three timings per shape: on a shared
+    """`aihpc bench gemm --json` of _GEMM_SIZES (on a CPU with cold operands), best of three
+    timings per shape: on a shared
     host the run least slowed by other work (the benchmark compares with a step's fastest time
     too). Measured on the loaded 2-core host: one timing per shape gave 10-16 GFLOP/s for
     512^3..1024^3 where the same GEMMs reach about 88 GFLOP/s undisturbed, and predicted a
@@ -293,7 +299,13 @@ def _gemms(device: Any, iters: int) -> dict[str, Any]:
     from aihpc.bench.gemm import GemmConfig, gemm_json, run_gemm_bench
 
     precision = "bf16" if device.type == "cuda" else "fp32"
-    cfg = GemmConfig(shapes=tuple((s, s, s) for s in _GEMM_SIZES), precision=precision, iters=iters)
+    shapes = tuple((s, s, s) for s in _GEMM_SIZES)
+    # a CPU: each GEMM's operands out of the cache, as in a training step (the element-wise ops
+    # between its GEMMs evict them); hot, the calibration priced a step's GEMMs 10-30% faster
+    # than they ran in it (tiny-llama-small's 512 x 704 x 256: 92 GFLOP/s hot, 76 cold; 128^3
+    # 85 and 59; here, on one core's CPU time)
+    cold = _COLD_BYTES if device.type == "cpu" else 0
+    cfg = GemmConfig(shapes=shapes, precision=precision, iters=iters, cold_bytes=cold)
     clock = _clock(device)  # a CPU's CPU clock: a loaded host's waits left out
     runs = [run_gemm_bench(cfg, device, clock=clock) for _ in range(3)]
     return gemm_json([max(rs, key=lambda r: r.tflops) for rs in zip(*runs, strict=True)], device)
@@ -322,6 +334,7 @@ def measure_local(
     attention: tuple[int, ...] = DEFAULT_ATTENTION_SHAPE,
     progress: Callable[[str], None] | None = None,
     decode: DecodeShape | None = None,
+    faults_target: tuple[Any, int, float] | None = None,
 ) -> LocalMeasurement:
     """Run the memory, GEMM, attention and collective measurements for ``nproc`` local ranks;
     ``attention``: the shape of the model's attention calls (``attention_shape``); each phase
@@ -334,7 +347,8 @@ def measure_local(
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cpu, several, threads = device.type == "cpu", nproc > 1, _threads(nproc)
-    phase = _Phases(3 + several + (cpu and several) + 2 * cpu, progress)
+    faulted = cpu and faults_target is not None
+    phase = _Phases(3 + several + (cpu and several) + 2 * cpu + faulted, progress)
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -362,16 +376,27 @@ def measure_local(
     if cpu and several:
         phase(f"an all-gather's cost between and beside GEMMs on {nproc} ranks")
     call = interleaved_call_cost(nproc) if cpu else None
-    dtensor = None
+    dtensor = dtensor_opt = None
     if cpu:
-        from aihpc.bench.dtensor_host import measure_dtensor_op_us
+        from aihpc.bench.dtensor_host import measure_dtensor_host
 
         phase("DTensor's host time per op: a tensor-parallel decoder on a one-rank mesh")
-        dtensor = float(f"{measure_dtensor_op_us(attention):.4g}")
+        dtensor, dtensor_opt = (float(f"{x:.4g}") for x in measure_dtensor_host(attention))
+    faults = _faults(faults_target, phase) if faulted else None
     return LocalMeasurement(
         nproc, threads, name, gemm, comm, mem_bw, _host_mem_gib(), curve, call, device.type,
-        dtensor, host,
+        dtensor, dtensor_opt, host, faults,
     )  # fmt: skip
+
+
+def _faults(target: tuple[Any, int, float], phase: Callable[[str], None]) -> tuple[float, float]:
+    """(one fresh page's microseconds, the share of the trainer's step's counted large-allocation
+    pages that fault) for ``target``: (a dense ModelSpec, sequences a micro-batch, the pages
+    perf/step/page_faults counts for its step)."""
+    from aihpc.bench.local_faults import fresh_fault_fraction, page_fault_us
+
+    phase("page faults: a fresh page's cost, and the share of a training step's that fault")
+    return float(f"{page_fault_us():.4g}"), float(f"{fresh_fault_fraction(*target):.4g}")
 
 
 def load_warning() -> str | None:
@@ -444,6 +469,12 @@ def local_gpu_spec(m: LocalMeasurement) -> dict[str, Any]:
                 "decode_attention_GBps": m.decode.decode_attention_GBps,
             }
             if m.decode is not None
+            else {}
+        ),
+        # a CPU host's page faults of a training step's fresh allocations (perf/step/page_faults)
+        **(
+            {"page_fault_us": m.faults[0], "fresh_fault_fraction": m.faults[1]}
+            if m.faults is not None
             else {}
         ),
     }

@@ -58,7 +58,24 @@ def _local_spec_target(spec_path: str | None, local: bool, nproc: int) -> tuple 
     target = Path(Path(spec_path).stem + ".local.toml")  # in the current folder
     check_output_path(target, "--spec")
     mbs = getattr(spec.parallel, "micro_batch_size", None)
-    return spec_path, target, attention_shape(spec.model, mbs), decode_shape(spec.model)
+    return spec_path, target, attention_shape(spec.model, mbs), decode_shape(spec.model), spec.model
+
+
+def _faults_target(model: Any, micro_batch: int) -> tuple[Any, int, float]:
+    """What the page-fault phase measures (bench/local_faults.py): the spec's model (without
+    one tiny-llama-small; an MoE model's dense twin, whose layers page_faults counts) at
+    ``micro_batch`` sequences, and the pages its step's large fresh allocations take."""
+    import dataclasses
+
+    from aihpc.bench.local_faults import MICRO_BATCHES
+    from aihpc.perf.step.page_faults import step_pages
+    from aihpc.runspec.model import model_from_table
+
+    if model is None:
+        model = model_from_table({"preset": "tiny-llama-small"})
+    dense = dataclasses.replace(model, num_experts=0) if model.num_experts else model
+    pages = step_pages(dense, micro_batch * dense.seq_length, MICRO_BATCHES)
+    return dense, micro_batch, pages
 
 
 def _measure_local(nproc: int, target: tuple | None, quiet: bool) -> tuple[list, dict, dict, tuple]:
@@ -86,7 +103,11 @@ def _measure_local(nproc: int, target: tuple | None, quiet: bool) -> tuple[list,
     t0 = time.perf_counter()
     try:
         decode = target[3] if target else None
-        m = measure_local(nproc, attention=shape, progress=None if quiet else say, decode=decode)
+        faults = _faults_target(target[4] if target else None, shape[0])
+        m = measure_local(
+            nproc, attention=shape, progress=None if quiet else say, decode=decode,
+            faults_target=faults,
+        )  # fmt: skip
     except MeasurementError as err:
         fail(str(err), code=1)
     if not quiet:
@@ -100,7 +121,12 @@ def _measure_local(nproc: int, target: tuple | None, quiet: bool) -> tuple[list,
         comm_pts, gemm_pts = load_measurements([str(f) for f in files], None, None, "out-of-place")
     if "fp32" in gemm_pts:
         gemm_pts.setdefault("bf16", list(gemm_pts["fp32"]))
-    return comm_pts, gemm_pts, local_gpu_spec(m), (m.call, m.dtensor_op_us)
+    return (
+        comm_pts,
+        gemm_pts,
+        local_gpu_spec(m),
+        (m.call, m.dtensor_op_us, m.dtensor_optimizer_op_us),
+    )
 
 
 def _write_local_spec(target: tuple, calibration: Path, device: dict, nproc: int) -> None:
@@ -220,13 +246,13 @@ def _calibrate_measurements(
 
         warnings += [w for w in (load_warning(),) if w]
         _warn(warnings)  # before the minutes it explains
-        comm_pts, gemm_pts, device, (call, dtensor_op_us) = _measure_local(
+        comm_pts, gemm_pts, device, (call, dtensor_op_us, dtensor_opt_us) = _measure_local(
             nproc, local_spec, as_json
         )
         source = f"aihpc calibrate --local --nproc {nproc}"
     else:
         comm_pts, gemm_pts = load_measurements(inputs or [], tier, collective, column)
-        device, call, dtensor_op_us = None, None, None
+        device, call, dtensor_op_us, dtensor_opt_us = None, None, None, None
         source = "aihpc calibrate " + " ".join(Path(p).name for p in inputs or [])
     cal, reports = fit_to_calibration(comm_pts, gemm_pts, source, regimes)
     if call is not None:  # a call inside a training step costs what it costs between GEMMs
@@ -234,7 +260,7 @@ def _calibrate_measurements(
 
         cal = with_call_cost(cal, call)
     if dtensor_op_us is not None:
-        cal = replace(cal, dtensor_op_us=dtensor_op_us)
+        cal = replace(cal, dtensor_op_us=dtensor_op_us, dtensor_optimizer_op_us=dtensor_opt_us)
     header = (
         "Written by `aihpc calibrate`. Time of a collective of whole-buffer size S on "
         "n ranks:\nlatency_us + S * busbw_factor(n) / busbw_GBps / 1e3 (us), in the "
@@ -304,6 +330,7 @@ def _calibration_json(output: str, cal: Any, reports: list, warnings: list[str])
         ],
         "overlap_compute_penalty": cal.overlap_compute_penalty,
         "dtensor_op_us": cal.dtensor_op_us,
+        "dtensor_optimizer_op_us": cal.dtensor_optimizer_op_us,
         "warnings": warnings,
     }
 
@@ -360,4 +387,9 @@ def _report_calibration(
         console.print(
             f"DTensor dispatch {cal.dtensor_op_us:.3g} us per op: what eager tensor parallel "
             "and FSDP2 add to each op on this host"
+            + (
+                f" ({cal.dtensor_optimizer_op_us:.3g} us per op of the optimizer step)"
+                if cal.dtensor_optimizer_op_us is not None
+                else ""
+            )
         )

@@ -8,6 +8,8 @@ File layout (TOML)::
                                    # collective, a fraction of its time (calibrate --local)
     dtensor_op_us = 45.0           # optional: this host's time to dispatch one op on a DTensor
                                    # beyond the plain op, microseconds (calibrate --local)
+    dtensor_optimizer_op_us = 22.0 # optional: the same for one op of the optimizer step (AdamW
+                                   # and the clipping over DTensor parameters; calibrate --local)
     [[comm]]                       # one per (collective, tier)
     collective = "all_reduce"      # all_reduce | all_gather | reduce_scatter | all_to_all |
                                    # broadcast | send_recv
@@ -166,6 +168,10 @@ class Calibration:
     # microseconds, measured on this host (`aihpc calibrate --local`); None: the model's
     # constant (params.dtensor_op_s).
     dtensor_op_us: float | None = None
+    # The same for one op of the optimizer step (AdamW's per-parameter loop and the gradient
+    # clipping over DTensor parameters), which costs DTensor less than a layer's op; None:
+    # dtensor_op_us, else the model's constant.
+    dtensor_optimizer_op_us: float | None = None
 
     def comm_fit(self, collective: str, tier: str) -> CommFit | None:
         return self.comm.get((collective, tier))
@@ -189,7 +195,15 @@ def _num(where: str, value: Any, allow_inf: bool = False) -> float:
     return float(value)
 
 
-_TOP_KEYS = ("source", "comm", "gemm", "efficiency", "overlap_compute_penalty", "dtensor_op_us")
+_TOP_KEYS = (
+    "source",
+    "comm",
+    "gemm",
+    "efficiency",
+    "overlap_compute_penalty",
+    "dtensor_op_us",
+    "dtensor_optimizer_op_us",
+)
 _COMM_KEYS = (
     "collective",
     "tier",
@@ -297,6 +311,9 @@ def calibration_from_dict(data: dict[str, Any], path: str = "") -> Calibration:
         efficiency=_efficiency(data["efficiency"]) if "efficiency" in data else None,
         overlap_compute_penalty=_penalty(data.get("overlap_compute_penalty")),
         dtensor_op_us=_optional_num("calibration.dtensor_op_us", data.get("dtensor_op_us")),
+        dtensor_optimizer_op_us=_optional_num(
+            "calibration.dtensor_optimizer_op_us", data.get("dtensor_optimizer_op_us")
+        ),
     )
 
 
@@ -350,6 +367,8 @@ def calibration_to_toml(cal: Calibration, header: str = "") -> str:
         lines.append(f"overlap_compute_penalty = {_fmt(cal.overlap_compute_penalty)}")
     if cal.dtensor_op_us is not None:
         lines.append(f"dtensor_op_us = {_fmt(cal.dtensor_op_us)}")
+    if cal.dtensor_optimizer_op_us is not None:
+        lines.append(f"dtensor_optimizer_op_us = {_fmt(cal.dtensor_optimizer_op_us)}")
     for (coll, tier), fit in sorted(cal.comm.items()):
         lines += [
             "",

@@ -86,6 +86,14 @@ class GPUSpec:
     # measures both on the CPU clock (bench/local_decode.py).
     host_op_us: float | None = None
     decode_attention_GBps: float | None = None
+    # Where the host is the device: what a fresh page of a large allocation costs the training
+    # step (perf/step/page_faults.py). ``page_fault_us``: one page mapped, touched and unmapped,
+    # microseconds of CPU time; ``fresh_fault_fraction``: the share of the pages of a step's
+    # large fresh allocations that the allocator takes from the kernel again (faulted in) once
+    # its thresholds settle, measured on the trainer's own step. `aihpc calibrate --local`
+    # measures both; None (every GPU): not priced.
+    page_fault_us: float | None = None
+    fresh_fault_fraction: float | None = None
     gpus_per_node: int = 8
     id: str = "custom"  # catalog id
     name: str = "custom"
@@ -110,6 +118,7 @@ class GPUSpec:
             "weight_stream_GBps",
             "host_op_us",
             "decode_attention_GBps",
+            "page_fault_us",
             "gpus_per_node",
             "attention_tokens",
         ):
@@ -129,6 +138,9 @@ class GPUSpec:
                 raise SpecError(f"cluster.gpu_spec.{f}", value, "must be a fraction in (0, 1]")
         for f in ("attention_half_fwd_tokens", "attention_half_bwd_tokens"):  # 0: no fall-off
             check_positive(f"cluster.gpu_spec.{f}", getattr(self, f), allow_zero=True)
+        share = self.fresh_fault_fraction
+        if share is not None and not 0 <= share <= 1:  # a share of pages: none may fault
+            raise SpecError("cluster.gpu_spec.fresh_fault_fraction", share, "must be in [0, 1]")
 
     def peak_tflops(self, precision: str) -> float:
         """Dense peak at ``precision``; refuses to guess for a precision the part lacks."""

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from aihpc.perf.step import dp_comm
+from aihpc.perf.step import dp_comm, page_faults
 from aihpc.perf.step.compute import optimizer_time_s
 from aihpc.perf.step.dtensor_host import optimizer_host_s
-from aihpc.perf.step.eager_host import optimizer_eager_host_s
+from aihpc.perf.step.eager_host import eager_outside, optimizer_eager_host_s
 from aihpc.perf.step.memory import warmup_chunks
 from aihpc.perf.step.moe_overlap import paired_exposed_s
 from aihpc.perf.step.numeric import any_, maximum, minimum, where
@@ -251,6 +251,9 @@ class StepTerms(StepState):
         tied, cal = self.model.tied_embeddings, self.cluster.calibration
         # an eager optimizer's per-tensor loop on a CPU host (perf/step/eager_host.py)
         opt = opt + optimizer_eager_host_s(self.layers, b.pp, tied, gpu, training, params)
+        if eager_outside(training) and page_faults.priced(gpu):  # AdamW's fresh temporaries
+            fresh = page_faults.optimizer_bytes(self.model, self.layers, b.tp, shard)
+            opt = opt + page_faults.fault_time_s(fresh, gpu)
         if training.dtensor_dispatch != "eager":
             return opt
         return opt + optimizer_host_s(opt, b, self.layers, tied, gpu, params, cal)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from aihpc.perf.step import dtensor_host, eager_host
+from aihpc.perf.step import dtensor_host, eager_host, page_faults
 from aihpc.perf.step.attention_kernels import (
     FUSED_KERNELS,
     head_dim_factor,
@@ -100,6 +100,11 @@ def layer_times(
         )  # fmt: skip
         soft_f, soft_b = (stream_time_s(x, gpu, params, kernels=0) for x in ring)
     fwd_stream, bwd_stream = elementwise_times(k, stream_moe)
+    if not moe and eager_host.eager(training) and page_faults.priced(gpu):
+        # the faults of the layer's fresh large tensors on a CPU host (perf/step/page_faults.py)
+        fresh = page_faults.layer_bytes(model, k.tokens, plan.tp, plan.sequence_parallel)
+        fwd_stream += page_faults.fault_time_s(fresh[0], gpu)
+        bwd_stream += page_faults.fault_time_s(fresh[1], gpu)
     lt = LayerTimes(
         fwd_gemm,
         fwd_attn + soft_f,
@@ -437,6 +442,10 @@ def logits_time_s(
     # (perf/step/eager_host.py), and under eager tensor parallel their DTensor dispatch and the
     # loss parallel's (perf/step/dtensor_host.py)
     host_f, host_b = eager_host.outside_host_s(training, params)
+    if eager_host.eager_outside(training) and page_faults.priced(gpu):
+        fresh = page_faults.outside_bytes(model, tokens, plan.tp)
+        fwd += page_faults.fault_time_s(fresh[0], gpu)
+        bwd += page_faults.fault_time_s(fresh[1], gpu)
     if training.dtensor_dispatch == "eager" and plan.tp > 1:
         op_s = dtensor_host.dtensor_op_s(params, calibration)
         host_f += dtensor_host.OUTSIDE_FWD_OPS * op_s

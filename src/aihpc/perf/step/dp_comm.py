@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from aihpc.perf.step import fsdp_host
+from aihpc.perf.step.dtensor_host import stage_tensors
 from aihpc.perf.step.flops import (
     embedding_params,
     param_tensors_per_layer,
@@ -32,6 +33,9 @@ def _dp_setup(st: StepState) -> None:
     embedding and, without PP, the untied output layer too."""
     b, model, training = st.b, st.model, st.training
     st.dp_n, st.zero, st.pp = b.dp * b.cp, b.zero, b.pp
+    # the trainer runs PyTorch's DDP where the plan is data-parallel only at ZeRO 0 (else FSDP2:
+    # runtime/parallelize.py, dtensor_host.dtensor_params)
+    st.plain_ddp = (b.tp == 1) & (b.pp == 1) & (b.cp == 1) & (b.ep == 1) & (b.zero == 0)
     st.stride = where(b.cp > 1, b.tp, b.tp * b.cp)
     st.embeddings = where((b.pp > 1) | model.tied_embeddings, 1, 2)
     st.layer_params, st.expert_params = layer_params_split(model, st.layers, b.tp, b.etp, b.ep)
@@ -165,14 +169,34 @@ Coll = Any  # (kind, sizes of the plans) -> seconds
 
 
 def _dp_zero0(r: Any, c: Coll, window: Any) -> tuple:
-    """DDP: one all-reduce after the backward, or bucketed behind it but for the edge bucket."""
+    """DDP: one all-reduce after the backward, or bucketed behind it but for the edge bucket;
+    PyTorch's DDP copies each gradient into its bucket and back (``_ddp_copies``)."""
     gb, ef = r.grad_bytes, r.edge_frac
     if not r.training.grad_reduce_overlap:
-        return c("all_reduce", gb), 0.0 * gb
+        return c("all_reduce", gb) + _ddp_copies(r), 0.0 * gb
     tail = c("all_reduce", gb * ef)
     rest = c("all_reduce", gb * (1 - ef))
     exposed = maximum(0.0, rest - r.last_bwd)
-    return tail + exposed, rest - exposed
+    return tail + exposed + _ddp_copies(r), rest - exposed
+
+
+# PyTorch DDP's reducer (gradient_as_bucket_view off, its default and the trainer's): each
+# gradient copied into its bucket when ready (copy_ reads it, writes the bucket) and the
+# all-reduced bucket copied back into the gradient; in the synchronising micro-batch only.
+DDP_COPY_PASSES = 4  # bytes read and written over the gradients: 2 copies x (read + write)
+
+
+def _ddp_copies(r: Any) -> Any:
+    """Seconds of PyTorch DDP's gradient copies on the training thread, once a step (the
+    trainer's runtime/parallelize.py DDP; counted in tests/perf/test_fsdp_host.py), under the
+    trainer's PyTorch-native data parallelism (``fsdp_host.eager_fsdp``: dtensor_dispatch
+    eager); 0 otherwise (Megatron-Core's DDP reduces its contiguous gradient buffer in place)."""
+    if not fsdp_host.eager_fsdp(r.training):
+        return 0.0 * r.grad_bytes
+    tensors, _ = stage_tensors(r.layers, r.pp, r.model.tied_embeddings)
+    gpu, params = r.cluster.gpu, r.params
+    copies = stream_time_s(DDP_COPY_PASSES * r.grad_bytes, gpu, params, kernels=2 * tensors)
+    return where(r.plain_ddp, copies, 0.0)
 
 
 def _dp_zero12(r: Any, c: Coll, window: Any) -> tuple:
