@@ -52,6 +52,26 @@ def test_first_fit_decreasing_fills_bins_as_defined():
     assert len(bins) >= int(np.ceil(lengths.sum() / 10))  # no fewer than the volume bound
 
 
+def _first_fit_by_scan(lengths: np.ndarray, capacity: float) -> list[float]:
+    """First fit decreasing as defined: each sequence, longest first, into the first open bin
+    with room for it, scanning the bins in order."""
+    bins: list[float] = []
+    for length in sorted(lengths.tolist(), reverse=True):
+        for i, used in enumerate(bins):
+            if used + length <= capacity:
+                bins[i] = used + length
+                break
+        else:
+            bins.append(length)
+    return bins
+
+
+@pytest.mark.parametrize("n,capacity", [(1, 10), (7, 10), (300, 100), (2000, 8192)])
+def test_first_fit_decreasing_equals_the_scan_it_speeds_up(n: int, capacity: int):
+    lengths = np.random.default_rng(n).integers(1, 2 * capacity // 3, size=n).astype(float)
+    assert first_fit_decreasing(lengths, capacity) == _first_fit_by_scan(lengths, capacity)
+
+
 def test_pad_unit_follows_tp_and_context_parallelism():
     spec = _spec({"tp": 2})
     assert pad_unit(spec.plan()) == 2

@@ -73,16 +73,33 @@ def sequence_lengths(rl: RLSpec, n: int, unit: int = 1) -> np.ndarray:
 
 def first_fit_decreasing(lengths: np.ndarray, capacity: float) -> list[float]:
     """The tokens of each bin when ``lengths`` are packed first-fit decreasing into bins of
-    ``capacity`` (a sequence longer than a bin gets one of its own)."""
-    bins: list[float] = []
-    for length in sorted((float(x) for x in lengths), reverse=True):
-        for i, used in enumerate(bins):
-            if used + length <= capacity:
-                bins[i] = used + length
-                break
+    ``capacity`` (a sequence longer than a bin gets one of its own).
+
+    Exact first fit in O(n log n): a max tree over the bins' free room finds the leftmost
+    bin with room for each sequence (a step has thousands of sequences)."""
+    items = sorted((float(x) for x in lengths), reverse=True)
+    size = 1
+    while size < max(1, len(items)):
+        size *= 2
+    room = [-1.0] * (2 * size)  # leaves: free room of bin i (-1: not opened yet)
+    used: list[float] = []
+    for length in items:
+        if room[1] >= length:
+            node = 1
+            while node < size:  # descend to the leftmost leaf with room >= length
+                node = 2 * node if room[2 * node] >= length else 2 * node + 1
+            i = node - size
+            used[i] += length
         else:
-            bins.append(length)
-    return bins
+            i = len(used)
+            used.append(length)
+            node = size + i
+        room[node] = capacity - used[i]
+        node //= 2
+        while node:
+            room[node] = max(room[2 * node], room[2 * node + 1])
+            node //= 2
+    return used
 
 
 def _round_up(x: float, unit: int) -> int:
