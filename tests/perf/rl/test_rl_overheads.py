@@ -5,44 +5,19 @@ training side, and a ceiling from the model's published pre-training rate on tha
 
 from __future__ import annotations
 
-import copy
 import tomllib
 from importlib import resources
 
 import pytest
+from rl_base_spec import base_spec as _spec
 
 from aihpc.perf.infer.kv import ServingPlan
 from aihpc.perf.infer.rollout import LengthDist, estimate_rollout
 from aihpc.perf.rl import estimate_rl
 from aihpc.perf.rl.overheads import overheads, training_ceiling_s
 from aihpc.perf.rl.step import TRAIN_SIDE
-from aihpc.runspec import runspec_from_dict
 from aihpc.runspec.cluster import gpu_from_id
 from aihpc.runspec.model import model_from_table
-
-BASE = {
-    "model": {"preset": "qwen3-30b-a3b"},
-    "cluster": {"gpu": "h100-sxm", "num_gpus": 32},
-    "parallel": {"ep": 8, "global_batch_size": 512},
-    "rl": {
-        "prompts_per_step": 64,
-        "samples_per_prompt": 32,
-        "prompt_len": 200,
-        "response_len": 2000,
-        "max_response_len": 3800,
-        "rollout": {"tp": 2},
-    },
-}
-
-
-def _spec(model=None, gpu=None, **rl):
-    data = copy.deepcopy(BASE)
-    data["rl"].update(rl)
-    if model:
-        data["model"]["preset"] = model
-    if gpu:
-        data["cluster"]["gpu"] = gpu
-    return runspec_from_dict(data)
 
 
 def test_every_figure_names_a_published_source():

@@ -5,30 +5,12 @@ from __future__ import annotations
 import copy
 
 import pytest
+from rl_base_spec import BASE
+from rl_base_spec import base_spec as _spec
 
 from aihpc.perf.rl import estimate_rl
 from aihpc.perf.rl.search import search_rl
 from aihpc.runspec import SpecError, runspec_from_dict
-
-BASE = {
-    "model": {"preset": "qwen3-30b-a3b"},
-    "cluster": {"gpu": "h100-sxm", "num_gpus": 32},
-    "parallel": {"ep": 8, "global_batch_size": 512},
-    "rl": {
-        "prompts_per_step": 64,
-        "samples_per_prompt": 32,
-        "prompt_len": 200,
-        "response_len": 2000,
-        "max_response_len": 3800,
-        "rollout": {"tp": 2},
-    },
-}
-
-
-def _spec(**rl):
-    data = copy.deepcopy(BASE)
-    data["rl"].update(rl)
-    return runspec_from_dict(data)
 
 
 @pytest.mark.parametrize(

@@ -3,33 +3,14 @@
 
 from __future__ import annotations
 
-import copy
 from dataclasses import replace
 
 import pytest
+from rl_base_spec import base_spec as _spec
 
 from aihpc.perf.rl.phases import full_sync_bytes_s, sync_bytes, sync_s
-from aihpc.runspec import SpecError, runspec_from_dict
+from aihpc.runspec import SpecError
 from aihpc.runspec.parallel import ParallelPlan
-
-BASE = {
-    "model": {"preset": "qwen3-30b-a3b"},
-    "cluster": {"gpu": "h100-sxm", "num_gpus": 32},
-    "parallel": {"ep": 8, "global_batch_size": 512},
-    "rl": {
-        "prompts_per_step": 64,
-        "samples_per_prompt": 32,
-        "prompt_len": 200,
-        "response_len": 2000,
-        "rollout": {"tp": 2},
-    },
-}
-
-
-def _spec(**rl):
-    data = copy.deepcopy(BASE)
-    data["rl"].update(rl)
-    return runspec_from_dict(data)
 
 
 def test_disaggregated_full_sync_moves_the_whole_model_to_every_rollout_gpu():
