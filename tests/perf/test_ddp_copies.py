@@ -8,12 +8,12 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from cpu_host_spec import cpu_host_spec as _spec
 
 from aihpc.perf.step import dp_comm
 from aihpc.perf.step.dtensor_host import stage_tensors
 from aihpc.perf.step.estimate import estimate_plan
 from aihpc.perf.step.params import DEFAULT_PARAMS
-from aihpc.runspec import runspec_from_dict
 
 torch = pytest.importorskip("torch")
 
@@ -39,20 +39,6 @@ def test_each_gradient_is_copied_into_its_bucket_and_back_once_a_step(counted) -
     assert read_and_written == dp_comm.DDP_COPY_PASSES * c["param_bytes"]
     tensors, _ = stage_tensors(4, 1, False)  # tiny-llama-small: 4 layers, untied
     assert tensors == c["tensors"]
-
-
-def _spec(bw: float, dispatch: str = "eager", **parallel):
-    gpu = {"bf16_tflops": 0.1, "fp32_tflops": 0.1, "hbm_gib": 16, "hbm_bw_GBps": bw,
-           "scale_up_bw_GBps": 1.0, "scale_up_domain": 2, "scale_out_bw_GBps": 1.0,
-           "gpus_per_node": 2, "host_is_device": True}  # fmt: skip
-    return runspec_from_dict(
-        {
-            "model": {"preset": "tiny-llama-small"},
-            "cluster": {"num_gpus": 2, "gpus_per_node": 2, "gpu_spec": gpu},
-            "training": {"fused_kernels": False, "dtensor_dispatch": dispatch},
-            "parallel": {"global_batch_size": 8, "micro_batch_size": 2, **parallel},
-        }
-    )
 
 
 def _dp_comm(spec) -> float:

@@ -8,11 +8,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from cpu_host_spec import cpu_host_spec
 
 from aihpc.perf.step import fsdp_host as fh
 from aihpc.perf.step.estimate import estimate_plan
 from aihpc.perf.step.params import DEFAULT_PARAMS
-from aihpc.runspec import runspec_from_dict
 
 torch = pytest.importorskip("torch")
 
@@ -51,17 +51,7 @@ def test_the_copy_bytes_priced_are_the_trainers(counted: dict, zero: int) -> Non
 
 
 def _spec(zero: int, bw: float, dispatch: str = "eager"):
-    gpu = {"bf16_tflops": 0.1, "fp32_tflops": 0.1, "hbm_gib": 16, "hbm_bw_GBps": bw,
-           "scale_up_bw_GBps": 1.0, "scale_up_domain": 2, "scale_out_bw_GBps": 1.0,
-           "gpus_per_node": 2, "host_is_device": True}  # fmt: skip
-    return runspec_from_dict(
-        {
-            "model": {"preset": "tiny-llama-small"},
-            "cluster": {"num_gpus": 2, "gpus_per_node": 2, "gpu_spec": gpu},
-            "training": {"fused_kernels": False, "dtensor_dispatch": dispatch},
-            "parallel": {"global_batch_size": 8, "micro_batch_size": 2, "zero_stage": zero},
-        }
-    )
+    return cpu_host_spec(bw, dispatch, zero_stage=zero)
 
 
 def _dp_comm(zero: int, bw: float, dispatch: str = "eager") -> float:
