@@ -36,7 +36,13 @@ import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["Interrupter", "RestartRequested", "release", "shutdown_collective_sockets"]
+__all__ = [
+    "Interrupter",
+    "RestartRequested",
+    "release",
+    "restartable",
+    "shutdown_collective_sockets",
+]
 
 
 class RestartRequested(RuntimeError):
@@ -79,6 +85,15 @@ class Interrupter:
         self.reason, self._target = reason, self._generation
         signal.pthread_kill(self._main, self.SIGNAL)
         return True
+
+
+def restartable(err: BaseException) -> bool:
+    """In-process restart is for faults of the moment, not for errors a rerun repeats (a bad
+    spec, a corrupt checkpoint): pre-training's and the RL loop's rule."""
+    from aihpc.resilience.manifest import CheckpointCorruptError
+    from aihpc.runspec import SpecError
+
+    return isinstance(err, Exception) and not isinstance(err, SpecError | CheckpointCorruptError)
 
 
 def release(err: BaseException) -> None:

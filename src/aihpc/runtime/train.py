@@ -317,13 +317,6 @@ def _on_stall(interrupter: Any, events: Events) -> Callable[[dict], bool]:
     return on_stall
 
 
-def _restartable(err: BaseException) -> bool:
-    """In-process restart is for faults of the moment, not for errors a rerun repeats."""
-    from aihpc.resilience.manifest import CheckpointCorruptError
-
-    return isinstance(err, Exception) and not isinstance(err, SpecError | CheckpointCorruptError)
-
-
 def _generations(
     spec: RunSpec,
     opts: TrainOptions,
@@ -337,7 +330,7 @@ def _generations(
     """Run generations until one finishes (at most ``limit`` restarts); after a restartable
     fault, release the failed one (its process groups close, so blocked peers fail too) and
     start the next, over the same ``store``."""
-    from aihpc.resilience.inprocess import release, shutdown_collective_sockets
+    from aihpc.resilience.inprocess import release, restartable, shutdown_collective_sockets
 
     generation = 0
     while True:
@@ -348,13 +341,13 @@ def _generations(
                     opts,
                     watchdog,
                     timeout_s,
-                    final=lambda err, g=generation: g >= limit or not _restartable(err),
+                    final=lambda err, g=generation: g >= limit or not restartable(err),
                     store=store,
                     generation=generation,
                 )
             return summary
         except Exception as err:
-            if generation >= limit or not _restartable(err):
+            if generation >= limit or not restartable(err):
                 raise
             # the restart's own clock: a rank that learnt of the fault from a collective error
             # must not then be found stalled for the time it spent blocked before

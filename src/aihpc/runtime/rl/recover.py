@@ -30,7 +30,7 @@ from typing import Any
 import torch.distributed as dist
 
 from aihpc.resilience import ModelOptimizerState
-from aihpc.runspec import RunSpec, SpecError
+from aihpc.runspec import RunSpec
 from aihpc.runtime.rl.worker import pack, unpack
 
 __all__ = ["RLState", "generations", "memory_tier", "restore"]
@@ -106,17 +106,10 @@ def restore(trainer: Any, memory: Any, ckpt_dir: Path) -> dict[str, Any]:
     return {"step": 0, "source": None, "from_peer": []}
 
 
-def restartable(err: BaseException) -> bool:
-    """In-process restart is for faults of the moment, not for errors a rerun repeats."""
-    from aihpc.resilience.manifest import CheckpointCorruptError
-
-    return isinstance(err, Exception) and not isinstance(err, SpecError | CheckpointCorruptError)
-
-
 def generations(run: Callable[[int], dict[str, Any]], limit: int) -> dict[str, Any]:
     """``run(generation)`` until one finishes, at most ``limit`` restarts after restartable
     exceptions; between two, the failed one's sockets shut and its frames released."""
-    from aihpc.resilience.inprocess import release, shutdown_collective_sockets
+    from aihpc.resilience.inprocess import release, restartable, shutdown_collective_sockets
 
     generation = 0
     while True:
