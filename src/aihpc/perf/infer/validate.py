@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from aihpc.perf.infer.estimate import estimate_inference
+from aihpc.perf.infer.expert_load import expert_load
 from aihpc.perf.infer.kv import ServingPlan
 from aihpc.perf.infer.serving import Load, decode_throughput, prefill_throughput, steady_state
 from aihpc.perf.infer.software import SOFTWARE_FACTS, software_for
@@ -49,6 +50,11 @@ def load_rows(path: str | Path | None = None) -> list[dict[str, Any]]:
             raise SpecError(f"row[{i}].mode", row["mode"], "one of " + ", ".join(MODES))
         if not isinstance(row.get("judged", True), bool):
             raise SpecError(f"row[{i}].judged", row["judged"], "true or false")
+        if "expert_load" in row:
+            if "moe_imbalance" in row:
+                allowed = "absent where expert_load is set"
+                raise SpecError(f"row[{i}].moe_imbalance", row["moe_imbalance"], allowed)
+            expert_load(row["expert_load"], row.get("ep", 1), f"row[{i}].expert_load")
         if not row.get("judged", True) and len(str(row.get("uncertainty", ""))) < 40:
             raise SpecError(
                 f"row[{i}].uncertainty",
@@ -60,8 +66,12 @@ def load_rows(path: str | Path | None = None) -> list[dict[str, Any]]:
 
 def _plan(row: dict[str, Any]) -> ServingPlan:
     """A row's plan: its parallelism and dtypes, its engine's software facts (a row may override
-    one with its run's published flag) and its published expert-load imbalance."""
+    one with its run's published flag) and its published expert-load imbalance (``expert_load``:
+    an entry of data/expert_load.csv, the load its source publishes for that placement)."""
     overrides = {k: row[k] for k in SOFTWARE_FACTS if k in row}
+    imbalance = row.get("moe_imbalance", 1.0)
+    if "expert_load" in row:
+        imbalance = expert_load(row["expert_load"], row.get("ep", 1)).imbalance
     return ServingPlan(
         tp=row.get("tp", 1),
         pp=row.get("pp", 1),
@@ -70,7 +80,7 @@ def _plan(row: dict[str, Any]) -> ServingPlan:
         kv_dtype=row.get("kv_dtype", "bf16"),
         weight_dtype=row.get("weight_dtype", "bf16"),
         software=software_for(row.get("engine", "default"), **overrides),
-        moe_imbalance=row.get("moe_imbalance", 1.0),
+        moe_imbalance=imbalance,
     )
 
 
@@ -178,6 +188,7 @@ def validate_inference(
                 "heldout_set": row.get("heldout_set", 1) if row.get("heldout") else None,
                 "engine": row.get("engine", "default"),
                 "uncertainty": row.get("uncertainty"),
+                "expert_load": row.get("expert_load"),
                 "measured_per_gpu": measured,
                 "predicted_per_gpu": predicted,
                 "error": predicted / measured - 1,
