@@ -33,8 +33,14 @@ def register_train(rl_app: typer.Typer) -> None:
         inject: list[str] | None = typer.Option(
             None,
             "--inject",
-            help="A drill's fault after a GRPO step: kill|exception:step=N"
-            "[:rank=R][:mode=node] (repeatable; each fires once per run directory).",
+            help="A drill's fault after a GRPO step: kill|exception|hang:step=N"
+            "[:rank=R][:mode=node|stop|stall] (repeatable; each fires once per run directory).",
+        ),
+        hang_timeout: float = typer.Option(
+            300.0, "--hang-timeout", help="Seconds a GRPO step may go without progress."
+        ),
+        startup_timeout: float = typer.Option(
+            600.0, "--startup-timeout", help="Bound on start-up, the warm-up and evaluations."
         ),
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     ) -> None:
@@ -42,15 +48,20 @@ def register_train(rl_app: typer.Typer) -> None:
         loss with KL, update under the [parallel] plan (DDP / FSDP / TP / PP), weights synced in
         place (colocated) or broadcast to rollout worker processes (disaggregated,
         rl.staleness); in-memory snapshots and in-process restart ([checkpoint])."""
+        from aihpc.cli.train import _check_timeout
         from aihpc.runtime.rl.run import RunOptions, check_rl_run, grpo_config
 
         if nproc_per_node < 1:
             raise SpecError("--nproc-per-node", nproc_per_node, "must be >= 1")
+        _check_timeout("--hang-timeout", hang_timeout)
+        _check_timeout("--startup-timeout", startup_timeout)
         spec = load_runspec(runspec)
         world = int(os.environ.get("WORLD_SIZE", nproc_per_node))
-        opts = RunOptions(sft_steps=sft_steps, clip=clip, kl_coef=kl_coef,
-                          temperature=temperature, task_base=task_base,
-                          faults=_faults(spec, inject or [], world))  # fmt: skip
+        opts = RunOptions(
+            sft_steps=sft_steps, clip=clip, kl_coef=kl_coef, temperature=temperature,
+            task_base=task_base, faults=_faults(spec, inject or [], world),
+            hang_timeout_s=hang_timeout, startup_timeout_s=startup_timeout,
+        )  # fmt: skip
         check_rl_run(spec, world, opts)  # every refusal before a process starts
         grpo_config(spec, opts)
         if run_dir.exists() and not run_dir.is_dir():
@@ -74,9 +85,9 @@ def _faults(spec: Any, texts: list[str], world: int) -> tuple:
 
     faults = tuple(parse_fault(t) for t in texts)
     for text, f in zip(texts, faults, strict=True):
-        if f.kind not in ("kill", "exception") or f.at != "step":
-            raise SpecError("--inject", text, "aihpc rl train fires kill | exception at=step "
-                            "(after a GRPO step and its checkpoint)")  # fmt: skip
+        if f.kind not in ("kill", "exception", "hang") or f.at != "step":
+            raise SpecError("--inject", text, "aihpc rl train fires kill | exception | hang "
+                            "at=step (after a GRPO step and its checkpoint)")  # fmt: skip
         last = spec.training.train_steps
         if f.rank >= world or f.step > last:
             raise SpecError("--inject", text, f"rank must be below the {world} ranks and step "

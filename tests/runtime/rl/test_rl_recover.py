@@ -16,6 +16,8 @@ import pytest
 import torch
 from test_rl_run import BASE, _cli, _spec_dict, _write
 
+from hang_bounds import load_stretch
+
 ARGS = ["--sft-steps", "20", "--task-base", str(BASE), "--json"]
 FAST = {"interval_steps": 100, "memory_interval_steps": 1}  # files at 0 and the end only
 
@@ -80,6 +82,36 @@ def test_exception_in_an_async_run_keeps_its_staleness_queue(tmp_path: Path) -> 
     ids = [i for s in samples for i in s["ids"]]
     assert len(ids) == len(set(ids)) == steps * 4 * 4
     assert samples == _samples(straight)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_a_stalled_step_is_found_by_the_watchdog_and_restarted_in_process(tmp_path: Path) -> None:
+    """The main thread blocks for good after step 2 (``hang:mode=stall``: a call that never
+    returns while the process lives on). The rank's heartbeat watchdog finds the step phase
+    without progress for --hang-timeout, interrupts the thread, and the run restarts in the
+    same process from the step-2 snapshot, ending as the uninterrupted run."""
+    steps = 4
+    spec = _spec_dict(steps=steps)
+    spec["checkpoint"] = FAST | {"in_process_restarts": 1}
+    straight, _ = _run(tmp_path, "straight", spec, 1)
+    # far above a step here, at the contention measured now (a false finding would restart a
+    # second time and fail the run: limit 1)
+    slowest = max(sum(v for k, v in r.items() if k.endswith("_s")) for r in _metrics(straight))
+    bound = round(max(8.0, 4 * slowest) * load_stretch(), 1)
+    run, summary = _run(tmp_path, "stalled", spec, 1, "--inject", "hang:step=2:mode=stall",
+                        "--hang-timeout", str(bound))  # fmt: skip
+    _in_memory(summary, 2)
+    _same(straight, run, steps)
+    events = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
+    found = [e for e in events if e["event"] == "hang_interrupted"]
+    assert [(e["phase"], e["step"]) for e in found] == [("step", 2)]
+    assert found[0]["stalled_s"] >= bound
+    assert [e["generation"] for e in events if e["event"] == "inprocess_restart"] == [1]
+
+
+def _metrics(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
 
 
 def _samples(run: Path) -> list[dict]:

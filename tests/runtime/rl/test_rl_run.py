@@ -158,10 +158,11 @@ def test_refusals_are_one_line_exit_2(tmp_path: Path, change: dict, field: str) 
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("fault", ["hang:step=1", "exception:step=1:at=save",
+@pytest.mark.parametrize("fault", ["corrupt-checkpoint:step=1", "exception:step=1:at=save",
                                    "exception:step=9", "kill:step=1:rank=2"])  # fmt: skip
 def test_inject_refusals_are_one_line_exit_2(tmp_path: Path, fault: str) -> None:
-    """Only what the RL loop fires (kill | exception after a step), on a step and rank it has."""
+    """Only what the RL loop fires (kill | exception | hang after a step), on a step and rank it
+    has."""
     spec = _write(tmp_path, "s.toml", _spec_dict())
     done = _cli([str(spec), "--run-dir", str(tmp_path / "run"), "--inject", fault], 2)
     assert done.returncode == 2, done.stderr

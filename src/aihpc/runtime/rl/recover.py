@@ -16,6 +16,12 @@ new process groups over the same store, the trainer rebuilt, the newest state re
 memory (own copy or the peer's) or from the newest checkpoint file, whichever is newer, the
 metrics and sample lines after it dropped. Up to ``[checkpoint] in_process_restarts`` times per
 launch (unset: pre-training's default, on gloo only); a SpecError or a corrupt file is raised.
+
+Hangs: every rank runs pre-training's heartbeat watchdog (resilience/watchdog.py) over the RL
+loop's phases (start-up, the warm-up and evaluations, each GRPO step, the final evaluation).
+A rank without progress for ``--hang-timeout`` is torn down (exit 75, its stale local peers
+killed) or, where ``in_process_restarts`` is set explicitly, interrupted in its main thread and
+restarted in-process like an exception (``Hangs``), as pre-training does.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import asdict
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +40,7 @@ from aihpc.resilience import ModelOptimizerState
 from aihpc.runspec import RunSpec
 from aihpc.runtime.rl.worker import pack, unpack
 
-__all__ = ["RLState", "generations", "memory_tier", "restore"]
+__all__ = ["Hangs", "RLState", "generations", "memory_tier", "restore"]
 
 log = logging.getLogger("aihpc.runtime")
 
@@ -61,6 +68,17 @@ class RLState:
         tr.reference.load_state_dict(state["reference"])
         if tr.pool is not None and state["rollout"]:
             tr.pool.load_state(unpack(state["rollout"].encode("latin-1")), tr.step)
+
+
+@dataclass(frozen=True)
+class Hangs:
+    """A hang turned into an in-process restart: the watchdog that finds it, the interrupter that
+    raises it in the main thread, the events file both write to, the restart phase's bound."""
+
+    watchdog: Any
+    interrupter: Any
+    events: Any
+    startup_s: float
 
 
 def rl_state(trainer: Any) -> dict[str, Any]:
@@ -106,19 +124,28 @@ def restore(trainer: Any, memory: Any, ckpt_dir: Path) -> dict[str, Any]:
     return {"step": 0, "source": None, "from_peer": []}
 
 
-def generations(run: Callable[[int], dict[str, Any]], limit: int) -> dict[str, Any]:
+def generations(
+    run: Callable[[int], dict[str, Any]],
+    limit: int,
+    hangs: Any = None,
+) -> dict[str, Any]:
     """``run(generation)`` until one finishes, at most ``limit`` restarts after restartable
-    exceptions; between two, the failed one's sockets shut and its frames released."""
+    exceptions; between two, the failed one's sockets shut and its frames released. ``hangs``
+    (a ``Hangs``): the watchdog's finding interrupts the generation as an exception does."""
     from aihpc.resilience.inprocess import release, restartable, shutdown_collective_sockets
 
     generation = 0
     while True:
         try:
-            return run(generation)
+            with hangs.interrupter.armed(generation) if hangs else nullcontext():
+                return run(generation)
         except Exception as err:
             if generation >= limit or not restartable(err):
                 raise
             cause = f"{type(err).__name__}: {err}"[:300]
+            if hangs is not None:  # the restart's own clock, as pre-training's
+                hangs.watchdog.phase("restart", hangs.startup_s)
+                hangs.events("inprocess_restart", generation=generation + 1, cause=cause)
             log.warning("rl train: in-process restart %d after %s", generation + 1, cause)
             shutdown_collective_sockets({int(os.environ.get("MASTER_PORT", "0"))})
             release(err)

@@ -57,6 +57,8 @@ class RunOptions:
     temperature: float = 1.0
     task_base: int = 20
     eval_prompts: int | None = None  # held-out problems for accuracy (None: all of them)
+    hang_timeout_s: float = 300.0  # a GRPO step (or a save) without progress this long: a hang
+    startup_timeout_s: float = 600.0  # start-up, the warm-up and the evaluations
     faults: tuple[Any, ...] = field(default=(), compare=False)  # --inject (a drill's faults)
 
 
@@ -185,17 +187,53 @@ def run_rl(spec: RunSpec, run_dir: Path, opts: RunOptions, echo: Any = None) -> 
     limit = spec.checkpoint.in_process_limit(torch.cuda.is_available())
     before = {k: os.environ.get(k) for k in _LAUNCHER_KEYS}
     loads: list[dict[str, Any]] = []  # every load after a fault, in order
+    run_dir.mkdir(parents=True, exist_ok=True)
+    watchdog, hangs = _watchdog(spec, run_dir, opts, limit)
     try:
         store = rendezvous_store() if limit else None
         return generations(
-            lambda gen: _generation(spec, run_dir, opts, echo, store, gen, loads), limit
+            lambda gen: _generation(spec, run_dir, opts, echo, store, gen, loads, watchdog),
+            limit,
+            hangs,
         )
     finally:
+        watchdog.stop()
         _restore_env(before)
 
 
+def _watchdog(spec: RunSpec, run_dir: Path, opts: RunOptions, limit: int) -> tuple[Any, Any]:
+    """This rank's heartbeat watchdog (pre-training's) and, where ``[checkpoint]
+    in_process_restarts`` is set explicitly, what turns its finding into an in-process restart;
+    unset, a hang ends the rank (exit 75), as pre-training's does."""
+    from aihpc.resilience import Watchdog
+    from aihpc.resilience.inprocess import Interrupter
+    from aihpc.runtime.rl.recover import Hangs
+    from aihpc.runtime.rundir import Events
+
+    rank = int(os.environ.get("RANK", "0"))
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    events = Events(run_dir / "events.jsonl", rank, attempt)
+    interrupter = None
+    if limit and spec.checkpoint.in_process_restarts is not None:
+        interrupter = Interrupter()
+
+    def on_stall(ev: dict[str, Any]) -> bool:
+        acted = interrupter.interrupt(f"no progress for {ev['stalled_s']} s in {ev['phase']}")
+        if acted:
+            events("hang_interrupted", **ev)
+        return acted
+
+    watchdog = Watchdog(
+        run_dir, rank, opts.hang_timeout_s, startup_timeout_s=opts.startup_timeout_s,
+        attempt=attempt, on_hang=lambda ev: events(**ev),
+        on_stall=on_stall if interrupter else None,
+    ).start()  # fmt: skip
+    hangs = Hangs(watchdog, interrupter, events, opts.startup_timeout_s) if interrupter else None
+    return watchdog, hangs
+
+
 def _generation(spec: RunSpec, run_dir: Path, opts: RunOptions, echo: Any, store: Any,
-                generation: int, loads: list) -> dict[str, Any]:  # fmt: skip
+                generation: int, loads: list, watchdog: Any) -> dict[str, Any]:  # fmt: skip
     from aihpc.resilience import FaultInjector
     from aihpc.runtime.distributed import init_distributed
     from aihpc.runtime.mesh import Parallel, ParallelDims
@@ -215,7 +253,7 @@ def _generation(spec: RunSpec, run_dir: Path, opts: RunOptions, echo: Any, store
             injector.lose_node_memory = memory.drop_own
         done = False
         try:
-            loop = _Loop(trainer, spec, run_dir, opts, echo if ctx.is_main else None)
+            loop = _Loop(trainer, spec, run_dir, opts, echo if ctx.is_main else None, watchdog)
             summary = loop.run(memory, injector, generation, loads)
             done = True
             if memory is not None:
@@ -236,6 +274,7 @@ class _Loop:
     run_dir: Path
     opts: RunOptions
     echo: Any
+    watchdog: Any  # beats after each GRPO step; the other phases have start-up's bound
 
     def trim(self, step: int) -> None:
         """Rank 0: the lines of steps after ``step`` (they run again) dropped."""
@@ -251,6 +290,7 @@ class _Loop:
     def run(self, memory: Any, injector: Any, generation: int, loads: list) -> dict[str, Any]:
         tr, opts, spec = self.tr, self.opts, self.spec
         ckpt_dir, main = self.run_dir / "checkpoints", tr.ctx.is_main
+        self.watchdog.phase("load", opts.startup_timeout_s)
         got = restore(tr, memory, ckpt_dir)
         summary: dict[str, Any] = {"resumed_from": got["step"] if got["source"] else None}
         if generation:
@@ -269,9 +309,12 @@ class _Loop:
 
         exporter = RLObserver(RLMetrics(self.run_dir), spec, tr.ctx.world_size,
                               device_label(tr.ctx.device), tr.task) if main else None  # fmt: skip
+        self.watchdog.phase("first step", opts.startup_timeout_s)
         while tr.step < tr.g.steps:
             self.step(exporter, memory)
+            self.watchdog.beat(tr.step)
             injector.fire(tr.step, "step")  # a drill's fault, after the step and its saves
+        self.watchdog.phase("final", opts.startup_timeout_s)
         summary |= {
             "steps": tr.step, "world_size": tr.ctx.world_size, "config": asdict(tr.g),
             "placement": spec.rl.placement,
