@@ -234,9 +234,10 @@ class MultimodalSpec:
     # true: samples packed into model.seq_length sequences; false: one sample a sequence,
     # padded to the longest of its micro-batch (at most model.seq_length)
     packing: bool = True
-    # Unpacked, a micro-batch is padded to: its longest sample (longest: the expected maximum
-    # of micro_batch_size lengths), about its mean (grouped: a length-grouped sampler, LLaVA's
-    # group_by_modality_length), or model.seq_length (max: Megatron-LM's fixed-length samples)
+    # Unpacked, a micro-batch is padded to: its longest sample (longest: random batches; a
+    # step waits for the rank with the longest, perf/multimodal/workload.py), the longest of
+    # its chunk of a length-sorted megabatch (grouped: LLaVA's group_by_modality_length
+    # sampler), or model.seq_length (max: Megatron-LM's fixed-length samples)
     padding: str = "longest"
     freeze_encoder: bool = False
     freeze_projector: bool = False

@@ -147,7 +147,6 @@ def estimate_vlm(
     if where not in PLACEMENTS:
         raise SpecError("multimodal.placement", where, "allowed: " + " | ".join(PLACEMENTS))
     plan = plan or spec.plan()
-    lay = layout(spec.model, spec.vision, mm, plan.micro_batch_size)
     e_tp = encoder_tp or mm.encoder_tp or (plan.tp if where in ("tp", "bubble") else 1)
     if where == "replicated":
         e_tp = 1
@@ -157,8 +156,20 @@ def estimate_vlm(
     plan = _reshape(plan, spec.cluster.num_gpus - extra, where)
     if where == "stage":  # the replicas that fit, each with its encoder stage
         extra = plan.dp * e_tp
+    lay = _layout(spec, plan)
     est = _llm(spec, plan, lay, plan.tp * plan.pp * plan.cp * plan.dp, params)
     return _price(spec, plan, lay, est, where, e_tp, extra, params)
+
+
+def _layout(spec: RunSpec, plan: ParallelPlan) -> Layout:
+    """The plan's layout: its data-parallel ranks meet at every micro-step under ZeRO-3 (every
+    layer's weights gathered in every micro-step) or when a step has one micro-step."""
+    assert spec.vision is not None and spec.multimodal is not None
+    m = max(1, plan.global_batch_size // (plan.dp * plan.micro_batch_size))
+    synced = plan.zero_stage == 3 or m == 1
+    return layout(
+        spec.model, spec.vision, spec.multimodal, plan.micro_batch_size, plan.dp, m, synced
+    )
 
 
 def _reshape(plan: ParallelPlan, gpus: int, where: str) -> ParallelPlan:

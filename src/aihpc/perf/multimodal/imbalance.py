@@ -17,13 +17,14 @@ cell.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from aihpc.runspec.vision import Distribution
 
-__all__ = ["BINS", "Grid", "compound", "expected_max"]
+__all__ = ["BINS", "Grid", "compound", "expected_max", "expected_order_stat", "max_of"]
 
 BINS = 2048  # cells a distribution keeps; past it two cells merge into one
 
@@ -163,4 +164,37 @@ def expected_max(g: Grid, ranks: int) -> float:
     cdf = np.minimum(1.0, np.cumsum(p))
     fd = cdf**ranks
     pm = np.diff(np.concatenate(([0.0], fd)))
+    return float((g.values * pm).sum())
+
+
+def max_of(g: Grid, n: int) -> Grid:
+    """The distribution of the largest of ``n`` independent draws of ``g`` (CDF F^n)."""
+    p = g.p / g.p.sum()
+    if n <= 1 or len(p) == 1:
+        return Grid(g.lo, g.step, p)
+    fd = np.minimum(1.0, np.cumsum(p)) ** n
+    return Grid(g.lo, g.step, np.diff(np.concatenate(([0.0], fd))))
+
+
+def expected_order_stat(g: Grid, n: int, j: int) -> float:
+    """E[the ``j``-th largest of ``n`` independent draws] of ``g`` (j = 1: the maximum).
+
+    X_(j) <= x exactly when fewer than j of the n draws exceed x, so with q = 1 - F(x)
+    P(X_(j) <= x) = P(Binomial(n, q) <= j - 1), summed here term by term in logs."""
+    if not 1 <= j <= n:
+        raise ValueError(f"order statistic j={j} outside 1..{n}")
+    p = g.p / g.p.sum()
+    if len(p) == 1:
+        return float(g.values[0])
+    cdf = np.clip(np.cumsum(p), 0.0, 1.0)
+    q = np.clip(1.0 - cdf, 1e-300, 1.0)
+    keep = np.clip(cdf, 1e-300, 1.0)
+    i = np.arange(j, dtype=float)[:, None]
+    log_comb = np.array(
+        [math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) for k in range(j)]
+    )
+    terms = log_comb[:, None] + i * np.log(q)[None, :] + (n - i) * np.log(keep)[None, :]
+    below = np.minimum(1.0, np.exp(terms).sum(axis=0))
+    below[cdf >= 1.0 - 1e-15] = 1.0
+    pm = np.diff(np.concatenate(([0.0], np.maximum.accumulate(below))))
     return float((g.values * pm).sum())

@@ -4,8 +4,21 @@ distributions (perf/multimodal/imbalance.py).
 
 Packed: samples fill sequences of ``model.seq_length`` (floor(seq / mean sample tokens), at
 least one), so the language model is balanced and the images per sequence vary with the samples.
-Unpacked: one sample a sequence, padded to the longest of its micro-batch: the language model
-is priced at the expected maximum of ``micro_batch_size`` sample lengths (at most seq_length).
+Unpacked: one sample a sequence, padded to the longest of its micro-batch (at most
+seq_length), and a step waits for its slowest data-parallel rank: where the ranks meet at every
+micro-step (ZeRO-3 / FSDP gather every layer's weights in every micro-step, and a step of one
+micro-step ends in its gradient collective) each micro-step runs as long as the rank whose
+micro-batch holds the longest of the ``ranks x micro_batch`` samples drawn for it, so the
+language model is priced at the expected maximum of ``ranks x micro_batch`` lengths; where they
+meet once a step (DDP accumulating without a collective), at the expected maximum over ranks of
+each rank's sum of ``micro_steps`` padded micro-batches. ``grouped`` is LLaVA's
+group_by_modality_length sampler (llava/train/llava_trainer.py, haotian-liu/LLaVA at c121f04):
+it draws a megabatch of ``ranks x micro_steps x micro_batch`` samples, sorts it longest first
+and deals it greedily into ``ranks x micro_steps`` chunks (split_to_even_chunks: each sample to
+the chunk of least total length), so chunk c opens with the (c+1)-th longest sample, and
+micro-step k's ranks take chunks k x ranks ... k x ranks + ranks - 1: the rank holding chunk
+k x ranks pads its micro-batch to the (k x ranks + 1)-th longest of the megabatch, and the
+micro-steps are priced at the mean of those order statistics.
 A cross-attention model (Llama 3.2 Vision) keeps image tokens out of its sequence.
 """
 
@@ -14,8 +27,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from aihpc.perf.multimodal.encoder import EncoderRates, ImageWork, encoder_rates, image_work
-from aihpc.perf.multimodal.imbalance import Grid, compound, expected_max
+from aihpc.perf.multimodal.imbalance import (
+    Grid,
+    compound,
+    expected_max,
+    expected_order_stat,
+    max_of,
+)
 from aihpc.perf.step.params import ModelParams
 from aihpc.runspec.cluster import ClusterSpec
 from aihpc.runspec.model import ModelSpec
@@ -27,6 +48,7 @@ __all__ = [
     "image_works",
     "layout",
     "mean_works",
+    "padded_length",
     "rates_for",
     "sample_cost",
     "sample_lengths",
@@ -72,15 +94,39 @@ def sample_lengths(v: VisionSpec, mm: MultimodalSpec) -> Grid:
     return text.add(compound(mm.images_per_sample, img))
 
 
-def layout(model: ModelSpec, v: VisionSpec, mm: MultimodalSpec, micro_batch: int) -> Layout:
+def layout(
+    model: ModelSpec,
+    v: VisionSpec,
+    mm: MultimodalSpec,
+    micro_batch: int,
+    ranks: int = 1,
+    micro_steps: int = 1,
+    synced: bool = True,
+) -> Layout:
+    """The language model's sequence: packed, fixed (``max``), or the padded length a step's
+    micro-steps wait for (the module's docstring), each sample capped at ``seq_length``."""
     lengths = sample_lengths(v, mm)
     if mm.packing:
         k = max(1, int(model.seq_length // max(lengths.mean, 1.0)))
         return Layout(k, model.seq_length, True)
     if mm.padding == "max":
         return Layout(1, model.seq_length, False)
-    padded = lengths.mean if mm.padding == "grouped" else expected_max(lengths, micro_batch)
+    capped = lengths.map(lambda x: np.minimum(x, model.seq_length))
+    padded = padded_length(capped, micro_batch, ranks, micro_steps, synced, mm.padding)
     return Layout(1, max(1, min(model.seq_length, math.ceil(padded))), False)
+
+
+def padded_length(
+    lengths: Grid, micro_batch: int, ranks: int, micro_steps: int, synced: bool, padding: str
+) -> float:
+    """Mean padded length of a step's micro-steps on its slowest rank (module docstring)."""
+    b, d, m = max(1, micro_batch), max(1, ranks), max(1, micro_steps)
+    if padding == "grouped":
+        n = d * m * b
+        return sum(expected_order_stat(lengths, n, k * d + 1) for k in range(m)) / m
+    if synced or m == 1:
+        return expected_max(lengths, d * b)
+    return expected_max(max_of(lengths, b).times(m), d) / m
 
 
 def rates_for(
