@@ -69,3 +69,24 @@ def test_the_published_pretraining_rate_bounds_the_update():
     # no row for this model on this GPU: no ceiling
     other = _spec(model="llama3-8b", gpu="h100-sxm", rollout={"tp": 1})
     assert training_ceiling_s(other.model, other.training_cluster(), tokens, 32) == 0.0
+
+
+def test_the_ceiling_is_paid_on_the_tokens_the_update_computes():
+    """Padded micro-batches compute their padding too: the ceiling (a rate of computed tokens,
+    pre-training's packed 4K sequences) counts the samples' tokens over the share they fill."""
+    from aihpc.perf.rl.step import computed_tokens
+
+    spec = _spec()
+    rl = spec.rl
+    samples = rl.samples_per_step * (rl.prompt_len + rl.response_len)
+    packed = estimate_rl(spec, batching="packed")
+    padded = estimate_rl(spec, batching="padded")
+    assert padded.actor.batches.useful < 1.0  # the responses are shorter than the longest
+    computed = computed_tokens(rl, padded.actor)
+    assert computed == pytest.approx(samples / padded.actor.batches.useful)
+    # every padded sequence is as long as the step's longest: seq x samples tokens
+    assert computed == pytest.approx(padded.actor.batches.seq * rl.samples_per_step, rel=1e-6)
+    floor = training_ceiling_s(spec.model, spec.training_cluster(), computed, 32)
+    assert padded.phases_s["update"] >= floor
+    assert padded.phases_s["old_logprob"] >= floor / 3
+    assert padded.phases_s["update"] > packed.phases_s["update"]
