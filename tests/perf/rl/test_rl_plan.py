@@ -188,3 +188,22 @@ def test_each_row_is_batched_as_its_recipe_says(tmp_path):
     with pytest.raises(SpecError) as err:
         row_batching({"id": "x", "batching": "dynamic"})
     assert "batching" in err.value.field and err.value.value == "dynamic"
+
+
+def test_each_rows_training_facts_reach_its_run_spec():
+    """The moe_stack and cuda_graphs columns become the row's [training] (empty: not stated):
+    every MoE row runs Megatron-Core's alltoall dispatcher, no row a training CUDA graph."""
+    import csv
+
+    from aihpc.perf.fit.rl_validate import _default_csv, rl_runspec
+    from aihpc.runspec.runspec import runspec_from_dict
+
+    with open(_default_csv(), newline="", encoding="utf-8") as f:
+        table = list(csv.DictReader(f))
+    for row in table:
+        spec = runspec_from_dict(rl_runspec(row))
+        assert spec.training.cuda_graphs == (row["cuda_graphs"] or "unknown")
+        assert spec.training.moe_stack == (row["moe_stack"] or "unknown")
+        assert (row["moe_stack"] != "") == spec.model.is_moe
+    row = dict(table[0], moe_stack="", cuda_graphs="")
+    assert "training" not in rl_runspec(row)

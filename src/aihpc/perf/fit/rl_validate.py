@@ -6,6 +6,12 @@ the run spec built from its columns, the predicted step against the measured one
 ``batching`` (optional; ``packed`` where absent): how the row's recipe formed the update's and
 log-prob passes' micro-batches (perf/rl/batching.py): ``packed`` where it left
 ``policy.sequence_packing`` enabled (NeMo-RL's default), ``padded`` where it turned it off.
+``moe_stack`` and ``cuda_graphs`` (optional, empty: not stated): the row's ``[training]`` facts
+(runspec/training.py). Every NeMo-RL recipe here trains on Megatron-Core with its alltoall token
+dispatcher (``policy.megatron_cfg.moe_token_dispatcher_type`` "alltoall" in v0.6's defaults; the
+Megatron-Bridge Qwen3 MoE and DeepSeek providers' default before it; DeepEP off) and captures no
+CUDA graph in training (no recipe names one), so the MoE rows say ``megatron-alltoall`` and every
+row ``none``.
 """
 
 from __future__ import annotations
@@ -51,6 +57,10 @@ _INTS = (
 )
 
 
+# Optional columns that are [training] fields of the row's run spec (empty: not stated).
+_TRAINING = ("moe_stack", "cuda_graphs")
+
+
 def _default_csv(name: str = "rl_runs.csv") -> Path:
     return Path(str(resources.files("aihpc.perf.fit") / "data" / "validation" / name))
 
@@ -83,12 +93,14 @@ def rl_runspec(row: dict[str, str]) -> dict[str, Any]:
         "global_batch_size": v["train_gbs"],
         "recompute": row["recompute"],
     }
-    return {
+    training = {k: row[k].strip() for k in _TRAINING if (row.get(k) or "").strip()}
+    spec = {
         "model": {"preset": row["model"]},
         "cluster": {"gpu": row["gpu"], "num_gpus": v["num_gpus"]},
         "parallel": parallel,
         "rl": rl,
     }
+    return spec | ({"training": training} if training else {})
 
 
 def row_batching(row: dict[str, str], name: str = "rl_runs.csv") -> str:

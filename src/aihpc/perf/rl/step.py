@@ -202,13 +202,15 @@ def estimate_rl(
 def _ceiling(phases: dict[str, float], spec: RunSpec, train_gpus: int, actor: Training) -> None:
     """The actor's update and forward passes no faster than Megatron Core pre-trains the model
     on this GPU (overheads.training_ceiling_s; a forward pass is a third of a training pass).
-    The pre-training rate counts the tokens its GPUs compute (packed 4K sequences, no padding),
-    so the ceiling is paid on the tokens the update computes: the samples' tokens over the
-    share of the micro-batches they fill (``Batches.useful``: padding, part-filled bins)."""
+    The rate is the one published for the run's MoE stack where a row names it
+    (overheads.ceiling_rate). A pre-training rate counts the tokens its GPUs compute (packed 4K
+    sequences, no padding), so the ceiling is paid on the tokens the update computes: the
+    samples' tokens over the share of the micro-batches they fill (``Batches.useful``)."""
     rl = spec.rl
     assert rl is not None
     tokens = computed_tokens(rl, actor)
-    floor = training_ceiling_s(spec.model, spec.training_cluster(), tokens, train_gpus)
+    stack = spec.training.moe_stack
+    floor = training_ceiling_s(spec.model, spec.training_cluster(), tokens, train_gpus, stack)
     phases["update"] = max(phases["update"], floor * rl.ppo_epochs)
     phases["old_logprob"] = max(phases["old_logprob"], floor / 3)
     if rl.kl and not rl.reference:  # the reference has the actor's shape
