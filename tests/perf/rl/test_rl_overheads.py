@@ -6,6 +6,7 @@ training side, and a ceiling from the model's published pre-training rate on tha
 from __future__ import annotations
 
 import tomllib
+from dataclasses import replace
 from importlib import resources
 
 import pytest
@@ -69,3 +70,56 @@ def test_the_published_pretraining_rate_bounds_the_update():
     # no row for this model on this GPU: no ceiling
     other = _spec(model="llama3-8b", gpu="h100-sxm", rollout={"tp": 1})
     assert training_ceiling_s(other.model, other.training_cluster(), tokens, 32) == 0.0
+
+
+def test_the_ceiling_is_paid_on_the_tokens_the_update_computes():
+    """Padded micro-batches compute their padding too: the ceiling (a rate of computed tokens,
+    pre-training's packed 4K sequences) counts the samples' tokens over the share they fill."""
+    from aihpc.perf.rl.step import computed_tokens
+
+    spec = _spec()
+    rl = spec.rl
+    samples = rl.samples_per_step * (rl.prompt_len + rl.response_len)
+    packed = estimate_rl(spec, batching="packed")
+    padded = estimate_rl(spec, batching="padded")
+    assert padded.actor.batches.useful < 1.0  # the responses are shorter than the longest
+    computed = computed_tokens(rl, padded.actor)
+    assert computed == pytest.approx(samples / padded.actor.batches.useful)
+    # every padded sequence is as long as the step's longest: seq x samples tokens
+    assert computed == pytest.approx(padded.actor.batches.seq * rl.samples_per_step, rel=1e-6)
+    floor = training_ceiling_s(spec.model, spec.training_cluster(), computed, 32)
+    assert padded.phases_s["update"] >= floor
+    assert padded.phases_s["old_logprob"] >= floor / 3
+    assert padded.phases_s["update"] > packed.phases_s["update"]
+
+
+def test_the_ceiling_is_the_rate_published_for_the_runs_moe_stack():
+    """A published pre-training rate that names its MoE stack bounds the runs on that stack; a
+    run on a stack no row names (or not stated) is bounded by the fastest row, as before."""
+    from aihpc.perf.rl.overheads import ceiling_rate
+
+    spec = _spec()
+    cluster = spec.training_cluster()
+    rows = overheads().ceilings[(spec.model.name, cluster.gpu.id)]
+    stacks = {stack for _, stack in rows if stack}
+    assert len(stacks) >= 2  # the same model and GPU measured on two dispatchers
+    fastest = max(rate for rate, _ in rows)
+    for stack in stacks:
+        own = max(rate for rate, s in rows if s == stack)
+        assert ceiling_rate(spec.model, cluster, stack) == own
+    assert ceiling_rate(spec.model, cluster, "unknown") == fastest
+    assert ceiling_rate(spec.model, cluster, "torch-deepep") == fastest  # no row of its own
+    slowest = min(rate for rate, s in rows if s)
+    stack = next(s for rate, s in rows if rate == slowest)
+    tokens = 1e6
+    assert training_ceiling_s(spec.model, cluster, tokens, 8, stack) == pytest.approx(
+        tokens / (slowest * 8)
+    )
+    # the RL step pays the ceiling of the stack its [training] names
+    data = {"moe_stack": stack, "cuda_graphs": "none"}
+    on_stack = estimate_rl(replace(spec, training=replace(spec.training, **data)))
+    rl = spec.rl
+    floor = training_ceiling_s(
+        spec.model, cluster, rl.samples_per_step * (rl.prompt_len + rl.response_len), 32, stack
+    )
+    assert on_stack.phases_s["update"] >= floor

@@ -157,3 +157,53 @@ def test_published_phase_breakdowns_are_priced_phase_by_phase():
         assert all(v > 0 for v in p.measured.values())
         # the phases priced are the step's own: together no more than its critical path
         assert sum(p.predicted.values()) <= runs[p.id].predicted_s
+
+
+def test_each_row_is_batched_as_its_recipe_says(tmp_path):
+    """The ``batching`` column (the recipe's sequence packing on or off) reaches the step model:
+    the row's passes are priced on padded micro-batches where the recipe turned packing off, and
+    a value outside perf/rl/batching.BATCHING is one clear error naming the row and the field."""
+    import csv
+
+    from aihpc.perf.fit.rl_validate import _default_csv, row_batching, validate_rl
+    from aihpc.runspec.errors import SpecError
+
+    with open(_default_csv(), newline="", encoding="utf-8") as f:
+        table = list(csv.DictReader(f))
+    padded = [r for r in table if r["batching"] == "padded"]
+    assert padded and all("sequence_packing" in r["source"] for r in padded)
+    row = dict(padded[0])
+    path = tmp_path / "one.csv"
+    for how in ("padded", "packed"):
+        row["batching"] = how
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            w = csv.DictWriter(f, fieldnames=list(row))
+            w.writeheader()
+            w.writerow(row)
+        priced = validate_rl(path).rows[0]
+        if how == "padded":
+            padded_s = priced.phases_s["update"]
+    assert padded_s > priced.phases_s["update"]  # the padding is computed too
+    assert row_batching({"id": "x"}) == "packed"  # absent: NeMo-RL's default
+    with pytest.raises(SpecError) as err:
+        row_batching({"id": "x", "batching": "dynamic"})
+    assert "batching" in err.value.field and err.value.value == "dynamic"
+
+
+def test_each_rows_training_facts_reach_its_run_spec():
+    """The moe_stack and cuda_graphs columns become the row's [training] (empty: not stated):
+    every MoE row runs Megatron-Core's alltoall dispatcher, no row a training CUDA graph."""
+    import csv
+
+    from aihpc.perf.fit.rl_validate import _default_csv, rl_runspec
+    from aihpc.runspec.runspec import runspec_from_dict
+
+    with open(_default_csv(), newline="", encoding="utf-8") as f:
+        table = list(csv.DictReader(f))
+    for row in table:
+        spec = runspec_from_dict(rl_runspec(row))
+        assert spec.training.cuda_graphs == (row["cuda_graphs"] or "unknown")
+        assert spec.training.moe_stack == (row["moe_stack"] or "unknown")
+        assert (row["moe_stack"] != "") == spec.model.is_moe
+    row = dict(table[0], moe_stack="", cuda_graphs="")
+    assert "training" not in rl_runspec(row)

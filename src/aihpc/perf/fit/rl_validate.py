@@ -3,6 +3,15 @@
 ``data/validation/rl_runs.csv``: one measured RL step per row (its source named on the row),
 the run spec built from its columns, the predicted step against the measured one. ``set`` is
 ``dev`` (the rows the model was developed on) or ``heldout`` (priced once, after; never tuned).
+``batching`` (optional; ``packed`` where absent): how the row's recipe formed the update's and
+log-prob passes' micro-batches (perf/rl/batching.py): ``packed`` where it left
+``policy.sequence_packing`` enabled (NeMo-RL's default), ``padded`` where it turned it off.
+``moe_stack`` and ``cuda_graphs`` (optional, empty: not stated): the row's ``[training]`` facts
+(runspec/training.py). Every NeMo-RL recipe here trains on Megatron-Core with its alltoall token
+dispatcher (``policy.megatron_cfg.moe_token_dispatcher_type`` "alltoall" in v0.6's defaults; the
+Megatron-Bridge Qwen3 MoE and DeepSeek providers' default before it; DeepEP off) and captures no
+CUDA graph in training (no recipe names one), so the MoE rows say ``megatron-alltoall`` and every
+row ``none``.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from aihpc.perf.rl.batching import BATCHING
 from aihpc.perf.rl.step import estimate_rl
 from aihpc.runspec.errors import SpecError
 from aihpc.runspec.runspec import runspec_from_dict
@@ -23,6 +33,7 @@ __all__ = [
     "RLValidation",
     "RefitRow",
     "rl_runspec",
+    "row_batching",
     "validate_phases",
     "validate_refit",
     "validate_rl",
@@ -44,6 +55,10 @@ _INTS = (
     "train_pp",
     "train_gbs",
 )
+
+
+# Optional columns that are [training] fields of the row's run spec (empty: not stated).
+_TRAINING = ("moe_stack", "cuda_graphs")
 
 
 def _default_csv(name: str = "rl_runs.csv") -> Path:
@@ -78,12 +93,24 @@ def rl_runspec(row: dict[str, str]) -> dict[str, Any]:
         "global_batch_size": v["train_gbs"],
         "recompute": row["recompute"],
     }
-    return {
+    training = {k: row[k].strip() for k in _TRAINING if (row.get(k) or "").strip()}
+    spec = {
         "model": {"preset": row["model"]},
         "cluster": {"gpu": row["gpu"], "num_gpus": v["num_gpus"]},
         "parallel": parallel,
         "rl": rl,
     }
+    return spec | ({"training": training} if training else {})
+
+
+def row_batching(row: dict[str, str], name: str = "rl_runs.csv") -> str:
+    """The row's micro-batching (``batching`` column; ``packed`` where absent or empty)."""
+    how = (row.get("batching") or "packed").strip()
+    if how not in BATCHING:
+        raise SpecError(
+            f"{name} row {row.get('id')}: batching", how, "one of " + ", ".join(BATCHING)
+        )
+    return how
 
 
 @dataclass(frozen=True)
@@ -150,7 +177,7 @@ def validate_rl(path: str | Path | None = None, which: str | None = None) -> RLV
                     f"{path.name} row {row.get('id')}: {err.field}", err.value, err.allowed
                 ) from None
             raise SpecError(str(path.name), row.get("id"), f"bad row: {err}") from None
-        est = estimate_rl(spec)
+        est = estimate_rl(spec, batching=row_batching(row, path.name))
         rows.append(
             RLRow(
                 row["id"],

@@ -32,7 +32,7 @@ from aihpc.runspec.parallel import ParallelPlan, plan_problem
 from aihpc.runspec.rl import RLSpec
 from aihpc.runspec.runspec import RunSpec
 
-__all__ = ["RLEstimate", "estimate_rl"]
+__all__ = ["RLEstimate", "computed_tokens", "estimate_rl"]
 
 TRAIN_SIDE = (
     "old_logprob",
@@ -170,7 +170,7 @@ def estimate_rl(
     phases = {"rollout": rollout.time_s, **phases}
     phases["critic_update"] = critic_update
     phases["update"] = actor.update_s
-    _ceiling(phases, spec, train_gpus)
+    _ceiling(phases, spec, train_gpus, actor)
     phases["ref_logprob"] += swap  # host copies: no GPU ceiling bounds them
     switch, moved = (0.0, 0.0) if in_process else switch_s(actor.estimate, cluster, rl)
     phases["switch"] = switch + (0.0 if in_process else engine_sleep_wake_s(cluster, rl))
@@ -199,17 +199,29 @@ def estimate_rl(
     )
 
 
-def _ceiling(phases: dict[str, float], spec: RunSpec, train_gpus: int) -> None:
+def _ceiling(phases: dict[str, float], spec: RunSpec, train_gpus: int, actor: Training) -> None:
     """The actor's update and forward passes no faster than Megatron Core pre-trains the model
-    on this GPU (overheads.training_ceiling_s; a forward pass is a third of a training pass)."""
+    on this GPU (overheads.training_ceiling_s; a forward pass is a third of a training pass).
+    The rate is the one published for the run's MoE stack where a row names it
+    (overheads.ceiling_rate). A pre-training rate counts the tokens its GPUs compute (packed 4K
+    sequences, no padding), so the ceiling is paid on the tokens the update computes: the
+    samples' tokens over the share of the micro-batches they fill (``Batches.useful``)."""
     rl = spec.rl
     assert rl is not None
-    tokens = rl.samples_per_step * (rl.prompt_len + rl.response_len)
-    floor = training_ceiling_s(spec.model, spec.training_cluster(), tokens, train_gpus)
+    tokens = computed_tokens(rl, actor)
+    stack = spec.training.moe_stack
+    floor = training_ceiling_s(spec.model, spec.training_cluster(), tokens, train_gpus, stack)
     phases["update"] = max(phases["update"], floor * rl.ppo_epochs)
     phases["old_logprob"] = max(phases["old_logprob"], floor / 3)
     if rl.kl and not rl.reference:  # the reference has the actor's shape
         phases["ref_logprob"] = max(phases["ref_logprob"], floor / 3)
+
+
+def computed_tokens(rl: RLSpec, actor: Training) -> float:
+    """Tokens the update's micro-batches compute in one RL step: the samples' prompt and
+    response tokens, plus the padding the batching adds (``Batches.useful`` is their share)."""
+    tokens = rl.samples_per_step * (rl.prompt_len + rl.response_len)
+    return tokens / max(actor.batches.useful, 1e-9)
 
 
 def _notes(rollout: Rollout, actor: Training, rl: RLSpec) -> list[str]:
