@@ -10,12 +10,17 @@ Two routes to the tokens a step trained (prompt + response, every sample):
   parameters per token plus 12 x seqlen^2 x heads x head_dim x layers per sequence, over the
   update_actor time; inverted with every sequence at the mean length, less a 150-token prompt.
 
-Run: python benchmarks/rl_mean_from_mfu.py (stdlib only; the figures are the tables', by hand).
+Run: python benchmarks/rl_mean_from_mfu.py [--results DIR] (stdlib only; the figures are the
+tables', copied by hand); it prints the table and writes DIR/rl_mean_from_mfu.md.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
+import sys
+
+from _common import add_results_arg  # benchmarks/, this script's folder
 
 SAMPLES = 512 * 16
 H20_PEAK = 148e12
@@ -61,16 +66,33 @@ def mean_sequence_from_mfu(model: str, gpus: int, update_s: float, mfu: float) -
     return (-per_token + math.sqrt(per_token**2 + 4 * attn * flops)) / (2 * attn)
 
 
-def main() -> None:
-    print("row            backend   response  prompt(thr)  response(MFU, 150 prompt)  error")
-    for table, n, backend, model, gpus, thr, resp, step, upd, mfu in ROWS:
+def table() -> str:
+    lines = [
+        "| row | backend | mean response | prompt (throughput) | response (MFU, 150 prompt) "
+        "| error |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, n, backend, model, gpus, thr, resp, step, upd, mfu in ROWS:
         prompt = thr * gpus * step / SAMPLES - resp
         derived = mean_sequence_from_mfu(model, gpus, upd, mfu) - 150
-        print(
-            f"{table} r{n:<3d}  {backend:8s} {resp:9.0f} {prompt:12.0f} {derived:26.0f}"
-            f"  {derived / resp - 1:+6.1%}"
+        lines.append(
+            f"| {name} r{n} | {backend} | {resp:.0f} | {prompt:.0f} | {derived:.0f} "
+            f"| {derived / resp - 1:+.1%} |"
         )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_results_arg(ap)
+    args = ap.parse_args()
+    text = table()
+    command = " ".join(["python", "benchmarks/rl_mean_from_mfu.py", *sys.argv[1:]])
+    args.results.mkdir(parents=True, exist_ok=True)
+    (args.results / "rl_mean_from_mfu.md").write_text(f"Produced by `{command}`.\n\n{text}\n")
+    print(text)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
