@@ -1,0 +1,46 @@
+"""The measured RL steps of frameworks other than NeMo-RL (perf/fit/data/validation/
+rl_runs_other.csv): the same columns as rl_runs.csv, every row held out, named by its source with
+its assumptions, and priced by the step model (no expected number: the pricing is the check's
+subject, its first result is benchmarks/results/rl_other_rows_first_pricing.txt)."""
+
+from __future__ import annotations
+
+import csv
+from importlib import resources
+from pathlib import Path
+
+from aihpc.perf.fit.rl_validate import validate_rl
+
+
+def _default_csv(name: str) -> Path:
+    return Path(str(resources.files("aihpc.perf.fit") / "data" / "validation" / name))
+
+
+def _table(name: str) -> tuple[list[str], list[dict[str, str]]]:
+    with open(_default_csv(name), newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        return list(reader.fieldnames or []), list(reader)
+
+
+def test_the_file_has_the_columns_of_the_nemo_rl_table_and_new_ids():
+    header, rows = _table("rl_runs_other.csv")
+    nemo_header, nemo_rows = _table("rl_runs.csv")
+    assert header == nemo_header
+    ids = [r["id"] for r in rows]
+    assert len(ids) == len(set(ids)) >= 5
+    assert not set(ids) & {r["id"] for r in nemo_rows}  # a second file, not a copy
+
+
+def test_every_row_is_held_out_sourced_and_priced():
+    _, rows = _table("rl_runs_other.csv")
+    report = validate_rl(_default_csv("rl_runs_other.csv"))
+    assert [r.id for r in report.rows] == [r["id"] for r in rows]
+    for row in report.rows:
+        assert row.set == "heldout", row.id
+        assert len(row.source) > 40, row.id
+        assert row.measured_s > 0, row.id
+        assert row.predicted_s > 0, row.id
+        # the step is built from its phases: none negative, the rollout and the update priced
+        assert min(row.phases_s.values()) >= 0, row.id
+        assert row.phases_s["rollout"] > 0 and row.phases_s["update"] > 0, row.id
+    assert report.mape("heldout") == report.mape()  # every row in the held-out set
