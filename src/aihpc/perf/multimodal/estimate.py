@@ -236,6 +236,7 @@ def _price(
     sample = sample_cost(v, mm, rates, enc_trained, proj_trained)
     kernels_mb = sample.times(samples_mb)
     host_mb = encoder_host.micro_batch_host_s(v, mm, spec.training, params)
+    host_mb += sum(encoder_host.fsdp_gather_host_s(v, mm, plan, spec.training, spec.cluster.gpu))
     mb = encoder_host.with_host(kernels_mb, host_mb, spec.cluster.gpu)
     terms = _placement_terms(spec, plan, lay, est, where, e_tp, extra, mb, sample, llm_step, m)
     time_s = {**llm_t, "encoder": terms.encoder, "encoder_imbalance": terms.imbalance}
@@ -327,6 +328,7 @@ def _encoder_step_terms(
     kernels = sample_cost(v, mm, rates, not mm.freeze_encoder, not mm.freeze_projector)
     fwd_kernels = sample_cost(v, mm, rates, False, False).times(samples_mb)
     fwd_host = encoder_host.host_ops_s(v, mm, training, params)[0]
+    fwd_host += encoder_host.fsdp_gather_host_s(v, mm, plan, training, gpu)[0]
     forward = m * encoder_host.with_host(fwd_kernels, fwd_host, gpu).mean
     if where not in ("replicated", "tp", "bubble"):
         return {"encoder_dp_comm": 0.0, "encoder_optimizer": 0.0}, forward
