@@ -228,6 +228,10 @@ class TrainingSpec:
     # FSDP2's parameter dtype (all-gathers and compute): auto, bf16 or fp32 (PARAM_DTYPES). The
     # gradient reduction's dtype is grad_reduce_dtype (FSDP2's reduce_dtype).
     param_dtype: str = "auto"
+    # true: the run computes the L2 norm of every parameter each iteration (Megatron's
+    # --log-params-norm): a frozen bf16 parameter is copied to fp32 first. Priced as memory
+    # traffic by perf/step/params_norm.py; aihpc's trainer does not compute it.
+    log_params_norm: bool = False
     train_steps: int = 100
     learning_rate: float = 3e-4
     min_lr_ratio: float = 0.1  # cosine decays to learning_rate * min_lr_ratio

@@ -150,8 +150,9 @@ def row_spec(row: dict[str, str]) -> RunSpec:
     for text in ("attention", "cross_entropy", "zero3_gather", "dtensor_dispatch"):
         if cell(row, text):
             training[text] = cell(row, text)
-    if cell(row, "fused_kernels"):
-        training["fused_kernels"] = _bool(row, "fused_kernels")
+    for flag in ("fused_kernels", "log_params_norm"):
+        if cell(row, flag):
+            training[flag] = _bool(row, flag)
     mm: dict[str, Any] = {
         "images_per_sample": _number_or_table(row, "images_per_sample"),
         "image_tokens": _number_or_table(row, "image_tokens"),

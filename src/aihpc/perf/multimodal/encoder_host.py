@@ -45,7 +45,7 @@ import numpy as np
 
 from aihpc.perf.multimodal.encoder import layer_params
 from aihpc.perf.multimodal.imbalance import Grid
-from aihpc.perf.step import dtensor_host, eager_host
+from aihpc.perf.step import dtensor_host, eager_host, fsdp_host
 from aihpc.perf.step.comm import collective_time_s
 from aihpc.perf.step.memory import DTYPE_BYTES
 from aihpc.perf.step.params import ModelParams
@@ -68,6 +68,7 @@ __all__ = [
     "encoder_ops",
     "encoder_tensors",
     "fsdp_comm_s",
+    "fsdp_gather_host_s",
     "host_ops_s",
     "micro_batch_host_s",
     "optimizer_host_s",
@@ -137,6 +138,21 @@ def micro_batch_host_s(
 ) -> float:
     """Host issue of one micro-batch's encoder and projector, forward and backward."""
     return sum(host_ops_s(v, mm, training, params))
+
+
+def fsdp_gather_host_s(
+    v: VisionSpec, mm: MultimodalSpec, plan: ParallelPlan, training: TrainingSpec, gpu: GPUSpec
+) -> tuple[float, float]:
+    """(forward, backward) host seconds of one micro-batch's encoder-block all-gathers on a GPU
+    under eager FSDP2 (each block a unit of BLOCK_TENSORS tensors; fsdp_host.gather_host_s): one
+    before each block's forward, and under ZeRO 3 one before a trained block's backward. 0 where
+    the host is the device (its collectives' calibration holds them) or without FSDP2."""
+    wrapped = fsdp_host.fsdp_wrapped(plan.tp, plan.dp, plan.cp, plan.pp, plan.zero_stage)
+    if training.dtensor_dispatch != "eager" or gpu.host_is_device or not bool(wrapped):
+        return 0.0, 0.0
+    g_f, g_b = fsdp_host.unit_gathers(plan.zero_stage, plan.pp)
+    one = v.num_layers * fsdp_host.gather_host_s(BLOCK_TENSORS)
+    return float(g_f * one), float(g_b * one) if not mm.freeze_encoder else 0.0
 
 
 def with_host(mb: Grid, host_s: float, gpu: GPUSpec) -> Grid:

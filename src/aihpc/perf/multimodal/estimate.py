@@ -17,7 +17,12 @@ from typing import Any
 
 from aihpc.perf.multimodal import encoder_host, loader
 from aihpc.perf.multimodal import placement as pl
-from aihpc.perf.multimodal.encoder import encoder_activation_bytes, encoder_memory_bytes
+from aihpc.perf.multimodal.encoder import (
+    encoder_activation_bytes,
+    encoder_memory_bytes,
+    encoder_params,
+    projector_params,
+)
 from aihpc.perf.multimodal.imbalance import Grid
 from aihpc.perf.multimodal.workload import (
     Layout,
@@ -27,10 +32,12 @@ from aihpc.perf.multimodal.workload import (
     rates_for,
     sample_cost,
 )
+from aihpc.perf.step.dtensor_host import stage_tensors
 from aihpc.perf.step.estimate import Estimate, estimate_plan
 from aihpc.perf.step.flops import counted_keys, layer_flops
 from aihpc.perf.step.memory import GiB
 from aihpc.perf.step.params import DEFAULT_PARAMS, ModelParams
+from aihpc.perf.step.params_norm import params_norm_s
 from aihpc.runspec.errors import SpecError
 from aihpc.runspec.parallel import ParallelPlan
 from aihpc.runspec.runspec import RunSpec
@@ -229,6 +236,7 @@ def _price(
     sample = sample_cost(v, mm, rates, enc_trained, proj_trained)
     kernels_mb = sample.times(samples_mb)
     host_mb = encoder_host.micro_batch_host_s(v, mm, spec.training, params)
+    host_mb += sum(encoder_host.fsdp_gather_host_s(v, mm, plan, spec.training, spec.cluster.gpu))
     mb = encoder_host.with_host(kernels_mb, host_mb, spec.cluster.gpu)
     terms = _placement_terms(spec, plan, lay, est, where, e_tp, extra, mb, sample, llm_step, m)
     time_s = {**llm_t, "encoder": terms.encoder, "encoder_imbalance": terms.imbalance}
@@ -236,6 +244,7 @@ def _price(
     time_s["cross_attention"] = _cross_attention_s(spec, plan, lay, est, m)
     extra_terms, forward_s = _encoder_step_terms(spec, plan, where, rates, samples_mb, m, params)
     time_s |= extra_terms
+    time_s["params_norm"] = _params_norm_s(spec, plan, est, where, e_tp, params)
     step = sum(time_s.values())
     if mm.image_processor != "none":  # the data loader's host time (loader.py)
         samples_rank = plan.global_batch_size * lay.samples_per_seq // plan.dp
@@ -272,6 +281,33 @@ def _price(
     )
 
 
+def _params_norm_s(
+    spec: RunSpec, plan: ParallelPlan, est: Estimate, where: str, e_tp: int, params: ModelParams
+) -> float:
+    """``training.log_params_norm`` over what the step model's optimizer term does not hold: a
+    frozen language model's parameters on the rank (its decoder's tensors as
+    ``dtensor_host.stage_tensors`` counts them) and, where the encoder shares the language
+    model's GPUs, the encoder's and projector's (``e_tp`` ways), each frozen or trained
+    (perf/step/params_norm.py). A trained language model's is in its optimizer term."""
+    v, mm, training = spec.vision, spec.multimodal, spec.training
+    assert v is not None and mm is not None
+    if not training.log_params_norm:
+        return 0.0
+    trained = frozen = 0.0
+    tensors = 0
+    if where in ("replicated", "tp", "bubble"):
+        enc, proj = encoder_params(v) / e_tp, projector_params(v, spec.model.hidden_size) / e_tp
+        trained = (0.0 if mm.freeze_encoder else enc) + (0.0 if mm.freeze_projector else proj)
+        frozen = (enc if mm.freeze_encoder else 0.0) + (proj if mm.freeze_projector else 0.0)
+        tensors = encoder_host.encoder_tensors(v)[0] if mm.freeze_encoder else 0
+    if mm.freeze_llm and est.params is not None:
+        frozen += est.params.per_gpu
+        tensors += stage_tensors(spec.model.num_layers // plan.pp, plan.pp, False)[0]
+    shard = plan.dp * plan.cp if plan.zero_stage >= 1 else 1
+    gpu = spec.cluster.gpu
+    return float(params_norm_s(trained, frozen, shard, tensors, gpu, training, params))
+
+
 def _encoder_step_terms(
     spec: RunSpec,
     plan: ParallelPlan,
@@ -292,6 +328,7 @@ def _encoder_step_terms(
     kernels = sample_cost(v, mm, rates, not mm.freeze_encoder, not mm.freeze_projector)
     fwd_kernels = sample_cost(v, mm, rates, False, False).times(samples_mb)
     fwd_host = encoder_host.host_ops_s(v, mm, training, params)[0]
+    fwd_host += encoder_host.fsdp_gather_host_s(v, mm, plan, training, gpu)[0]
     forward = m * encoder_host.with_host(fwd_kernels, fwd_host, gpu).mean
     if where not in ("replicated", "tp", "bubble"):
         return {"encoder_dp_comm": 0.0, "encoder_optimizer": 0.0}, forward

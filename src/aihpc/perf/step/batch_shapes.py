@@ -1,4 +1,5 @@
-"""The figures of a plan that depend only on its (tp, cp, micro-batch, SP, ep, etp) shape --
+"""The figures of a plan that depend only on its (tp, cp, micro-batch, SP, ep, etp) shape (and,
+under eager FSDP2 on a GPU, how many all-gathers its layer issues: fsdp_host.gather_class) --
 kernel times, the tensor-parallel collective, the MoE dispatch, the context-parallel exchange,
 the saved activations -- computed once per distinct shape by the scalar kernel-time (compute.py)
 and collective (comm.py) functions, and gathered into arrays over the plans; for one plan
@@ -11,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from aihpc.perf.step import comm, compute, tp_overlap
+from aihpc.perf.step import comm, compute, fsdp_host, tp_overlap
 from aihpc.perf.step.memory import activation_bytes_per_layer
 from aihpc.perf.step.moe_stack import stack_of
 from aihpc.perf.step.params import ModelParams
@@ -42,7 +43,9 @@ class Shapes:
         if b.one:
             self._one(b, memo)
             return
-        first, inv = group(b.tp, b.cp, b.mbs, b.sp, b.ep, b.etp)
+        gathers = np.asarray(fsdp_host.gather_class(b, training, cluster.gpu))
+        gathers = np.broadcast_to(gathers, np.shape(b.tp)).astype(np.int64)
+        first, inv = group(b.tp, b.cp, b.mbs, b.sp, b.ep, b.etp, gathers)
         self.first, self.inv = first, inv
         rows = [self._row(b.plan(int(i)), model, cluster, training, params) for i in first]
         self.cols = {k: np.array([r[k] for r in rows]) for k in rows[0] if k != "rec"}
@@ -53,7 +56,9 @@ class Shapes:
     def _one(self, b: PlanBatch, memo: dict[tuple, Any] | None) -> None:
         """One plan's figures; its saved activations only when it offloads them."""
         offload = bool(b.offload)
+        gathers = int(fsdp_host.gather_class(b, self.training, self.cluster.gpu))
         key = ("shape", b.tp, b.cp, b.mbs, b.sp, b.ep, b.etp, b.recompute_modules, offload)
+        key += (gathers,)
         row = memo.get(key) if memo is not None else None
         if row is None:
             m, c, t, p = self.model, self.cluster, self.training, self.params

@@ -18,6 +18,7 @@ from aihpc.perf.step.eager_host import eager_outside, optimizer_eager_host_s
 from aihpc.perf.step.memory import warmup_chunks
 from aihpc.perf.step.moe_overlap import paired_exposed_s
 from aihpc.perf.step.numeric import any_, maximum, minimum, where
+from aihpc.perf.step.params_norm import params_norm_s
 from aihpc.perf.step.pipeline import (
     bubble_slots,
     dualpipe_bubble_slots,
@@ -248,6 +249,9 @@ class StepTerms(StepState):
         opt = opt + optimizer_time_s(
             self.expert_params, b.zero, where(b.zero >= 1, edp, 1), gpu, params, training, 0
         )
+        # --log-params-norm: the norm reads every trained parameter's fp32 main copy (its ZeRO
+        # shard under the distributed optimizer; perf/step/params_norm.py)
+        opt = opt + params_norm_s(self.params_stage, 0.0, shard, 0, gpu, training, params)
         tied, cal = self.model.tied_embeddings, self.cluster.calibration
         # an eager optimizer's per-tensor loop on a CPU host (perf/step/eager_host.py)
         opt = opt + optimizer_eager_host_s(self.layers, b.pp, tied, gpu, training, params)

@@ -21,6 +21,14 @@ Around each collective FSDP2 copies, on the training thread (torch 2.13,
   (reads and writes every gradient), and the output shard is copied into the sharded gradient
   (``copy_``: reads and writes the shard).
 
+On a GPU the copies are kernels; what the host spends issuing each unit's gather (FSDP2's
+Python around it: the per-parameter bookkeeping, the copy-in's and copy-out's setup, stream
+and event handling) is host time that adds to the layer's issue (``gather_host_s``): the
+published profile of one Llama3-8B block's all-gather (``data/fsdp_host_figures.csv``),
+per parameter tensor of the unit. The rest of FSDP2's hooks (pre-forward's input casts,
+post-forward's reshard, post-backward's reduce-scatter) have no published figure here and are
+not priced.
+
 Megatron-Core's distributed optimizer gathers into and reduces out of its contiguous buffers in
 place (no such copies), which is what the model prices without eager FSDP2.
 
@@ -33,6 +41,9 @@ kernel launch per copy.
 
 from __future__ import annotations
 
+import csv
+import functools
+from importlib import resources
 from typing import Any
 
 from aihpc.perf.step.gemm import stream_time_s
@@ -49,6 +60,10 @@ __all__ = [
     "copy_bytes",
     "copy_time_s",
     "eager_fsdp",
+    "fsdp_wrapped",
+    "gather_class",
+    "gather_host_s",
+    "unit_gathers",
 ]
 
 # Copies per unit: a gather's copy-in and copy-out, a reduction's chunk_cat and shard copy.
@@ -101,3 +116,43 @@ def copy_time_s(
     num_bytes = copy_bytes(param_bytes, grad_bytes, shard_n, gathers, reduces)
     kernels = units * (COPIES_PER_GATHER * gathers + COPIES_PER_REDUCE * reduces)
     return stream_time_s(num_bytes, gpu, params, kernels=kernels)
+
+
+@functools.cache
+def _gather_us_per_tensor() -> float:
+    """The used all-gather figure of ``data/fsdp_host_figures.csv``, per parameter tensor."""
+    text = resources.files("aihpc.perf.step").joinpath("data/fsdp_host_figures.csv").read_text()
+    (row,) = [r for r in csv.DictReader(text.splitlines()) if r["used"] == "true"]
+    return float(row["host_us"]) / float(row["tensors"])
+
+
+def gather_host_s(tensors: Any) -> Any:
+    """Host seconds of one FSDP2 all-gather of a unit of ``tensors`` parameter tensors."""
+    return tensors * _gather_us_per_tensor() * 1e-6
+
+
+def unit_gathers(zero: Any, pp: Any) -> tuple[Any, Any]:
+    """(forward, backward) all-gathers of one unit per micro-batch (``collectives``): one before
+    each forward, and before each backward under ZeRO 3; under ZeRO 1/2 with PP one a step (not
+    counted per micro-batch)."""
+    fwd = where((zero == 3) | (pp == 1), 1, 0)
+    return fwd, where(zero == 3, 1, 0)
+
+
+def fsdp_wrapped(tp: Any, dp: Any, cp: Any, pp: Any, zero: Any, ep: Any = 1) -> Any:
+    """Whether FSDP2 wraps the layers (more than one data- or context-parallel rank, except a
+    data-parallel-only plan at ZeRO 0 without experts, which runs DDP: the condition of
+    ``dtensor_host.dtensor_params`` less tensor parallel alone)."""
+    not_ddp = (pp > 1) | (tp > 1) | (cp > 1) | (zero > 0) | (ep > 1)
+    return (dp * cp > 1) & not_ddp
+
+
+def gather_class(b: Any, training: TrainingSpec, gpu: GPUSpec) -> Any:
+    """For plan(s) ``b`` (a PlanBatch), the layer's gather host issue class: 0 none (no eager
+    FSDP2, or the host is the device), else 1 + the backward gathers per micro-batch. The layer
+    times depend on it beside the plan's shape (batch_shapes.py groups plans by it)."""
+    if training.dtensor_dispatch != "eager" or gpu.host_is_device:
+        return 0 * b.tp
+    g_f, g_b = unit_gathers(b.zero, b.pp)
+    on = fsdp_wrapped(b.tp, b.dp, b.cp, b.pp, b.zero, b.ep) & (g_f > 0)
+    return where(on, 1 + g_b, 0)

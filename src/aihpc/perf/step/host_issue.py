@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from aihpc.perf.step import dtensor_host, eager_host
+from aihpc.perf.step import dtensor_host, eager_host, fsdp_host
 from aihpc.perf.step.params import ModelParams
 from aihpc.runspec.calibration import Calibration
 from aihpc.runspec.cluster import GPUSpec
@@ -110,6 +110,16 @@ def with_host_time(
         op_s = dtensor_host.dtensor_op_s(params, calibration)
         fwd += dtensor_host.LAYER_FWD_OPS * op_s
         bwd += dtensor_host.LAYER_BWD_OPS[plan.sequence_parallel] * op_s
+    if training.dtensor_dispatch == "eager" and not gpu.host_is_device:
+        # FSDP2's host work around each layer unit's all-gathers (fsdp_host.gather_host_s); on
+        # a CPU host the calibration's collectives hold what the hooks cost there
+        wrapped = fsdp_host.fsdp_wrapped(
+            plan.tp, plan.dp, plan.cp, plan.pp, plan.zero_stage, plan.ep
+        )
+        if bool(wrapped):
+            g_f, g_b = fsdp_host.unit_gathers(plan.zero_stage, plan.pp)
+            hook = fsdp_host.gather_host_s(dtensor_host.TENSORS_PER_LAYER)
+            fwd, bwd = fwd + g_f * hook, bwd + g_b * hook
     if not (fwd or bwd):
         return lt
     fwd_x = eager_host.pass_excess_s(lt.fwd, fwd, gpu)
