@@ -17,7 +17,7 @@ row ``none``.
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -121,6 +121,8 @@ class RLRow:
     predicted_s: float
     phases_s: dict[str, float]
     source: str
+    # the colocated switch's seconds under each NeMo-RL step timer (perf/rl/switch.py)
+    switch_by_timer: dict[str, float] = field(default_factory=dict)
 
     @property
     def error(self) -> float:
@@ -186,6 +188,7 @@ def validate_rl(path: str | Path | None = None, which: str | None = None) -> RLV
                 est.step_time_s,
                 est.phases_s,
                 row["source"],
+                est.switch_by_timer,
             )
         )
     return RLValidation(rows)
@@ -253,6 +256,11 @@ PHASES = {
     "logprobs": ("old_logprob", "ref_logprob"),
     "refit": ("weight_sync",),
 }
+# ... plus the colocated switch's copies made under the NeMo-RL timer a published phase is
+# (perf/rl/switch.py): the blog's "refit" is the step's prepare_for_generation (the optimizer's
+# offload, the engine's wake, the refit, the parameters' offload); its "generation" ends with
+# the engine's sleep.
+PHASE_TIMERS = {"generation": ("generation",), "refit": ("prepare_for_generation",)}
 
 
 @dataclass(frozen=True)
@@ -283,7 +291,9 @@ def validate_phases(runs: str | Path | None = None) -> list[PhaseRow]:
         if rid not in priced:
             continue
         measured = {k: float(row[f"{k}_s"]) for k in PHASES}
-        phases = priced[rid].phases_s
+        phases, timers = priced[rid].phases_s, priced[rid].switch_by_timer
         predicted = {k: sum(phases.get(p, 0.0) for p in parts) for k, parts in PHASES.items()}
+        for k, names in PHASE_TIMERS.items():
+            predicted[k] += sum(timers.get(t, 0.0) for t in names)
         out.append(PhaseRow(rid, measured, predicted, row["source"]))
     return out
