@@ -15,10 +15,12 @@ from rl_base_spec import base_spec as _spec
 from aihpc.perf.fit.rl_validate import validate_phases
 from aihpc.perf.rl import estimate_rl
 from aihpc.perf.rl.overheads import host_rates
+from aihpc.perf.rl.step import TRAIN_SIDE
 from aihpc.perf.rl.switch import (
     MASTER_REMAINDER_BYTES,
     TIMERS,
     colocated_moves,
+    optimizer_state_bytes,
     price_switch,
 )
 from aihpc.perf.step.flops import expert_params_per_layer, num_params
@@ -139,3 +141,22 @@ def test_the_blog_refit_phase_carries_the_copies_made_under_its_timer():
     # the refit of the blog's Llama 3.1-8B (one node, no sync traffic to price) is the copies
     (llama,) = [r for r in validate_phases() if r.id == "nemorl03-llama8b-8"]
     assert llama.predicted["refit"] > 1.0
+
+
+def test_the_logprob_offload_moves_the_state_when_the_pools_are_apart():
+    """NeMo-RL through v0.4.0: prepare_for_lp_inference moved the optimizer state out in every
+    placement and prepare_for_training brought it back, on the training side of the step."""
+    base = {"placement": "disaggregated", "rollout_gpus": 16}
+    off = estimate_rl(_spec(**base, offload_optimizer_for_logprob=True))
+    kept = estimate_rl(_spec(**base))
+    assert kept.phases_s["optimizer_offload"] == 0.0
+    spec = _spec(**base, offload_optimizer_for_logprob=True)
+    state = optimizer_state_bytes(off.actor.estimate, spec.training)
+    rates = host_rates(spec.training_cluster())
+    expected = state / (rates.pageable_d2h * 1e9) + state / (rates.pageable_h2d * 1e9)
+    assert off.phases_s["optimizer_offload"] == pytest.approx(expected)
+    assert "optimizer_offload" in TRAIN_SIDE  # paid by the training pool, also when async
+    # colocated, the switch has moved it out already: nothing more
+    colocated = estimate_rl(_spec(offload_optimizer_for_logprob=True))
+    assert colocated.phases_s["optimizer_offload"] == 0.0
+    assert colocated.step_time_s == pytest.approx(estimate_rl(_spec()).step_time_s)

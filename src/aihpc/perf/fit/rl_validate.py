@@ -65,6 +65,13 @@ def _default_csv(name: str = "rl_runs.csv") -> Path:
     return Path(str(resources.files("aihpc.perf.fit") / "data" / "validation" / name))
 
 
+def _flag(row: dict[str, str], column: str) -> bool:
+    value = row[column].strip().lower()
+    if value not in ("true", "false"):
+        raise SpecError(f"rl_runs.csv row {row.get('id')}: {column}", value, "true | false")
+    return value == "true"
+
+
 def rl_runspec(row: dict[str, str]) -> dict[str, Any]:
     """The run spec (as TOML tables) of one row."""
     v = {k: int(row[k]) for k in _INTS}
@@ -85,6 +92,9 @@ def rl_runspec(row: dict[str, str]) -> dict[str, Any]:
         rl["rollout_gpus"] = v["rollout_gpus"]
     if row.get("weight_sync"):  # the refit the run used (auto where the column is absent)
         rl["weight_sync"] = row["weight_sync"]
+    offload = (row.get("offload_optimizer_for_logprob") or "").strip()
+    if offload:  # NeMo-RL through v0.4.0 moved the optimizer out for the log-prob passes
+        rl["offload_optimizer_for_logprob"] = _flag(row, "offload_optimizer_for_logprob")
     parallel = {
         "tp": v["train_tp"],
         "cp": v["train_cp"],

@@ -24,7 +24,7 @@ from aihpc.perf.rl.phases import (
     sync_s,
 )
 from aihpc.perf.rl.rollout import Rollout, price_rollout
-from aihpc.perf.rl.switch import Switch, price_switch
+from aihpc.perf.rl.switch import Switch, logprob_offload_moves, moves_s, price_switch
 from aihpc.perf.step.params import DEFAULT_PARAMS, ModelParams
 from aihpc.runspec.errors import SpecError
 from aihpc.runspec.model import ModelSpec, model_from_table
@@ -41,6 +41,7 @@ TRAIN_SIDE = (
     "reward",
     "critic_update",
     "update",
+    "optimizer_offload",
     "orchestration",
 )
 
@@ -179,6 +180,8 @@ def estimate_rl(
     if not in_process:
         switch = price_switch(actor.estimate, spec.model, cluster, rl, spec.training)
     phases["switch"] = switch.seconds
+    offload = [] if in_process else logprob_offload_moves(actor.estimate, rl, spec.training)
+    phases["optimizer_offload"] = moves_s(offload, train_cluster)
     phases["orchestration"] = 0.0 if in_process else overheads().orchestration_s
     phases["weight_sync"] = sync_s(spec.model, cluster, rl, train_gpus, params, plan)
     train_side = sum(phases[k] for k in TRAIN_SIDE)

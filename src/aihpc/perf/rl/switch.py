@@ -21,6 +21,12 @@ Per GPU and step, in the order the step runs them, under the NeMo-RL timer each 
 - ``training_prep``: the gradient buffers reallocated and zeroed on the GPU, the optimizer state
   brought back by ``.to("cuda")`` from its pageable copy.
 
+Disaggregated, NeMo-RL through v0.4.0 still moved the optimizer state every step:
+``prepare_for_lp_inference`` ran ``offload_before_refit`` (its ``.to("cpu")``) and
+``prepare_for_training`` brought it back, on the training side of the step
+(``rl.offload_optimizer_for_logprob``, ``logprob_offload_moves``); from v0.5.0 that is
+``policy.offload_optimizer_for_logprob``, false in every recipe.
+
 The reference policy's swap inside the log-prob pass is priced with that pass
 (phases.reference_swap_s). What the calls also do and is not priced: ``gc.collect()`` and
 ``torch.cuda.empty_cache()`` after each offload and after the sleep (no published timing found).
@@ -44,6 +50,8 @@ __all__ = [
     "Move",
     "Switch",
     "colocated_moves",
+    "logprob_offload_moves",
+    "moves_s",
     "optimizer_state_bytes",
     "price_switch",
 ]
@@ -121,6 +129,29 @@ def colocated_moves(
         Move("parameters in (prepare_for_lp_inference)", lp, weights, "pinned", False),
         Move("optimizer state in (move_optimizer .to('cuda'))", tp, state, "pageable", False),
     ]
+
+
+def logprob_offload_moves(train: Estimate, rl: RLSpec, training: TrainingSpec) -> list[Move]:
+    """Disaggregated with ``rl.offload_optimizer_for_logprob``: the optimizer state out before
+    the log-prob passes and back before the update, pageable both ways (``move_optimizer``);
+    none otherwise (colocated, the switch has moved it out already)."""
+    if rl.placement == "colocated" or not rl.offload_optimizer_for_logprob:
+        return []
+    state = optimizer_state_bytes(train, training)
+    return [
+        Move("optimizer state out (move_optimizer .to('cpu'))", TIMERS[2], state, "pageable", True),
+        Move(
+            "optimizer state in (move_optimizer .to('cuda'))", TIMERS[3], state, "pageable", False
+        ),
+    ]
+
+
+def moves_s(moves: list[Move], cluster: ClusterSpec) -> float:
+    """Seconds of ``moves`` one after another at their rates on the GPU's host."""
+    if not moves:
+        return 0.0
+    rates = host_rates(cluster)
+    return sum(m.seconds(rates) for m in moves)
 
 
 def price_switch(
