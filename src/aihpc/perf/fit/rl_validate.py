@@ -11,7 +11,10 @@ log-prob passes' micro-batches (perf/rl/batching.py): ``packed`` where it left
 dispatcher (``policy.megatron_cfg.moe_token_dispatcher_type`` "alltoall" in v0.6's defaults; the
 Megatron-Bridge Qwen3 MoE and DeepSeek providers' default before it; DeepEP off) and captures no
 CUDA graph in training (no recipe names one), so the MoE rows say ``megatron-alltoall`` and every
-row ``none``.
+row ``none``. ``offload_optimizer_for_logprob`` (optional, true | false): the row's
+``rl.offload_optimizer_for_logprob``, true on the v0.3/v0.4 rows (NeMo-RL's
+``prepare_for_lp_inference`` moved the optimizer state to host memory in every placement
+through v0.4.0; perf/rl/switch.py).
 """
 
 from __future__ import annotations
@@ -147,6 +150,7 @@ class RLRow:
             "predicted_step_s": self.predicted_s,
             "error": self.error,
             "phases_s": self.phases_s,
+            "switch_s_by_timer": self.switch_by_timer,
             "source": self.source,
         }
 
