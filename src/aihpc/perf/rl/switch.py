@@ -29,7 +29,9 @@ Disaggregated, NeMo-RL through v0.4.0 still moved the optimizer state every step
 
 The reference policy's swap inside the log-prob pass is priced with that pass
 (phases.reference_swap_s). What the calls also do and is not priced: ``gc.collect()`` and
-``torch.cuda.empty_cache()`` after each offload and after the sleep (no published timing found).
+``torch.cuda.empty_cache()`` after each offload and after the sleep (a full collection's time is
+its process's object count; the one published timing found, google/tunix #2086, is another
+framework's heap).
 """
 
 from __future__ import annotations
