@@ -111,6 +111,11 @@ class RLSpec:
     rollout_gpus: int = 0  # disaggregated: GPUs of the rollout pool; the rest train
     staleness: int = 0
     weight_sync: str = "auto"
+    # disaggregated: the trainer moves its optimizer state to host memory before the log-prob
+    # passes and back before the update, every step (NeMo-RL through v0.4.0 always did:
+    # prepare_for_lp_inference ran offload_before_refit; since v0.5.0 its
+    # policy.offload_optimizer_for_logprob, default false). Colocated runs move it regardless.
+    offload_optimizer_for_logprob: bool = False
     rollout: RolloutSpec = field(default_factory=RolloutSpec)
 
     def __post_init__(self) -> None:

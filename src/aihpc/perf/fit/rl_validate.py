@@ -11,13 +11,16 @@ log-prob passes' micro-batches (perf/rl/batching.py): ``packed`` where it left
 dispatcher (``policy.megatron_cfg.moe_token_dispatcher_type`` "alltoall" in v0.6's defaults; the
 Megatron-Bridge Qwen3 MoE and DeepSeek providers' default before it; DeepEP off) and captures no
 CUDA graph in training (no recipe names one), so the MoE rows say ``megatron-alltoall`` and every
-row ``none``.
+row ``none``. ``offload_optimizer_for_logprob`` (optional, true | false): the row's
+``rl.offload_optimizer_for_logprob``, true on the v0.3/v0.4 rows (NeMo-RL's
+``prepare_for_lp_inference`` moved the optimizer state to host memory in every placement
+through v0.4.0; perf/rl/switch.py).
 """
 
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -65,6 +68,13 @@ def _default_csv(name: str = "rl_runs.csv") -> Path:
     return Path(str(resources.files("aihpc.perf.fit") / "data" / "validation" / name))
 
 
+def _flag(row: dict[str, str], column: str) -> bool:
+    value = row[column].strip().lower()
+    if value not in ("true", "false"):
+        raise SpecError(f"rl_runs.csv row {row.get('id')}: {column}", value, "true | false")
+    return value == "true"
+
+
 def rl_runspec(row: dict[str, str]) -> dict[str, Any]:
     """The run spec (as TOML tables) of one row."""
     v = {k: int(row[k]) for k in _INTS}
@@ -85,6 +95,9 @@ def rl_runspec(row: dict[str, str]) -> dict[str, Any]:
         rl["rollout_gpus"] = v["rollout_gpus"]
     if row.get("weight_sync"):  # the refit the run used (auto where the column is absent)
         rl["weight_sync"] = row["weight_sync"]
+    offload = (row.get("offload_optimizer_for_logprob") or "").strip()
+    if offload:  # NeMo-RL through v0.4.0 moved the optimizer out for the log-prob passes
+        rl["offload_optimizer_for_logprob"] = _flag(row, "offload_optimizer_for_logprob")
     parallel = {
         "tp": v["train_tp"],
         "cp": v["train_cp"],
@@ -121,6 +134,8 @@ class RLRow:
     predicted_s: float
     phases_s: dict[str, float]
     source: str
+    # the colocated switch's seconds under each NeMo-RL step timer (perf/rl/switch.py)
+    switch_by_timer: dict[str, float] = field(default_factory=dict)
 
     @property
     def error(self) -> float:
@@ -135,6 +150,7 @@ class RLRow:
             "predicted_step_s": self.predicted_s,
             "error": self.error,
             "phases_s": self.phases_s,
+            "switch_s_by_timer": self.switch_by_timer,
             "source": self.source,
         }
 
@@ -186,6 +202,7 @@ def validate_rl(path: str | Path | None = None, which: str | None = None) -> RLV
                 est.step_time_s,
                 est.phases_s,
                 row["source"],
+                est.switch_by_timer,
             )
         )
     return RLValidation(rows)
@@ -253,6 +270,11 @@ PHASES = {
     "logprobs": ("old_logprob", "ref_logprob"),
     "refit": ("weight_sync",),
 }
+# ... plus the colocated switch's copies made under the NeMo-RL timer a published phase is
+# (perf/rl/switch.py): the blog's "refit" is the step's prepare_for_generation (the optimizer's
+# offload, the engine's wake, the refit, the parameters' offload); its "generation" ends with
+# the engine's sleep.
+PHASE_TIMERS = {"generation": ("generation",), "refit": ("prepare_for_generation",)}
 
 
 @dataclass(frozen=True)
@@ -283,7 +305,9 @@ def validate_phases(runs: str | Path | None = None) -> list[PhaseRow]:
         if rid not in priced:
             continue
         measured = {k: float(row[f"{k}_s"]) for k in PHASES}
-        phases = priced[rid].phases_s
+        phases, timers = priced[rid].phases_s, priced[rid].switch_by_timer
         predicted = {k: sum(phases.get(p, 0.0) for p in parts) for k, parts in PHASES.items()}
+        for k, names in PHASE_TIMERS.items():
+            predicted[k] += sum(timers.get(t, 0.0) for t in names)
         out.append(PhaseRow(rid, measured, predicted, row["source"]))
     return out

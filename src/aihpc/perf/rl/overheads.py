@@ -4,8 +4,9 @@ published measurement of one component, its source named there):
 - the rollout engine's host work per decode step (scheduling, input preparation, the sampled
   tokens' copy to the host, detokenisation, returned log-probs), which the GPU waits for: an
   RL framework drives its vLLM / SGLang engine one decode step per scheduler call;
-- colocated: the engine's sleep after its rollout (its weights out to host memory, its KV cache
-  freed), at the measured GiB per second, and its wake before the next one;
+- colocated: the host-copy rates of the switch between training and generation (pageable
+  copies per host kind; pinned copies at the GPU's host link), which perf/rl/switch.py prices
+  on the bytes each call moves;
 - the trainer's orchestration between phases (buffer sampling, preparing the batch for the
   log-prob pass and for training, data processing), on the training side's critical path;
 - a ceiling on the training side: no faster than Megatron Core pre-trains the same model on the
@@ -25,13 +26,14 @@ from importlib import resources
 from typing import Any
 
 from aihpc.runspec.cluster import ClusterSpec
+from aihpc.runspec.errors import SpecError
 from aihpc.runspec.model import ModelSpec
-from aihpc.runspec.rl import RLSpec
 
 __all__ = [
+    "HostRates",
     "Overheads",
     "ceiling_rate",
-    "engine_sleep_wake_s",
+    "host_rates",
     "overheads",
     "training_ceiling_s",
 ]
@@ -40,8 +42,8 @@ __all__ = [
 @dataclass(frozen=True)
 class Overheads:
     engine_step_s: float  # host time per decode step the GPU waits for
-    sleep_GiBps: float  # engine memory put to sleep per second
-    wake_s: float
+    # gpu id -> (pageable device-to-host, pageable host-to-device) GB/s of its host
+    pageable_GBps: dict[str, tuple[float, float]]
     orchestration_s: float  # per RL step, on the training side
     # (model preset, gpu id) -> [(tokens / s / GPU, the run's moe_stack or None where unnamed)]
     ceilings: dict[tuple[str, str], list[tuple[float, str | None]]]
@@ -57,9 +59,13 @@ def _mean(x: Any) -> float:
 def overheads() -> Overheads:
     text = resources.files("aihpc.perf.rl").joinpath("data/overheads.toml").read_text()
     t = tomllib.loads(text)
-    sleep = t["engine_sleep"]
+    pageable: dict[str, tuple[float, float]] = {}
+    for row in t["host_copy"]:
+        rates = (_mean(row["pageable_d2h_GBps"]), _mean(row["pageable_h2d_GBps"]))
+        pageable.update({gpu: rates for gpu in row["gpus"]})
     ceilings: dict[tuple[str, str], list[tuple[float, str | None]]] = {}
-    sources = {k: t[k]["source"] for k in ("engine_step", "engine_sleep", "orchestration")}
+    sources = {k: t[k]["source"] for k in ("engine_step", "orchestration")}
+    sources.update({f"host_copy {row['host']}": row["source"] for row in t["host_copy"]})
     for row in t["training_ceiling"]:
         rate = (float(row["tokens_per_s_per_gpu"]), row.get("moe_stack"))
         ceilings.setdefault((row["model"], row["gpu"]), []).append(rate)
@@ -67,22 +73,39 @@ def overheads() -> Overheads:
         sources[f"training_ceiling {row['model']} {row['gpu']}{stack}"] = row["source"]
     return Overheads(
         engine_step_s=float(t["engine_step"]["seconds"]),
-        sleep_GiBps=float(sleep["freed_gib"]) / _mean(sleep["sleep_seconds"]),
-        wake_s=float(sleep["wake_seconds"]),
+        pageable_GBps=pageable,
         orchestration_s=sum(float(v) for v in t["orchestration"]["seconds"]),
         ceilings=ceilings,
         sources=sources,
     )
 
 
-def engine_sleep_wake_s(cluster: ClusterSpec, rl: RLSpec) -> float:
-    """Colocated: one sleep of the engine's share of each GPU (weights and KV cache) and one
-    wake; 0 when the rollout engines have GPUs of their own."""
-    if rl.placement != "colocated":
-        return 0.0
-    o = overheads()
-    engine_gib = rl.rollout.gpu_memory_utilization * cluster.gpu.hbm_gib
-    return engine_gib / o.sleep_GiBps + o.wake_s
+@dataclass(frozen=True)
+class HostRates:
+    """GB/s of each host-copy kind between one GPU and its host, per direction."""
+
+    pinned_d2h: float
+    pinned_h2d: float
+    pageable_d2h: float  # into a fresh pageable allocation (tensor.to("cpu"))
+    pageable_h2d: float  # from pageable memory (tensor.to("cuda"))
+    measured_pageable: bool  # False: no [[host_copy]] row names the GPU (pinned rate used)
+
+
+def host_rates(cluster: ClusterSpec) -> HostRates:
+    """The GPU's host-copy rates: pinned at its ``host_link_GBps`` (both directions), pageable
+    as the ``[[host_copy]]`` row naming the GPU measured (never above the pinned rate), or at
+    the pinned rate where none does (a lower bound on the copy's time)."""
+    link = cluster.gpu.host_link_GBps
+    if link is None:
+        raise SpecError(
+            "cluster.gpu",
+            cluster.gpu.id,
+            "has no host_link_GBps (GPU <-> host copy bandwidth) to price the colocated "
+            "offload: set it in [cluster.gpu_spec]",
+        )
+    measured = overheads().pageable_GBps.get(cluster.gpu.id)
+    d2h, h2d = measured or (link, link)
+    return HostRates(link, link, min(d2h, link), min(h2d, link), measured is not None)
 
 
 def ceiling_rate(model: ModelSpec, cluster: ClusterSpec, moe_stack: str = "unknown") -> float:

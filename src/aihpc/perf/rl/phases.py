@@ -13,9 +13,9 @@
   expert and pipeline traffic run both ways in training), under ZeRO-3 a third of its data-
   parallel traffic (the forward's parameter all-gather), no recompute, no gradient reduction,
   no optimizer;
-- weight sync: the actor's weights from the training layout to the rollout layout;
-- colocated switch: the training state that must leave the GPU while the rollout engine holds
-  its share of memory, out to host memory and back over the host link.
+- weight sync: the actor's weights from the training layout to the rollout layout.
+
+The colocated switch (training state and engine weights through host memory) is switch.py's.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from dataclasses import dataclass, replace
 from aihpc.perf.rl.batching import Batches, batches
 from aihpc.perf.step.estimate import Estimate, estimate_plan
 from aihpc.perf.step.flops import num_params
-from aihpc.perf.step.memory import GiB
 from aihpc.perf.step.params import DEFAULT_PARAMS, ModelParams
 from aihpc.runspec.cluster import ClusterSpec
 from aihpc.runspec.errors import SpecError
@@ -42,7 +41,6 @@ __all__ = [
     "packed_model",
     "price_training",
     "reference_swap_s",
-    "switch_s",
     "sync_bytes",
     "sync_s",
 ]
@@ -231,31 +229,11 @@ def reference_swap_s(train: Estimate, cluster: ClusterSpec) -> float:
     does (megatron_policy_worker.use_reference_model: the reference's weights live in host
     memory; the policy's own 16-bit weights are copied to the host, the reference's loaded onto
     the GPU, and after the pass the policy's loaded back): three copies of each GPU's weights
-    over its host link, at the pinned-memory rate (the copies use pageable memory, so this is a
-    lower bound). 0 where the GPU names no host_link_GBps."""
+    over its host link, at the pinned-memory rate: the copies are pinned (``.to("cpu",
+    non_blocking=True)``, whose output PyTorch's ``_to_copy`` allocates pinned, for the policy's
+    copy and for the reference's, made once at start-up). 0 where the GPU names no
+    host_link_GBps."""
     link = cluster.gpu.host_link_GBps
     if link is None:
         return 0.0
     return 3.0 * train.memory.weights / (link * 1e9)
-
-
-def switch_s(train: Estimate, cluster: ClusterSpec, rl: RLSpec) -> tuple[float, float]:
-    """(seconds, GiB per GPU) of the colocated switch: the training state (weights, gradients,
-    optimizer) that does not fit beside the rollout engine's ``gpu_memory_utilization`` share
-    goes to host memory before the rollout and comes back after it; the engine's KV cache is
-    freed and reallocated (no copy) and its weights are rewritten by the sync."""
-    if rl.placement != "colocated":
-        return 0.0, 0.0
-    m = train.memory
-    state = m.weights + m.gradients + m.optimizer
-    room = (cluster.usable_hbm_gib - rl.rollout.gpu_memory_utilization * cluster.gpu.hbm_gib) * GiB
-    moved = max(0.0, state - max(0.0, room))
-    link = cluster.gpu.host_link_GBps
-    if link is None:
-        raise SpecError(
-            "cluster.gpu",
-            cluster.gpu.id,
-            "has no host_link_GBps (GPU <-> host copy bandwidth) to price the colocated "
-            "offload: set it in [cluster.gpu_spec]",
-        )
-    return 2.0 * moved / (link * 1e9), moved / GiB

@@ -1,10 +1,10 @@
 """One RL step priced as named phases, and put together on the critical path.
 
 Synchronous (staleness 0): the phases run one after another: rollout, the colocated switch
-(training state to host and back, the engine's sleep and wake), the forward-only passes
-(old-policy and reference log-probs, critic values, reward model), the update(s), the weight
-sync and the trainer's orchestration between phases (perf/rl/overheads.py); the pool that is
-not working waits.
+(training state and the engine's weights through host memory, perf/rl/switch.py), the
+forward-only passes (old-policy and reference log-probs, critic values, reward model), the
+update(s), the weight sync and the trainer's orchestration between phases
+(perf/rl/overheads.py); the pool that is not working waits.
 Asynchronous (staleness k >= 1, disaggregated): the rollout pool generates step n+1 while the
 training pool learns from step n, so the step is the slower pool, plus the sync both stop for
 (the rollout engines take the new weights between steps, NeMo-RL's in-flight weight update).
@@ -15,16 +15,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from aihpc.perf.rl.overheads import engine_sleep_wake_s, overheads, training_ceiling_s
+from aihpc.perf.rl.overheads import overheads, training_ceiling_s
 from aihpc.perf.rl.phases import (
     Training,
     price_training,
     reference_swap_s,
-    switch_s,
     sync_bytes,
     sync_s,
 )
 from aihpc.perf.rl.rollout import Rollout, price_rollout
+from aihpc.perf.rl.switch import Switch, logprob_offload_moves, moves_s, price_switch
 from aihpc.perf.step.params import DEFAULT_PARAMS, ModelParams
 from aihpc.runspec.errors import SpecError
 from aihpc.runspec.model import ModelSpec, model_from_table
@@ -41,6 +41,7 @@ TRAIN_SIDE = (
     "reward",
     "critic_update",
     "update",
+    "optimizer_offload",
     "orchestration",
 )
 
@@ -56,10 +57,12 @@ class RLEstimate:
     step_time_s: float  # the critical path
     rollout: Rollout
     actor: Training
-    switch_gib: float  # training state moved to host per GPU (colocated)
+    switch_gib: float  # training state and engine weights moved to host per GPU (colocated)
     sync_gib: float
     fits: bool
     notes: list[str] = field(default_factory=list)
+    # the colocated switch's seconds under each NeMo-RL step timer (perf/rl/switch.py)
+    switch_by_timer: dict[str, float] = field(default_factory=dict)
 
     @property
     def tokens_per_step(self) -> float:
@@ -93,6 +96,7 @@ class RLEstimate:
             "training_fits": self.actor.estimate.fits,
             "training_memory_gib": self.actor.estimate.memory.gib(),
             "switch_offload_gib_per_gpu": self.switch_gib,
+            "switch_s_by_timer": self.switch_by_timer,
             "sync_gib": self.sync_gib,
             "fits": self.fits,
             "bottleneck": self.bottleneck,
@@ -172,8 +176,12 @@ def estimate_rl(
     phases["update"] = actor.update_s
     _ceiling(phases, spec, train_gpus, actor)
     phases["ref_logprob"] += swap  # host copies: no GPU ceiling bounds them
-    switch, moved = (0.0, 0.0) if in_process else switch_s(actor.estimate, cluster, rl)
-    phases["switch"] = switch + (0.0 if in_process else engine_sleep_wake_s(cluster, rl))
+    switch = Switch(0.0, 0.0, {}, True)
+    if not in_process:
+        switch = price_switch(actor.estimate, spec.model, cluster, rl, spec.training)
+    phases["switch"] = switch.seconds
+    offload = [] if in_process else logprob_offload_moves(actor.estimate, rl, spec.training)
+    phases["optimizer_offload"] = moves_s(offload, train_cluster)
     phases["orchestration"] = 0.0 if in_process else overheads().orchestration_s
     phases["weight_sync"] = sync_s(spec.model, cluster, rl, train_gpus, params, plan)
     train_side = sum(phases[k] for k in TRAIN_SIDE)
@@ -182,6 +190,12 @@ def estimate_rl(
     else:
         step = sum(phases.values())
     notes = _notes(rollout, actor, rl)
+    if not switch.measured_pageable:
+        notes.append(
+            f"no measured pageable host-copy rate for {cluster.gpu.id}'s host "
+            "(perf/rl/data/overheads.toml [[host_copy]]): the optimizer's offload is priced "
+            "at the pinned rate, a lower bound"
+        )
     return RLEstimate(
         rl=rl,
         plan=plan,
@@ -192,10 +206,11 @@ def estimate_rl(
         step_time_s=step,
         rollout=rollout,
         actor=actor,
-        switch_gib=moved,
+        switch_gib=switch.to_host_gib,
         sync_gib=sync_bytes(spec.model, rl) / 2**30,
         fits=rollout.fits and actor.estimate.fits,
         notes=notes,
+        switch_by_timer=switch.by_timer,
     )
 
 

@@ -1,0 +1,177 @@
+"""The colocated switch between training and generation, counted as NeMo-RL's Megatron path
+moves it (v0.3.0-v0.6.0: ``refit_policy_generation`` and the step in nemo_rl/algorithms/grpo.py,
+the Megatron policy worker's ``offload_before_refit``, ``offload_after_refit``,
+``prepare_for_lp_inference``, ``prepare_for_training``, ``move_model``, ``move_optimizer``, and
+vLLM's ``sleep(level=1)`` / ``wake_up`` in its CuMemAllocator), each copy priced at the rate of
+its kind on the GPU's host (``overheads.host_rates``).
+
+Per GPU and step, in the order the step runs them, under the NeMo-RL timer each falls in:
+
+- ``prepare_for_generation``: ``offload_before_refit`` frees the gradient buffers (their storage
+  resized to 0, no copy) and ``move_optimizer("cpu")`` copies every optimizer state tensor with
+  a blocking ``.to("cpu")``, into fresh pageable memory; the engine wakes its weights (each
+  weight allocation mapped again and ``cudaMemcpy``'d back from its pinned backup); the refit
+  (``weight_sync``, priced in phases.py) runs; ``offload_after_refit`` copies the 16-bit
+  parameter buffers into Megatron's pinned ``param_data_cpu`` (``copy_``, non_blocking) and
+  frees them; the KV cache is mapped again (no copy);
+- ``generation`` ends with the engine's ``sleep(level=1)``: each weight allocation copied to a
+  pinned backup (``torch.empty(pin_memory=True)``, then ``cudaMemcpy``), the KV cache discarded;
+- ``logprob_inference_prep``: the parameters come back from their pinned copy
+  (``reload_from_cpu``);
+- ``training_prep``: the gradient buffers reallocated and zeroed on the GPU, the optimizer state
+  brought back by ``.to("cuda")`` from its pageable copy.
+
+Disaggregated, NeMo-RL through v0.4.0 still moved the optimizer state every step:
+``prepare_for_lp_inference`` ran ``offload_before_refit`` (its ``.to("cpu")``) and
+``prepare_for_training`` brought it back, on the training side of the step
+(``rl.offload_optimizer_for_logprob``, ``logprob_offload_moves``); from v0.5.0 that is
+``policy.offload_optimizer_for_logprob``, false in every recipe.
+
+The reference policy's swap inside the log-prob pass is priced with that pass
+(phases.reference_swap_s). What the calls also do and is not priced: ``gc.collect()`` and
+``torch.cuda.empty_cache()`` after each offload and after the sleep (a full collection's time is
+its process's object count; the one published timing found, google/tunix #2086, is another
+framework's heap).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aihpc.perf.rl.overheads import HostRates, host_rates
+from aihpc.perf.rl.phases import sync_bytes
+from aihpc.perf.step.estimate import Estimate
+from aihpc.perf.step.memory import MOMENTS, GiB
+from aihpc.runspec.cluster import ClusterSpec
+from aihpc.runspec.model import ModelSpec
+from aihpc.runspec.rl import RLSpec
+from aihpc.runspec.training import DTYPE_BYTES, TrainingSpec
+
+__all__ = [
+    "MASTER_REMAINDER_BYTES",
+    "Move",
+    "Switch",
+    "colocated_moves",
+    "logprob_offload_moves",
+    "moves_s",
+    "optimizer_state_bytes",
+    "price_switch",
+]
+
+COPY_KINDS = ("pinned", "pageable")
+TIMERS = ("prepare_for_generation", "generation", "logprob_inference_prep", "training_prep")
+
+# Megatron-Core's distributed optimizer with use_precision_aware_optimizer (set by every NeMo-RL
+# recipe, grpo_math_1B.yaml v0.3.0-v0.6.0) keeps, per parameter of the rank's optimizer shard,
+# Adam's exp_avg and exp_avg_sq in their dtype (fp32) and the fp32 master weight as its low 16
+# bits beside the bf16 parameter (OptimizerConfig.store_param_remainders = True, with bf16 and
+# Transformer Engine >= 2.1; distrib_optimizer.py stores "master_param" as int16): all in the
+# optimizer's state, so move_optimizer moves all three.
+MASTER_REMAINDER_BYTES = 2.0
+
+
+@dataclass(frozen=True)
+class Move:
+    """One host copy of the switch, per GPU."""
+
+    what: str
+    timer: str  # the NeMo-RL step timer it falls in (TIMERS)
+    bytes: float
+    kind: str  # COPY_KINDS
+    to_host: bool
+
+    def seconds(self, rates: HostRates) -> float:
+        if self.kind == "pinned":
+            rate = rates.pinned_d2h if self.to_host else rates.pinned_h2d
+        else:
+            rate = rates.pageable_d2h if self.to_host else rates.pageable_h2d
+        return self.bytes / (rate * 1e9)
+
+
+@dataclass(frozen=True)
+class Switch:
+    seconds: float
+    to_host_gib: float  # per GPU, each step
+    by_timer: dict[str, float]  # seconds under each NeMo-RL timer
+    measured_pageable: bool  # False: the GPU's host has no measured pageable rate
+
+
+def optimizer_state_bytes(train: Estimate, training: TrainingSpec) -> float:
+    """Bytes of the optimizer state tensors one GPU holds (what ``move_optimizer`` moves): the
+    parameters of its optimizer shard (the step model's optimizer bytes over its bytes per
+    parameter) times the moments and, with 16-bit parameters and an fp32 master, the master's
+    16-bit remainder (MASTER_REMAINDER_BYTES); a bf16 master is kept whole."""
+    o = DTYPE_BYTES[training.optimizer_dtype]
+    moments = MOMENTS[training.optimizer]
+    master = o
+    if train.plan.zero_stage == 3:  # FSDP's sharded parameter is the master: moments only
+        return float(train.memory.optimizer)
+    if o == 4.0 and training.precision == "bf16":
+        master = MASTER_REMAINDER_BYTES
+    shard = train.memory.optimizer / ((1 + moments) * o)
+    return shard * (moments * o + master)
+
+
+def colocated_moves(
+    train: Estimate, model: ModelSpec, rl: RLSpec, training: TrainingSpec
+) -> list[Move]:
+    """The switch's host copies per GPU and step (the module's docstring); none unless the
+    rollout engines share the training GPUs."""
+    if rl.placement != "colocated":
+        return []
+    weights = float(train.memory.weights)
+    engine = sync_bytes(model, rl) / rl.rollout.gpus_per_engine
+    state = optimizer_state_bytes(train, training)
+    pre, gen, lp, tp = TIMERS
+    return [
+        Move("optimizer state out (move_optimizer .to('cpu'))", pre, state, "pageable", True),
+        Move("engine weights in (wake_up, pinned backup)", pre, engine, "pinned", False),
+        Move("parameters out (offload_after_refit)", pre, weights, "pinned", True),
+        Move("engine weights out (sleep(level=1))", gen, engine, "pinned", True),
+        Move("parameters in (prepare_for_lp_inference)", lp, weights, "pinned", False),
+        Move("optimizer state in (move_optimizer .to('cuda'))", tp, state, "pageable", False),
+    ]
+
+
+def logprob_offload_moves(train: Estimate, rl: RLSpec, training: TrainingSpec) -> list[Move]:
+    """Disaggregated with ``rl.offload_optimizer_for_logprob``: the optimizer state out before
+    the log-prob passes and back before the update, pageable both ways (``move_optimizer``);
+    none otherwise (colocated, the switch has moved it out already)."""
+    if rl.placement == "colocated" or not rl.offload_optimizer_for_logprob:
+        return []
+    state = optimizer_state_bytes(train, training)
+    return [
+        Move("optimizer state out (move_optimizer .to('cpu'))", TIMERS[2], state, "pageable", True),
+        Move(
+            "optimizer state in (move_optimizer .to('cuda'))", TIMERS[3], state, "pageable", False
+        ),
+    ]
+
+
+def moves_s(moves: list[Move], cluster: ClusterSpec) -> float:
+    """Seconds of ``moves`` one after another at their rates on the GPU's host."""
+    if not moves:
+        return 0.0
+    rates = host_rates(cluster)
+    return sum(m.seconds(rates) for m in moves)
+
+
+def price_switch(
+    train: Estimate,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    rl: RLSpec,
+    training: TrainingSpec,
+) -> Switch:
+    """The colocated switch's seconds per step: every move at its copy kind's rate on the GPU's
+    host, one after another (each call's copies are synchronous: ``.to("cpu")`` and vLLM's
+    ``cudaMemcpy`` block, Megatron's non_blocking copies are waited for before the next call)."""
+    moves = colocated_moves(train, model, rl, training)
+    if not moves:
+        return Switch(0.0, 0.0, {}, True)
+    rates = host_rates(cluster)
+    by_timer = dict.fromkeys(TIMERS, 0.0)
+    for move in moves:
+        by_timer[move.timer] += move.seconds(rates)
+    to_host = sum(m.bytes for m in moves if m.to_host) / GiB
+    return Switch(sum(by_timer.values()), to_host, by_timer, rates.measured_pageable)

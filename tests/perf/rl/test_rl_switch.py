@@ -1,0 +1,162 @@
+"""The colocated switch (perf/rl/switch.py): the bytes each NeMo-RL call moves per GPU, counted
+from the model and the layout here, independently of the step model's memory terms, and each
+copy's rate taken from perf/rl/data/overheads.toml (pageable) or the GPU's host link (pinned)."""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from importlib import resources
+
+import pytest
+from rl_base_spec import BASE
+from rl_base_spec import base_spec as _spec
+
+from aihpc.perf.fit.rl_validate import validate_phases
+from aihpc.perf.rl import estimate_rl
+from aihpc.perf.rl.overheads import host_rates
+from aihpc.perf.rl.step import TRAIN_SIDE
+from aihpc.perf.rl.switch import (
+    MASTER_REMAINDER_BYTES,
+    TIMERS,
+    colocated_moves,
+    optimizer_state_bytes,
+    price_switch,
+)
+from aihpc.perf.step.flops import expert_params_per_layer, num_params
+from aihpc.runspec import runspec_from_dict
+from aihpc.runspec.cluster import gpu_from_id
+
+# Adam's two fp32 moments, plus the fp32 master's 16-bit remainder (Megatron's precision-aware
+# optimizer, store_param_remainders): what move_optimizer moves per parameter of the shard.
+STATE_BYTES_PER_PARAM = 4 + 4 + MASTER_REMAINDER_BYTES
+
+
+def _dense_spec():
+    """Llama 3 8B on 8 H100, data parallel only, engines of one GPU."""
+    data = copy.deepcopy(BASE)
+    data["model"]["preset"] = "llama3-8b"
+    data["parallel"] = {"global_batch_size": 512}
+    data["cluster"]["num_gpus"] = 8
+    data["rl"]["rollout"] = {"tp": 1}
+    return runspec_from_dict(data)
+
+
+def _moves(spec):
+    est = estimate_rl(spec)
+    return est, colocated_moves(est.actor.estimate, spec.model, spec.rl, spec.training)
+
+
+def _by_what(moves, word, to_host):
+    (move,) = [m for m in moves if word in m.what and m.to_host == to_host]
+    return move
+
+
+def test_a_dense_layout_moves_its_parameters_state_and_engine_weights():
+    spec = _dense_spec()
+    _, moves = _moves(spec)
+    p, dp = num_params(spec.model), 8
+    for to_host in (True, False):
+        assert _by_what(moves, "parameters", to_host).bytes == pytest.approx(2 * p, rel=1e-5)
+        assert _by_what(moves, "parameters", to_host).kind == "pinned"
+        state = _by_what(moves, "optimizer", to_host)
+        assert state.bytes == pytest.approx(p / dp * STATE_BYTES_PER_PARAM, rel=1e-5)
+        assert state.kind == "pageable"  # .to("cpu") into fresh memory, .to("cuda") back
+        engine = _by_what(moves, "engine", to_host)
+        assert engine.bytes == pytest.approx(2 * p, rel=1e-5)  # bf16, one GPU an engine
+        assert engine.kind == "pinned"  # vLLM's backup is torch.empty(pin_memory=True)
+    # each direction once a step, under the NeMo-RL timer the call runs in
+    assert sorted(m.timer for m in moves) == sorted([TIMERS[0]] * 3 + list(TIMERS[1:]))
+
+
+def test_experts_shard_their_state_over_the_expert_data_parallel_ranks():
+    spec = _spec()  # Qwen3-30B-A3B, 32 GPUs, dp 32, ep 8; engines of 2 GPUs
+    _, moves = _moves(spec)
+    p = num_params(spec.model)
+    experts = spec.model.num_moe_layers * expert_params_per_layer(spec.model)
+    dense = p - experts
+    edp = 32 // 8
+    shard = dense / 32 + experts / 8 / edp
+    state = _by_what(moves, "optimizer", True)
+    assert state.bytes == pytest.approx(shard * STATE_BYTES_PER_PARAM, rel=1e-5)
+    params = _by_what(moves, "parameters", True)
+    assert params.bytes == pytest.approx(2 * (dense + experts / 8), rel=1e-5)
+    # each engine GPU backs up its tp-shard of the whole model
+    assert _by_what(moves, "engine", True).bytes == pytest.approx(2 * p / 2, rel=1e-5)
+
+
+def test_each_rate_comes_from_the_data_files():
+    text = resources.files("aihpc.perf.rl").joinpath("data/overheads.toml").read_text()
+    rows = {r["host"]: r for r in tomllib.loads(text)["host_copy"]}
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    for row in rows.values():
+        for gpu_id in row["gpus"]:
+            gpu = gpu_from_id(gpu_id)
+            r = host_rates(_spec(gpu=gpu_id).cluster)
+            assert r.measured_pageable
+            assert r.pinned_d2h == r.pinned_h2d == gpu.host_link_GBps
+            assert r.pageable_d2h == pytest.approx(
+                min(mean(row["pageable_d2h_GBps"]), r.pinned_d2h)
+            )
+            assert r.pageable_h2d == pytest.approx(
+                min(mean(row["pageable_h2d_GBps"]), r.pinned_h2d)
+            )
+    # a GPU no row names: its host's pageable copies at the pinned rate (a lower bound)
+    a100 = gpu_from_id("a100-80gb")
+    r = host_rates(_spec(gpu="a100-80gb").cluster)
+    assert not r.measured_pageable and r.pageable_d2h == r.pinned_d2h == a100.host_link_GBps
+
+
+def test_the_switch_is_its_moves_at_their_rates():
+    spec = _spec()
+    est, moves = _moves(spec)
+    rates = host_rates(spec.cluster)
+    expected = 0.0
+    for m in moves:
+        if m.kind == "pinned":
+            rate = rates.pinned_d2h if m.to_host else rates.pinned_h2d
+        else:
+            rate = rates.pageable_d2h if m.to_host else rates.pageable_h2d
+        expected += m.bytes / (rate * 1e9)
+    assert est.phases_s["switch"] == pytest.approx(expected)
+    assert sum(est.switch_by_timer.values()) == pytest.approx(expected)
+    # on an x86 host the optimizer's pageable round trip is most of it
+    pageable = sum(m.bytes for m in moves if m.kind == "pageable")
+    assert pageable / (rates.pageable_d2h * 1e9) > 0.5 * expected
+
+
+def test_nothing_moves_when_the_pools_are_apart():
+    spec = _spec(placement="disaggregated", rollout_gpus=16)
+    est, moves = _moves(spec)
+    assert moves == [] and est.phases_s["switch"] == 0.0
+    s = price_switch(est.actor.estimate, spec.model, spec.cluster, spec.rl, spec.training)
+    assert s.seconds == 0.0 and s.to_host_gib == 0.0
+
+
+def test_the_blog_refit_phase_carries_the_copies_made_under_its_timer():
+    """NeMo-RL's prepare_for_generation timer holds the optimizer's offload, the engine's wake
+    and the parameters' offload beside the refit itself: the phase table adds them."""
+    for row in validate_phases():
+        assert row.predicted["refit"] > 0.0
+    # the refit of the blog's Llama 3.1-8B (one node, no sync traffic to price) is the copies
+    (llama,) = [r for r in validate_phases() if r.id == "nemorl03-llama8b-8"]
+    assert llama.predicted["refit"] > 1.0
+
+
+def test_the_logprob_offload_moves_the_state_when_the_pools_are_apart():
+    """NeMo-RL through v0.4.0: prepare_for_lp_inference moved the optimizer state out in every
+    placement and prepare_for_training brought it back, on the training side of the step."""
+    base = {"placement": "disaggregated", "rollout_gpus": 16}
+    off = estimate_rl(_spec(**base, offload_optimizer_for_logprob=True))
+    kept = estimate_rl(_spec(**base))
+    assert kept.phases_s["optimizer_offload"] == 0.0
+    spec = _spec(**base, offload_optimizer_for_logprob=True)
+    state = optimizer_state_bytes(off.actor.estimate, spec.training)
+    rates = host_rates(spec.training_cluster())
+    expected = state / (rates.pageable_d2h * 1e9) + state / (rates.pageable_h2d * 1e9)
+    assert off.phases_s["optimizer_offload"] == pytest.approx(expected)
+    assert "optimizer_offload" in TRAIN_SIDE  # paid by the training pool, also when async
+    # colocated, the switch has moved it out already: nothing more
+    colocated = estimate_rl(_spec(offload_optimizer_for_logprob=True))
+    assert colocated.phases_s["optimizer_offload"] == 0.0
+    assert colocated.step_time_s == pytest.approx(estimate_rl(_spec()).step_time_s)
