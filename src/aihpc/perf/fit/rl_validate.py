@@ -14,7 +14,11 @@ CUDA graph in training (no recipe names one), so the MoE rows say ``megatron-all
 row ``none``. ``offload_optimizer_for_logprob`` (optional, true | false): the row's
 ``rl.offload_optimizer_for_logprob``, true on the v0.3/v0.4 rows (NeMo-RL's
 ``prepare_for_lp_inference`` moved the optimizer state to host memory in every placement
-through v0.4.0; perf/rl/switch.py).
+through v0.4.0; perf/rl/switch.py). ``kl`` (optional, true | false; empty: the spec's
+default, true): whether the run had a KL term, so a reference log-prob pass.
+
+``data/validation/rl_runs_other.csv``: the same columns, the measured steps of frameworks other
+than NeMo-RL (verl), all held out; ``aihpc validate --rl`` prices both files.
 """
 
 from __future__ import annotations
@@ -64,6 +68,9 @@ _INTS = (
 _TRAINING = ("moe_stack", "cuda_graphs")
 
 
+DEFAULT_FILES = ("rl_runs.csv", "rl_runs_other.csv")
+
+
 def _default_csv(name: str = "rl_runs.csv") -> Path:
     return Path(str(resources.files("aihpc.perf.fit") / "data" / "validation" / name))
 
@@ -95,6 +102,8 @@ def rl_runspec(row: dict[str, str]) -> dict[str, Any]:
         rl["rollout_gpus"] = v["rollout_gpus"]
     if row.get("weight_sync"):  # the refit the run used (auto where the column is absent)
         rl["weight_sync"] = row["weight_sync"]
+    if (row.get("kl") or "").strip():  # a run without a KL term has no reference pass
+        rl["kl"] = _flag(row, "kl")
     offload = (row.get("offload_optimizer_for_logprob") or "").strip()
     if offload:  # NeMo-RL through v0.4.0 moved the optimizer out for the log-prob passes
         rl["offload_optimizer_for_logprob"] = _flag(row, "offload_optimizer_for_logprob")
@@ -177,12 +186,16 @@ class RLValidation:
 
 
 def validate_rl(path: str | Path | None = None, which: str | None = None) -> RLValidation:
-    """Price every row of the RL runs CSV (``which``: only the rows of that set)."""
-    path = Path(path) if path is not None else _default_csv()
-    with open(path, newline="", encoding="utf-8") as f:
-        table = list(csv.DictReader(f))
+    """Price every row of the RL runs CSV (``which``: only the rows of that set). By default the
+    project's two files: NeMo-RL's runs (rl_runs.csv) and other frameworks' (rl_runs_other.csv,
+    all held out)."""
+    paths = [Path(path)] if path is not None else [_default_csv(n) for n in DEFAULT_FILES]
+    table = []
+    for p in paths:
+        with open(p, newline="", encoding="utf-8") as f:
+            table += [(p, row) for row in csv.DictReader(f)]
     rows = []
-    for row in table:
+    for path, row in table:
         if which is not None and row["set"] != which:
             continue
         try:
