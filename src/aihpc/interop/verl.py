@@ -34,7 +34,13 @@ _DEFAULTS: dict[str, Any] = {
             "use_kl_loss": False,
             "ulysses_sequence_parallel_size": 1,
         },
-        "rollout": {"n": 1, "tensor_model_parallel_size": 2, "gpu_memory_utilization": 0.5},
+        "rollout": {
+            "n": 1,
+            "tensor_model_parallel_size": 2,
+            "gpu_memory_utilization": 0.5,
+            # True until 2025-08-08 (verl ff6978c turned it False): vLLM without CUDA graphs
+            "enforce_eager": True,
+        },
     },
     "algorithm": {"adv_estimator": "gae", "use_kl_in_reward": False},
     "reward_model": {"enable": False},
@@ -134,6 +140,13 @@ def _get(cfg: dict[str, Any], dotted: str) -> Any:
     return node
 
 
+def _bool(cfg: dict[str, Any], dotted: str) -> bool:
+    value = _get(cfg, dotted)
+    if not isinstance(value, bool):
+        raise SpecError(dotted, value, "expected true or false")
+    return value
+
+
 def _int(cfg: dict[str, Any], dotted: str) -> int:
     value = _get(cfg, dotted)
     if isinstance(value, bool) or not isinstance(value, int | str):
@@ -231,6 +244,7 @@ def import_verl(
         "rollout": {
             "tp": _int(cfg, rollout + "tensor_model_parallel_size"),
             "gpu_memory_utilization": _float(cfg, rollout + "gpu_memory_utilization"),
+            "cuda_graphs": not _bool(cfg, rollout + "enforce_eager"),
         },
     }
     unpriced = ["reward_model.enable"] if _get(cfg, "reward_model.enable") else []

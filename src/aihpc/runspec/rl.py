@@ -73,8 +73,13 @@ class RolloutSpec:
     ep: int = 1
     gpu_memory_utilization: float = 0.6  # vLLM's share of GPU memory (weights + KV cache)
     precision: str = "bf16"
+    # decode steps replayed as CUDA graphs (vLLM's enforce_eager off); false: every kernel issued
+    # from Python each step (verl's rollout default until August 2025)
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.cuda_graphs, bool):
+            raise SpecError("rl.rollout.cuda_graphs", self.cuda_graphs, "true or false")
         for f in ("tp", "pp", "ep"):
             value = getattr(self, f)
             if value < 1:

@@ -16,6 +16,10 @@ row ``none``. ``offload_optimizer_for_logprob`` (optional, true | false): the ro
 ``prepare_for_lp_inference`` moved the optimizer state to host memory in every placement
 through v0.4.0; perf/rl/switch.py). ``kl`` (optional, true | false; empty: the spec's
 default, true): whether the run had a KL term, so a reference log-prob pass.
+``rollout_cuda_graphs`` (optional, true | false; empty: true): whether the rollout engine replayed
+its decode steps as CUDA graphs, the negation of the recipe's vLLM ``enforce_eager`` (false in
+NeMo-RL's grpo_math_1B.yaml, v0.3.0-v0.6.0, which every NeMo-RL row's recipe inherits; verl's
+rollout.yaml default True until 2025-08-08, which no verl row's launch script overrides).
 
 ``data/validation/rl_runs_other.csv``: the same columns, the measured steps of frameworks other
 than NeMo-RL (verl), all held out; ``aihpc validate --rl`` prices both files.
@@ -100,6 +104,8 @@ def rl_runspec(row: dict[str, str]) -> dict[str, Any]:
     }
     if row["placement"] == "disaggregated":
         rl["rollout_gpus"] = v["rollout_gpus"]
+    if (row.get("rollout_cuda_graphs") or "").strip():  # vLLM's enforce_eager, negated
+        rl["rollout"]["cuda_graphs"] = _flag(row, "rollout_cuda_graphs")
     if row.get("weight_sync"):  # the refit the run used (auto where the column is absent)
         rl["weight_sync"] = row["weight_sync"]
     if (row.get("kl") or "").strip():  # a run without a KL term has no reference pass

@@ -147,6 +147,7 @@ def bottleneck_sentence(
         "tensor-parallel all-reduces": terms["tp_comm"],
         "MoE dispatch and combine": terms["ep_comm"],
         "kernel launches": terms["launches"],
+        "the host issuing every kernel (no CUDA graphs)": terms["host_wait"],
         "pipeline hops": terms["pp_comm"],
         "norms and element-wise work": terms["elementwise"],
     }
@@ -163,6 +164,7 @@ def bottleneck_sentence(
         "tensor-parallel all-reduces": f"tp {tp} is more than the batch needs",
         "MoE dispatch and combine": "fewer EP ranks per token or a larger batch per rank",
         "kernel launches": "the batch is too small to fill the GPU",
+        "the host issuing every kernel (no CUDA graphs)": "capture CUDA graphs (enforce_eager off)",
         "pipeline hops": "fewer pipeline stages",
         "norms and element-wise work": "fused kernels",
     }[name]

@@ -365,6 +365,31 @@ class StageCompute:
         )
 
 
+def stage_kernels(e: Engine, w: Work, last_stage: bool = True) -> int:
+    """Kernels one stage launches in a step of ``w``: the fused kernels a layer counts on a GPU
+    (KERNELS_PER_LAYER, KERNELS_PER_MOE_LAYER); where the host is the device, the eager ops it
+    dispatches, counted."""
+    dense, moe = stage_layer_counts(e.model, e.plan.pp)
+    if e.gpu.host_is_device:
+        kind = "prefill" if w.prefill_tokens > 0 else "decode"
+        outside = EAGER_OPS_OUTSIDE if last_stage else 0
+        return (dense + moe) * EAGER_OPS_PER_LAYER[kind] + outside
+    return dense * KERNELS_PER_LAYER + moe * KERNELS_PER_MOE_LAYER
+
+
+def host_issue_s(e: Engine, w: Work, last_stage: bool = True) -> float:
+    """The host's time to issue one stage's kernels of a step where no CUDA graph replays them
+    and the engine runs its model as PyTorch ops from Python (software.python_host: vLLM with
+    enforce_eager, as verl's rollout ran by default until August 2025): each counted kernel at
+    ModelParams.host_eager_op_s, the published host cost of one eager op on a CUDA tensor. The
+    GPU runs a kernel only once it is issued, so a step is no shorter than this (0: graphs
+    replay the step, or a C++ runtime enqueues it at the launch gap already priced)."""
+    sw = e.plan.software
+    if sw.cuda_graphs or not sw.python_host or e.gpu.host_is_device:
+        return 0.0
+    return stage_kernels(e, w, last_stage) * e.params.host_eager_op_s
+
+
 def stage_compute(e: Engine, w: Work, last_stage: bool = True) -> StageCompute:
     """One step of ``w`` through the largest stage's layers (and the output layer for the
     sequences that sample a token, on the last stage)."""
@@ -383,10 +408,7 @@ def stage_compute(e: Engine, w: Work, last_stage: bool = True) -> StageCompute:
         moe_s += moe * moe_copy_moves_s(e, t)
     sampled = w.decode_seqs + (w.prefill_tokens / max(w.prefill_len, 1.0))
     logits = gemm_s(e, sampled, m.hidden_size, m.vocab_size / tp) if last_stage else 0.0
-    kernels = dense * KERNELS_PER_LAYER + moe * KERNELS_PER_MOE_LAYER
-    if e.gpu.host_is_device:  # the eager ops the host dispatches, counted
-        kind = "prefill" if w.prefill_tokens > 0 else "decode"
-        kernels = layers * EAGER_OPS_PER_LAYER[kind] + (EAGER_OPS_OUTSIDE if last_stage else 0)
+    kernels = stage_kernels(e, w, last_stage)
     return StageCompute(
         gemm=gemm,
         moe=moe_s,

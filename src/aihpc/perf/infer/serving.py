@@ -209,6 +209,7 @@ def steady_state(
         ep_comm=dec.ep_comm,
         pp_comm=dec.pp_comm + pre.total,  # prefill steps between decode steps
         stages=dec.stages,
+        host_issue=dec.host_issue,
     )
     one = step_time(e, cluster, Work(prefill_tokens=isl, prefill_keys=keys, prefill_len=isl))
     return ServingEstimate(plan, load, batch, merged, one.total, merged.total, memory, limit)

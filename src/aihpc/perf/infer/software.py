@@ -1,6 +1,7 @@
 """Serving-engine software facts (data/engines.toml): what an engine of a given version does
-that changes a step's cost: CUDA graphs for decode, grouped-query decode kernels, the two-batch
-overlap of prefill communication with compute and the SMs that communication holds. An
+that changes a step's cost: CUDA graphs for decode (without them, a Python-driven engine's step
+is no faster than its host issues the step's kernels), grouped-query decode kernels, the
+two-batch overlap of prefill communication with compute and the SMs that communication holds. An
 ``[inference]`` spec or a published row names its ``engine``; ``default`` is a current engine
 (the model's assumptions before these facts were separate).
 """
@@ -32,13 +33,23 @@ class Software:
     gqa_grouped_decode: bool = True
     two_batch_overlap: bool = False
     comm_sms: int = 0
+    # without CUDA graphs, who issues each kernel of a step: PyTorch ops called from Python (vLLM,
+    # SGLang: ModelParams.host_eager_op_s a kernel, which the GPU waits for where its kernels are
+    # shorter) or a C++ runtime (TensorRT-LLM: a launch, already the kernel's launch gap)
+    python_host: bool = True
 
     def to_json(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 DEFAULT_SOFTWARE = Software()
-SOFTWARE_FACTS = ("cuda_graphs", "gqa_grouped_decode", "two_batch_overlap", "comm_sms")
+SOFTWARE_FACTS = (
+    "cuda_graphs",
+    "gqa_grouped_decode",
+    "two_batch_overlap",
+    "comm_sms",
+    "python_host",
+)
 
 
 @cache

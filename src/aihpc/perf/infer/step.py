@@ -18,6 +18,7 @@ from aihpc.perf.infer.kernels import (
     StageCompute,
     Work,
     busiest_expert_share,
+    host_issue_s,
     stage_compute,
 )
 from aihpc.perf.infer.kv import stage_layer_counts
@@ -40,6 +41,9 @@ class StepTime:
     # two-batch overlap: the share of the SMs the overlapped all-to-all holds (None:
     # communication is added to the step)
     overlap_sm_share: float | None = None
+    # one stage's kernels issued from Python without CUDA graphs (kernels.host_issue_s; 0: not
+    # host-issued): a stage takes no less than it
+    host_issue: float = 0.0
 
     @property
     def stage_s(self) -> float:
@@ -51,7 +55,13 @@ class StepTime:
         one micro-batch's combine or dispatch beside each compute block of the other), and
         SGLang's two-batch-overlap prefill runs its DeepGEMM kernels on ``total SMs - DeepEP's
         SMs`` for the whole overlapped forward (sglang batch_overlap/operations_strategy.py,
-        ``_compute_moe_deepseek_blog_prefill``: ``deep_gemm_num_sms``)."""
+        ``_compute_moe_deepseek_blog_prefill``: ``deep_gemm_num_sms``). Without CUDA graphs
+        in a Python-driven engine, no shorter than the host's issue of its kernels (the GPU
+        idles between kernels it runs faster than they come)."""
+        return max(self._gpu_stage_s, self.host_issue)
+
+    @property
+    def _gpu_stage_s(self) -> float:
         comm = self.tp_comm + self.ep_comm
         if self.overlap_sm_share is None:
             return self.compute.total + comm
@@ -75,6 +85,7 @@ class StepTime:
             "tp_comm": n * self.tp_comm,
             "ep_comm": n * self.ep_comm,
             "pp_comm": self.pp_comm,
+            "host_wait": n * max(self.host_issue - self._gpu_stage_s, 0.0),
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -127,11 +138,13 @@ def step_time(e: Engine, cluster: ClusterSpec, w: Work) -> StepTime:
     pp = e.plan.pp
     if pp == 1:
         tp_c, ep_c = _stage_comm(e, cluster, w)
-        return StepTime(stage_compute(e, w), tp_c, ep_c, 0.0, 1, _overlap_share(e, w))
+        host = host_issue_s(e, w)
+        return StepTime(stage_compute(e, w), tp_c, ep_c, 0.0, 1, _overlap_share(e, w), host)
     micro = _scaled(w, 1.0 / pp)
     tp_c, ep_c = _stage_comm(e, cluster, micro)
     # the output layer runs on the last stage only: one stage in pp carries it
     compute = stage_compute(e, micro)
     compute = replace(compute, logits=compute.logits / pp)
     hop = pp_hop_s(cluster, micro.tokens * e.model.hidden_size * e.act_bytes, e.plan.tp, e.params)
-    return StepTime(compute, tp_c, ep_c, pp * hop, pp, _overlap_share(e, micro))
+    host = host_issue_s(e, micro)
+    return StepTime(compute, tp_c, ep_c, pp * hop, pp, _overlap_share(e, micro), host)

@@ -5,7 +5,10 @@ batching in the KV cache its ``gpu_memory_utilization`` leaves beside its weight
 ends with the longest response, so the long tail of the length distribution is paid. Every
 decode step also pays the engine's host work the GPU waits for (perf/rl/overheads.py: the
 scheduler, input preparation, sampled tokens and their log-probs back to the host), which
-weighs most in that tail, where a few sequences decode at a small batch.
+weighs most in that tail, where a few sequences decode at a small batch. An engine without CUDA
+graphs (``[rl.rollout] cuda_graphs = false``: vLLM's enforce_eager) takes no less per decode
+step than its host issues the step's kernels from Python (perf/infer/kernels.py host_issue_s),
+which the tail's small batches pay in full.
 
 Asynchronous (staleness k >= 1): up to k + 1 steps' requests are queued, so an engine fills
 the slot a finished response frees with the next step's prompts; but a step's samples can start
@@ -24,6 +27,7 @@ from typing import Any
 
 from aihpc.perf.infer.kv import ServingPlan
 from aihpc.perf.infer.rollout import LengthDist, RolloutEstimate, estimate_rollout
+from aihpc.perf.infer.software import software_for
 from aihpc.perf.rl.overheads import overheads
 from aihpc.perf.step.params import DEFAULT_PARAMS, ModelParams
 from aihpc.runspec.cluster import ClusterSpec
@@ -54,7 +58,8 @@ class Rollout:
 
 def serving_plan(model: ModelSpec, rl: RLSpec) -> ServingPlan:
     r = rl.rollout
-    plan = ServingPlan(tp=r.tp, pp=r.pp, ep=r.ep, weight_dtype=r.precision)
+    software = software_for("default", cuda_graphs=r.cuda_graphs)
+    plan = ServingPlan(tp=r.tp, pp=r.pp, ep=r.ep, weight_dtype=r.precision, software=software)
     plan.check(model)
     return plan
 
