@@ -236,7 +236,7 @@ class TrainingSpec:
     # --deterministic-mode), so PyTorch fills every tensor its empty kernel returns with NaN
     # (fill_uninitialized_memory, on by default): each output Transformer Engine allocates is
     # written twice. Priced as memory traffic by perf/step/deterministic_fill.py (the VLM
-    # estimate); aihpc's trainer does not set it.
+    # estimate) and perf/step/params_norm.py; aihpc's trainer does not set it.
     deterministic: bool = False
     train_steps: int = 100
     learning_rate: float = 3e-4
