@@ -48,6 +48,8 @@ def _model(activation: str = "swiglu", kv_heads: int | None = None) -> ModelSpec
 _FWD = {
     "qkv norm output": (4096, False),
     "qkv": (3 * 4096, True),
+    "rotated query": (4096, True),
+    "rotated key": (4096, True),
     "attention output": (4096, True),
     "projection": (4096, False),
     "fc1 norm output": (4096, False),
@@ -60,6 +62,8 @@ _BWD = {
     "fc1 norm dx": (4096, False),
     "projection dgrad": (4096, True),
     "attention dq dk dv": (3 * 4096, True),
+    "rope dq": (4096, True),
+    "rope dk": (4096, True),
     "qkv dgrad": (4096, False),
     "qkv norm dx": (4096, False),
 }
@@ -76,7 +80,7 @@ def test_a_dense_layer_fills_its_te_outputs(tp: int) -> None:
 def test_grouped_keys_and_an_ungated_mlp_fill_less() -> None:
     fwd, bwd = df.fill_elements(_model(), 1)
     gqa_fwd, gqa_bwd = df.fill_elements(_model(kv_heads=8), 1)
-    kv_saved = 2 * (4096 - 8 * 128)  # K and V at 8 of 32 heads
+    kv_saved = 3 * (4096 - 8 * 128)  # K and V at 8 of 32 heads, and the rotated K
     assert (fwd - gqa_fwd, bwd - gqa_bwd) == (kv_saved, kv_saved)
     gelu_fwd, gelu_bwd = df.fill_elements(_model("gelu"), 1)
     assert (fwd - gelu_fwd, bwd - gelu_bwd) == (11008, 0)
@@ -103,13 +107,13 @@ def test_the_term_is_the_filled_bytes_at_the_bandwidth(precision: str) -> None:
     fwd, bwd = df.fill_elements(m, 1)
     got = df.fill_s(m, tokens, layers, 1, mbs, False, gpu, spec.training, DEFAULT_PARAMS)
     want = stream_time_s(
-        tokens * layers * (fwd + bwd) * size, gpu, DEFAULT_PARAMS, kernels=mbs * layers * 14
+        tokens * layers * (fwd + bwd) * size, gpu, DEFAULT_PARAMS, kernels=mbs * layers * 18
     )
     assert got == pytest.approx(want)
     # full recompute runs each layer's forward twice, and fills twice
     again = df.fill_s(m, tokens, layers, 1, mbs, True, gpu, spec.training, DEFAULT_PARAMS)
     extra = stream_time_s(
-        tokens * layers * fwd * size, gpu, DEFAULT_PARAMS, kernels=mbs * layers * 7
+        tokens * layers * fwd * size, gpu, DEFAULT_PARAMS, kernels=mbs * layers * 9
     )
     assert again - got == pytest.approx(extra)
     off = _training(False, precision)

@@ -13,14 +13,16 @@ Transformer Engine layer returns is written twice: once by the fill, once by the
 
 Counted per token and dense layer, on one rank (column-parallel outputs split ``tp`` ways),
 as Megatron-Core's Transformer Engine layer spec builds the layer (``TELayerNormColumnParallel
-Linear`` for QKV and FC1, ``TEDotProductAttention``, ``TERowParallelLinear`` for the output
-projection and FC2; the SwiGLU and the residual adds are Megatron's fused PyTorch functions,
-structured kernels, not filled):
+Linear`` for QKV and FC1, Transformer Engine's fused RoPE applied to the query and the key
+apart, ``TEDotProductAttention``, ``TERowParallelLinear`` for the output projection and FC2;
+the SwiGLU and the residual adds are Megatron's fused PyTorch functions, structured kernels,
+not filled):
 
-- forward: the QKV norm's output (h), QKV (q + 2 kv), the attention output (q), the projection
-  (h), FC1's norm output (h), FC1 (f, 2f gated), FC2 (h);
+- forward: the QKV norm's output (h), QKV (q + 2 kv), the rotated query (q) and key (kv), the
+  attention output (q), the projection (h), FC1's norm output (h), FC1 (f, 2f gated), FC2 (h);
 - backward (input gradients): FC2's (f), FC1's (h) and its norm's (h), the projection's (q),
-  attention's dQ, dK, dV (q + 2 kv), QKV's (h) and its norm's (h).
+  attention's dQ, dK, dV (q + 2 kv), the RoPE's (q + kv: ``fused_rope_backward``'s
+  ``at::empty``), QKV's (h) and its norm's (h).
 
 Weight gradients are not counted (Megatron accumulates them in place under its default
 gradient-accumulation fusion; a frozen layer has none). Each fill is one memory-bound kernel
@@ -44,8 +46,8 @@ __all__ = ["ACTIVATION_BYTES", "FILLS_BWD", "FILLS_FWD", "fill_elements", "fill_
 # bf16 / fp16 activations (under FP8 recipes Transformer Engine's GEMMs return 16-bit too).
 ACTIVATION_BYTES = 2
 # Filled allocations a layer makes per pass (the list above): the kernels the fill launches.
-FILLS_FWD = 7
-FILLS_BWD = 7
+FILLS_FWD = 9
+FILLS_BWD = 9
 
 
 def fill_elements(model: ModelSpec, tp: int) -> tuple[float, float]:
@@ -55,8 +57,9 @@ def fill_elements(model: ModelSpec, tp: int) -> tuple[float, float]:
     q = model.num_attention_heads * model.kv_channels
     kv = model.kv_heads * model.kv_channels
     f_in = 2 * f if model.ffn_activation == "swiglu" else f
-    fwd = h + (q + 2 * kv) / tp + q / tp + h + h + f_in / tp + h
-    bwd = f / tp + h + h + q / tp + (q + 2 * kv) / tp + h + h
+    rope = (q + kv) / tp  # the rotated query and key, or their gradients
+    fwd = h + (q + 2 * kv) / tp + rope + q / tp + h + h + f_in / tp + h
+    bwd = f / tp + h + h + q / tp + (q + 2 * kv) / tp + rope + h + h
     return fwd, bwd
 
 
