@@ -138,3 +138,16 @@ def test_a_frozen_vlm_prices_every_frozen_parameter() -> None:
         pn.FROZEN_BF16_BYTES * on.llm.params.per_gpu, spec.cluster.gpu, DEFAULT_PARAMS
     )
     assert on.time_s["params_norm"] > floor
+
+
+def test_deterministic_mode_fills_the_fp32_copy_first() -> None:
+    """Under training.deterministic the frozen parameter's fp32 copy is filled with NaN by
+    its allocation before the cast writes it: 4 more bytes a frozen parameter, none for a
+    trained one (its main copy already exists)."""
+    base = runspec_from_dict(_text_spec(True))
+    det = dataclasses.replace(base.training, deterministic=True)
+    n = 4096
+    assert pn.norm_bytes(0, n, 1, det) - pn.norm_bytes(0, n, 1, base.training) == (
+        pn.DETERMINISTIC_COPY_FILL_BYTES * n
+    )
+    assert pn.norm_bytes(n, 0, 1, det) == pn.norm_bytes(n, 0, 1, base.training)

@@ -232,6 +232,12 @@ class TrainingSpec:
     # --log-params-norm): a frozen bf16 parameter is copied to fp32 first. Priced as memory
     # traffic by perf/step/params_norm.py; aihpc's trainer does not compute it.
     log_params_norm: bool = False
+    # true: the run sets torch.use_deterministic_algorithms(True) (Megatron's
+    # --deterministic-mode), so PyTorch fills every tensor its empty kernel returns with NaN
+    # (fill_uninitialized_memory, on by default): each output Transformer Engine allocates is
+    # written twice. Priced as memory traffic by perf/step/deterministic_fill.py (the VLM
+    # estimate) and perf/step/params_norm.py; aihpc's trainer does not set it.
+    deterministic: bool = False
     train_steps: int = 100
     learning_rate: float = 3e-4
     min_lr_ratio: float = 0.1  # cosine decays to learning_rate * min_lr_ratio

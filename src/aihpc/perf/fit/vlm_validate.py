@@ -150,7 +150,7 @@ def row_spec(row: dict[str, str]) -> RunSpec:
     for text in ("attention", "cross_entropy", "zero3_gather", "dtensor_dispatch"):
         if cell(row, text):
             training[text] = cell(row, text)
-    for flag in ("fused_kernels", "log_params_norm"):
+    for flag in ("fused_kernels", "log_params_norm", "deterministic"):
         if cell(row, flag):
             training[flag] = _bool(row, flag)
     mm: dict[str, Any] = {

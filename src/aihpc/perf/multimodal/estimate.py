@@ -32,6 +32,7 @@ from aihpc.perf.multimodal.workload import (
     rates_for,
     sample_cost,
 )
+from aihpc.perf.step import deterministic_fill
 from aihpc.perf.step.dtensor_host import stage_tensors
 from aihpc.perf.step.estimate import Estimate, estimate_plan
 from aihpc.perf.step.flops import counted_keys, layer_flops
@@ -245,6 +246,12 @@ def _price(
     extra_terms, forward_s = _encoder_step_terms(spec, plan, where, rates, samples_mb, m, params)
     time_s |= extra_terms
     time_s["params_norm"] = _params_norm_s(spec, plan, est, where, e_tp, params)
+    tokens = m * plan.micro_batch_size * lay.llm_seq / plan.cp  # the rank's, a step
+    full = plan.recompute == "full"
+    layers = spec.model.num_layers // plan.pp
+    time_s["deterministic_fill"] = deterministic_fill.fill_s(
+        spec.model, tokens, layers, plan.tp, m, full, spec.cluster.gpu, spec.training, params
+    )
     step = sum(time_s.values())
     if mm.image_processor != "none":  # the data loader's host time (loader.py)
         samples_rank = plan.global_batch_size * lay.samples_per_seq // plan.dp

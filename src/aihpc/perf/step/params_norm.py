@@ -11,7 +11,10 @@ a parameter without one (frozen: no optimizer holds it) is copied to fp32 first
 ``--fp16`` or fp32 the parameter itself is read, 2 or 4 bytes. The copies are element-wise
 traffic at the GPU's memory bandwidth (``gemm.stream_time_s``): one cast launch per frozen
 tensor, the norm's own launches counted as one. The norm's two one-element all-reduces are not
-priced (latency, once a step).
+priced (latency, once a step). Under ``training.deterministic`` (Megatron's
+``--deterministic-mode``) the fp32 copy's allocation (``_to_copy``'s ``at::empty_strided``) is
+filled with NaN before the cast writes it: 4 more bytes written per frozen parameter
+(perf/step/deterministic_fill.py).
 
 ``tests/perf/test_params_norm.py`` checks ``norm_bytes`` against the bytes this description
 gives, parameter kind by kind.
@@ -26,11 +29,19 @@ from aihpc.perf.step.params import ModelParams
 from aihpc.runspec.cluster import GPUSpec
 from aihpc.runspec.training import TrainingSpec
 
-__all__ = ["FROZEN_BF16_BYTES", "MAIN_COPY_BYTES", "norm_bytes", "params_norm_s"]
+__all__ = [
+    "DETERMINISTIC_COPY_FILL_BYTES",
+    "FROZEN_BF16_BYTES",
+    "MAIN_COPY_BYTES",
+    "norm_bytes",
+    "params_norm_s",
+]
 
 # A bf16 parameter with no fp32 main copy: read 2 (the cast), write 4 (the copy), read 4 (the
 # norm).
 FROZEN_BF16_BYTES = 2 + 4 + 4
+# Under deterministic mode the fp32 copy is filled with NaN first: one more 4-byte write.
+DETERMINISTIC_COPY_FILL_BYTES = 4
 # A trained parameter's fp32 main copy, read by the norm.
 MAIN_COPY_BYTES = 4
 
@@ -44,7 +55,8 @@ def norm_bytes(trained: Any, frozen: Any, shard: Any, training: TrainingSpec) ->
     """Bytes one rank's norm moves over ``trained`` parameters (with a main copy, sharded
     ``shard`` ways under the distributed optimizer) and ``frozen`` ones (none)."""
     if _bf16(training):
-        return MAIN_COPY_BYTES * trained / shard + FROZEN_BF16_BYTES * frozen
+        fill = DETERMINISTIC_COPY_FILL_BYTES if training.deterministic else 0
+        return MAIN_COPY_BYTES * trained / shard + (FROZEN_BF16_BYTES + fill) * frozen
     per = 2 if training.precision == "fp16" else 4
     return per * (trained + frozen)
 
