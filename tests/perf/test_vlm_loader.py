@@ -136,3 +136,40 @@ def test_figures_are_per_unit_rates_of_the_csv() -> None:
         p: _per("processor", p) for p in ("hf-torchvision", "hf-pil")
     }
     assert f.text_s_per_token == _per("text") * _per("text_bytes")
+
+
+def test_predecoded_images_cost_the_processor_alone() -> None:
+    """A data set decoded before training (multimodal.predecoded) loads each step's images with
+    no decode: samples x (images x processor x pixels + text), the decode's share gone."""
+    mm = {"images_per_sample": 2, "image_tokens": 576, "text_tokens": 30}
+    mm |= {"image_processor": "hf-torchvision"}
+    decoded = _spec("qwen3-vl-4b", {**mm, "predecoded": True})
+    fresh = _spec("qwen3-vl-4b", mm)
+    v, m, m0 = decoded.vision, decoded.multimodal, fresh.multimodal
+    assert v is not None and m is not None and m0 is not None
+    pixels = image_pixels(v, 576)
+    text = 30 * _per("text") * _per("text_bytes")
+    want = 4 * (2 * _per("processor", "hf-torchvision") * pixels + text)
+    assert loader_s(v, m, 4) == pytest.approx(want, rel=1e-12)
+    gone = loader_s(v, m0, 4) - loader_s(v, m, 4)
+    assert gone == pytest.approx(4 * 2 * _per("decode") * pixels, rel=1e-9)
+    with pytest.raises(SpecError, match=r"multimodal\.predecoded"):
+        _spec("qwen3-vl-4b", {**mm, "predecoded": "yes"})
+
+
+def test_the_rows_that_build_their_data_set_as_a_list_are_predecoded() -> None:
+    """NeMo AutoModel's make_rdr_dataset / make_medpix_dataset (A1, A2) return a list read from
+    a Hugging Face data set, so their images are decoded before the first step; the rows with a
+    loader priced and another loader (S1's LLaVA workers read image files) are not."""
+    path = resources.files("aihpc.perf.fit").joinpath("data/validation/vlm_step_runs.csv")
+    with path.open(encoding="utf-8") as fh:
+        rows = {r["id"]: r for r in csv.DictReader(fh)}
+    flagged = {i for i, r in rows.items() if r["predecoded"] == "true"}
+    assert flagged == {"A1", "A2"}
+    for i in flagged:
+        spec = row_spec(rows[i])
+        assert spec.multimodal is not None and spec.multimodal.predecoded
+        assert "make_" in rows[i]["note"] and "predecoded" in rows[i]["note"].lower()
+    bad = {**rows["A1"], "predecoded": "maybe"}
+    with pytest.raises(SpecError, match="predecoded"):
+        row_spec(bad)

@@ -254,6 +254,10 @@ class MultimodalSpec:
     # process, serially before each step; w: w processes working ahead of the step)
     image_processor: str = "none"
     loader_workers: int = 0
+    # true: every image was decoded once before training (a recipe that builds its data set as
+    # a list by iterating a Hugging Face data set, whose Image feature loads each image as it is
+    # read), so a step's loading resizes and normalises but decodes nothing
+    predecoded: bool = False
 
     def __post_init__(self) -> None:
         check_choice("multimodal.placement", self.placement, ("auto", *PLACEMENTS))

@@ -37,7 +37,7 @@ TARGET_VLM_MAX_ERROR = 0.30
 
 VLM_COLUMNS = ("id", "vlm", "gpu", "num_gpus", "global_batch_size", "samples", "measured_hours")
 _PLAN_INT = ("tp", "pp", "cp", "dp", "micro_batch_size", "global_batch_size", "zero_stage")
-_FLAGS = ("packing", "freeze_encoder", "freeze_projector", "freeze_llm")
+_FLAGS = ("packing", "freeze_encoder", "freeze_projector", "freeze_llm", "predecoded")
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ rank's share of the global batch, images a sample drawn from the data fact (as t
 a distribution, summed over the rank's samples; the step waits for the slowest data-parallel
 rank, priced as the expected maximum as imbalance.py prices the encoder's), and
 
-* decode = seconds a pixel of a single-thread Pillow JPEG decode x the image's pixels;
+* decode = seconds a pixel of a single-thread Pillow JPEG decode x the image's pixels, or 0
+  where ``multimodal.predecoded`` (the images were decoded once, before training);
 * process = seconds a pixel of the processor (``multimodal.image_processor``) x its pixels;
 * text = seconds a byte of Hugging Face's tokenizers x bytes a token x the sample's text tokens.
 
@@ -91,7 +92,8 @@ def loader_grid(v: VisionSpec, mm: MultimodalSpec, samples: int) -> Grid:
     if mm.image_processor == "none":
         return Grid.point(0.0)
     f = loader_figures()
-    per_pixel = f.decode_s_per_pixel + f.processor_s_per_pixel[mm.image_processor]
+    decode = 0.0 if mm.predecoded else f.decode_s_per_pixel
+    per_pixel = decode + f.processor_s_per_pixel[mm.image_processor]
     d = mm.image_tokens
     image = Grid.of([per_pixel * image_pixels(v, t) for t in d.values], d.weights)
     sample = compound(mm.images_per_sample, image).add(
