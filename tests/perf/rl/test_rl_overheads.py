@@ -101,17 +101,17 @@ def test_the_ceiling_is_the_rate_published_for_the_runs_moe_stack():
 
     spec = _spec()
     cluster = spec.training_cluster()
-    rows = overheads().ceilings[(spec.model.name, cluster.gpu.id)]
-    stacks = {stack for _, stack in rows if stack}
+    rows = [c for c in overheads().ceilings[(spec.model.name, cluster.gpu.id)] if not c.token_drop]
+    stacks = {c.stack for c in rows if c.stack}
     assert len(stacks) >= 2  # the same model and GPU measured on two dispatchers
-    fastest = max(rate for rate, _ in rows)
+    fastest = max(c.rate for c in rows)
     for stack in stacks:
-        own = max(rate for rate, s in rows if s == stack)
+        own = max(c.rate for c in rows if c.stack == stack)
         assert ceiling_rate(spec.model, cluster, stack) == own
     assert ceiling_rate(spec.model, cluster, "unknown") == fastest
     assert ceiling_rate(spec.model, cluster, "torch-deepep") == fastest  # no row of its own
-    slowest = min(rate for rate, s in rows if s)
-    stack = next(s for rate, s in rows if rate == slowest)
+    slowest = min(c.rate for c in rows if c.stack)
+    stack = next(c.stack for c in rows if c.rate == slowest)
     tokens = 1e6
     assert training_ceiling_s(spec.model, cluster, tokens, 8, stack) == pytest.approx(
         tokens / (slowest * 8)
@@ -124,3 +124,54 @@ def test_the_ceiling_is_the_rate_published_for_the_runs_moe_stack():
         spec.model, cluster, rl.samples_per_step * (rl.prompt_len + rl.response_len), 32, stack
     )
     assert on_stack.phases_s["update"] >= floor
+
+
+def _with_ceilings(monkeypatch, rows):
+    """overheads() with these [[training_ceiling]] rows for (qwen3-30b-a3b, the GPU) only."""
+    from aihpc.perf.rl import overheads as mod
+
+    base = mod.overheads()
+    table = dict(base.ceilings)
+    table.update(rows)
+    monkeypatch.setattr(mod, "overheads", lambda: replace(base, ceilings=table))
+
+
+def test_a_token_dropping_rate_bounds_only_its_own_stack_and_only_without_a_dropless_one(
+    monkeypatch,
+):
+    """A dropless run on a stack is bounded by that stack's dropless rate; where the stack was
+    published only with dropped tokens, by that (faster, so looser) rate; a token-dropping rate
+    never bounds another stack's run, nor a run whose stack is unknown."""
+    from aihpc.perf.rl.overheads import Ceiling, ceiling_rate
+
+    spec = _spec()
+    cluster = spec.training_cluster()
+    key = (spec.model.name, cluster.gpu.id)
+    alltoall_drop = Ceiling(9000.0, "megatron-alltoall", token_drop=True)
+    alltoall = Ceiling(4000.0, "megatron-alltoall")
+    hybridep = Ceiling(7000.0, "megatron-hybridep")
+    _with_ceilings(monkeypatch, {key: [alltoall_drop, alltoall, hybridep]})
+    assert ceiling_rate(spec.model, cluster, "megatron-alltoall") == alltoall.rate
+    assert ceiling_rate(spec.model, cluster, "megatron-hybridep") == hybridep.rate
+    assert ceiling_rate(spec.model, cluster, "unknown") == hybridep.rate
+    _with_ceilings(monkeypatch, {key: [alltoall_drop, hybridep]})
+    assert ceiling_rate(spec.model, cluster, "megatron-alltoall") == alltoall_drop.rate
+    assert ceiling_rate(spec.model, cluster, "megatron-deepep") == hybridep.rate
+    assert ceiling_rate(spec.model, cluster, "unknown") == hybridep.rate
+    _with_ceilings(monkeypatch, {key: [alltoall_drop]})  # nothing else published
+    assert ceiling_rate(spec.model, cluster, "unknown") == alltoall_drop.rate
+
+
+def test_the_published_token_drop_pair_runs_faster_than_dropless_on_the_same_stack():
+    """The direction the rule relies on, in the data: where Megatron-Bridge published the same
+    model, GPU and alltoall layout both ways (Qwen3-30B-A3B on 16 H100), the token-dropping
+    rate is the faster; and every GB200 MoE row of the RL validation has an alltoall bound."""
+    rows = overheads().ceilings[("qwen3-30b-a3b", "h100-sxm")]
+    drop = [c.rate for c in rows if c.stack == "megatron-alltoall" and c.token_drop]
+    dropless = [c.rate for c in rows if c.stack == "megatron-alltoall" and not c.token_drop]
+    assert drop and dropless and min(drop) > max(dropless)
+    for model in ("qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3"):
+        gb200 = overheads().ceilings[(model, "gb200")]
+        assert any(c.stack == "megatron-alltoall" and c.token_drop for c in gb200)
+    dropped = [v for k, v in overheads().sources.items() if " token-drop " in k]
+    assert len(dropped) == 6 and all("(tokendrop)" in v and "alltoall" in v for v in dropped)

@@ -14,7 +14,9 @@ published measurement of one component, its source named there):
   MoE stack its run used (``moe_stack``: the token dispatcher, training.MOE_STACKS) bounds the
   runs on that stack, since the dispatcher, not the GPU, sets a small MoE's rate: Qwen3-30B-A3B
   on 16 H100 trained at 5,275 tokens/s/GPU with Megatron-Core's alltoall dispatcher and at
-  8,960 after the same benchmark moved to HybridEP (data/overheads.toml).
+  8,960 after the same benchmark moved to HybridEP (data/overheads.toml). A row measured with
+  dropped tokens (``token_drop``) bounds a dropless run only on its own stack and only where no
+  dropless row of that stack exists: GB200's alltoall rates are published token-dropping only.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from aihpc.runspec.errors import SpecError
 from aihpc.runspec.model import ModelSpec
 
 __all__ = [
+    "Ceiling",
     "HostRates",
     "Overheads",
     "ceiling_rate",
@@ -40,13 +43,22 @@ __all__ = [
 
 
 @dataclass(frozen=True)
+class Ceiling:
+    """One published pre-training rate (a ``[[training_ceiling]]`` row)."""
+
+    rate: float  # tokens per second per GPU
+    stack: str | None  # the run's moe_stack, None where the row names none
+    token_drop: bool = False  # the run dropped tokens (capacity-bounded experts)
+
+
+@dataclass(frozen=True)
 class Overheads:
     engine_step_s: float  # host time per decode step the GPU waits for
     # gpu id -> (pageable device-to-host, pageable host-to-device) GB/s of its host
     pageable_GBps: dict[str, tuple[float, float]]
     orchestration_s: float  # per RL step, on the training side
-    # (model preset, gpu id) -> [(tokens / s / GPU, the run's moe_stack or None where unnamed)]
-    ceilings: dict[tuple[str, str], list[tuple[float, str | None]]]
+    # (model preset, gpu id) -> the published pre-training rates of that model on that GPU
+    ceilings: dict[tuple[str, str], list[Ceiling]]
     sources: dict[str, str]
 
 
@@ -63,14 +75,17 @@ def overheads() -> Overheads:
     for row in t["host_copy"]:
         rates = (_mean(row["pageable_d2h_GBps"]), _mean(row["pageable_h2d_GBps"]))
         pageable.update({gpu: rates for gpu in row["gpus"]})
-    ceilings: dict[tuple[str, str], list[tuple[float, str | None]]] = {}
+    ceilings: dict[tuple[str, str], list[Ceiling]] = {}
     sources = {k: t[k]["source"] for k in ("engine_step", "orchestration")}
     sources.update({f"host_copy {row['host']}": row["source"] for row in t["host_copy"]})
     for row in t["training_ceiling"]:
-        rate = (float(row["tokens_per_s_per_gpu"]), row.get("moe_stack"))
+        drop = bool(row.get("token_drop", False))
+        rate = Ceiling(float(row["tokens_per_s_per_gpu"]), row.get("moe_stack"), drop)
         ceilings.setdefault((row["model"], row["gpu"]), []).append(rate)
         stack = f" {row['moe_stack']}" if row.get("moe_stack") else ""
-        sources[f"training_ceiling {row['model']} {row['gpu']}{stack}"] = row["source"]
+        key = f"training_ceiling {row['model']} {row['gpu']}{stack}"
+        key += f" token-drop {rate.rate:g}" if drop else ""
+        sources[key] = row["source"]
     return Overheads(
         engine_step_s=float(t["engine_step"]["seconds"]),
         pageable_GBps=pageable,
@@ -110,12 +125,19 @@ def host_rates(cluster: ClusterSpec) -> HostRates:
 
 def ceiling_rate(model: ModelSpec, cluster: ClusterSpec, moe_stack: str = "unknown") -> float:
     """Tokens per second per GPU Megatron Core is published to pre-train this model at on this
-    GPU: the fastest row of the run's own MoE stack where one names it, else the fastest row of
-    any stack (the loosest bound: a stack not measured, or not stated); 0 where no row names
-    the model and the GPU."""
+    GPU, for a dropless run (every RL framework's default): the fastest dropless row of the run's
+    own MoE stack; where that stack was measured only with dropped tokens, the fastest of those
+    (a capacity-bounded run does no more work and no host sync, so its rate is at least the
+    stack's dropless one: a looser bound, never a wrong one); where no row names the stack (or
+    the run states none), the fastest dropless row of any stack, the loosest bound. A
+    token-dropping row never stands for another stack. 0 where no row names the model and GPU."""
     rows = overheads().ceilings.get((model.name, cluster.gpu.id), [])
-    same = [rate for rate, stack in rows if stack is not None and stack == moe_stack]
-    return max(same or [rate for rate, _ in rows], default=0.0)
+    same = [c for c in rows if c.stack is not None and c.stack == moe_stack]
+    dropless = [c.rate for c in same if not c.token_drop]
+    chosen = dropless or [c.rate for c in same]
+    if not chosen:
+        chosen = [c.rate for c in rows if not c.token_drop] or [c.rate for c in rows]
+    return max(chosen, default=0.0)
 
 
 def training_ceiling_s(
