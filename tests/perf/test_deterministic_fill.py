@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 import torch
+from frozen_vlm_spec import frozen_vlm_spec
 
 from aihpc.perf.fit.vlm_validate import validate_vlm
 from aihpc.perf.multimodal.estimate import estimate_vlm
@@ -128,21 +129,7 @@ def test_the_megatron_vlm_rows_carry_it_and_a_spec_without_it_does_not() -> None
         assert rows[rid].estimate.time_s["deterministic_fill"] > 0
     for rid in ("V1", "S1", "A1"):
         assert rows[rid].estimate.time_s["deterministic_fill"] == 0.0
-    spec = runspec_from_dict(
-        {
-            "model": {"preset": "llava-1.5-7b", "seq_length": 2048},
-            "cluster": {"gpu": "h100-sxm", "num_gpus": 8},
-            "parallel": {"dp": 8, "micro_batch_size": 4, "global_batch_size": 128},
-            "training": {"deterministic": True},
-            "multimodal": {
-                "images_per_sample": 1,
-                "image_tokens": 576,
-                "text_tokens": 60,
-                "freeze_encoder": True,
-                "freeze_llm": True,
-            },
-        }
-    )
+    spec = frozen_vlm_spec(deterministic=True)
     on = estimate_vlm(spec)
     off = estimate_vlm(
         dataclasses.replace(spec, training=dataclasses.replace(spec.training, deterministic=False))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from frozen_vlm_spec import frozen_vlm_spec
 
 from aihpc.perf.fit.vlm_validate import validate_vlm
 from aihpc.perf.multimodal.estimate import estimate_vlm
@@ -109,21 +110,7 @@ def test_a_frozen_vlm_prices_every_frozen_parameter() -> None:
     for rid in ("M1", "M2"):
         est = rows[rid].estimate
         assert est.time_s["params_norm"] > 0
-    spec = runspec_from_dict(
-        {
-            "model": {"preset": "llava-1.5-7b", "seq_length": 2048},
-            "cluster": {"gpu": "h100-sxm", "num_gpus": 8},
-            "parallel": {"dp": 8, "micro_batch_size": 4, "global_batch_size": 128},
-            "training": {"log_params_norm": True},
-            "multimodal": {
-                "images_per_sample": 1,
-                "image_tokens": 576,
-                "text_tokens": 60,
-                "freeze_encoder": True,
-                "freeze_llm": True,
-            },
-        }
-    )
+    spec = frozen_vlm_spec(log_params_norm=True)
     on = estimate_vlm(spec)
     off = estimate_vlm(
         dataclasses.replace(
