@@ -35,6 +35,7 @@ def test_every_vlm_preset_loads_with_a_source(name: str) -> None:
 PAIRS = [
     ("qwen2.5-vl-7b", "qwen2.5-vl-7b-instruct.json"),
     ("qwen2.5-vl-72b", "qwen2.5-vl-72b-instruct.json"),
+    ("qwen2.5-vl-3b", "qwen2.5-vl-3b-instruct.json"),
     ("llama3.2-vision-11b", "llama-3.2-11b-vision.json"),
     ("llama3.2-vision-90b", "llama-3.2-90b-vision.json"),
     ("internvl2.5-8b", "internvl2.5-8b.json"),
