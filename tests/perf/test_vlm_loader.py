@@ -158,14 +158,14 @@ def test_predecoded_images_cost_the_processor_alone() -> None:
 
 
 def test_the_rows_that_build_their_data_set_as_a_list_are_predecoded() -> None:
-    """NeMo AutoModel's make_rdr_dataset / make_medpix_dataset (A1, A2) return a list read from
+    """NeMo AutoModel's make_rdr_dataset / make_medpix_dataset (A1, A3, A2) return a list read from
     a Hugging Face data set, so their images are decoded before the first step; the rows with a
     loader priced and another loader (S1's LLaVA workers read image files) are not."""
     path = resources.files("aihpc.perf.fit").joinpath("data/validation/vlm_step_runs.csv")
     with path.open(encoding="utf-8") as fh:
         rows = {r["id"]: r for r in csv.DictReader(fh)}
     flagged = {i for i, r in rows.items() if r["predecoded"] == "true"}
-    assert flagged == {"A1", "A2"}
+    assert flagged == {"A1", "A2", "A3"}
     for i in flagged:
         spec = row_spec(rows[i])
         assert spec.multimodal is not None and spec.multimodal.predecoded
@@ -173,3 +173,31 @@ def test_the_rows_that_build_their_data_set_as_a_list_are_predecoded() -> None:
     bad = {**rows["A1"], "predecoded": "maybe"}
     with pytest.raises(SpecError, match="predecoded"):
         row_spec(bad)
+
+
+def test_megatron_mimo_rows_load_in_two_workers_and_the_step_hides_it() -> None:
+    """M1 / M2 (Megatron-LM's mimo LLaVA runs): energon workers at Megatron's default
+    --num-workers 2, each image decoded in a worker (not predecoded) and put through the
+    torchvision-backed CLIP processor at 336 x 336. Serial seconds a step and data-parallel rank:
+    its samples x ((decode + process) x pixels + text); one worker's half is under the step, so
+    the estimate's data_loader term is 0."""
+    path = resources.files("aihpc.perf.fit").joinpath("data/validation/vlm_step_runs.csv")
+    with path.open(encoding="utf-8") as fh:
+        rows = {r["id"]: r for r in csv.DictReader(fh)}
+    per_pixel = _per("decode") + _per("processor", "hf-torchvision")
+    text_s = _per("text") * _per("text_bytes")
+    for rid, samples in (("M1", 128 // 8), ("M2", 128 // 4)):
+        spec = row_spec(rows[rid])
+        v, mm = spec.vision, spec.multimodal
+        assert v is not None and mm is not None
+        assert (mm.loader_workers, mm.predecoded, mm.image_processor) == (
+            2,
+            False,
+            "hf-torchvision",
+        )
+        assert image_pixels(v, 576) == 336 * 336
+        want = samples * (per_pixel * 336 * 336 + text_s * mm.text_tokens.mean)
+        assert loader_step_s(v, mm, samples, spec.parallel.dp) == pytest.approx(want, rel=1e-9)
+        est = estimate_vlm(spec)
+        assert est.time_s["data_loader"] == 0.0
+        assert want / 2 < est.step_time_s  # a worker's share is under the step
