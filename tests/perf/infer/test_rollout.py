@@ -8,7 +8,7 @@ import pytest
 from aihpc.perf.infer.estimate import engine_for
 from aihpc.perf.infer.kernels import Work
 from aihpc.perf.infer.kv import ServingPlan
-from aihpc.perf.infer.rollout import LengthDist, estimate_rollout
+from aihpc.perf.infer.rollout import LengthDist, estimate_rollout, live_peak_tokens
 from aihpc.perf.infer.step import step_time
 from aihpc.runspec import SpecError
 from aihpc.runspec.cluster import gpu_from_id
@@ -97,3 +97,31 @@ def test_bad_input_is_one_line_naming_the_field(kw: dict, field: str) -> None:
     with pytest.raises(SpecError) as err:
         roll(**args)
     assert str(err.value).startswith(field)
+
+
+def test_live_peak_counts_the_tokens_held_at_the_fullest_step() -> None:
+    """Started together, the sequences still running at step t hold t tokens each (a finished
+    one has freed its pages): the peak, counted step by step, is what live_peak_tokens gives,
+    and never more than the whole share held at once."""
+    dist = LengthDist(kind="lognormal", mean=300, sigma=1.0, max_len=2000)
+    lengths = dist.quantiles(40).round()  # whole tokens: a response of L holds L at its last step
+    counted = max(t * int((lengths >= t).sum()) for t in range(1, int(lengths.max()) + 1))
+    assert live_peak_tokens(lengths) == pytest.approx(counted, abs=1.0)
+    assert live_peak_tokens(lengths) < lengths.sum()
+    fixed = [500.0] * 8  # every sequence runs to the end: all of them held at the last step
+    assert live_peak_tokens(fixed) == 8 * 500
+    assert live_peak_tokens(fixed, block_size=16) == 8 * (500 + 15)
+
+
+def test_a_share_whose_live_peak_fits_runs_at_once() -> None:
+    """At the same mean length, responses of spread lengths started together hold far fewer
+    pages at their fullest step than the same number at the mean, so where the KV cache holds
+    that peak the whole share runs at once; fixed lengths hold every page to the end and are
+    admitted as the cache allows."""
+    kw = {"gpu_memory_utilization": 0.9, "training_state_gib": 30}
+    fixed = roll(LengthDist(kind="fixed", mean=3000, max_len=16384), **kw)
+    spread = roll(LengthDist(kind="lognormal", mean=3000, sigma=1.0, max_len=16384), **kw)
+    share = fixed.sequences // 4
+    assert fixed.kv_capacity_gib == spread.kv_capacity_gib
+    assert fixed.batch < share  # 3,000 x the share's sequences does not fit
+    assert spread.batch == share

@@ -19,6 +19,15 @@ phase's tail -- a few long responses decoding at a small batch after the rest fi
 priced as it runs. The N samples of one prompt share its KV pages and are prefilled once
 (vLLM's prefix caching, SGLang's radix cache).
 
+How many sequences run at once: the engine allocates KV pages as tokens are generated, not a
+sequence's whole length up front (vLLM V1's scheduler calls ``allocate_slots`` for each step's
+new tokens and preempts a running request only when that fails, vllm/v1/core/sched/
+scheduler.py), and a finished sequence frees its pages. So an instance's share started together
+never holds more than the peak of its live context, max over t of t x (responses longer than
+t) (``live_peak_tokens``): where that peak fits, the whole share runs at once. Where it does
+not, sequences are admitted as others finish, at staggered points of their lives, and the
+batch is what the KV cache holds at the mean length (each running sequence priced at its mean).
+
 Colocated with training (verl, slime): the engine may use ``gpu_memory_utilization`` of each
 GPU, and training state left resident (``training_state_gib``, not offloaded) is taken from
 it first.
@@ -37,14 +46,14 @@ import numpy as np
 from aihpc.perf.infer.estimate import engine_for
 from aihpc.perf.infer.kernels import Work
 from aihpc.perf.infer.kv import ServingPlan, kv_bytes_per_token, paged_tokens
-from aihpc.perf.infer.memory import GIB, inference_memory
+from aihpc.perf.infer.memory import GIB, InferenceMemory, inference_memory
 from aihpc.perf.infer.step import step_time
 from aihpc.perf.step.params import ModelParams
 from aihpc.runspec.cluster import ClusterSpec, GPUSpec
 from aihpc.runspec.errors import SpecError
 from aihpc.runspec.model import ModelSpec
 
-__all__ = ["LengthDist", "RolloutEstimate", "estimate_rollout"]
+__all__ = ["LengthDist", "RolloutEstimate", "estimate_rollout", "live_peak_tokens"]
 
 DISTS = ("fixed", "uniform", "lognormal")
 
@@ -212,6 +221,32 @@ def _last_instance_lengths(response: LengthDist, n: int, instances: int) -> np.n
     return lengths[rng.permutation(n)]
 
 
+def live_peak_tokens(lengths: np.ndarray, block_size: int = 1) -> float:
+    """The most response tokens the sequences of ``lengths``, started together, hold at once:
+    at step t each still running holds t tokens (a finished one has freed its pages), so the
+    peak is max over t of t x (how many are longer than t), reached at one of the lengths:
+    max over j of j x the j-th longest. Each running sequence's last page is allocated whole
+    (``block_size`` tokens of slack at most)."""
+    desc = np.sort(np.asarray(lengths, dtype=float))[::-1]
+    if desc.size == 0:
+        return 0.0
+    running = np.arange(1, desc.size + 1)
+    return float(np.max(running * (desc + block_size - 1)))
+
+
+def _share_fits_at_once(
+    model: ModelSpec,
+    plan: ServingPlan,
+    lengths: np.ndarray,
+    prompt_share: float,
+    mem: InferenceMemory,
+) -> bool:
+    """Whether an instance's whole share, started together, never outgrows its KV cache: the
+    live peak of its responses plus each sequence's share of its prompt's pages."""
+    tokens = live_peak_tokens(lengths, plan.block_size) + len(lengths) * prompt_share
+    return kv_bytes_per_token(model, plan) * tokens <= mem.kv_capacity * GIB * plan.dp
+
+
 def estimate_rollout(
     model: ModelSpec,
     gpu: GPUSpec | ClusterSpec,
@@ -255,6 +290,8 @@ def estimate_rollout(
         paged_tokens(float(lengths.mean()), plan.block_size) + prompt_len / samples
     )
     fit = int(mem.kv_capacity * GIB // per_seq) * plan.dp if mem.kv_capacity > 0 else 0
+    if 0 < fit < n and _share_fits_at_once(model, plan, lengths, prompt_len / samples, mem):
+        fit = n
     if fit < 1:
         raise SpecError(
             "rollout.gpu_memory_utilization",
