@@ -175,3 +175,61 @@ def test_the_published_token_drop_pair_runs_faster_than_dropless_on_the_same_sta
         assert any(c.stack == "megatron-alltoall" and c.token_drop for c in gb200)
     dropped = [v for k, v in overheads().sources.items() if " token-drop " in k]
     assert len(dropped) == 6 and all("(tokendrop)" in v and "alltoall" in v for v in dropped)
+
+
+def _host_cpu_table() -> tuple[float, dict[str, float], float]:
+    """[engine_step] seconds, gpu id -> its [[host_cpu]] row's eager-call time, and the one
+    reference row's time, read from the data file itself."""
+    text = resources.files("aihpc.perf.rl").joinpath("data/overheads.toml").read_text()
+    table = tomllib.loads(text)
+    rows = table["host_cpu"]
+    assert all(len(r["source"]) > 40 and r["torch_op_cpu_us"] > 0 for r in rows)
+    refs = [r for r in rows if r.get("reference")]
+    assert len(refs) == 1
+    times = {gpu: float(r["torch_op_cpu_us"]) for r in rows for gpu in r["gpus"]}
+    return float(table["engine_step"]["seconds"]), times, float(refs[0]["torch_op_cpu_us"])
+
+
+def test_the_engine_step_on_each_host_scales_by_its_host_cpu_row():
+    """The host time per decode step of GB200 (a Grace host) and of H100 (the x86 reference host)
+    is [engine_step] times the [[host_cpu]] row's eager-call time over the reference row's; a GPU
+    no row names (b200) pays [engine_step] unscaled."""
+    from aihpc.perf.rl.overheads import engine_step_s
+
+    base, times, ref = _host_cpu_table()
+    assert "gb200" in times and "h100-sxm" in times and "b200" not in times
+    for gpu in ("h100-sxm", "gb200", "b200"):
+        cluster = _spec(gpu=gpu).training_cluster()
+        assert engine_step_s(cluster) == pytest.approx(base * times.get(gpu, ref) / ref)
+    gb200 = engine_step_s(_spec(gpu="gb200").training_cluster())
+    h100 = engine_step_s(_spec(gpu="h100-sxm").training_cluster())
+    assert gb200 / h100 == pytest.approx(times["gb200"] / times["h100-sxm"])
+
+
+def test_the_rollout_pays_its_hosts_engine_step_on_every_decode_step(monkeypatch):
+    """Priced on a GB200, the rollout hands the engine model the Grace host's engine step; with
+    the [[host_cpu]] rows removed (every host at [engine_step]) the same rollout is shorter by at
+    least the longest response's decode steps times the difference."""
+    from aihpc.perf.rl import overheads as mod
+    from aihpc.perf.rl import rollout as rl_rollout
+
+    seen: list[float] = []
+    real = rl_rollout.estimate_rollout
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["host_step_s"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rl_rollout, "estimate_rollout", spy)
+    spec = _spec(gpu="gb200")
+    cluster = spec.training_cluster()
+    scaled = rl_rollout.price_rollout(spec.model, cluster, spec.rl, cluster.num_gpus)
+    base = mod.overheads()
+    ratio = base.host_cpu_ratio["gb200"]
+    assert seen and all(h == pytest.approx(base.engine_step_s * ratio) for h in seen)
+    seen.clear()
+    monkeypatch.setattr(mod, "overheads", lambda: replace(base, host_cpu_ratio={}))
+    flat = rl_rollout.price_rollout(spec.model, cluster, spec.rl, cluster.num_gpus)
+    assert seen and all(h == pytest.approx(base.engine_step_s) for h in seen)
+    extra = (ratio - 1.0) * base.engine_step_s * flat.infer.longest_response
+    assert scaled.time_s - flat.time_s >= extra * 0.99

@@ -3,7 +3,9 @@ published measurement of one component, its source named there):
 
 - the rollout engine's host work per decode step (scheduling, input preparation, the sampled
   tokens' copy to the host, detokenisation, returned log-probs), which the GPU waits for: an
-  RL framework drives its vLLM / SGLang engine one decode step per scheduler call;
+  RL framework drives its vLLM / SGLang engine one decode step per scheduler call; measured on
+  an x86 host, it is scaled per host kind by the time one PyTorch eager call takes there
+  (``[[host_cpu]]``: a Grace host, GB200's, took 2.75x a DGX H100's Xeon);
 - colocated: the host-copy rates of the switch between training and generation (pageable
   copies per host kind; pinned copies at the GPU's host link), which perf/rl/switch.py prices
   on the bytes each call moves;
@@ -36,6 +38,7 @@ __all__ = [
     "HostRates",
     "Overheads",
     "ceiling_rate",
+    "engine_step_s",
     "host_rates",
     "overheads",
     "training_ceiling_s",
@@ -53,7 +56,9 @@ class Ceiling:
 
 @dataclass(frozen=True)
 class Overheads:
-    engine_step_s: float  # host time per decode step the GPU waits for
+    engine_step_s: float  # host time per decode step the GPU waits for, on the reference host
+    # gpu id -> its host's time for one PyTorch eager call over the reference host's ([[host_cpu]])
+    host_cpu_ratio: dict[str, float]
     # gpu id -> (pageable device-to-host, pageable host-to-device) GB/s of its host
     pageable_GBps: dict[str, tuple[float, float]]
     orchestration_s: float  # per RL step, on the training side
@@ -78,6 +83,7 @@ def overheads() -> Overheads:
     ceilings: dict[tuple[str, str], list[Ceiling]] = {}
     sources = {k: t[k]["source"] for k in ("engine_step", "orchestration")}
     sources.update({f"host_copy {row['host']}": row["source"] for row in t["host_copy"]})
+    sources.update({f"host_cpu {row['host']}": row["source"] for row in t["host_cpu"]})
     for row in t["training_ceiling"]:
         drop = bool(row.get("token_drop", False))
         rate = Ceiling(float(row["tokens_per_s_per_gpu"]), row.get("moe_stack"), drop)
@@ -88,11 +94,32 @@ def overheads() -> Overheads:
         sources[key] = row["source"]
     return Overheads(
         engine_step_s=float(t["engine_step"]["seconds"]),
+        host_cpu_ratio=_host_cpu_ratio(t["host_cpu"]),
         pageable_GBps=pageable,
         orchestration_s=sum(float(v) for v in t["orchestration"]["seconds"]),
         ceilings=ceilings,
         sources=sources,
     )
+
+
+def _host_cpu_ratio(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """gpu id -> its [[host_cpu]] row's eager-call time over the one reference row's."""
+    refs = [row for row in rows if row.get("reference")]
+    if len(refs) != 1:
+        raise ValueError(f"overheads.toml: {len(refs)} [[host_cpu]] reference rows, need 1")
+    ref = float(refs[0]["torch_op_cpu_us"])
+    ratio: dict[str, float] = {}
+    for row in rows:
+        ratio.update({gpu: float(row["torch_op_cpu_us"]) / ref for gpu in row["gpus"]})
+    return ratio
+
+
+def engine_step_s(cluster: ClusterSpec) -> float:
+    """The serving engine's host time per decode step on this cluster's GPUs' host: [engine_step]
+    (measured on an x86 host) scaled by the host's [[host_cpu]] eager-call time over the
+    reference host's; a GPU in no [[host_cpu]] row pays [engine_step] as it stands."""
+    o = overheads()
+    return o.engine_step_s * o.host_cpu_ratio.get(cluster.gpu.id, 1.0)
 
 
 @dataclass(frozen=True)

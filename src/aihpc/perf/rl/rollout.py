@@ -28,7 +28,7 @@ from typing import Any
 from aihpc.perf.infer.kv import ServingPlan
 from aihpc.perf.infer.rollout import LengthDist, RolloutEstimate, estimate_rollout
 from aihpc.perf.infer.software import software_for
-from aihpc.perf.rl.overheads import overheads
+from aihpc.perf.rl.overheads import engine_step_s
 from aihpc.perf.step.params import DEFAULT_PARAMS, ModelParams
 from aihpc.runspec.cluster import ClusterSpec
 from aihpc.runspec.errors import SpecError
@@ -131,7 +131,7 @@ def price_rollout(
     engines = max(1, gpus // plan.gpus)
     k = rl.staleness
     try:
-        host = overheads().engine_step_s if engine_host else 0.0
+        host = engine_step_s(cluster) if engine_host else 0.0
         stream = _estimate(model, cluster, rl, plan, engines, 1 + k, params, host)
         own = _estimate(model, cluster, rl, plan, engines, 1, params, host) if k else stream
     except SpecError as err:
