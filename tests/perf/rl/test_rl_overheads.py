@@ -179,10 +179,12 @@ def test_the_published_token_drop_pair_runs_faster_than_dropless_on_the_same_sta
 
 def _host_cpu_table() -> tuple[float, dict[str, float], float]:
     """[engine_step] seconds, gpu id -> its [[host_cpu]] row's eager-call time, and the one
-    reference row's time, read from the data file itself."""
+    reference row's time, read from the data files themselves (the host table is the GPU
+    catalog's, runspec/data/host_cpus.toml, which the training step's host issue reads too)."""
     text = resources.files("aihpc.perf.rl").joinpath("data/overheads.toml").read_text()
     table = tomllib.loads(text)
-    rows = table["host_cpu"]
+    hosts = resources.files("aihpc.runspec").joinpath("data/host_cpus.toml").read_text()
+    rows = tomllib.loads(hosts)["host_cpu"]
     assert all(len(r["source"]) > 40 and r["torch_op_cpu_us"] > 0 for r in rows)
     refs = [r for r in rows if r.get("reference")]
     assert len(refs) == 1

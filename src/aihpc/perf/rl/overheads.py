@@ -5,7 +5,8 @@ published measurement of one component, its source named there):
   tokens' copy to the host, detokenisation, returned log-probs), which the GPU waits for: an
   RL framework drives its vLLM / SGLang engine one decode step per scheduler call; measured on
   an x86 host, it is scaled per host kind by the time one PyTorch eager call takes there
-  (``[[host_cpu]]``: a Grace host, GB200's, took 2.75x a DGX H100's Xeon);
+  (runspec/data/host_cpus.toml ``[[host_cpu]]``: a Grace host, GB200's, took 2.75x a DGX H100's
+  Xeon);
 - colocated: the host-copy rates of the switch between training and generation (pageable
   copies per host kind; pinned copies at the GPU's host link), which perf/rl/switch.py prices
   on the bytes each call moves;
@@ -31,6 +32,7 @@ from typing import Any
 
 from aihpc.runspec.cluster import ClusterSpec
 from aihpc.runspec.errors import SpecError
+from aihpc.runspec.host_cpu import host_cpu_ratio, host_cpu_rows
 from aihpc.runspec.model import ModelSpec
 
 __all__ = [
@@ -83,7 +85,7 @@ def overheads() -> Overheads:
     ceilings: dict[tuple[str, str], list[Ceiling]] = {}
     sources = {k: t[k]["source"] for k in ("engine_step", "orchestration")}
     sources.update({f"host_copy {row['host']}": row["source"] for row in t["host_copy"]})
-    sources.update({f"host_cpu {row['host']}": row["source"] for row in t["host_cpu"]})
+    sources.update({f"host_cpu {row['host']}": row["source"] for row in host_cpu_rows()})
     for row in t["training_ceiling"]:
         drop = bool(row.get("token_drop", False))
         rate = Ceiling(float(row["tokens_per_s_per_gpu"]), row.get("moe_stack"), drop)
@@ -94,24 +96,12 @@ def overheads() -> Overheads:
         sources[key] = row["source"]
     return Overheads(
         engine_step_s=float(t["engine_step"]["seconds"]),
-        host_cpu_ratio=_host_cpu_ratio(t["host_cpu"]),
+        host_cpu_ratio={g: host_cpu_ratio(g) for row in host_cpu_rows() for g in row["gpus"]},
         pageable_GBps=pageable,
         orchestration_s=sum(float(v) for v in t["orchestration"]["seconds"]),
         ceilings=ceilings,
         sources=sources,
     )
-
-
-def _host_cpu_ratio(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """gpu id -> its [[host_cpu]] row's eager-call time over the one reference row's."""
-    refs = [row for row in rows if row.get("reference")]
-    if len(refs) != 1:
-        raise ValueError(f"overheads.toml: {len(refs)} [[host_cpu]] reference rows, need 1")
-    ref = float(refs[0]["torch_op_cpu_us"])
-    ratio: dict[str, float] = {}
-    for row in rows:
-        ratio.update({gpu: float(row["torch_op_cpu_us"]) / ref for gpu in row["gpus"]})
-    return ratio
 
 
 def engine_step_s(cluster: ClusterSpec) -> float:

@@ -26,6 +26,7 @@ from aihpc.perf.step.numeric import where
 from aihpc.perf.step.params import ModelParams
 from aihpc.runspec.calibration import Calibration
 from aihpc.runspec.cluster import GPUSpec
+from aihpc.runspec.host_cpu import host_cpu_ratio
 from aihpc.runspec.model import ModelSpec
 from aihpc.runspec.parallel import ParallelPlan
 from aihpc.runspec.training import DTYPE_BYTES, TrainingSpec
@@ -134,7 +135,8 @@ def layer_times(
         # ops counted for Megatron-Core's dispatchers only (data/moe_stacks.toml, host).
         local = model.num_experts / plan.ep
         prec = training.precision
-        waits = moe_host_excess_s(lt.fwd, lt.bwd, host, prec, local, params, lt.mlp_fwd)
+        ratio = host_cpu_ratio(gpu.id)  # a Grace host issues each op slower (runspec/host_cpu.py)
+        waits = moe_host_excess_s(lt.fwd, lt.bwd, host, prec, local, params, lt.mlp_fwd, ratio)
         lt = replace(lt, fwd_host=waits[0], bwd_host=waits[1])
     # the host's issue of the layer's kernels and DTensor's dispatch (perf/step/host_issue.py);
     # an eager MoE layer's own ops are moe_host's where it priced them above

@@ -36,6 +36,7 @@ from aihpc.perf.step import dtensor_host, eager_host, fsdp_host
 from aihpc.perf.step.params import ModelParams
 from aihpc.runspec.calibration import Calibration
 from aihpc.runspec.cluster import GPUSpec
+from aihpc.runspec.host_cpu import host_cpu_ratio
 from aihpc.runspec.parallel import ParallelPlan
 from aihpc.runspec.training import TrainingSpec
 
@@ -83,10 +84,13 @@ def layer_issue_s(
     """(forward, backward) host issue of one layer and micro-batch on ``gpu``: where the host is
     the device (a CPU: fp32, no autocast) the compiled launches or the eager ops counted by
     eager_host.py (an MoE layer's own, with ``local_experts`` experts on the rank; the ring
-    attention's under ``cp`` > 1); on a GPU ``issue_host_s`` (a dense layer's)."""
+    attention's under ``cp`` > 1); on a GPU ``issue_host_s`` (a dense layer's) times the GPU's
+    host's time per eager call over the x86 host it was measured on (runspec/host_cpu.py)."""
     if gpu.host_is_device and not training.compile:
         return eager_host.layer_host_s(training, params, local_experts, cp)
-    return issue_host_s(training, params)
+    fwd, bwd = issue_host_s(training, params)
+    ratio = host_cpu_ratio(gpu.id)
+    return fwd * ratio, bwd * ratio
 
 
 def with_host_time(

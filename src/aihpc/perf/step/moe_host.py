@@ -84,15 +84,18 @@ def moe_host_excess_s(
     local_experts: float,
     params: ModelParams,
     gpu_moe_fwd_s: float | None = None,
+    host_ratio: float = 1.0,
 ) -> tuple[float, float]:
     """(forward, backward) seconds an eager MoE layer takes beyond its GPU time, one
     micro-batch: ``host_bound_s`` on the counted ops at ``params.host_eager_op_s`` per
     Python-issued op and ``params.kernel_overhead_s`` per kernel launched from C++. With the
     forward's MoE block time ``gpu_moe_fwd_s`` the forward is issued in its order around the
     sync (perf/step/moe_issue.py): the MoE block's host time does not hide behind the
-    attention side's kernels."""
+    attention side's kernels. ``host_ratio``: the GPU's host's time per eager call over the x86
+    host those costs were measured on (runspec/host_cpu.py: 2.75 on a Grace host), applied to
+    every host term (the ops, the launches, the issue after a sync)."""
     ops, launches = moe_host_ops(dispatcher, precision, local_experts)
-    op_s, launch_s = params.host_eager_op_s, params.kernel_overhead_s
+    op_s, launch_s = params.host_eager_op_s * host_ratio, params.kernel_overhead_s * host_ratio
     host_fwd, host_bwd = ops * op_s + launches * launch_s, ops * op_s + 2 * launches * launch_s
     syncs = moe_host_syncs(dispatcher)
     fwd = host_bound_s(gpu_fwd_s, host_fwd, syncs, op_s) - gpu_fwd_s
