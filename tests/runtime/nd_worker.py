@@ -5,7 +5,9 @@ its own device mesh, in the one process group this worker starts: the interprete
 the process group are paid for once, not once per plan. Rank 0 writes, per plan, the trainer's
 summary (or the error) to OUT/NAME.json.
 
-    argv: OUT_DIR  SPEC_JSON  PLANS_JSON   (PLANS_JSON: {name: {[parallel] table}})
+    argv: OUT_DIR  SPEC_JSON  PLANS_JSON  [BASES_JSON]
+    (PLANS_JSON: {name: {[parallel] table}}; BASES_JSON, optional: {name: spec} for the plans
+    trained from another spec than SPEC_JSON, e.g. another model)
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ from aihpc.runtime.train import TrainOptions, train
 
 def main() -> None:
     out, base, plans = Path(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
+    bases = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
     with init_distributed(timeout_s=120) as ctx:
         for name, table in plans.items():
             run_dir = out / name
             run_dir.mkdir(parents=True, exist_ok=True)
-            spec = runspec_from_dict({**base, "parallel": table})
+            spec = runspec_from_dict({**bases.get(name, base), "parallel": table})
             opts = TrainOptions(run_dir=run_dir, progress=False, lock_held=True)
             watchdog = Watchdog(run_dir, ctx.rank, 120.0, startup_timeout_s=120.0).start()
             try:

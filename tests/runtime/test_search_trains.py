@@ -21,8 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_nd_parity import _toml, losses
-from train_cli import train as run_train
+from test_nd_parity import losses
 
 from aihpc.perf.search.ranking import search
 from aihpc.runspec import ParallelPlan, SpecError, runspec_from_dict
@@ -131,32 +130,49 @@ def _sample(name: str) -> dict[str, dict]:
     return out
 
 
+def _nd_worker(out: Path, nproc: int, plans: dict, bases: dict) -> subprocess.CompletedProcess:
+    """nd_worker.py over ``plans`` (each trained from its own base spec) in one torchrun."""
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+        "--master-port", str(free_port()), str(Path(__file__).parent / "nd_worker.py"),
+        str(out), json.dumps(next(iter(bases.values()))), json.dumps(plans), json.dumps(bases),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=hang_guard_s(600))
+
+
+@pytest.fixture(scope="module")
+def sample_runs(tmp_path_factory) -> tuple[Path, dict, dict]:
+    """Every model's sample of plans in one torchrun of 4 processes, and every model's
+    one-process reference (the same global batch) in one of 1: each plan and reference still
+    trains from a fresh model and run directory (nd_worker.py), only the interpreters, torch
+    and the process group are shared, started twice instead of six times."""
+    out = tmp_path_factory.mktemp("search-trains")
+    one = {**CLUSTER, "num_gpus": 1, "gpus_per_node": 1}
+    parallel = {"micro_batch_size": 1, "global_batch_size": 8, "zero_stage": 0}
+    plans, bases, refs, ref_bases = {}, {}, {}, {}
+    for name, model in SPECS.items():
+        for label, table in _sample(name).items():
+            plans[f"{name}.{label}"], bases[f"{name}.{label}"] = table, _base(model)
+        refs[f"{name}.ref"], ref_bases[f"{name}.ref"] = parallel, {**_base(model), "cluster": one}
+    procs = {"ref": _nd_worker(out, 1, refs, ref_bases), "plans": _nd_worker(out, 4, plans, bases)}
+    return out, plans, procs
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("name", list(SPECS))
-def test_a_sample_of_the_search_trains_as_one_process(name, tmp_path):
-    plans = _sample(name)
+def test_a_sample_of_the_search_trains_as_one_process(name, sample_runs):
+    out, all_plans, procs = sample_runs
+    plans = [p for p in all_plans if p.startswith(f"{name}.")]
     assert len(plans) == SAMPLE, plans
-    base = _base(SPECS[name])
-    ref = tmp_path / "ref.toml"
-    one = {**CLUSTER, "num_gpus": 1, "gpus_per_node": 1}
-    parallel = {"micro_batch_size": 1, "global_batch_size": 8, "zero_stage": 0}
-    ref.write_text(_toml({**base, "cluster": one, "parallel": parallel}))
-    proc = run_train(ref, tmp_path / "ref", env={"OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    expected = losses(tmp_path / "ref")
-    out = tmp_path / "plans"
-    out.mkdir()
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
-        "--master-port", str(free_port()), str(Path(__file__).parent / "nd_worker.py"),
-        str(out), json.dumps(base), json.dumps(plans),
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=hang_guard_s(600))
+    ref = out / f"{name}.ref.json"
+    assert ref.exists() and json.loads(ref.read_text())["ok"], procs["ref"].stderr[-3000:]
+    expected = losses(out / f"{name}.ref")
+    assert len(expected) == STEPS
     for plan in plans:
         result_file = out / f"{plan}.json"
-        assert result_file.exists(), f"plan {plan} did not run:\n{proc.stderr[-3000:]}"
+        assert result_file.exists(), f"plan {plan} did not run:\n{procs['plans'].stderr[-3000:]}"
         assert json.loads(result_file.read_text())["ok"]
         got = losses(out / plan)
         assert len(got) == STEPS

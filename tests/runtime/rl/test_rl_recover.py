@@ -65,17 +65,34 @@ def test_exception_on_a_ddp_rank_recovers_in_process_from_memory(tmp_path: Path)
     _same(straight, run, steps)
 
 
+ASYNC_STEPS = 4  # an exception after step 3 leaves a step to train after the recovery
+
+
+def _async_spec() -> dict:
+    """One rollout worker at staleness 1, snapshots in memory every step."""
+    spec = _spec_dict(steps=ASYNC_STEPS, placement="disaggregated", rollout_gpus=1, staleness=1)
+    spec["checkpoint"] = FAST
+    return spec
+
+
+@pytest.fixture(scope="module")
+def async_one(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """_async_spec's uninterrupted run by one process: the async drill's reference and the
+    pipeline drill's one-process rollouts (the same spec, so one run serves both)."""
+    return _run(tmp_path_factory.mktemp("async"), "one", _async_spec(), 1)[0]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_exception_in_an_async_run_keeps_its_staleness_queue(tmp_path: Path) -> None:
+def test_exception_in_an_async_run_keeps_its_staleness_queue(
+    tmp_path: Path, async_one: Path
+) -> None:
     """Disaggregated, staleness 1: the snapshot holds the owed batch's results that had come and
     the weights to make the rest; the fresh pool makes them again: every sample trained on
     once, with the weights version the uninterrupted run used."""
-    steps = 6
-    spec = _spec_dict(steps=steps, placement="disaggregated", rollout_gpus=1, staleness=1)
-    spec["checkpoint"] = FAST
-    straight, _ = _run(tmp_path, "straight", spec, 1)
-    run, summary = _run(tmp_path, "faulted", spec, 1, "--inject", "exception:step=3")
+    steps = ASYNC_STEPS
+    straight = async_one
+    run, summary = _run(tmp_path, "faulted", _async_spec(), 1, "--inject", "exception:step=3")
     _in_memory(summary, 3)
     _same(straight, run, steps)
     samples = _samples(run)
@@ -120,16 +137,13 @@ def _samples(run: Path) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_pipeline_run_recovers_in_process_and_after_a_kill(tmp_path: Path) -> None:
+def test_pipeline_run_recovers_in_process_and_after_a_kill(tmp_path: Path, async_one: Path) -> None:
     """pp = 2 (1F1B) with a rollout worker at staleness 1: the stages' weights gathered and
     broadcast to the worker give one process's rollouts; an exception on the last stage's rank
     is recovered from memory (each rank restores its own stage, rank 0 the queue), and after a
     SIGKILL of that rank the same command resumes from the checkpoint file of the step before
     (the merged stages' state)."""
-    steps = 4
-    spec = _spec_dict(steps=steps, placement="disaggregated", rollout_gpus=1, staleness=1)
-    spec["checkpoint"] = FAST
-    one, _ = _run(tmp_path, "one", spec, 1)
+    steps, spec, one = ASYNC_STEPS, _async_spec(), async_one
     spec["parallel"] |= {"pp": 2, "micro_batch_size": 4}
     spec["cluster"] |= {"num_gpus": 3, "gpus_per_node": 3}  # 2 trainer ranks, 1 rollout worker
     straight, _ = _run(tmp_path, "straight", spec, 2)

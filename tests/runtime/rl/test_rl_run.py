@@ -24,7 +24,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from click.testing import Result
+from typer.testing import CliRunner
 
+from aihpc.cli import app
 from aihpc.runspec import runspec_from_dict
 from aihpc.runtime.config import LlamaConfig
 from aihpc.runtime.distributed import free_port, init_distributed
@@ -113,6 +116,15 @@ def _cli(args: list[str], nproc: int = 1) -> subprocess.CompletedProcess:
                           timeout=hang_guard_s(300))  # fmt: skip
 
 
+def _refused(args: list[str]) -> Result:
+    """``aihpc rl train ARGS --nproc-per-node 2`` in this process: every refusal comes before a
+    process starts or the run directory is made (the command's own order), so the in-process
+    call sees exactly what a shell would, without paying a Python and torch start-up per case.
+    A refusal that no longer fires makes the run directory (and its torchrun would see pytest's
+    arguments and print nothing here): the tests' checks of both then fail."""
+    return CliRunner().invoke(app, ["rl", "train", *args, "--nproc-per-node", "2"])
+
+
 def _write(tmp_path: Path, name: str, spec: dict) -> Path:
     lines = []
     for table, values in spec.items():
@@ -152,8 +164,8 @@ def test_refusals_are_one_line_exit_2(tmp_path: Path, change: dict, field: str) 
     spec = _spec_dict()
     for table, values in change.items():
         spec[table] = {**spec.get(table, {}), **values}
-    done = _cli([str(_write(tmp_path, "s.toml", spec)), "--run-dir", str(tmp_path / "run")], 2)
-    assert done.returncode == 2, done.stderr
+    done = _refused([str(_write(tmp_path, "s.toml", spec)), "--run-dir", str(tmp_path / "run")])
+    assert done.exit_code == 2, done.output
     assert len(done.stderr.strip().splitlines()) == 1 and field in done.stderr
     assert not (tmp_path / "run").exists()
 
@@ -164,41 +176,54 @@ def test_inject_refusals_are_one_line_exit_2(tmp_path: Path, fault: str) -> None
     """Only what the RL loop fires (kill | exception | hang after a step), on a step and rank it
     has."""
     spec = _write(tmp_path, "s.toml", _spec_dict())
-    done = _cli([str(spec), "--run-dir", str(tmp_path / "run"), "--inject", fault], 2)
-    assert done.returncode == 2, done.stderr
+    done = _refused([str(spec), "--run-dir", str(tmp_path / "run"), "--inject", fault])
+    assert done.exit_code == 2, done.output
     assert len(done.stderr.strip().splitlines()) == 1 and "--inject" in done.stderr
+    assert not (tmp_path / "run").exists()
+
+
+GRAD_PLANS = {"ddp": {"zero_stage": 0}, "fsdp": {"zero_stage": 3},
+              "tp": {"tp": 2, "sequence_parallel": False},
+              "pp": {"pp": 2, "micro_batch_size": 4}}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def gradients(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """grad_worker.py's gradients: one process's (the plan-free spec, the same for every plan),
+    then every plan of GRAD_PLANS in one torchrun of 2 gloo ranks (one interpreter, torch and
+    process group for the four; each plan builds its own trainer and mesh)."""
+    tmp, worker = tmp_path_factory.mktemp("grads"), Path(__file__).with_name("grad_worker.py")
+    spec = _spec_dict(global_batch_size=16)
+    one = _write(tmp, "one.toml", {**spec, "parallel": {"global_batch_size": 16}})
+    pairs = []
+    for plan, table in GRAD_PLANS.items():
+        pairs += [_write(tmp, f"{plan}.toml", {**spec, "parallel": spec["parallel"] | table}),
+                  tmp / f"{plan}.pt"]  # fmt: skip
+    errors = {}
+    for name, cmd in {"one": [sys.executable, worker, one, tmp / "one.pt"],
+                      "two": [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+                              f"--master-port={free_port()}", worker, *pairs]}.items():  # fmt: skip
+        done = subprocess.run(cmd, capture_output=True, text=True, env=_env(),
+                              timeout=hang_guard_s(600))  # fmt: skip
+        errors[name] = "" if done.returncode == 0 else done.stderr[-3000:]
+    return tmp, errors
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize(
-    ("plan", "zero", "tp", "pp"),
-    [("ddp", 0, 1, 1), ("fsdp", 3, 1, 1), ("tp", 0, 2, 1), ("pp", 0, 1, 2)],
-)
+@pytest.mark.parametrize("plan", list(GRAD_PLANS))
 def test_two_rank_policy_gradient_equals_one_process(
-    tmp_path: Path, plan: str, zero: int, tp: int, pp: int
+    gradients: tuple[Path, dict[str, str]], plan: str
 ) -> None:
     """The GRPO loss's gradient (clipped ratio and KL terms both live: the reference is set off
     the policy) on 2 gloo ranks equals one process's, to fp32 rounding of the reduction; under
     TP the ranks split every matrix and gather the vocabulary's logits; under PP the 1F1B
     schedule runs the two stages over micro-batches of 4 rows."""
-    worker = Path(__file__).with_name("grad_worker.py")
-    spec = _spec_dict(zero_stage=zero, global_batch_size=16)
-    one = _write(tmp_path, "one.toml", {**spec, "parallel": {"global_batch_size": 16}})
-    spec["parallel"] |= {"tp": tp, "sequence_parallel": False} if tp > 1 else {}
-    spec["parallel"] |= {"pp": pp, "micro_batch_size": 4} if pp > 1 else {}
-    two = _write(tmp_path, "two.toml", spec)
-    got = {}
-    for nproc in (1, 2):
-        out = tmp_path / f"g{nproc}.pt"
-        cmd = [sys.executable, worker, one if nproc == 1 else two, out]
-        if nproc > 1:
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-                   f"--master-port={free_port()}", *cmd[1:]]  # fmt: skip
-        done = subprocess.run(cmd, capture_output=True, text=True, env=_env(),
-                              timeout=hang_guard_s(300))  # fmt: skip
-        assert done.returncode == 0, done.stderr[-3000:]
-        got[nproc] = torch.load(out, weights_only=True)
+    tmp, errors = gradients
+    assert (tmp / "one.pt").exists(), errors["one"]
+    assert (tmp / f"{plan}.pt").exists(), f"plan {plan} did not run:\n{errors['two']}"
+    got = {n: torch.load(tmp / f"{name}.pt", weights_only=True)
+           for n, name in ((1, "one"), (2, plan))}  # fmt: skip
     assert got[1]["rewards"] == got[2]["rewards"] > 0  # the same samples, some scored
     one, two = got[1]["grads"], got[2]["grads"]
     scale = max(float(v.abs().max()) for v in one.values())
