@@ -9,7 +9,10 @@ import csv
 from importlib import resources
 from pathlib import Path
 
-from aihpc.perf.fit.rl_validate import validate_rl
+import pytest
+
+from aihpc.perf.fit.rl_validate import row_offload, validate_rl
+from aihpc.runspec.errors import SpecError
 
 
 def _default_csv(name: str) -> Path:
@@ -44,3 +47,21 @@ def test_every_row_is_held_out_sourced_and_priced():
         assert min(row.phases_s.values()) >= 0, row.id
         assert row.phases_s["rollout"] > 0 and row.phases_s["update"] > 0, row.id
     assert report.mape("heldout") == report.mape()  # every row in the held-out set
+
+
+def test_the_verl_rows_price_verls_offload_inside_its_phases():
+    """Every verl row's script sets offload=True (column ``offload`` verl-megatron): its moves
+    are under verl's timers, NeMo-RL's rows keep NeMo-RL's switch."""
+    _, rows = _table("rl_runs_other.csv")
+    assert {r["offload"] for r in rows} == {"verl-megatron"}
+    report = validate_rl(_default_csv("rl_runs_other.csv"))
+    for row in report.rows:
+        assert row.switch_by_timer["update_actor"] > row.switch_by_timer["old_log_prob"] > 0
+    nemo = validate_rl(_default_csv("rl_runs.csv"))
+    assert all("update_actor" not in r.switch_by_timer for r in nemo.rows)
+
+
+def test_a_row_naming_an_unknown_offload_is_refused_with_its_field():
+    row = {"id": "x", "offload": "deepspeed"}
+    with pytest.raises(SpecError, match="row x: offload"):
+        row_offload(row, "rl_runs_other.csv")

@@ -26,6 +26,7 @@ from aihpc.perf.rl.switch import (
 from aihpc.perf.step.flops import expert_params_per_layer, num_params
 from aihpc.runspec import runspec_from_dict
 from aihpc.runspec.cluster import gpu_from_id
+from aihpc.runspec.errors import SpecError
 
 # Adam's two fp32 moments, plus the fp32 master's 16-bit remainder (Megatron's precision-aware
 # optimizer, store_param_remainders): what move_optimizer moves per parameter of the shard.
@@ -160,3 +161,40 @@ def test_the_logprob_offload_moves_the_state_when_the_pools_are_apart():
     colocated = estimate_rl(_spec(offload_optimizer_for_logprob=True))
     assert colocated.phases_s["optimizer_offload"] == 0.0
     assert colocated.step_time_s == pytest.approx(estimate_rl(_spec()).step_time_s)
+
+
+def test_verl_megatron_moves_its_state_inside_the_log_prob_and_update_phases():
+    """verl at 588f972 with param/grad/optimizer offload: the 16-bit parameters come in pinned
+    and go out pageable (``.cpu().pin_memory()``) once in the reshard, once in old_log_prob and
+    once in update_actor; the optimizer's fp32 master and two moments come in and go out pinned
+    (non_blocking ``.to``) once, in update_actor; the engine's weights as in NeMo-RL."""
+    spec = _dense_spec()  # Llama 3 8B on 8 H100, dp 8, engines of one GPU
+    est = estimate_rl(spec)
+    verl = estimate_rl(spec, offload="verl-megatron")
+    p, dp = num_params(spec.model), 8
+    weights, state, engine = 2 * p, p / dp * (4 + 4 + 4), 2 * p
+    rates = host_rates(spec.training_cluster())
+    pin, page = rates.pinned_d2h * 1e9, rates.pageable_d2h * 1e9
+    assert rates.pinned_h2d == rates.pinned_d2h  # one pinned rate both ways below
+    params_round_trip = weights / pin + weights / page
+    lp = verl.switch_by_timer["old_log_prob"]
+    update = verl.switch_by_timer["update_actor"]
+    assert lp == pytest.approx(params_round_trip, rel=1e-4)
+    assert update == pytest.approx(params_round_trip + 2 * state / pin, rel=1e-4)
+    reshard = params_round_trip + engine / pin
+    assert verl.switch_by_timer["reshard"] == pytest.approx(reshard, rel=1e-4)
+    assert verl.switch_by_timer["gen"] == pytest.approx(engine / pin, rel=1e-4)
+    # the in-phase moves are in their phases, not in the switch; the GPU work is the same
+    assert verl.phases_s["switch"] == pytest.approx(reshard + engine / pin, rel=1e-4)
+    assert verl.phases_s["old_logprob"] == pytest.approx(est.phases_s["old_logprob"] + lp)
+    assert verl.phases_s["update"] == pytest.approx(est.phases_s["update"] + update)
+    assert verl.rollout.time_s == est.rollout.time_s
+
+
+def test_verl_offload_moves_nothing_when_the_pools_are_apart_and_refuses_other_names():
+    spec = _spec(placement="disaggregated", rollout_gpus=16)
+    verl = estimate_rl(spec, offload="verl-megatron")
+    assert verl.step_time_s == pytest.approx(estimate_rl(spec).step_time_s)
+    assert verl.switch_by_timer == {}
+    with pytest.raises(SpecError, match="offload"):
+        estimate_rl(_spec(), offload="openrlhf")

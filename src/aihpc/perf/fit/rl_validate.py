@@ -21,6 +21,12 @@ its decode steps as CUDA graphs, the negation of the recipe's vLLM ``enforce_eag
 NeMo-RL's grpo_math_1B.yaml, v0.3.0-v0.6.0, which every NeMo-RL row's recipe inherits; verl's
 rollout.yaml default True until 2025-08-08, which no verl row's launch script overrides).
 
+``offload`` (optional, ``nemo-rl`` where absent or empty): whose code moved the colocated
+training state through host memory (perf/rl/switch.py OFFLOADS): ``verl-megatron`` on the verl
+rows, whose launch scripts set ``offload=True`` for the actor's ``megatron.param_offload``,
+``optimizer_offload`` and ``grad_offload`` (verl's moves inside its old_log_prob and update_actor
+phases).
+
 ``data/validation/rl_runs_other.csv``: the same columns, the measured steps of frameworks other
 than NeMo-RL (verl), all held out; ``aihpc validate --rl`` prices both files.
 """
@@ -35,6 +41,7 @@ from typing import Any
 
 from aihpc.perf.rl.batching import BATCHING
 from aihpc.perf.rl.step import estimate_rl
+from aihpc.perf.rl.switch import OFFLOADS
 from aihpc.runspec.errors import SpecError
 from aihpc.runspec.runspec import runspec_from_dict
 
@@ -45,6 +52,7 @@ __all__ = [
     "RefitRow",
     "rl_runspec",
     "row_batching",
+    "row_offload",
     "validate_phases",
     "validate_refit",
     "validate_rl",
@@ -131,6 +139,16 @@ def rl_runspec(row: dict[str, str]) -> dict[str, Any]:
     return spec | ({"training": training} if training else {})
 
 
+def row_offload(row: dict[str, str], name: str = "rl_runs.csv") -> str:
+    """The row's colocated offload code (``offload`` column; ``nemo-rl`` where absent or empty)."""
+    how = (row.get("offload") or "nemo-rl").strip()
+    if how not in OFFLOADS:
+        raise SpecError(
+            f"{name} row {row.get('id')}: offload", how, "one of " + ", ".join(OFFLOADS)
+        )
+    return how
+
+
 def row_batching(row: dict[str, str], name: str = "rl_runs.csv") -> str:
     """The row's micro-batching (``batching`` column; ``packed`` where absent or empty)."""
     how = (row.get("batching") or "packed").strip()
@@ -149,7 +167,7 @@ class RLRow:
     predicted_s: float
     phases_s: dict[str, float]
     source: str
-    # the colocated switch's seconds under each NeMo-RL step timer (perf/rl/switch.py)
+    # the colocated moves' seconds under each step timer (NeMo-RL's or verl's: perf/rl/switch.py)
     switch_by_timer: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -212,7 +230,8 @@ def validate_rl(path: str | Path | None = None, which: str | None = None) -> RLV
                     f"{path.name} row {row.get('id')}: {err.field}", err.value, err.allowed
                 ) from None
             raise SpecError(str(path.name), row.get("id"), f"bad row: {err}") from None
-        est = estimate_rl(spec, batching=row_batching(row, path.name))
+        how = row_batching(row, path.name)
+        est = estimate_rl(spec, batching=how, offload=row_offload(row, path.name))
         rows.append(
             RLRow(
                 row["id"],

@@ -61,7 +61,7 @@ class RLEstimate:
     sync_gib: float
     fits: bool
     notes: list[str] = field(default_factory=list)
-    # the colocated switch's seconds under each NeMo-RL step timer (perf/rl/switch.py)
+    # the colocated moves' seconds under each step timer (NeMo-RL's or verl's, perf/rl/switch.py)
     switch_by_timer: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -152,13 +152,17 @@ def estimate_rl(
     params: ModelParams = DEFAULT_PARAMS,
     in_process: bool = False,
     batching: str = "packed",
+    offload: str = "nemo-rl",
 ) -> RLEstimate:
     """Price the run spec's RL step (``[rl]``) under its training plan (or ``plan``).
     ``in_process``: the step as ``aihpc rl train`` runs it (its rollout copy of the policy in
     the training processes, kept resident): none of an RL framework's serving-engine host work,
     engine sleep and wake, offload, reference swap or orchestration between phases.
     ``batching``: how the update's and log-prob passes' micro-batches are formed
-    (perf/rl/batching.py: ``packed``, NeMo-RL's sequence packing, or ``padded``)."""
+    (perf/rl/batching.py: ``packed``, NeMo-RL's sequence packing, or ``padded``).
+    ``offload``: whose code moves the colocated training state through host memory
+    (perf/rl/switch.py OFFLOADS: ``nemo-rl``'s switch, or ``verl-megatron``'s offload inside the
+    log-prob and update phases)."""
     rl = spec.rl
     if rl is None:
         raise SpecError("rl", None, "required: an [rl] table (docs/rl.md)")
@@ -178,8 +182,10 @@ def estimate_rl(
     phases["ref_logprob"] += swap  # host copies: no GPU ceiling bounds them
     switch = Switch(0.0, 0.0, {}, True)
     if not in_process:
-        switch = price_switch(actor.estimate, spec.model, cluster, rl, spec.training)
+        switch = price_switch(actor.estimate, spec.model, cluster, rl, spec.training, offload)
     phases["switch"] = switch.seconds
+    for phase, seconds in switch.in_phases.items():  # host copies: no GPU ceiling bounds them
+        phases[phase] += seconds
     offload = [] if in_process else logprob_offload_moves(actor.estimate, rl, spec.training)
     phases["optimizer_offload"] = moves_s(offload, train_cluster)
     phases["orchestration"] = 0.0 if in_process else overheads().orchestration_s

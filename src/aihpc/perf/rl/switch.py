@@ -32,23 +32,52 @@ The reference policy's swap inside the log-prob pass is priced with that pass
 ``torch.cuda.empty_cache()`` after each offload and after the sleep (a full collection's time is
 its process's object count; the one published timing found, google/tunix #2086, is another
 framework's heap).
+
+verl's Megatron workers with ``megatron.param_offload`` / ``optimizer_offload`` / ``grad_offload``
+(``offload = "verl-megatron"``; volcengine/verl at 588f972, 2025-07-08, the runs' date:
+verl/workers/megatron_workers.py, verl/workers/sharding_manager/megatron_vllm.py and the
+offload/load functions of verl/utils/megatron_utils.py) move the training state inside the
+phases themselves, once per phase, under verl's step timers:
+
+- ``reshard`` (the sharding manager's ``__enter__``): the 16-bit parameter buffers back from their
+  pinned copy (``param_data.copy_(cpu_data, non_blocking=True)``), the engine's weights woken,
+  the refit, then the parameters out again by ``offload_megatron_model_to_cpu``:
+  ``param_data.data.cpu().pin_memory()``, a blocking copy into fresh pageable memory (its
+  ``pin_memory`` host-to-host copy after it unpriced: a lower bound) and the buffer freed;
+- ``gen`` ends with the engine's ``sleep(level=1)`` (as above);
+- ``old_log_prob`` (``compute_log_prob``): the parameters in (pinned, ``load_grad=False``) and
+  out (pageable) around the forward passes;
+- ``update_actor``: the parameters in (pinned; the gradient buffers reallocated and zeroed on
+  the GPU, no copy), the optimizer in (``load_megatron_optimizer``: the fp32 master shard and
+  Adam's two moments by ``.to(device, non_blocking=True)`` from the pinned copies the offload
+  made), the updates, then the parameters out (pageable) and the optimizer out
+  (``.to("cpu", non_blocking=True)``, which PyTorch's ``_to_copy`` allocates pinned); the
+  gradient buffers freed (resized to 0, no copy).
+
+verl's ``init_megatron_optim_config`` sets a distributed optimizer and no precision-aware
+optimizer: the optimizer state moved is the step model's whole optimizer shard (fp32 master and
+moments). The reference policy (``ref.megatron.param_offload``) is priced with the log-prob pass
+where the run has one (phases.reference_swap_s).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aihpc.perf.rl.overheads import HostRates, host_rates
 from aihpc.perf.rl.phases import sync_bytes
 from aihpc.perf.step.estimate import Estimate
 from aihpc.perf.step.memory import MOMENTS, GiB
 from aihpc.runspec.cluster import ClusterSpec
+from aihpc.runspec.errors import SpecError
 from aihpc.runspec.model import ModelSpec
 from aihpc.runspec.rl import RLSpec
 from aihpc.runspec.training import DTYPE_BYTES, TrainingSpec
 
 __all__ = [
     "MASTER_REMAINDER_BYTES",
+    "OFFLOADS",
+    "VERL_IN_PHASE",
     "Move",
     "Switch",
     "colocated_moves",
@@ -56,10 +85,17 @@ __all__ = [
     "moves_s",
     "optimizer_state_bytes",
     "price_switch",
+    "verl_moves",
 ]
 
 COPY_KINDS = ("pinned", "pageable")
 TIMERS = ("prepare_for_generation", "generation", "logprob_inference_prep", "training_prep")
+# Whose code moves the colocated training state (the module's docstring): NeMo-RL's switch, or
+# verl's Megatron workers with their param/grad/optimizer offload on.
+OFFLOADS = ("nemo-rl", "verl-megatron")
+VERL_TIMERS = ("reshard", "gen", "old_log_prob", "update_actor")
+# verl's timers that are RL phases of their own: their moves are priced inside the phase
+VERL_IN_PHASE = {"old_log_prob": "old_logprob", "update_actor": "update"}
 
 # Megatron-Core's distributed optimizer with use_precision_aware_optimizer (set by every NeMo-RL
 # recipe, grpo_math_1B.yaml v0.3.0-v0.6.0) keeps, per parameter of the rank's optimizer shard,
@@ -94,6 +130,8 @@ class Switch:
     to_host_gib: float  # per GPU, each step
     by_timer: dict[str, float]  # seconds under each NeMo-RL timer
     measured_pageable: bool  # False: the GPU's host has no measured pageable rate
+    # seconds of moves inside another RL phase (verl: old_logprob, update), not in ``seconds``
+    in_phases: dict[str, float] = field(default_factory=dict)
 
 
 def optimizer_state_bytes(train: Estimate, training: TrainingSpec) -> float:
@@ -133,6 +171,29 @@ def colocated_moves(
     ]
 
 
+def verl_moves(train: Estimate, model: ModelSpec, rl: RLSpec) -> list[Move]:
+    """verl's Megatron offload moves per GPU and step (the module's docstring); none unless
+    colocated (verl's hybrid engine)."""
+    if rl.placement != "colocated":
+        return []
+    weights = float(train.memory.weights)
+    engine = sync_bytes(model, rl) / rl.rollout.gpus_per_engine
+    state = float(train.memory.optimizer)  # fp32 master + moments, the distributed shard
+    reshard, gen, lp, upd = VERL_TIMERS
+    return [
+        Move("parameters in (load_megatron_model_to_gpu)", reshard, weights, "pinned", False),
+        Move("engine weights in (wake_up, pinned backup)", reshard, engine, "pinned", False),
+        Move("parameters out (.cpu().pin_memory())", reshard, weights, "pageable", True),
+        Move("engine weights out (sleep(level=1))", gen, engine, "pinned", True),
+        Move("parameters in (compute_log_prob)", lp, weights, "pinned", False),
+        Move("parameters out (.cpu().pin_memory())", lp, weights, "pageable", True),
+        Move("parameters in (update_actor)", upd, weights, "pinned", False),
+        Move("optimizer state in (.to(device, non_blocking))", upd, state, "pinned", False),
+        Move("parameters out (.cpu().pin_memory())", upd, weights, "pageable", True),
+        Move("optimizer state out (.to('cpu', non_blocking))", upd, state, "pinned", True),
+    ]
+
+
 def logprob_offload_moves(train: Estimate, rl: RLSpec, training: TrainingSpec) -> list[Move]:
     """Disaggregated with ``rl.offload_optimizer_for_logprob``: the optimizer state out before
     the log-prob passes and back before the update, pageable both ways (``move_optimizer``);
@@ -162,16 +223,24 @@ def price_switch(
     cluster: ClusterSpec,
     rl: RLSpec,
     training: TrainingSpec,
+    offload: str = "nemo-rl",
 ) -> Switch:
     """The colocated switch's seconds per step: every move at its copy kind's rate on the GPU's
     host, one after another (each call's copies are synchronous: ``.to("cpu")`` and vLLM's
-    ``cudaMemcpy`` block, Megatron's non_blocking copies are waited for before the next call)."""
-    moves = colocated_moves(train, model, rl, training)
+    ``cudaMemcpy`` block, Megatron's non_blocking copies are waited for before the next call).
+    ``offload`` (OFFLOADS): whose code moves the state; verl's moves under its ``old_log_prob``
+    and ``update_actor`` timers go to ``in_phases`` (those RL phases), not ``seconds``."""
+    if offload not in OFFLOADS:
+        raise SpecError("rl offload", offload, "one of " + ", ".join(OFFLOADS))
+    verl = offload == "verl-megatron"
+    moves = verl_moves(train, model, rl) if verl else colocated_moves(train, model, rl, training)
     if not moves:
         return Switch(0.0, 0.0, {}, True)
     rates = host_rates(cluster)
-    by_timer = dict.fromkeys(TIMERS, 0.0)
+    by_timer = dict.fromkeys(VERL_TIMERS if verl else TIMERS, 0.0)
     for move in moves:
         by_timer[move.timer] += move.seconds(rates)
     to_host = sum(m.bytes for m in moves if m.to_host) / GiB
-    return Switch(sum(by_timer.values()), to_host, by_timer, rates.measured_pageable)
+    inside = {VERL_IN_PHASE[t]: s for t, s in by_timer.items() if t in VERL_IN_PHASE}
+    seconds = sum(s for t, s in by_timer.items() if t not in VERL_IN_PHASE)
+    return Switch(seconds, to_host, by_timer, rates.measured_pageable, inside)
