@@ -139,24 +139,26 @@ def rl_runspec(row: dict[str, str]) -> dict[str, Any]:
     return spec | ({"training": training} if training else {})
 
 
-def row_offload(row: dict[str, str], name: str = "rl_runs.csv") -> str:
-    """The row's colocated offload code (``offload`` column; ``nemo-rl`` where absent or empty)."""
-    how = (row.get("offload") or "nemo-rl").strip()
-    if how not in OFFLOADS:
+def _row_choice(
+    row: dict[str, str], column: str, default: str, allowed: tuple[str, ...], name: str
+) -> str:
+    """The row's ``column`` value (``default`` where absent or empty), one of ``allowed``."""
+    how = (row.get(column) or default).strip()
+    if how not in allowed:
         raise SpecError(
-            f"{name} row {row.get('id')}: offload", how, "one of " + ", ".join(OFFLOADS)
+            f"{name} row {row.get('id')}: {column}", how, "one of " + ", ".join(allowed)
         )
     return how
+
+
+def row_offload(row: dict[str, str], name: str = "rl_runs.csv") -> str:
+    """The row's colocated offload code (``offload`` column; ``nemo-rl`` where absent or empty)."""
+    return _row_choice(row, "offload", "nemo-rl", OFFLOADS, name)
 
 
 def row_batching(row: dict[str, str], name: str = "rl_runs.csv") -> str:
     """The row's micro-batching (``batching`` column; ``packed`` where absent or empty)."""
-    how = (row.get("batching") or "packed").strip()
-    if how not in BATCHING:
-        raise SpecError(
-            f"{name} row {row.get('id')}: batching", how, "one of " + ", ".join(BATCHING)
-        )
-    return how
+    return _row_choice(row, "batching", "packed", BATCHING, name)
 
 
 @dataclass(frozen=True)
