@@ -227,10 +227,11 @@ def test_the_rollout_pays_its_hosts_engine_step_on_every_decode_step(monkeypatch
     cluster = spec.training_cluster()
     scaled = rl_rollout.price_rollout(spec.model, cluster, spec.rl, cluster.num_gpus)
     base = mod.overheads()
-    ratio = base.host_cpu_ratio["gb200"]
+    ratio = mod.host_cpu_ratio("gb200")
+    assert ratio > 1.0  # a Grace host (runspec/data/host_cpus.toml)
     assert seen and all(h == pytest.approx(base.engine_step_s * ratio) for h in seen)
     seen.clear()
-    monkeypatch.setattr(mod, "overheads", lambda: replace(base, host_cpu_ratio={}))
+    monkeypatch.setattr(mod, "host_cpu_ratio", lambda gpu: 1.0)  # no [[host_cpu]] rows
     flat = rl_rollout.price_rollout(spec.model, cluster, spec.rl, cluster.num_gpus)
     assert seen and all(h == pytest.approx(base.engine_step_s) for h in seen)
     extra = (ratio - 1.0) * base.engine_step_s * flat.infer.longest_response

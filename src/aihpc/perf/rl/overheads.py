@@ -59,8 +59,6 @@ class Ceiling:
 @dataclass(frozen=True)
 class Overheads:
     engine_step_s: float  # host time per decode step the GPU waits for, on the reference host
-    # gpu id -> its host's time for one PyTorch eager call over the reference host's ([[host_cpu]])
-    host_cpu_ratio: dict[str, float]
     # gpu id -> (pageable device-to-host, pageable host-to-device) GB/s of its host
     pageable_GBps: dict[str, tuple[float, float]]
     orchestration_s: float  # per RL step, on the training side
@@ -96,7 +94,6 @@ def overheads() -> Overheads:
         sources[key] = row["source"]
     return Overheads(
         engine_step_s=float(t["engine_step"]["seconds"]),
-        host_cpu_ratio={g: host_cpu_ratio(g) for row in host_cpu_rows() for g in row["gpus"]},
         pageable_GBps=pageable,
         orchestration_s=sum(float(v) for v in t["orchestration"]["seconds"]),
         ceilings=ceilings,
@@ -108,8 +105,7 @@ def engine_step_s(cluster: ClusterSpec) -> float:
     """The serving engine's host time per decode step on this cluster's GPUs' host: [engine_step]
     (measured on an x86 host) scaled by the host's [[host_cpu]] eager-call time over the
     reference host's; a GPU in no [[host_cpu]] row pays [engine_step] as it stands."""
-    o = overheads()
-    return o.engine_step_s * o.host_cpu_ratio.get(cluster.gpu.id, 1.0)
+    return overheads().engine_step_s * host_cpu_ratio(cluster.gpu.id)
 
 
 @dataclass(frozen=True)

@@ -186,8 +186,8 @@ def estimate_rl(
     phases["switch"] = switch.seconds
     for phase, seconds in switch.in_phases.items():  # host copies: no GPU ceiling bounds them
         phases[phase] += seconds
-    offload = [] if in_process else logprob_offload_moves(actor.estimate, rl, spec.training)
-    phases["optimizer_offload"] = moves_s(offload, train_cluster)
+    opt_moves = [] if in_process else logprob_offload_moves(actor.estimate, rl, spec.training)
+    phases["optimizer_offload"] = moves_s(opt_moves, train_cluster)
     phases["orchestration"] = 0.0 if in_process else overheads().orchestration_s
     phases["weight_sync"] = sync_s(spec.model, cluster, rl, train_gpus, params, plan)
     train_side = sum(phases[k] for k in TRAIN_SIDE)
