@@ -148,3 +148,42 @@ def test_a_comment_inside_an_array_is_no_flag():
     imported = import_slime(text, model="tiny-llama")
     assert imported.tables["parallel"]["tp"] == 2
     assert "--micro-batch-size" not in imported.unpriced and "--lr" not in imported.unpriced
+
+
+def test_verl_example_scripts_name_whose_offload_moves_the_actor():
+    """verl's own example scripts (copied unchanged from volcengine/verl at b178a3c): the Megatron
+    one sets param/optimizer/grad offload through a shell variable (``offload=True``), the FSDP
+    one sets the actor's fsdp_config offloads; a script that sets neither keeps verl's defaults
+    (no offload: the state stays on the GPUs)."""
+    cases = {
+        "verl_qwen2_7b_megatron_offload.sh": "verl-megatron",
+        "verl_qwen2_14b_fsdp_offload.sh": "verl-fsdp",
+        "verl_grpo_qwen3_30b.sh": "none",
+    }
+    for name, offload in cases.items():
+        imported = import_verl((DATA / name).read_text(), model="llama3-8b", response_len=500)
+        assert imported.tables["rl"]["offload"] == offload, name
+        est = estimate_rl(imported.spec())
+        assert est.rl.offload == offload
+        moved = est.switch_by_timer.get("update_actor", 0.0)
+        assert (moved > 0) == (offload != "none"), name
+    megatron = import_verl(
+        (DATA / "verl_qwen2_7b_megatron_offload.sh").read_text(), model="llama3-8b"
+    )
+    assert (megatron.tables["parallel"]["tp"], megatron.tables["parallel"]["pp"]) == (2, 2)
+
+
+def test_verl_fsdp2_and_a_single_offload_flag():
+    base = (DATA / "verl_grpo_qwen3_30b.sh").read_text().replace(" $@", "")
+    text = base.rstrip() + (
+        " \\\n    actor_rollout_ref.actor.strategy=fsdp2"
+        " \\\n    actor_rollout_ref.actor.fsdp_config.param_offload=True\n"
+    )
+    imported = import_verl(text, response_len=500)
+    assert imported.tables["rl"]["offload"] == "verl-fsdp2"
+    (note,) = [n for n in imported.notes if "param_offload without optimizer_offload" in n]
+    assert "upper bound" in note
+    bad = base.rstrip() + " \\\n    actor_rollout_ref.actor.fsdp_config.param_offload=maybe\n"
+    with pytest.raises(SpecError) as err:
+        import_verl(bad, response_len=500)
+    assert err.value.field == "actor_rollout_ref.actor.fsdp_config.param_offload"

@@ -40,11 +40,14 @@ def _register_import(app: typer.Typer) -> None:
     @app.command("import")
     @guarded
     def import_(
-        framework: str = typer.Argument(..., help="megatron | torchtitan | deepspeed | hf"),
+        framework: str = typer.Argument(
+            ..., help="megatron | torchtitan | deepspeed | hf | verl | slime"
+        ),
         source: Path = typer.Argument(
             ...,
             help="Megatron: pretrain_gpt.py launch script or file of its arguments; torchtitan: "
-            "job TOML; DeepSpeed: config JSON; hf: a Hugging Face config.json.",
+            "job TOML; DeepSpeed: config JSON; hf: a Hugging Face config.json; verl: its config "
+            "YAML or a script running verl.trainer.main_ppo; slime: its launch script.",
         ),
         model: str | None = typer.Option(
             None, "--model", help="DeepSpeed: a preset name or a Hugging Face config.json."

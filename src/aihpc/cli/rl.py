@@ -180,7 +180,9 @@ def estimate_lines(est: Any) -> list[str]:
         f"{r.kv_cache_gib:.1f} GiB/GPU{tail}"
     )
     if est.switch_gib:
-        lines.append(f"colocated switch: {est.switch_gib:.1f} GiB/GPU to host and back")
+        lines.append(
+            f"host offload ({est.rl.offload}): {est.switch_gib:.1f} GiB/GPU to host and back"
+        )
     lines.append(
         f"step {est.step_time_s:.1f} s, {est.tokens_per_s_per_gpu:.0f} tokens/s/GPU; "
         f"largest phase {est.bottleneck}"

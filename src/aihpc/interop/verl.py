@@ -33,6 +33,9 @@ _DEFAULTS: dict[str, Any] = {
             "ppo_epochs": 1,
             "use_kl_loss": False,
             "ulysses_sequence_parallel_size": 1,
+            # ppo_trainer.yaml's fsdp_config and ppo_megatron_trainer.yaml's megatron: no offload
+            "fsdp_config": {"param_offload": False, "optimizer_offload": False},
+            "megatron": {"param_offload": False, "optimizer_offload": False},
         },
         "rollout": {
             "n": 1,
@@ -208,6 +211,28 @@ def _parallel(cfg: dict[str, Any], samples: int, notes: list[str]) -> dict[str, 
     return out
 
 
+def _offload(cfg: dict[str, Any], notes: list[str]) -> str:
+    """``rl.offload``: which of verl's workers moves the actor's state through host memory
+    (perf/rl/switch.py), from its strategy and its ``param_offload`` / ``optimizer_offload``."""
+    actor = "actor_rollout_ref.actor."
+    strategy = _get(cfg, actor + "strategy")
+    group = "megatron." if strategy == "megatron" else "fsdp_config."
+    params = _bool(cfg, actor + group + "param_offload")
+    optimizer = _bool(cfg, actor + group + "optimizer_offload")
+    if not (params or optimizer):
+        return "none"
+    if params != optimizer:
+        on, off = "param_offload", "optimizer_offload"
+        if optimizer:
+            on, off = off, on
+        notes.append(
+            f"{actor}{group}{on} without {off}: priced as verl moves both (an upper bound)"
+        )
+    if strategy == "megatron":
+        return "verl-megatron"
+    return "verl-fsdp2" if strategy == "fsdp2" else "verl-fsdp"
+
+
 def import_verl(
     text: str, model: str | None = None, response_len: int | None = None, gpu: str = "h100-sxm"
 ) -> Imported:
@@ -241,6 +266,7 @@ def import_verl(
             or _get(cfg, "algorithm.use_kl_in_reward")
         ),
         "placement": "colocated",
+        "offload": _offload(cfg, notes),
         "rollout": {
             "tp": _int(cfg, rollout + "tensor_model_parallel_size"),
             "gpu_memory_utilization": _float(cfg, rollout + "gpu_memory_utilization"),

@@ -31,6 +31,7 @@ from aihpc.runspec.errors import SpecError
 
 __all__ = [
     "ALGORITHMS",
+    "OFFLOADS",
     "PLACEMENTS",
     "RESPONSE_DISTS",
     "WEIGHT_SYNCS",
@@ -55,6 +56,14 @@ RESPONSE_DISTS = ("fixed", "uniform", "lognormal")
 # not); storage: written to and read back from the checkpoint file system.
 WEIGHT_SYNCS = ("auto", "cuda_ipc", "nccl", "full", "storage")
 ROLLOUT_PRECISIONS = ("bf16", "fp8")
+# Whose code moves the training state through host memory around the engine's turn on the GPUs
+# (perf/rl/switch.py): nemo-rl: NeMo-RL's Megatron switch (the optimizer out and the parameters
+# out after the refit, both back for the log-prob passes and the update); verl-megatron,
+# verl-fsdp (FSDP1), verl-fsdp2: verl's workers with the actor's param_offload and
+# optimizer_offload on (the parameters in and out around each phase, the optimizer around the
+# update); none: the training state stays on the GPUs (verl with its offloads off) and only the
+# engine's weights sleep and wake.
+OFFLOADS = ("nemo-rl", "verl-megatron", "verl-fsdp", "verl-fsdp2", "none")
 # The planner's range. The largest published steps generate ~10^4 samples (NeMo-RL: 2,048;
 # verl's DAPO: 512 x 16) of up to ~10^5 tokens; published asynchronous runs stay within 8 steps
 # of staleness (NeMo-RL's 8-step off-policy row, AReaL's eta <= 8). Far beyond these the
@@ -121,6 +130,7 @@ class RLSpec:
     # prepare_for_lp_inference ran offload_before_refit; since v0.5.0 its
     # policy.offload_optimizer_for_logprob, default false). Colocated runs move it regardless.
     offload_optimizer_for_logprob: bool = False
+    offload: str = "nemo-rl"  # OFFLOADS
     rollout: RolloutSpec = field(default_factory=RolloutSpec)
 
     def __post_init__(self) -> None:
@@ -135,6 +145,13 @@ class RLSpec:
         check_choice("rl.placement", self.placement, PLACEMENTS)
         check_choice("rl.reward", self.reward, ("rule", "model"))
         check_choice("rl.weight_sync", self.weight_sync, WEIGHT_SYNCS)
+        check_choice("rl.offload", self.offload, OFFLOADS)
+        if self.offload_optimizer_for_logprob and self.offload != "nemo-rl":
+            raise SpecError(
+                "rl.offload_optimizer_for_logprob",
+                True,
+                f'only with offload = "nemo-rl" (it is "{self.offload}"): NeMo-RL\'s flag',
+            )
         check_positive("rl.ppo_epochs", self.ppo_epochs)
         if not 0 <= self.response_sigma <= 4:
             raise SpecError("rl.response_sigma", self.response_sigma, "must be in [0, 4]")

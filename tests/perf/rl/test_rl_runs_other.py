@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from aihpc.perf.fit.rl_validate import row_offload, validate_rl
+from aihpc.perf.fit.rl_validate import validate_rl
 from aihpc.runspec.errors import SpecError
 
 
@@ -61,7 +61,14 @@ def test_the_verl_rows_price_verls_offload_inside_its_phases():
     assert all("update_actor" not in r.switch_by_timer for r in nemo.rows)
 
 
-def test_a_row_naming_an_unknown_offload_is_refused_with_its_field():
-    row = {"id": "x", "offload": "deepspeed"}
-    with pytest.raises(SpecError, match="row x: offload"):
-        row_offload(row, "rl_runs_other.csv")
+def test_a_row_naming_an_unknown_offload_is_refused_with_its_row_and_field(tmp_path):
+    header, rows = _table("rl_runs_other.csv")
+    bad = dict(rows[0], id="x", offload="deepspeed")
+    path = tmp_path / "rows.csv"
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, header)
+        writer.writeheader()
+        writer.writerow(bad)
+    with pytest.raises(SpecError, match=r"row x: rl\.offload") as err:
+        validate_rl(path)
+    assert err.value.value == "deepspeed" and "verl-megatron" in err.value.allowed

@@ -33,13 +33,14 @@ from aihpc.runspec.errors import SpecError
 STATE_BYTES_PER_PARAM = 4 + 4 + MASTER_REMAINDER_BYTES
 
 
-def _dense_spec():
+def _dense_spec(zero_stage: int = 1, **rl):
     """Llama 3 8B on 8 H100, data parallel only, engines of one GPU."""
     data = copy.deepcopy(BASE)
     data["model"]["preset"] = "llama3-8b"
-    data["parallel"] = {"global_batch_size": 512}
+    data["parallel"] = {"global_batch_size": 512, "zero_stage": zero_stage}
     data["cluster"]["num_gpus"] = 8
     data["rl"]["rollout"] = {"tp": 1}
+    data["rl"].update(rl)
     return runspec_from_dict(data)
 
 
@@ -170,7 +171,7 @@ def test_verl_megatron_moves_its_state_inside_the_log_prob_and_update_phases():
     (non_blocking ``.to``) once, in update_actor; the engine's weights as in NeMo-RL."""
     spec = _dense_spec()  # Llama 3 8B on 8 H100, dp 8, engines of one GPU
     est = estimate_rl(spec)
-    verl = estimate_rl(spec, offload="verl-megatron")
+    verl = estimate_rl(_dense_spec(offload="verl-megatron"))
     p, dp = num_params(spec.model), 8
     weights, state, engine = 2 * p, p / dp * (4 + 4 + 4), 2 * p
     rates = host_rates(spec.training_cluster())
@@ -191,10 +192,65 @@ def test_verl_megatron_moves_its_state_inside_the_log_prob_and_update_phases():
     assert verl.rollout.time_s == est.rollout.time_s
 
 
-def test_verl_offload_moves_nothing_when_the_pools_are_apart_and_refuses_other_names():
-    spec = _spec(placement="disaggregated", rollout_gpus=16)
-    verl = estimate_rl(spec, offload="verl-megatron")
-    assert verl.step_time_s == pytest.approx(estimate_rl(spec).step_time_s)
-    assert verl.switch_by_timer == {}
-    with pytest.raises(SpecError, match="offload"):
-        estimate_rl(_spec(), offload="openrlhf")
+def test_verl_fsdp_moves_the_fp32_shard_and_the_moments_pinned_or_pageable_by_version():
+    """verl's FSDP workers (fsdp_utils.py): the sharded fp32 parameter (FSDP's master) and Adam's
+    two moments, counted here from the parameter count; FSDP1 moves the parameters by
+    ``flat_param_to(non_blocking=True)`` (pinned), FSDP2 at b178a3c by ``model.cpu()`` and
+    ``model.to(device)`` (pageable); the moments are pinned in both."""
+    spec = _dense_spec(zero_stage=3)
+    p, dp = num_params(spec.model), 8
+    shard, moments = 4 * p / dp, 8 * p / dp
+    rates = host_rates(spec.training_cluster())
+    pin, page_out, page_in = (
+        rates.pinned_d2h * 1e9,
+        rates.pageable_d2h * 1e9,
+        rates.pageable_h2d * 1e9,
+    )
+    fsdp1 = estimate_rl(_dense_spec(zero_stage=3, offload="verl-fsdp")).switch_by_timer
+    fsdp2 = estimate_rl(_dense_spec(zero_stage=3, offload="verl-fsdp2")).switch_by_timer
+    assert fsdp1["old_log_prob"] == pytest.approx(2 * shard / pin, rel=1e-4)
+    assert fsdp1["update_actor"] == pytest.approx((2 * shard + 2 * moments) / pin, rel=1e-4)
+    assert fsdp2["old_log_prob"] == pytest.approx(shard / page_in + shard / page_out, rel=1e-4)
+    assert fsdp2["update_actor"] == pytest.approx(
+        shard / page_in + shard / page_out + 2 * moments / pin, rel=1e-4
+    )
+
+
+def test_no_offload_moves_only_the_engine_and_must_leave_the_engine_its_memory():
+    """``offload = "none"`` (verl with its offloads off): the engine's weights sleep and wake,
+    nothing of the training state moves; the state the GPU keeps must fit beside the engine's
+    ``gpu_memory_utilization`` share of the GPU."""
+    spec = _dense_spec(zero_stage=3, offload="none")
+    est = estimate_rl(spec)
+    engine = 2 * num_params(spec.model)  # one-GPU engines hold the whole bf16 model
+    pin = host_rates(spec.training_cluster()).pinned_d2h * 1e9
+    assert est.phases_s["switch"] == pytest.approx(2 * engine / pin, rel=1e-4)
+    assert est.switch_by_timer["old_log_prob"] == est.switch_by_timer["update_actor"] == 0.0
+    assert est.fits
+    # 8B at ZeRO-1 over 8 GPUs keeps 16-bit weights, fp32 gradients and its optimizer shard
+    # (tens of GiB) while the engine takes 95% of 80 GiB: it cannot stay
+    crowded = _dense_spec(offload="none", rollout={"tp": 1, "gpu_memory_utilization": 0.95})
+    est = estimate_rl(crowded)
+    assert not est.fits
+    (note,) = [n for n in est.notes if "rl.offload" in n]
+    assert "gpu_memory_utilization 0.95" in note
+
+
+def test_verl_offload_apart_moves_only_the_workers_own_and_refuses_other_names():
+    """Disaggregated, verl's actor worker still moves its state around compute_log_prob and
+    update_actor; there is no reshard on the training GPUs and no engine sleeping there."""
+    spec = _spec(placement="disaggregated", rollout_gpus=16, offload="verl-megatron")
+    plain = estimate_rl(_spec(placement="disaggregated", rollout_gpus=16))
+    verl = estimate_rl(spec)
+    assert verl.phases_s["switch"] == 0.0
+    assert verl.switch_by_timer["reshard"] == verl.switch_by_timer["gen"] == 0.0
+    assert verl.switch_by_timer["update_actor"] > verl.switch_by_timer["old_log_prob"] > 0
+    assert verl.phases_s["update"] == pytest.approx(
+        plain.phases_s["update"] + verl.switch_by_timer["update_actor"]
+    )
+    with pytest.raises(SpecError) as err:
+        _spec(offload="openrlhf")
+    assert err.value.field == "rl.offload"
+    with pytest.raises(SpecError) as err:
+        _spec(offload="verl-megatron", offload_optimizer_for_logprob=True)
+    assert err.value.field == "rl.offload_optimizer_for_logprob"

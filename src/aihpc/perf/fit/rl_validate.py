@@ -21,9 +21,9 @@ its decode steps as CUDA graphs, the negation of the recipe's vLLM ``enforce_eag
 NeMo-RL's grpo_math_1B.yaml, v0.3.0-v0.6.0, which every NeMo-RL row's recipe inherits; verl's
 rollout.yaml default True until 2025-08-08, which no verl row's launch script overrides).
 
-``offload`` (optional, ``nemo-rl`` where absent or empty): whose code moved the colocated
-training state through host memory (perf/rl/switch.py OFFLOADS): ``verl-megatron`` on the verl
-rows, whose launch scripts set ``offload=True`` for the actor's ``megatron.param_offload``,
+``offload`` (optional; empty: the spec's default, ``nemo-rl``): the row's ``rl.offload``, whose
+code moved the training state through host memory (perf/rl/switch.py): ``verl-megatron`` on the
+verl rows, whose launch scripts set ``offload=True`` for the actor's ``megatron.param_offload``,
 ``optimizer_offload`` and ``grad_offload`` (verl's moves inside its old_log_prob and update_actor
 phases).
 
@@ -41,7 +41,6 @@ from typing import Any
 
 from aihpc.perf.rl.batching import BATCHING
 from aihpc.perf.rl.step import estimate_rl
-from aihpc.perf.rl.switch import OFFLOADS
 from aihpc.runspec.errors import SpecError
 from aihpc.runspec.runspec import runspec_from_dict
 
@@ -52,7 +51,6 @@ __all__ = [
     "RefitRow",
     "rl_runspec",
     "row_batching",
-    "row_offload",
     "validate_phases",
     "validate_refit",
     "validate_rl",
@@ -121,6 +119,8 @@ def rl_runspec(row: dict[str, str]) -> dict[str, Any]:
     offload = (row.get("offload_optimizer_for_logprob") or "").strip()
     if offload:  # NeMo-RL through v0.4.0 moved the optimizer out for the log-prob passes
         rl["offload_optimizer_for_logprob"] = _flag(row, "offload_optimizer_for_logprob")
+    if (row.get("offload") or "").strip():  # whose code moved the training state
+        rl["offload"] = row["offload"].strip()
     parallel = {
         "tp": v["train_tp"],
         "cp": v["train_cp"],
@@ -149,11 +149,6 @@ def _row_choice(
             f"{name} row {row.get('id')}: {column}", how, "one of " + ", ".join(allowed)
         )
     return how
-
-
-def row_offload(row: dict[str, str], name: str = "rl_runs.csv") -> str:
-    """The row's colocated offload code (``offload`` column; ``nemo-rl`` where absent or empty)."""
-    return _row_choice(row, "offload", "nemo-rl", OFFLOADS, name)
 
 
 def row_batching(row: dict[str, str], name: str = "rl_runs.csv") -> str:
@@ -233,7 +228,7 @@ def validate_rl(path: str | Path | None = None, which: str | None = None) -> RLV
                 ) from None
             raise SpecError(str(path.name), row.get("id"), f"bad row: {err}") from None
         how = row_batching(row, path.name)
-        est = estimate_rl(spec, batching=how, offload=row_offload(row, path.name))
+        est = estimate_rl(spec, batching=how)
         rows.append(
             RLRow(
                 row["id"],

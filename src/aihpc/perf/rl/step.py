@@ -24,7 +24,14 @@ from aihpc.perf.rl.phases import (
     sync_s,
 )
 from aihpc.perf.rl.rollout import Rollout, price_rollout
-from aihpc.perf.rl.switch import Switch, logprob_offload_moves, moves_s, price_switch
+from aihpc.perf.rl.switch import (
+    Switch,
+    logprob_offload_moves,
+    moves_s,
+    price_switch,
+    resident_state_bytes,
+)
+from aihpc.perf.step.memory import GiB
 from aihpc.perf.step.params import DEFAULT_PARAMS, ModelParams
 from aihpc.runspec.errors import SpecError
 from aihpc.runspec.model import ModelSpec, model_from_table
@@ -95,6 +102,7 @@ class RLEstimate:
             "rollout": self.rollout.to_json(),
             "training_fits": self.actor.estimate.fits,
             "training_memory_gib": self.actor.estimate.memory.gib(),
+            "offload": self.rl.offload,
             "switch_offload_gib_per_gpu": self.switch_gib,
             "switch_s_by_timer": self.switch_by_timer,
             "sync_gib": self.sync_gib,
@@ -152,7 +160,6 @@ def estimate_rl(
     params: ModelParams = DEFAULT_PARAMS,
     in_process: bool = False,
     batching: str = "packed",
-    offload: str = "nemo-rl",
 ) -> RLEstimate:
     """Price the run spec's RL step (``[rl]``) under its training plan (or ``plan``).
     ``in_process``: the step as ``aihpc rl train`` runs it (its rollout copy of the policy in
@@ -160,9 +167,8 @@ def estimate_rl(
     engine sleep and wake, offload, reference swap or orchestration between phases.
     ``batching``: how the update's and log-prob passes' micro-batches are formed
     (perf/rl/batching.py: ``packed``, NeMo-RL's sequence packing, or ``padded``).
-    ``offload``: whose code moves the colocated training state through host memory
-    (perf/rl/switch.py OFFLOADS: ``nemo-rl``'s switch, or ``verl-megatron``'s offload inside the
-    log-prob and update phases)."""
+    ``rl.offload`` says whose code moves the training state through host memory
+    (perf/rl/switch.py)."""
     rl = spec.rl
     if rl is None:
         raise SpecError("rl", None, "required: an [rl] table (docs/rl.md)")
@@ -182,7 +188,7 @@ def estimate_rl(
     phases["ref_logprob"] += swap  # host copies: no GPU ceiling bounds them
     switch = Switch(0.0, 0.0, {}, True)
     if not in_process:
-        switch = price_switch(actor.estimate, spec.model, cluster, rl, spec.training, offload)
+        switch = price_switch(actor.estimate, spec.model, cluster, rl, spec.training)
     phases["switch"] = switch.seconds
     for phase, seconds in switch.in_phases.items():  # host copies: no GPU ceiling bounds them
         phases[phase] += seconds
@@ -196,6 +202,9 @@ def estimate_rl(
     else:
         step = sum(phases.values())
     notes = _notes(rollout, actor, rl)
+    resident = _resident_problem(spec, actor) if not in_process else ""
+    if resident:
+        notes.append(resident)
     if not switch.measured_pageable:
         notes.append(
             f"no measured pageable host-copy rate for {cluster.gpu.id}'s host "
@@ -214,7 +223,7 @@ def estimate_rl(
         actor=actor,
         switch_gib=switch.to_host_gib,
         sync_gib=sync_bytes(spec.model, rl) / 2**30,
-        fits=rollout.fits and actor.estimate.fits,
+        fits=rollout.fits and actor.estimate.fits and not resident,
         notes=notes,
         switch_by_timer=switch.by_timer,
     )
@@ -236,6 +245,27 @@ def _ceiling(phases: dict[str, float], spec: RunSpec, train_gpus: int, actor: Tr
     phases["old_logprob"] = max(phases["old_logprob"], floor / 3)
     if rl.kl and not rl.reference:  # the reference has the actor's shape
         phases["ref_logprob"] = max(phases["ref_logprob"], floor / 3)
+
+
+def _resident_problem(spec: RunSpec, actor: Training) -> str:
+    """Colocated with ``rl.offload = "none"``: the training state the GPU keeps must fit in what
+    the engine's ``gpu_memory_utilization`` leaves of its memory (vLLM takes that share of the
+    whole GPU while the state stays); "" when it does."""
+    rl = spec.rl
+    assert rl is not None
+    if rl.placement != "colocated" or rl.offload != "none":
+        return ""
+    gpu = spec.cluster.gpu
+    state = resident_state_bytes(actor.estimate) / GiB
+    room = (1 - rl.rollout.gpu_memory_utilization) * gpu.hbm_gib
+    if state <= room:
+        return ""
+    return (
+        f'with rl.offload = "none" the training state stays on the GPU ({state:.1f} GiB) while '
+        f"the engine takes gpu_memory_utilization {rl.rollout.gpu_memory_utilization:g} of "
+        f"{gpu.hbm_gib:g} GiB, leaving {room:.1f} GiB: lower it, shard the training state "
+        "further, or offload (rl.offload)"
+    )
 
 
 def computed_tokens(rl: RLSpec, actor: Training) -> float:

@@ -33,6 +33,12 @@ The reference policy's swap inside the log-prob pass is priced with that pass
 its process's object count; the one published timing found, google/tunix #2086, is another
 framework's heap).
 
+Which code moves the state is ``rl.offload`` (OFFLOADS): ``nemo-rl``, the switch above;
+``verl-megatron``, ``verl-fsdp`` and ``verl-fsdp2``, below; ``none``, nothing of the training
+state (verl with its offloads off: the state stays on the GPUs while the engine generates in
+what ``gpu_memory_utilization`` leaves it, ``resident_state_bytes``), only the engine's sleep
+and wake.
+
 verl's Megatron workers with ``megatron.param_offload`` / ``optimizer_offload`` / ``grad_offload``
 (``offload = "verl-megatron"``; volcengine/verl at 588f972, 2025-07-08, the runs' date:
 verl/workers/megatron_workers.py, verl/workers/sharding_manager/megatron_vllm.py and the
@@ -54,6 +60,18 @@ phases themselves, once per phase, under verl's step timers:
   (``.to("cpu", non_blocking=True)``, which PyTorch's ``_to_copy`` allocates pinned); the
   gradient buffers freed (resized to 0, no copy).
 
+verl's FSDP workers with ``fsdp_config.param_offload`` / ``optimizer_offload`` make the same
+moves in the same phases (verl/workers/fsdp_workers.py, sharding_manager/fsdp_vllm.py,
+verl/utils/fsdp_utils.py at 588f972 and at b178a3c, 2026-01-29). What moves is FSDP's sharded
+fp32 parameter (its master copy) and Adam's moments, the moments always by ``.to(device,
+non_blocking=True)`` (``offload_fsdp_optimizer`` / ``load_fsdp_optimizer``): pinned. The
+parameters: ``offload = "verl-fsdp"`` (``strategy: fsdp``, verl's default, FSDP1) by
+``flat_param_to(device, non_blocking=True)``, pinned both ways, in both versions;
+``offload = "verl-fsdp2"`` (``strategy: fsdp2``) at b178a3c by ``model.cpu()`` and
+``model.to(device)``, pageable both ways (588f972 still moved each ``param.data`` non_blocking).
+The moves around ``compute_log_prob`` and ``update_actor`` are the actor worker's own, so they
+are priced in a disaggregated placement too; the reshard's and the sleep's only when colocated.
+
 verl's ``init_megatron_optim_config`` sets a distributed optimizer and no precision-aware
 optimizer: the optimizer state moved is the step model's whole optimizer shard (fp32 master and
 moments). The reference policy (``ref.megatron.param_offload``) is priced with the log-prob pass
@@ -69,9 +87,8 @@ from aihpc.perf.rl.phases import sync_bytes
 from aihpc.perf.step.estimate import Estimate
 from aihpc.perf.step.memory import MOMENTS, GiB
 from aihpc.runspec.cluster import ClusterSpec
-from aihpc.runspec.errors import SpecError
 from aihpc.runspec.model import ModelSpec
-from aihpc.runspec.rl import RLSpec
+from aihpc.runspec.rl import OFFLOADS, RLSpec
 from aihpc.runspec.training import DTYPE_BYTES, TrainingSpec
 
 __all__ = [
@@ -81,18 +98,17 @@ __all__ = [
     "Move",
     "Switch",
     "colocated_moves",
+    "engine_moves",
     "logprob_offload_moves",
     "moves_s",
     "optimizer_state_bytes",
     "price_switch",
+    "resident_state_bytes",
     "verl_moves",
 ]
 
 COPY_KINDS = ("pinned", "pageable")
 TIMERS = ("prepare_for_generation", "generation", "logprob_inference_prep", "training_prep")
-# Whose code moves the colocated training state (the module's docstring): NeMo-RL's switch, or
-# verl's Megatron workers with their param/grad/optimizer offload on.
-OFFLOADS = ("nemo-rl", "verl-megatron")
 VERL_TIMERS = ("reshard", "gen", "old_log_prob", "update_actor")
 # verl's timers that are RL phases of their own: their moves are priced inside the phase
 VERL_IN_PHASE = {"old_log_prob": "old_logprob", "update_actor": "update"}
@@ -171,27 +187,65 @@ def colocated_moves(
     ]
 
 
-def verl_moves(train: Estimate, model: ModelSpec, rl: RLSpec) -> list[Move]:
-    """verl's Megatron offload moves per GPU and step (the module's docstring); none unless
-    colocated (verl's hybrid engine)."""
-    if rl.placement != "colocated":
-        return []
-    weights = float(train.memory.weights)
-    engine = sync_bytes(model, rl) / rl.rollout.gpus_per_engine
-    state = float(train.memory.optimizer)  # fp32 master + moments, the distributed shard
+def _verl_state(train: Estimate, training: TrainingSpec, fsdp: bool) -> tuple[float, float]:
+    """(parameter bytes, optimizer bytes) per GPU that verl's offload moves. Megatron: the 16-bit
+    parameter buffers and the distributed optimizer's shard (fp32 master and moments). FSDP: the
+    sharded fp32 parameters (FSDP's master copy) and the moments; under ZeRO-3 the step model's
+    optimizer bytes are the moments alone, so the shard is those over the moment count."""
+    if fsdp and train.plan.zero_stage == 3:
+        moments = float(train.memory.optimizer)
+        return moments / MOMENTS[training.optimizer], moments
+    return float(train.memory.weights), float(train.memory.optimizer)
+
+
+def verl_moves(train: Estimate, model: ModelSpec, rl: RLSpec, training: TrainingSpec) -> list[Move]:
+    """verl's offload moves per GPU and step (the module's docstring), for ``rl.offload`` =
+    ``verl-megatron``, ``verl-fsdp`` or ``verl-fsdp2``. The moves around the old log-prob pass
+    and the update are the workers' own and run in either placement; the reshard's and the
+    engine's sleep only where the engines share the training GPUs (verl's hybrid engine)."""
+    fsdp = rl.offload in ("verl-fsdp", "verl-fsdp2")
+    weights, state = _verl_state(train, training, fsdp)
+    # the parameters' copies each way: Megatron in from pinned, out by .cpu().pin_memory();
+    # FSDP1 non_blocking both ways (pinned); FSDP2 model.to(device) / model.cpu() (pageable)
+    in_kind = "pageable" if rl.offload == "verl-fsdp2" else "pinned"
+    out_kind = "pinned" if rl.offload == "verl-fsdp" else "pageable"
     reshard, gen, lp, upd = VERL_TIMERS
-    return [
-        Move("parameters in (load_megatron_model_to_gpu)", reshard, weights, "pinned", False),
-        Move("engine weights in (wake_up, pinned backup)", reshard, engine, "pinned", False),
-        Move("parameters out (.cpu().pin_memory())", reshard, weights, "pageable", True),
-        Move("engine weights out (sleep(level=1))", gen, engine, "pinned", True),
-        Move("parameters in (compute_log_prob)", lp, weights, "pinned", False),
-        Move("parameters out (.cpu().pin_memory())", lp, weights, "pageable", True),
-        Move("parameters in (update_actor)", upd, weights, "pinned", False),
+    moves = [
+        Move("parameters in (compute_log_prob)", lp, weights, in_kind, False),
+        Move("parameters out (compute_log_prob)", lp, weights, out_kind, True),
+        Move("parameters in (update_actor)", upd, weights, in_kind, False),
         Move("optimizer state in (.to(device, non_blocking))", upd, state, "pinned", False),
-        Move("parameters out (.cpu().pin_memory())", upd, weights, "pageable", True),
+        Move("parameters out (update_actor)", upd, weights, out_kind, True),
         Move("optimizer state out (.to('cpu', non_blocking))", upd, state, "pinned", True),
     ]
+    if rl.placement == "colocated":
+        engine = sync_bytes(model, rl) / rl.rollout.gpus_per_engine
+        moves[:0] = [
+            Move("parameters in (load to GPU)", reshard, weights, in_kind, False),
+            Move("engine weights in (wake_up, pinned backup)", reshard, engine, "pinned", False),
+            Move("parameters out (offload to CPU)", reshard, weights, out_kind, True),
+            Move("engine weights out (sleep(level=1))", gen, engine, "pinned", True),
+        ]
+    return moves
+
+
+def engine_moves(model: ModelSpec, rl: RLSpec) -> list[Move]:
+    """``rl.offload = "none"``: the training state stays on the GPUs; colocated, only the
+    engine's weights go to their pinned backup at its sleep and back at its wake."""
+    if rl.placement != "colocated":
+        return []
+    engine = sync_bytes(model, rl) / rl.rollout.gpus_per_engine
+    return [
+        Move("engine weights in (wake_up, pinned backup)", VERL_TIMERS[0], engine, "pinned", False),
+        Move("engine weights out (sleep(level=1))", VERL_TIMERS[1], engine, "pinned", True),
+    ]
+
+
+def resident_state_bytes(train: Estimate) -> float:
+    """Bytes of training state a GPU keeps while the engine generates with ``rl.offload =
+    "none"``: its weights, gradients and optimizer state (the step model's)."""
+    m = train.memory
+    return float(m.weights + m.gradients + m.optimizer)
 
 
 def logprob_offload_moves(train: Estimate, rl: RLSpec, training: TrainingSpec) -> list[Move]:
@@ -223,17 +277,19 @@ def price_switch(
     cluster: ClusterSpec,
     rl: RLSpec,
     training: TrainingSpec,
-    offload: str = "nemo-rl",
 ) -> Switch:
-    """The colocated switch's seconds per step: every move at its copy kind's rate on the GPU's
-    host, one after another (each call's copies are synchronous: ``.to("cpu")`` and vLLM's
-    ``cudaMemcpy`` block, Megatron's non_blocking copies are waited for before the next call).
-    ``offload`` (OFFLOADS): whose code moves the state; verl's moves under its ``old_log_prob``
-    and ``update_actor`` timers go to ``in_phases`` (those RL phases), not ``seconds``."""
-    if offload not in OFFLOADS:
-        raise SpecError("rl offload", offload, "one of " + ", ".join(OFFLOADS))
-    verl = offload == "verl-megatron"
-    moves = verl_moves(train, model, rl) if verl else colocated_moves(train, model, rl, training)
+    """The switch's seconds per step: every move of ``rl.offload``'s code at its copy kind's rate
+    on the GPU's host, one after another (each call's copies are synchronous: ``.to("cpu")`` and
+    vLLM's ``cudaMemcpy`` block, the non_blocking copies are waited for before the next call).
+    verl's moves under its ``old_log_prob`` and ``update_actor`` timers go to ``in_phases``
+    (those RL phases), not ``seconds``."""
+    verl = rl.offload != "nemo-rl"  # verl's workers' timers (none: the engine's moves alone)
+    if rl.offload == "none":
+        moves = engine_moves(model, rl)
+    elif verl:
+        moves = verl_moves(train, model, rl, training)
+    else:
+        moves = colocated_moves(train, model, rl, training)
     if not moves:
         return Switch(0.0, 0.0, {}, True)
     rates = host_rates(cluster)
