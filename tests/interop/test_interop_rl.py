@@ -92,7 +92,7 @@ def test_cli_import_verl_json_and_bad_framework(tmp_path):
         ("data: [unclosed\n", "SOURCE"),
         ("data:\n  train_batch_size: abc\n", "data.train_batch_size"),
         ("data:\n  train_batch_size: 0\n", "data.train_batch_size"),
-        ("algorithm:\n  adv_estimator: remax\n", "algorithm.adv_estimator"),
+        ("algorithm:\n  adv_estimator: dpo\n", "algorithm.adv_estimator"),
         (
             "python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.n=x\n",
             "actor_rollout_ref.rollout.n",
@@ -187,3 +187,81 @@ def test_verl_fsdp2_and_a_single_offload_flag():
     with pytest.raises(SpecError) as err:
         import_verl(bad, response_len=500)
     assert err.value.field == "actor_rollout_ref.actor.fsdp_config.param_offload"
+
+
+def test_verl_critic_free_estimators_price_as_their_family_and_remax_generates_a_baseline():
+    """verl's other advantage estimators (core_algos.AdvantageEstimator) cost the phases of their
+    family, named in a note; ReMax also generates one greedy response per prompt (its gen_max),
+    a second rollout of the step's prompts, on the rollout side of the step."""
+    base = (DATA / "verl_grpo_qwen3_30b.sh").read_text().replace(" $@", "").rstrip()
+
+    def imported(estimator: str, n: int = 5):
+        text = base.replace("adv_estimator=grpo", f"adv_estimator={estimator}")
+        return import_verl(text.replace("rollout.n=5", f"rollout.n={n}"), response_len=500)
+
+    for estimator, family in (("gpg", "grpo"), ("rloo_vectorized", "rloo")):
+        got = imported(estimator)
+        assert got.tables["rl"]["algorithm"] == family
+        assert any(f"{estimator} priced as {family}" in n for n in got.notes)
+    with pytest.raises(SpecError) as err:  # a group baseline needs a group
+        imported("grpo_passk", n=1).spec()
+    assert err.value.field == "rl.samples_per_prompt"
+    one = imported("reinforce_plus_plus", n=1)  # a batch-wide baseline: one sample is enough
+    assert one.tables["rl"]["algorithm"] == "reinforce"
+    assert estimate_rl(one.spec()).phases_s["baseline_rollout"] == 0.0
+    grpo = estimate_rl(imported("grpo").spec())
+    remax = estimate_rl(imported("remax").spec())
+    greedy = remax.phases_s["baseline_rollout"]
+    # 1,024 greedy responses of the same lengths as 5,120 sampled: no longer than the rollout,
+    # no shorter than its longest response alone
+    assert 0 < greedy < remax.phases_s["rollout"]
+    assert remax.phases_s["rollout"] == pytest.approx(grpo.phases_s["rollout"])
+    assert remax.step_time_s == pytest.approx(grpo.step_time_s + greedy)
+    with pytest.raises(SpecError) as err:
+        imported("dpo")
+    assert err.value.field == "algorithm.adv_estimator"
+
+
+def test_verl_gspo_script_with_a_backend_switch_and_scheduler_sized_cluster():
+    """verl's run_qwen30b_gspo.sh, unchanged: the backend is chosen by a bash branch (megatron),
+    the config name by a variable, lengths by $((...)), and the GPU counts come from the
+    scheduler's environment, unset here: the import names the options that stand in."""
+    text = (DATA / "verl_qwen3_30b_gspo_megatron.sh").read_text()
+    with pytest.raises(SpecError) as err:
+        import_verl(text, response_len=1000)
+    assert err.value.field == "trainer.n_gpus_per_node" and "--gpus-per-node" in err.value.allowed
+    imported = import_verl(text, response_len=1000, num_gpus=32, gpus_per_node=8)
+    t = imported.tables
+    assert t["model"]["preset"] == "qwen3-30b-a3b"  # Qwen3-30B-A3B-Base: the same shape
+    assert any("Qwen3-30B-A3B-Base priced as preset qwen3-30b-a3b" in n for n in imported.notes)
+    assert (t["parallel"]["tp"], t["parallel"]["ep"], t["parallel"]["recompute"]) == (2, 8, "full")
+    assert t["rl"]["max_response_len"] == 8192 and t["rl"]["prompt_len"] == 2048
+    assert (t["rl"]["offload"], t["rl"]["kl"]) == ("verl-megatron", False)
+    assert t["cluster"]["num_gpus"] == 32
+    assert estimate_rl(imported.spec()).step_time_s > 0
+
+
+def test_cli_gpu_counts_reach_verl_and_are_refused_for_slime():
+    cmd = [sys.executable, "-m", "aihpc", "import"]
+    gspo = [*cmd, "verl", str(DATA / "verl_qwen3_30b_gspo_megatron.sh"), "--response-len", "1000"]
+    out = subprocess.run(
+        [*gspo, "--num-gpus", "16", "--json"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2 and "--gpus-per-node" in out.stderr  # the per-node count is unset
+    out = subprocess.run(
+        [*gspo, "--num-gpus", "16", "--gpus-per-node", "8", "--json"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["runspec"]["cluster"]["num_gpus"] == 16
+    slime = str(DATA / "slime_qwen3_30b_colocated.sh")
+    out = subprocess.run(
+        [*cmd, "slime", slime, "--model", "qwen3-30b-a3b", "--num-gpus", "16"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    assert "--num-gpus" in out.stderr

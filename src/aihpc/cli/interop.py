@@ -54,7 +54,10 @@ def _register_import(app: typer.Typer) -> None:
         ),
         gpu: str = typer.Option("h100-sxm", "--gpu", help="GPU catalog id of the cluster."),
         num_gpus: int | None = typer.Option(
-            None, "--num-gpus", help="GPUs of the job, where the source does not say."
+            None,
+            "--num-gpus",
+            help="GPUs of the job, where the source does not say (verl: over trainer.nnodes x "
+            "n_gpus_per_node).",
         ),
         gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", help="GPUs per node."),
         vocab_size: int | None = typer.Option(
@@ -82,7 +85,8 @@ def _register_import(app: typer.Typer) -> None:
         a run spec: every field aihpc prices is carried, the framework's defaults applied; the
         rest is named in a warning."""
         if framework in RL_FRAMEWORKS:
-            imported = _import_rl(framework, source, model, gpu, response_len)
+            size = {"num_gpus": num_gpus, "gpus_per_node": gpus_per_node}
+            imported = _import_rl(framework, source, model, gpu, response_len, size)
             imported.spec()
             _report_import(imported, source, output, as_json)
             return
@@ -101,14 +105,27 @@ RL_FRAMEWORKS = ("verl", "slime")
 
 
 def _import_rl(
-    framework: str, source: Path, model: str | None, gpu: str, response_len: int | None
+    framework: str,
+    source: Path,
+    model: str | None,
+    gpu: str,
+    response_len: int | None,
+    size: dict[str, int | None],
 ) -> Any:
-    """verl's config (YAML, or a script of Hydra overrides) or slime's launch script."""
+    """verl's config (YAML, or a script of Hydra overrides) or slime's launch script; ``size``:
+    --num-gpus and --gpus-per-node (verl: over its trainer.nnodes x n_gpus_per_node)."""
     text = _read(source, "SOURCE")
     if framework == "verl":
         from aihpc.interop.verl import import_verl
 
-        return import_verl(text, model=model, response_len=response_len, gpu=gpu)
+        return import_verl(text, model=model, response_len=response_len, gpu=gpu, **size)
+    for option, value in size.items():
+        if value is not None:
+            raise SpecError(
+                "--" + option.replace("_", "-"),
+                value,
+                "not for slime: its --actor-num-nodes and --actor-num-gpus-per-node say it",
+            )
     from aihpc.interop.slime import import_slime
 
     return import_slime(text, model=model, response_len=response_len, gpu=gpu)

@@ -180,9 +180,10 @@ def estimate_lines(est: Any) -> list[str]:
         f"{r.kv_cache_gib:.1f} GiB/GPU{tail}"
     )
     if est.switch_gib:
-        lines.append(
-            f"host offload ({est.rl.offload}): {est.switch_gib:.1f} GiB/GPU to host and back"
-        )
+        moved = f"{est.switch_gib:.1f} GiB/GPU to host and back"
+        if est.rl.offload == "none":  # the engine's sleep and wake alone
+            moved = f"the training state stays; the engine's weights, {moved}"
+        lines.append(f"host offload ({est.rl.offload}): {moved}")
     lines.append(
         f"step {est.step_time_s:.1f} s, {est.tokens_per_s_per_gpu:.0f} tokens/s/GPU; "
         f"largest phase {est.bottleneck}"

@@ -21,7 +21,8 @@ __all__ = ["import_verl"]
 
 FRAMEWORK = "verl"
 _ENTRY = "verl.trainer.main_ppo"
-# verl's ppo_trainer.yaml defaults of the keys read here (verl v0.4, verl/trainer/config/).
+# verl's ppo_trainer.yaml defaults of the keys read here (verl/trainer/config/ at b178a3c,
+# 2026-01-29: _generated_ppo_trainer.yaml; the same in v0.4 but enforce_eager).
 _DEFAULTS: dict[str, Any] = {
     "data": {"max_prompt_length": 512, "max_response_length": 512, "train_batch_size": 1024},
     "actor_rollout_ref": {
@@ -41,8 +42,9 @@ _DEFAULTS: dict[str, Any] = {
             "n": 1,
             "tensor_model_parallel_size": 2,
             "gpu_memory_utilization": 0.5,
-            # True until 2025-08-08 (verl ff6978c turned it False): vLLM without CUDA graphs
-            "enforce_eager": True,
+            # False since 2025-08-08 (verl ff6978c; True before it: vLLM without CUDA graphs,
+            # so a script for an older verl that leaves it unset ran eager: set it True)
+            "enforce_eager": False,
         },
     },
     "algorithm": {"adv_estimator": "gae", "use_kl_in_reward": False},
@@ -62,7 +64,25 @@ _GROUPS = (
 )
 # OmegaConf's resolvers that read the process's environment (oc.decode could assemble one).
 _ENVIRONMENT = ("oc.env", "oc.decode")
-_ALGORITHMS = {"gae": "ppo", "grpo": "grpo", "rloo": "rloo"}
+# verl's AdvantageEstimator names (verl/trainer/ppo/core_algos.py at b178a3c) -> [rl] algorithm.
+# The advantage itself is computed on the driver from the rewards, so estimators that differ only
+# there cost the same phases: group baselines as grpo / rloo, batch-wide or per-token baselines as
+# reinforce; remax also generates a greedy response per prompt (ray_trainer.py's gen_max).
+_ALGORITHMS = {
+    "gae": "ppo",
+    "grpo": "grpo",
+    "grpo_vectorized": "grpo",
+    "grpo_passk": "grpo",
+    "opo": "grpo",
+    "gpg": "grpo",
+    "rloo": "rloo",
+    "rloo_vectorized": "rloo",
+    "reinforce_plus_plus": "reinforce",
+    "reinforce_plus_plus_baseline": "reinforce",
+    "optimal_token_baseline": "reinforce",
+    "tir_optimal_token_baseline": "reinforce",
+    "remax": "remax",
+}
 _MEGATRON = {
     "tensor_model_parallel_size": "tp",
     "pipeline_model_parallel_size": "pp",
@@ -150,8 +170,12 @@ def _bool(cfg: dict[str, Any], dotted: str) -> bool:
     return value
 
 
-def _int(cfg: dict[str, Any], dotted: str) -> int:
+def _int(cfg: dict[str, Any], dotted: str, option: str = "") -> int:
+    """The integer at ``dotted``; ``option``: the import's command-line option that stands in
+    for it, named when the source leaves it empty (an unset shell variable)."""
     value = _get(cfg, dotted)
+    if value is None and option:
+        raise SpecError(dotted, value, f"empty in the source (an unset variable?): pass {option}")
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise SpecError(dotted, value, "expected an integer")
     try:
@@ -171,17 +195,27 @@ def _float(cfg: dict[str, Any], dotted: str) -> float:
         raise SpecError(dotted, value, "expected a number") from None
 
 
-def _model(path: Any, model: str | None) -> dict[str, Any]:
-    """The [model] table: --model (a preset), else the preset the model path's name is."""
+# Checkpoint names' tails that do not change a model's shape (Qwen3-30B-A3B-Base, -Instruct, ...)
+_SAME_SHAPE_TAILS = ("-base", "-instruct", "-chat", "-it")
+
+
+def _model(path: Any, model: str | None, notes: list[str]) -> dict[str, Any]:
+    """The [model] table: --model (a preset), else the preset the model path's name is, less a
+    tail that names a base or tuned checkpoint of the same shape."""
     name = model or (str(path).rstrip("/").rsplit("/", 1)[-1].lower() if path else "")
-    if name not in model_presets():
+    shape = name
+    while not model and shape not in model_presets() and shape.endswith(_SAME_SHAPE_TAILS):
+        shape = shape.rsplit("-", 1)[0]
+    if shape not in model_presets():
         raise SpecError(
             "--model",
             model or path,
             "name the actor's shape with a preset (aihpc presets): "
             "actor_rollout_ref.model.path is no preset's name",
         )
-    return {"preset": name}
+    if shape != name:
+        notes.append(f"model {path} priced as preset {shape} (the same shape)")
+    return {"preset": shape}
 
 
 def _parallel(cfg: dict[str, Any], samples: int, notes: list[str]) -> dict[str, Any]:
@@ -234,14 +268,26 @@ def _offload(cfg: dict[str, Any], notes: list[str]) -> str:
 
 
 def import_verl(
-    text: str, model: str | None = None, response_len: int | None = None, gpu: str = "h100-sxm"
+    text: str,
+    model: str | None = None,
+    response_len: int | None = None,
+    gpu: str = "h100-sxm",
+    num_gpus: int | None = None,
+    gpus_per_node: int | None = None,
 ) -> Imported:
-    """verl's config (YAML) or a launch script with Hydra overrides → run spec with [rl]."""
+    """verl's config (YAML) or a launch script with Hydra overrides → run spec with [rl];
+    ``num_gpus`` / ``gpus_per_node`` stand in for (and override) trainer.nnodes x
+    n_gpus_per_node, which launch scripts often take from the scheduler's environment."""
     notes: list[str] = []
     cfg = _config(text, notes)
     adv = _get(cfg, "algorithm.adv_estimator")
     if adv not in _ALGORITHMS:
         raise SpecError("algorithm.adv_estimator", adv, "priced: " + " | ".join(_ALGORITHMS))
+    if _ALGORITHMS[adv] != adv:
+        notes.append(
+            f"algorithm.adv_estimator {adv} priced as {_ALGORITHMS[adv]}: its advantage is "
+            "computed from the rewards on the driver, the phases are the same"
+        )
     n = _int(cfg, "actor_rollout_ref.rollout.n")
     prompt = _int(cfg, "data.max_prompt_length")
     cap = _int(cfg, "data.max_response_length")
@@ -274,10 +320,11 @@ def import_verl(
         },
     }
     unpriced = ["reward_model.enable"] if _get(cfg, "reward_model.enable") else []
-    per_node = _int(cfg, "trainer.n_gpus_per_node")
+    per_node = gpus_per_node or _int(cfg, "trainer.n_gpus_per_node", "--gpus-per-node")
+    total = num_gpus or _int(cfg, "trainer.nnodes", "--num-gpus") * per_node
     tables = {
-        "model": _model(_get(cfg, "actor_rollout_ref.model.path"), model),
-        "cluster": cluster_table(gpu, _int(cfg, "trainer.nnodes") * per_node, per_node),
+        "model": _model(_get(cfg, "actor_rollout_ref.model.path"), model, notes),
+        "cluster": cluster_table(gpu, total, per_node),
         "parallel": _parallel(cfg, n, notes),
         "rl": rl,
     }

@@ -5,7 +5,7 @@ The actor is ``[model]``; its training layout is ``[parallel]`` (on the training
 ``ppo_mini_batch_size`` x n, NeMo-RL's ``train_global_batch_size``). Example::
 
     [rl]
-    algorithm = "grpo"           # grpo | rloo | ppo (ppo adds a critic)
+    algorithm = "grpo"           # grpo | rloo | ppo (adds a critic) | reinforce | remax
     prompts_per_step = 64
     samples_per_prompt = 32
     prompt_len = 256             # mean prompt tokens
@@ -41,8 +41,14 @@ __all__ = [
 ]
 
 # grpo: group-relative advantages (DeepSeekMath); rloo: leave-one-out baseline (Ahmadian et al.
-# 2024), priced as GRPO; ppo: a critic trained beside the actor and its values computed each step.
-ALGORITHMS = ("grpo", "rloo", "ppo")
+# 2024), priced as GRPO; ppo: a critic trained beside the actor and its values computed each step;
+# reinforce: critic-free with a batch-wide or no baseline, any samples per prompt (REINFORCE++,
+# Hu 2025, and its variants), priced as GRPO; remax: critic-free, its baseline one greedy response
+# per prompt generated after the sampled ones (ReMax, Li et al. 2023; verl's gen_max timer),
+# priced as a second rollout of prompts_per_step sequences.
+ALGORITHMS = ("grpo", "rloo", "ppo", "reinforce", "remax")
+# the algorithms whose baseline is the other samples of the same prompt
+GROUP_BASELINES = ("grpo", "rloo")
 PLACEMENTS = ("colocated", "disaggregated")
 # How response lengths spread (perf/infer/rollout.py's LengthDist, every draw cut at the cap):
 # fixed: every response response_len long; uniform: evenly round the mean, within [1, cap];
@@ -168,7 +174,7 @@ class RLSpec:
             value = getattr(self, f)
             if value is not None and value > MAX_TOKENS:
                 raise SpecError(f"rl.{f}", value, f"at most {MAX_TOKENS} tokens")
-        if self.algorithm != "ppo" and self.samples_per_prompt < 2:
+        if self.algorithm in GROUP_BASELINES and self.samples_per_prompt < 2:
             raise SpecError(
                 "rl.samples_per_prompt",
                 self.samples_per_prompt,

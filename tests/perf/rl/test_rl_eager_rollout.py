@@ -110,7 +110,7 @@ def test_a_validation_row_sets_it_from_its_column():
 
 def test_verl_enforce_eager_maps_to_no_cuda_graphs():
     default = import_verl(VERL).tables["rl"]["rollout"]
-    assert default["cuda_graphs"] is False  # verl v0.4's rollout default: enforce_eager True
-    graphed = import_verl(VERL + " actor_rollout_ref.rollout.enforce_eager=False")
-    assert graphed.tables["rl"]["rollout"]["cuda_graphs"] is True
-    assert not import_verl(VERL).spec().rl.rollout.cuda_graphs
+    assert default["cuda_graphs"] is True  # verl's rollout default since ff6978c: graphs
+    eager = import_verl(VERL + " actor_rollout_ref.rollout.enforce_eager=True")
+    assert eager.tables["rl"]["rollout"]["cuda_graphs"] is False
+    assert not eager.spec().rl.rollout.cuda_graphs
