@@ -45,6 +45,8 @@ _DEFAULTS: dict[str, Any] = {
             # False since 2025-08-08 (verl ff6978c; True before it: vLLM without CUDA graphs,
             # so a script for an older verl that leaves it unset ran eager: set it True)
             "enforce_eager": False,
+            # passed to vLLM since beb6246 (2025-08-09); 1024 until e9405d7 (2026-01-24)
+            "max_num_seqs": 256,
         },
     },
     "algorithm": {"adv_estimator": "gae", "use_kl_in_reward": False},
@@ -317,6 +319,7 @@ def import_verl(
             "tp": _int(cfg, rollout + "tensor_model_parallel_size"),
             "gpu_memory_utilization": _float(cfg, rollout + "gpu_memory_utilization"),
             "cuda_graphs": not _bool(cfg, rollout + "enforce_eager"),
+            "max_num_seqs": _int(cfg, rollout + "max_num_seqs"),
         },
     }
     unpriced = ["reward_model.enable"] if _get(cfg, "reward_model.enable") else []

@@ -91,10 +91,16 @@ class RolloutSpec:
     # decode steps replayed as CUDA graphs (vLLM's enforce_eager off); false: every kernel issued
     # from Python each step (verl's rollout default until August 2025)
     cuda_graphs: bool = True
+    # most sequences one engine runs at once (vLLM's max_num_seqs); none: as many as its KV cache
+    # holds. vLLM's own default is 1024 on GPUs of >= 70 GiB through its LLM class, 256 below;
+    # from vLLM 0.10 an AsyncLLM built without a usage context (NeMo-RL's async_engine) gets 128
+    max_num_seqs: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.cuda_graphs, bool):
             raise SpecError("rl.rollout.cuda_graphs", self.cuda_graphs, "true or false")
+        if self.max_num_seqs is not None and self.max_num_seqs < 1:
+            raise SpecError("rl.rollout.max_num_seqs", self.max_num_seqs, "an integer >= 1")
         for f in ("tp", "pp", "ep"):
             value = getattr(self, f)
             if value < 1:

@@ -27,6 +27,21 @@ verl rows, whose launch scripts set ``offload=True`` for the actor's ``megatron.
 ``optimizer_offload`` and ``grad_offload`` (verl's moves inside its old_log_prob and update_actor
 phases).
 
+``rollout_max_num_seqs`` (optional; empty: as many as the KV cache holds): the most sequences
+one vLLM engine ran at once, vLLM's ``max_num_seqs`` as the row's code left it, read from the
+code, not the rows. No NeMo-RL release sets it (``max_num_seqs`` appears nowhere in ``nemo_rl/``
+at v0.3.0-v0.6.0; ``policy.generation.vllm_kwargs`` is empty in every recipe priced here), so
+vLLM's default decides: on GPUs of >= 70 GiB (H100, GB200) 1024 through the ``vllm.LLM`` class
+(``async_engine: false``) and in vLLM 0.9.0 (NeMo-RL v0.3.0) whatever the engine; from vLLM
+0.10.0 (NeMo-RL v0.4.0: 0.10.0, v0.5.0: 0.11.2, v0.6.0: 0.17.1) ``AsyncLLM.from_engine_args``
+without a usage context (``vllm_worker_async.py``, every recipe with ``vllm_cfg.async_engine:
+true``: all DeepSeek-V3 and Qwen3-235B recipes and every asynchronous one) takes
+``UsageContext.ENGINE_CONTEXT``, which vLLM's ``get_batch_defaults`` table lacks, and falls
+back to the scheduler's 128 (NeMo-RL PR #4221, open, measures the same: "max_num_seqs | 128"
+against 1024). verl at 588f972 passes no ``max_num_seqs`` to vLLM (<= 0.8.5, whose default is
+1024 on >= 70 GiB in its V1 engine, 256 in V0; the rows' engine version is not known: 1024
+priced).
+
 ``data/validation/rl_runs_other.csv``: the same columns, the measured steps of frameworks other
 than NeMo-RL (verl), all held out; ``aihpc validate --rl`` prices both files.
 """
@@ -112,6 +127,9 @@ def rl_runspec(row: dict[str, str]) -> dict[str, Any]:
         rl["rollout_gpus"] = v["rollout_gpus"]
     if (row.get("rollout_cuda_graphs") or "").strip():  # vLLM's enforce_eager, negated
         rl["rollout"]["cuda_graphs"] = _flag(row, "rollout_cuda_graphs")
+    seqs = (row.get("rollout_max_num_seqs") or "").strip()
+    if seqs:  # vLLM's max_num_seqs in effect (the docstring)
+        rl["rollout"]["max_num_seqs"] = int(seqs)
     if row.get("weight_sync"):  # the refit the run used (auto where the column is absent)
         rl["weight_sync"] = row["weight_sync"]
     if (row.get("kl") or "").strip():  # a run without a KL term has no reference pass

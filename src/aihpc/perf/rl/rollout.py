@@ -172,6 +172,7 @@ def _estimate(
         response=length_dist(rl),
         instances=engines,
         gpu_memory_utilization=rl.rollout.gpu_memory_utilization,
+        max_seqs=rl.rollout.max_num_seqs,
         params=params,
         host_step_s=host_step_s,
     )
