@@ -51,7 +51,18 @@ def test_slime_script_reads_megatron_and_slime_flags():
     assert t["rl"]["placement"] == "colocated" and t["rl"]["rollout"]["tp"] == 8
     assert t["parallel"]["tp"] == 4 and t["parallel"]["ep"] == 8
     assert any("not followed" in n for n in imported.notes)  # the sourced model file
+    assert "max_num_seqs" not in t["rl"]["rollout"]  # SGLang's own default: what memory holds
     assert estimate_rl(imported.spec()).step_time_s > 0
+    capped = (
+        (DATA / "slime_qwen3_30b_colocated.sh")
+        .read_text()
+        .replace(
+            "--sglang-mem-fraction-static 0.7",
+            "--sglang-mem-fraction-static 0.7 --sglang-max-running-requests 64",
+        )
+    )
+    rollout = import_slime(capped, model="qwen3-30b-a3b").spec().rl.rollout
+    assert rollout.max_num_seqs == 64
 
 
 def test_slime_async_disaggregated():

@@ -6,6 +6,7 @@ submit``, with Megatron's own flags (parallelism, the model's shape from ``scrip
 and slime's: ``--rollout-batch-size`` prompts per step, ``--n-samples-per-prompt``,
 ``--rollout-max-response-len``, ``--global-batch-size`` samples per optimizer step,
 ``--rollout-num-gpus-per-engine`` (the SGLang engine's tp), ``--sglang-mem-fraction-static``,
+``--sglang-max-running-requests`` (its cap on sequences at once, ``rl.rollout.max_num_seqs``),
 ``--colocate``, ``--actor-num-nodes`` x ``--actor-num-gpus-per-node`` and ``--rollout-num-gpus``.
 The script is read by the bash reader (interop/bash.py, never run); a ``source``d model file is
 not followed, so the model comes from the script's flags or --model (a preset).
@@ -68,6 +69,9 @@ def _rl(a: Args, staleness: int, notes: list[str], response_len: int | None) -> 
     mem = a.float("--sglang-mem-fraction-static")
     if mem is not None:
         rollout["gpu_memory_utilization"] = mem
+    running = a.int("--sglang-max-running-requests")  # SGLang's cap on sequences at once
+    if running is not None:
+        rollout["max_num_seqs"] = running
     return {
         "algorithm": _ALGORITHMS[adv],
         "prompts_per_step": _need(a, "--rollout-batch-size"),
