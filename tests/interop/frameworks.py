@@ -1,5 +1,8 @@
 """The frameworks whose own parsers check what `aihpc export` writes: torchtitan 0.2.0's
-ConfigManager reads the TOML, DeepSpeed 0.19.8's DeepSpeedConfig the JSON. They live in a
+ConfigManager reads the TOML, DeepSpeed 0.19.8's DeepSpeedConfig the JSON; and verl 0.9.1,
+whose shipped trainer configs (`verl/trainer/config/_generated_*.yaml`, read as files: verl's
+package imports Ray and vLLM) and advantage estimators (`verl/trainer/ppo/core_algos.py`, read
+with `ast`) check what `aihpc import verl` assumes of it. They live in a
 git-ignored folder, .frameworks/ at the repository root (or the folders AIHPC_FRAMEWORKS_PATH
 names), never in the environment itself.
 
@@ -41,6 +44,7 @@ PINS = (
     "hjson==3.1.0",
     "einops==0.8.2",
     "msgpack==1.2.4",
+    "verl==0.9.1",
 )
 # ... and what they import that aihpc's own install (`pip install -e '.[torch,test]'`) brings:
 # setuptools only builds DeepSpeed's sdist.
@@ -93,6 +97,19 @@ def deepspeed_config() -> types.ModuleType:
     return ds_config
 
 
+def verl_package() -> Path:
+    """verl's package folder (its files, not imported: its __init__ needs Ray, vLLM and CUDA);
+    ImportError when verl is missing."""
+    _use_folders()
+    found = importlib.util.find_spec("verl")
+    if found is None or not found.submodule_search_locations:
+        raise ModuleNotFoundError(f"verl is not installed (in {os.pathsep.join(folders())})")
+    package = Path(next(iter(found.submodule_search_locations)))
+    if not (package / "trainer" / "config" / "_generated_ppo_trainer.yaml").is_file():
+        raise ModuleNotFoundError(f"{package} has no trainer/config/_generated_ppo_trainer.yaml")
+    return package
+
+
 def _stamp() -> str:
     return "\n".join((f"python {sys.version_info.major}.{sys.version_info.minor}", *PINS)) + "\n"
 
@@ -139,12 +156,14 @@ def install(target: Path) -> str:
 
 
 def check() -> str:
-    """Import both parsers from folders(); their versions."""
+    """Import both parsers from folders() and find verl's configs; their versions."""
     torchtitan_config_manager()
     deepspeed_config()
+    verl_package()
     from importlib.metadata import version
 
-    return f"torchtitan {version('torchtitan')}, deepspeed {version('deepspeed')}"
+    names = ("torchtitan", "deepspeed", "verl")
+    return ", ".join(f"{name} {version(name)}" for name in names)
 
 
 if __name__ == "__main__":

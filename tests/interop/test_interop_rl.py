@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import ast
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import frameworks  # tests/interop/frameworks.py: verl's shipped configs
 import pytest
+import yaml
 
+from aihpc.interop import verl as verl_importer
 from aihpc.interop.slime import import_slime
 from aihpc.interop.verl import import_verl
 from aihpc.perf.rl import estimate_rl
@@ -276,3 +281,82 @@ def test_cli_gpu_counts_reach_verl_and_are_refused_for_slime():
     )
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
     assert "--num-gpus" in out.stderr
+
+
+def _verl_package() -> Path:
+    """verl 0.9.1's package folder (tests/interop/frameworks.py installs it); skipped when it is
+    missing, except in CI, which installs it."""
+    try:
+        return frameworks.verl_package()
+    except ImportError as err:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must check the verl import against verl's own configs: {err}")
+        pytest.skip(f"{err}: python3 tests/interop/frameworks.py install")
+
+
+def _leaves(table: dict, prefix: str = ""):
+    for key, value in table.items():
+        if isinstance(value, dict):
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield prefix + key, value
+
+
+def _at(config: dict, dotted: str):
+    node = config
+    for part in dotted.split("."):
+        assert isinstance(node, dict) and part in node, f"verl 0.9.1 has no {dotted}"
+        node = node[part]
+    return node
+
+
+def test_the_verl_defaults_assumed_are_verls_shipped_ones():
+    """Every key `aihpc import verl` reads, at the default it assumes, is in verl 0.9.1's own
+    trainer config (the Megatron one for the actor's megatron.* keys) with that value: a key
+    verl renamed or a default it changed fails here."""
+    config_dir = _verl_package() / "trainer" / "config"
+    fsdp = yaml.safe_load((config_dir / "_generated_ppo_trainer.yaml").read_text())
+    megatron = yaml.safe_load((config_dir / "_generated_ppo_megatron_trainer.yaml").read_text())
+    checked = 0
+    for dotted, assumed in _leaves(verl_importer._DEFAULTS):
+        if dotted == "actor_rollout_ref.model.path":  # no model is assumed: --model names it
+            continue
+        shipped = _at(megatron if ".megatron." in dotted else fsdp, dotted)
+        if assumed is False and shipped is None:  # reward_model.enable: null, i.e. off
+            shipped = False
+        assert shipped == assumed, f"{dotted}: verl 0.9.1 ships {shipped!r}, assumed {assumed!r}"
+        checked += 1
+    assert checked >= 20
+
+
+def test_verls_shipped_configs_import_as_its_bare_command():
+    """verl's own generated configs, imported as YAML, give the run spec its bare `main_ppo`
+    command gives (the FSDP and the Megatron trainer)."""
+    config_dir = _verl_package() / "trainer" / "config"
+    command = "python3 -m verl.trainer.main_ppo"
+    for name, extra in (
+        ("_generated_ppo_trainer.yaml", ""),
+        ("_generated_ppo_megatron_trainer.yaml", " --config-name ppo_megatron_trainer"),
+    ):
+        shipped = import_verl((config_dir / name).read_text(), model="llama3-8b", response_len=100)
+        bare = import_verl(command + extra, model="llama3-8b", response_len=100)
+        assert shipped.spec() == bare.spec(), name
+        assert estimate_rl(shipped.spec()).step_time_s > 0
+
+
+def test_every_verl_advantage_estimator_is_priced():
+    """verl 0.9.1's AdvantageEstimator (core_algos.py, read with ast: importing it needs torch
+    and verl's dependencies) names nothing `aihpc import verl` refuses."""
+    source = (_verl_package() / "trainer" / "ppo" / "core_algos.py").read_text()
+    (enum,) = [
+        node
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ClassDef) and node.name == "AdvantageEstimator"
+    ]
+    names = {
+        stmt.value.value
+        for stmt in enum.body
+        if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Constant)
+    }
+    assert len(names) >= 10
+    assert names <= set(verl_importer._ALGORITHMS), names - set(verl_importer._ALGORITHMS)

@@ -21,8 +21,9 @@ __all__ = ["import_verl"]
 
 FRAMEWORK = "verl"
 _ENTRY = "verl.trainer.main_ppo"
-# verl's ppo_trainer.yaml defaults of the keys read here (verl/trainer/config/ at b178a3c,
-# 2026-01-29: _generated_ppo_trainer.yaml; the same in v0.4 but enforce_eager).
+# verl's defaults of the keys read here: verl 0.9.1's shipped _generated_ppo_trainer.yaml (and
+# _generated_ppo_megatron_trainer.yaml for actor.megatron.*), which tests/interop checks them
+# against; the same in v0.4 but enforce_eager and max_num_seqs.
 _DEFAULTS: dict[str, Any] = {
     "data": {"max_prompt_length": 512, "max_response_length": 512, "train_batch_size": 1024},
     "actor_rollout_ref": {
@@ -36,7 +37,16 @@ _DEFAULTS: dict[str, Any] = {
             "ulysses_sequence_parallel_size": 1,
             # ppo_trainer.yaml's fsdp_config and ppo_megatron_trainer.yaml's megatron: no offload
             "fsdp_config": {"param_offload": False, "optimizer_offload": False},
-            "megatron": {"param_offload": False, "optimizer_offload": False},
+            "megatron": {
+                "param_offload": False,
+                "optimizer_offload": False,
+                # ppo_megatron_trainer.yaml's layout: one GPU a model copy unless set
+                "tensor_model_parallel_size": 1,
+                "pipeline_model_parallel_size": 1,
+                "context_parallel_size": 1,
+                "expert_model_parallel_size": 1,
+                "expert_tensor_parallel_size": None,
+            },
         },
         "rollout": {
             "n": 1,
@@ -66,7 +76,7 @@ _GROUPS = (
 )
 # OmegaConf's resolvers that read the process's environment (oc.decode could assemble one).
 _ENVIRONMENT = ("oc.env", "oc.decode")
-# verl's AdvantageEstimator names (verl/trainer/ppo/core_algos.py at b178a3c) -> [rl] algorithm.
+# verl's AdvantageEstimator names (verl/trainer/ppo/core_algos.py, verl 0.9.1) -> [rl] algorithm.
 # The advantage itself is computed on the driver from the rewards, so estimators that differ only
 # there cost the same phases: group baselines as grpo / rloo, batch-wide or per-token baselines as
 # reinforce; remax also generates a greedy response per prompt (ray_trainer.py's gen_max).
@@ -77,6 +87,7 @@ _ALGORITHMS = {
     "grpo_passk": "grpo",
     "opo": "grpo",
     "gpg": "grpo",
+    "gdpo": "grpo",  # verl 0.9: GRPO's group normalisation per reward dimension
     "rloo": "rloo",
     "rloo_vectorized": "rloo",
     "reinforce_plus_plus": "reinforce",
@@ -285,7 +296,7 @@ def import_verl(
     adv = _get(cfg, "algorithm.adv_estimator")
     if adv not in _ALGORITHMS:
         raise SpecError("algorithm.adv_estimator", adv, "priced: " + " | ".join(_ALGORITHMS))
-    if _ALGORITHMS[adv] != adv:
+    if adv != "gae" and _ALGORITHMS[adv] != adv:  # gae is PPO's own (its critic's values)
         notes.append(
             f"algorithm.adv_estimator {adv} priced as {_ALGORITHMS[adv]}: its advantage is "
             "computed from the rewards on the driver, the phases are the same"
