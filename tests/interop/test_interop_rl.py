@@ -360,3 +360,128 @@ def test_every_verl_advantage_estimator_is_priced():
     }
     assert len(names) >= 10
     assert names <= set(verl_importer._ALGORITHMS), names - set(verl_importer._ALGORITHMS)
+
+
+RL_EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "rl"
+
+
+def _export_cases():
+    """The colocated RL examples; an FSDP layout (ZeRO-3 over data parallel, context parallel as
+    Ulysses) of Llama 3 8B; a Megatron layout with pipeline stages and full recompute."""
+    from aihpc.runspec import load_runspec, runspec_from_dict
+
+    yield load_runspec(RL_EXAMPLES / "grpo_qwen3_30b_a3b_64h100.toml")
+    yield load_runspec(RL_EXAMPLES / "grpo_qwen3_30b_a3b_64h100_no_offload.toml")
+    rl = {
+        "prompts_per_step": 64,
+        "samples_per_prompt": 8,
+        "prompt_len": 200,
+        "response_len": 1000,
+        "max_response_len": 2000,
+        "rollout": {"tp": 2},
+    }
+    cluster = {"gpu": "h100-sxm", "num_gpus": 16}
+    yield runspec_from_dict(
+        {
+            "model": {"preset": "llama3-8b"},
+            "cluster": cluster,
+            "parallel": {"zero_stage": 3, "cp": 2, "global_batch_size": 128},
+            "rl": {**rl, "algorithm": "reinforce", "offload": "verl-fsdp"},
+        }
+    )
+    yield runspec_from_dict(
+        {
+            "model": {"preset": "llama3-8b"},
+            "cluster": cluster,
+            "parallel": {"tp": 2, "pp": 2, "recompute": "full", "global_batch_size": 128},
+            "rl": {**rl, "kl": False},
+        }
+    )
+
+
+def test_verl_export_is_accepted_by_verls_own_config_and_imports_back():
+    """`aihpc export --to verl` on colocated RL plans: bash parses the script; every override
+    is a key of verl 0.9.1's shipped trainer config (merged as Hydra merges them, the config in
+    struct mode, so an unknown key fails); and `aihpc import verl` reads the script back to the
+    plan as verl runs it, priced the same."""
+    from dataclasses import replace
+
+    from omegaconf import OmegaConf
+
+    from aihpc.interop.bash import read_script
+    from aihpc.interop.verl_export import export_verl, verl_as_run
+
+    config_dir = _verl_package() / "trainer" / "config"
+    for spec in _export_cases():
+        text, _ = export_verl(spec, "case")
+        assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+        (command,) = read_script(text).commands
+        megatron = "--config-name" in command.words
+        name = "_generated_ppo_megatron_trainer.yaml" if megatron else "_generated_ppo_trainer.yaml"
+        shipped = OmegaConf.load(config_dir / name)
+        OmegaConf.set_struct(shipped, True)
+        overrides = [w for w in command.words if "=" in w and not w.startswith("-")]
+        merged = OmegaConf.merge(shipped, OmegaConf.from_dotlist(overrides))
+        assert merged.actor_rollout_ref.rollout.n == spec.rl.samples_per_prompt
+        assert merged.actor_rollout_ref.rollout.tensor_model_parallel_size == spec.rl.rollout.tp
+        assert merged.trainer.nnodes * merged.trainer.n_gpus_per_node == spec.cluster.num_gpus
+        ran, _ = verl_as_run(spec)
+        again = import_verl(text, model=spec.model.name).spec()
+        again = replace(again, rl=replace(again.rl, response_len=ran.rl.response_len))
+        assert again.plan() == ran.plan()
+        assert (again.rl.offload, again.rl.algorithm) == (ran.rl.offload, ran.rl.algorithm)
+        assert estimate_rl(again).step_time_s == pytest.approx(estimate_rl(ran).step_time_s)
+
+
+@pytest.mark.parametrize(
+    ("rl", "field"),
+    [
+        ({"placement": "disaggregated", "rollout_gpus": 8}, "rl.placement"),
+        ({"algorithm": "ppo"}, "rl.algorithm"),
+        ({"reward": "model", "reward_model": "llama3-8b"}, "rl.reward"),
+        ({"reference": "llama3-70b"}, "rl.reference"),
+        ({"samples_per_prompt": 3}, "parallel.global_batch_size"),
+    ],
+)
+def test_what_verls_main_ppo_cannot_run_is_refused_naming_the_field(rl, field):
+    from aihpc.interop.verl_export import export_verl
+    from aihpc.runspec import runspec_from_dict
+
+    table = {
+        "prompts_per_step": 64,
+        "samples_per_prompt": 8,
+        "prompt_len": 200,
+        "response_len": 1000,
+        **rl,
+    }
+    spec = runspec_from_dict(
+        {
+            "model": {"preset": "llama3-8b"},
+            "cluster": {"gpu": "h100-sxm", "num_gpus": 16},
+            "parallel": {"global_batch_size": 128 if field != "parallel.global_batch_size" else 64},
+            "rl": table,
+        }
+    )
+    with pytest.raises(SpecError) as err:
+        export_verl(spec)
+    assert err.value.field == field
+
+
+def test_cli_export_to_verl_names_the_run_as_verl_runs_it(tmp_path):
+    example = str(RL_EXAMPLES / "grpo_qwen3_30b_a3b_64h100.toml")
+    out = tmp_path / "run.sh"
+    cmd = [sys.executable, "-m", "aihpc", "export", example, "--to", "verl"]
+    done = subprocess.run([*cmd, "-o", str(out), "--json"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["config"] == out.read_text() and report["framework"] == "verl"
+    assert report["as_run"]["changes"] == ["rl.offload = 'nemo-rl' -> 'verl-megatron'"]
+    assert report["as_run"]["step_time_s"] > report["as_run"]["runspec_step_time_s"]
+    bad = subprocess.run(
+        [sys.executable, "-m", "aihpc", "export", "examples/llama3-70b.toml", "--to", "verl"],
+        capture_output=True,
+        text=True,
+        cwd=RL_EXAMPLES.parents[1],
+    )
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    assert "[rl]" in bad.stderr

@@ -104,6 +104,52 @@ def _register_import(app: typer.Typer) -> None:
 RL_FRAMEWORKS = ("verl", "slime")
 
 
+def _export_verl(spec: Any, runspec: Path, output: Path | None, as_json: bool) -> None:
+    """`aihpc export --to verl`: the launch script, what the user must still name, and the RL
+    step as verl runs it where that differs from the run spec's."""
+    from aihpc.interop.verl_export import export_verl, verl_as_run
+    from aihpc.perf.rl import estimate_rl
+
+    text, notes = export_verl(spec, str(runspec))
+    ran, changes = verl_as_run(spec)
+    as_run = None
+    if changes:
+        ours, theirs = estimate_rl(spec), estimate_rl(ran)
+        as_run = {
+            "changes": changes,
+            "step_time_s": theirs.step_time_s,
+            "tokens_per_s_per_gpu": theirs.tokens_per_s_per_gpu,
+            "fits": theirs.fits,
+            "runspec_step_time_s": ours.step_time_s,
+        }
+    if output is not None:
+        write_atomic(output, text, "--output")
+    if as_json:
+        print_json(
+            {
+                "framework": "verl",
+                "config": text,
+                "not_carried": notes,
+                "as_run": as_run,
+                "output": str(output) if output is not None else None,
+                "model_out": None,
+            }
+        )
+        return
+    if output is None:
+        sys.stdout.write(text)
+    for note in notes:
+        _warn(f"note: {note}")
+    if as_run is not None:
+        _warn(
+            f"estimate as verl runs it: {as_run['step_time_s']:.1f} s/step, "
+            f"{as_run['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU (the run spec's: "
+            f"{as_run['runspec_step_time_s']:.1f} s/step), as it runs {'; '.join(changes)}"
+        )
+    if output is not None:
+        _warn(f"verl launch script written to {output}")
+
+
 def _import_rl(
     framework: str,
     source: Path,
@@ -185,7 +231,9 @@ def _register_export(app: typer.Typer) -> None:
     @guarded
     def export(
         runspec: Path = typer.Argument(..., help=RUNSPEC_HELP),
-        to: str = typer.Option(..., "--to", help="megatron | torchtitan | deepspeed | hf"),
+        to: str = typer.Option(
+            ..., "--to", help="megatron | torchtitan | deepspeed | hf | verl (an [rl] spec)"
+        ),
         output: Path | None = typer.Option(None, "-o", "--output", help="Write the config here."),
         model_out: Path | None = typer.Option(
             None, "--model-out", help="DeepSpeed: also write the model as a HF config.json."
@@ -199,9 +247,12 @@ def _register_export(app: typer.Typer) -> None:
         cannot run is refused, naming the field."""
         from aihpc.interop import export_deepspeed, export_hf, export_megatron, export_torchtitan
 
-        if to not in FRAMEWORKS:
-            raise SpecError("--to", to, "allowed: " + " | ".join(FRAMEWORKS))
+        if to not in (*FRAMEWORKS, "verl"):
+            raise SpecError("--to", to, "allowed: " + " | ".join((*FRAMEWORKS, "verl")))
         spec = load_runspec(runspec)
+        if to == "verl":
+            _export_verl(spec, runspec, output, as_json)
+            return
         if spec.vision is not None:  # the exports write a text model; its encoder would be lost
             raise SpecError(
                 "RUNSPEC",
