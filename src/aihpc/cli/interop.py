@@ -243,8 +243,8 @@ def _register_export(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Write the run spec's plan as a Megatron-LM launch script, a torchtitan job TOML or a
-        DeepSpeed config JSON (or its model as a Hugging Face config.json); a plan the framework
-        cannot run is refused, naming the field."""
+        DeepSpeed config JSON (or its model as a Hugging Face config.json), or an [rl] plan as a
+        verl launch script; a plan the framework cannot run is refused, naming the field."""
         from aihpc.interop import export_deepspeed, export_hf, export_megatron, export_torchtitan
 
         if to not in (*FRAMEWORKS, "verl"):
