@@ -441,6 +441,8 @@ def test_verl_export_is_accepted_by_verls_own_config_and_imports_back():
         ({"reward": "model", "reward_model": "llama3-8b"}, "rl.reward"),
         ({"reference": "llama3-70b"}, "rl.reference"),
         ({"samples_per_prompt": 3}, "parallel.global_batch_size"),
+        ({"rollout": {"tp": 2, "ep": 2}}, "rl.rollout.ep"),
+        ({"rollout": {"tp": 2, "precision": "fp8"}}, "rl.rollout.precision"),
     ],
 )
 def test_what_verls_main_ppo_cannot_run_is_refused_naming_the_field(rl, field):

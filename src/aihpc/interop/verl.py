@@ -51,6 +51,7 @@ _DEFAULTS: dict[str, Any] = {
         "rollout": {
             "n": 1,
             "tensor_model_parallel_size": 2,
+            "pipeline_model_parallel_size": 1,
             "gpu_memory_utilization": 0.5,
             # False since 2025-08-08 (verl ff6978c; True before it: vLLM without CUDA graphs,
             # so a script for an older verl that leaves it unset ran eager: set it True)
@@ -328,6 +329,7 @@ def import_verl(
         "offload": _offload(cfg, notes),
         "rollout": {
             "tp": _int(cfg, rollout + "tensor_model_parallel_size"),
+            "pp": _int(cfg, rollout + "pipeline_model_parallel_size"),
             "gpu_memory_utilization": _float(cfg, rollout + "gpu_memory_utilization"),
             "cuda_graphs": not _bool(cfg, rollout + "enforce_eager"),
             "max_num_seqs": _int(cfg, rollout + "max_num_seqs"),

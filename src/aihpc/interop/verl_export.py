@@ -73,8 +73,18 @@ def _refusals(spec: RunSpec) -> None:
             f"must be whole prompts of rl.samples_per_prompt {rl.samples_per_prompt}: verl's "
             "ppo_mini_batch_size counts prompts",
         )
-    if rl.rollout.pp > 1:
-        raise SpecError("rl.rollout.pp", rl.rollout.pp, "verl's vLLM rollout: 1")
+    if rl.rollout.ep > 1:
+        raise SpecError(
+            "rl.rollout.ep",
+            rl.rollout.ep,
+            "exported: 1 (verl's expert-parallel rollout is not written)",
+        )
+    if rl.rollout.precision != "bf16":
+        raise SpecError(
+            "rl.rollout.precision",
+            rl.rollout.precision,
+            "exported: bf16 (verl's rollout quantization is not written)",
+        )
 
 
 def _actor(spec: RunSpec, notes: list[str]) -> tuple[str, list[str]]:
@@ -198,6 +208,7 @@ def export_verl(spec: RunSpec, source: str = "") -> tuple[str, list[str]]:
         "actor_rollout_ref.rollout.name=vllm",
         f"actor_rollout_ref.rollout.n={rl.samples_per_prompt}",
         f"actor_rollout_ref.rollout.tensor_model_parallel_size={rl.rollout.tp}",
+        f"actor_rollout_ref.rollout.pipeline_model_parallel_size={rl.rollout.pp}",
         f"actor_rollout_ref.rollout.gpu_memory_utilization={rl.rollout.gpu_memory_utilization}",
         f"actor_rollout_ref.rollout.enforce_eager={not rl.rollout.cuda_graphs}",
     ]
