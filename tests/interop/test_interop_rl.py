@@ -487,3 +487,34 @@ def test_cli_export_to_verl_names_the_run_as_verl_runs_it(tmp_path):
     )
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
     assert "[rl]" in bad.stderr
+
+
+def test_a_config_json_names_a_model_no_preset_has():
+    """Most of verl's examples train Qwen2 / Qwen2.5 checkpoints, which have no preset: --model
+    takes the checkpoint's Hugging Face config.json instead (verl and slime)."""
+    path = DATA.parent / "qwen2.5_7b_instruct_config.json"
+    config = json.loads(path.read_text())
+    script = (DATA / "verl_qwen2_7b_megatron_offload.sh").read_text()
+    imported = import_verl(script, response_len=500, model_config=config)
+    model = imported.tables["model"]
+    assert "preset" not in model
+    assert (model["num_layers"], model["hidden_size"], model["num_kv_heads"]) == (28, 3584, 4)
+    assert model["seq_length"] == 1024 + 1024  # the script's prompt and response caps
+    assert estimate_rl(imported.spec()).step_time_s > 0
+    slime = import_slime((DATA / "slime_qwen3_30b_colocated.sh").read_text(), model_config=config)
+    assert slime.spec().model.hidden_size == 3584
+    cmd = [
+        sys.executable,
+        "-m",
+        "aihpc",
+        "import",
+        "verl",
+        str(DATA / "verl_qwen2_7b_megatron_offload.sh"),
+    ]
+    done = subprocess.run(
+        [*cmd, "--model", str(path), "--response-len", "500", "--json"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["runspec"]["model"]["num_layers"] == 28

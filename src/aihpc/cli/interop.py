@@ -14,6 +14,7 @@ import typer
 from aihpc._io import write_atomic
 from aihpc.cli._common import RUNSPEC_HELP, err_console, guarded, print_json
 from aihpc.runspec import SpecError, load_runspec
+from aihpc.runspec.inputs import parse_json
 
 __all__ = ["register"]
 
@@ -50,7 +51,9 @@ def _register_import(app: typer.Typer) -> None:
             "YAML or a script running verl.trainer.main_ppo; slime: its launch script.",
         ),
         model: str | None = typer.Option(
-            None, "--model", help="DeepSpeed: a preset name or a Hugging Face config.json."
+            None,
+            "--model",
+            help="DeepSpeed, verl, slime: a preset name or a Hugging Face config.json.",
         ),
         gpu: str = typer.Option("h100-sxm", "--gpu", help="GPU catalog id of the cluster."),
         num_gpus: int | None = typer.Option(
@@ -161,10 +164,18 @@ def _import_rl(
     """verl's config (YAML, or a script of Hydra overrides) or slime's launch script; ``size``:
     --num-gpus and --gpus-per-node (verl: over its trainer.nnodes x n_gpus_per_node)."""
     text = _read(source, "SOURCE")
+    config = None
+    if model is not None and os.path.isfile(model):  # a Hugging Face config.json
+        loaded = parse_json(_read(Path(model), "--model"), "--model", model)
+        if not isinstance(loaded, dict):
+            raise SpecError("--model", model, "expected a JSON object (a config.json)")
+        config, model = loaded, None
     if framework == "verl":
         from aihpc.interop.verl import import_verl
 
-        return import_verl(text, model=model, response_len=response_len, gpu=gpu, **size)
+        return import_verl(
+            text, model=model, response_len=response_len, gpu=gpu, model_config=config, **size
+        )
     for option, value in size.items():
         if value is not None:
             raise SpecError(
@@ -174,7 +185,7 @@ def _import_rl(
             )
     from aihpc.interop.slime import import_slime
 
-    return import_slime(text, model=model, response_len=response_len, gpu=gpu)
+    return import_slime(text, model=model, response_len=response_len, gpu=gpu, model_config=config)
 
 
 def _import(framework: str, source: Path, model: str | None, cluster: dict, options: dict) -> Any:

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from aihpc.interop._common import Imported, cluster_table
+from aihpc.interop._common import Imported, cluster_table, model_table
 from aihpc.interop.bash import read_script
+from aihpc.interop.hf.reader import hf_model_shape
 from aihpc.interop.megatron.flags import Args, parse_flags
 from aihpc.runspec import SpecError, model_presets
 
@@ -90,13 +91,16 @@ def import_slime(
     model: str | None = None,
     response_len: int | None = None,
     gpu: str = "h100-sxm",
+    model_config: dict[str, Any] | None = None,
 ) -> Imported:
     """A slime launch script → run spec with [rl] (colocated with --colocate, else the
-    rollout pool's --rollout-num-gpus beside the actor's nodes)."""
+    rollout pool's --rollout-num-gpus beside the actor's nodes); ``model_config``: the actor's
+    Hugging Face config.json (in place of a preset)."""
     notes: list[str] = []
     words, staleness = _command(text, notes)
     a = Args(parse_flags(words))
-    if model is None or model not in model_presets():
+    shape = model_table(hf_model_shape(model_config, None)) if model_config is not None else None
+    if shape is None and (model is None or model not in model_presets()):
         raise SpecError(
             "--model",
             model,
@@ -122,7 +126,10 @@ def import_slime(
     if a.get("--recompute-granularity") == "full":
         parallel["recompute"] = "full"
     tables = {
-        "model": {"preset": model, "seq_length": rl["prompt_len"] + rl["max_response_len"]},
+        "model": {
+            **(shape or {"preset": model}),
+            "seq_length": rl["prompt_len"] + rl["max_response_len"],
+        },
         "cluster": cluster_table(gpu, num_gpus, per_node),
         "parallel": parallel,
         "rl": rl,

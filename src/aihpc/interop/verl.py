@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from aihpc.interop._common import Imported, cluster_table
+from aihpc.interop._common import Imported, cluster_table, model_table
 from aihpc.interop.bash import read_script
+from aihpc.interop.hf.reader import hf_model_shape
 from aihpc.runspec import SpecError, model_presets
 
 __all__ = ["import_verl"]
@@ -213,9 +214,14 @@ def _float(cfg: dict[str, Any], dotted: str) -> float:
 _SAME_SHAPE_TAILS = ("-base", "-instruct", "-chat", "-it")
 
 
-def _model(path: Any, model: str | None, notes: list[str]) -> dict[str, Any]:
-    """The [model] table: --model (a preset), else the preset the model path's name is, less a
-    tail that names a base or tuned checkpoint of the same shape."""
+def _model(
+    path: Any, model: str | None, notes: list[str], config: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The [model] table: --model (a preset, or a Hugging Face config.json read as ``config``),
+    else the preset the model path's name is, less a tail that names a base or tuned checkpoint
+    of the same shape."""
+    if config is not None:
+        return model_table(hf_model_shape(config, None))
     name = model or (str(path).rstrip("/").rsplit("/", 1)[-1].lower() if path else "")
     shape = name
     while not model and shape not in model_presets() and shape.endswith(_SAME_SHAPE_TAILS):
@@ -288,10 +294,12 @@ def import_verl(
     gpu: str = "h100-sxm",
     num_gpus: int | None = None,
     gpus_per_node: int | None = None,
+    model_config: dict[str, Any] | None = None,
 ) -> Imported:
     """verl's config (YAML) or a launch script with Hydra overrides → run spec with [rl];
     ``num_gpus`` / ``gpus_per_node`` stand in for (and override) trainer.nnodes x
-    n_gpus_per_node, which launch scripts often take from the scheduler's environment."""
+    n_gpus_per_node, which launch scripts often take from the scheduler's environment;
+    ``model_config``: the actor's Hugging Face config.json (in place of a preset)."""
     notes: list[str] = []
     cfg = _config(text, notes)
     adv = _get(cfg, "algorithm.adv_estimator")
@@ -339,7 +347,7 @@ def import_verl(
     per_node = gpus_per_node or _int(cfg, "trainer.n_gpus_per_node", "--gpus-per-node")
     total = num_gpus or _int(cfg, "trainer.nnodes", "--num-gpus") * per_node
     tables = {
-        "model": _model(_get(cfg, "actor_rollout_ref.model.path"), model, notes),
+        "model": _model(_get(cfg, "actor_rollout_ref.model.path"), model, notes, model_config),
         "cluster": cluster_table(gpu, total, per_node),
         "parallel": _parallel(cfg, n, notes),
         "rl": rl,
