@@ -3,8 +3,8 @@ checkout's examples/ that runs `main_ppo`, imported and priced end to end (the r
 then `estimate_rl`), counted as imported or refused, each refusal with its one line. A traceback
 counts as a failure of aihpc, not of the script.
 
-    git clone https://github.com/volcengine/verl /tmp/verl
-    python benchmarks/verl_examples_import.py /tmp/verl --results benchmarks/results
+    git clone https://github.com/volcengine/verl verl-checkout
+    python benchmarks/verl_examples_import.py verl-checkout --results benchmarks/results
 
 A script whose model names no preset (most name Qwen2 / Qwen2.5 checkpoints, which aihpc has no
 preset for) is priced with a stand-in of its kind, llama3-8b, or qwen3-30b-a3b where it sets
