@@ -261,15 +261,15 @@ def _register_export(app: typer.Typer) -> None:
         if to not in (*FRAMEWORKS, "verl"):
             raise SpecError("--to", to, "allowed: " + " | ".join((*FRAMEWORKS, "verl")))
         spec = load_runspec(runspec)
-        if to == "verl":
-            _export_verl(spec, runspec, output, as_json)
-            return
         if spec.vision is not None:  # the exports write a text model; its encoder would be lost
             raise SpecError(
                 "RUNSPEC",
                 str(runspec),
                 "a vision-language run spec ([model.vision]) has no export yet",
             )
+        if to == "verl":
+            _export_verl(spec, runspec, output, as_json)
+            return
         if to == "megatron":
             text, dropped = export_megatron(spec, str(runspec))
         elif to == "torchtitan":
