@@ -518,3 +518,35 @@ def test_a_config_json_names_a_model_no_preset_has():
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["runspec"]["model"]["num_layers"] == 28
+
+
+@pytest.mark.parametrize("zero_stage", [3, 1])
+@pytest.mark.parametrize("offload", ["nemo-rl", "verl-megatron", "verl-fsdp", "verl-fsdp2", "none"])
+def test_every_offload_exports_as_the_workers_of_its_plan_move_it(zero_stage, offload):
+    """The export writes the offload flags of the worker that runs the plan (FSDP for ZeRO-3
+    data parallel, Megatron otherwise; FSDP2 where the spec names its moves) and the import
+    reads back what verl_as_run says verl runs."""
+    from aihpc.interop.verl_export import export_verl, verl_as_run
+    from aihpc.runspec import runspec_from_dict
+
+    spec = runspec_from_dict(
+        {
+            "model": {"preset": "llama3-8b"},
+            "cluster": {"gpu": "h100-sxm", "num_gpus": 16},
+            "parallel": {"zero_stage": zero_stage, "global_batch_size": 128},
+            "rl": {
+                "prompts_per_step": 64,
+                "samples_per_prompt": 8,
+                "prompt_len": 200,
+                "response_len": 1000,
+                "max_response_len": 2000,
+                "rollout": {"tp": 2},
+                "offload": offload,
+            },
+        }
+    )
+    text, _ = export_verl(spec)
+    ran, changes = verl_as_run(spec)
+    back = import_verl(text, model="llama3-8b", response_len=1000).spec()
+    assert back.rl.offload == ran.rl.offload
+    assert (ran.rl.offload == offload) == (not any("rl.offload" in c for c in changes))

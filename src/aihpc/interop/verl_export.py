@@ -92,7 +92,9 @@ def _actor(spec: RunSpec, notes: list[str]) -> tuple[str, list[str]]:
     plan = spec.plan()
     actor = "actor_rollout_ref.actor."
     if not _megatron(spec):
-        out = [f"{actor}strategy=fsdp"]
+        assert spec.rl is not None
+        strategy = "fsdp2" if spec.rl.offload == "verl-fsdp2" else "fsdp"  # FSDP2's own copies
+        out = [f"{actor}strategy={strategy}"]
         if plan.cp > 1:
             out.append(f"{actor}ulysses_sequence_parallel_size={plan.cp}")
             notes.append(f"context parallel {plan.cp} written as Ulysses sequence parallel")
@@ -144,13 +146,19 @@ def verl_as_run(spec: RunSpec) -> tuple[RunSpec, list[str]]:
     rl = spec.rl
     assert rl is not None
     changes: list[str] = []
-    if rl.offload == "nemo-rl":
-        theirs = "verl-megatron" if _megatron(spec) else "verl-fsdp"
-        changes.append(f"rl.offload = 'nemo-rl' -> '{theirs}'")
+    megatron = _megatron(spec)
+    ours = rl.offload
+    theirs = ours  # verl's worker for the plan moves the state its own way
+    if ours == "nemo-rl" or (ours != "none" and (ours == "verl-megatron") != megatron):
+        theirs = "verl-megatron" if megatron else "verl-fsdp"
+    if ours == "verl-fsdp2" and not megatron:
+        theirs = ours
+    if theirs != ours:
+        changes.append(f"rl.offload = '{ours}' -> '{theirs}'")
         rl = replace(rl, offload=theirs)
     parallel = spec.parallel
     zero = spec.plan().zero_stage
-    if _megatron(spec) and zero != 1:
+    if megatron and zero != 1:
         changes.append(f"parallel.zero_stage = {zero} -> 1")
         parallel = replace(parallel, zero_stage=1)
     if not changes:
