@@ -57,6 +57,7 @@ def test_slime_script_reads_megatron_and_slime_flags():
     assert t["parallel"]["tp"] == 4 and t["parallel"]["ep"] == 8
     assert any("not followed" in n for n in imported.notes)  # the sourced model file
     assert "max_num_seqs" not in t["rl"]["rollout"]  # SGLang's own default: what memory holds
+    assert t["rl"]["offload"] == "slime"  # --colocate: slime's own moves (perf/rl/switch.py)
     assert estimate_rl(imported.spec()).step_time_s > 0
     capped = (
         (DATA / "slime_qwen3_30b_colocated.sh")
@@ -521,7 +522,9 @@ def test_a_config_json_names_a_model_no_preset_has():
 
 
 @pytest.mark.parametrize("zero_stage", [3, 1])
-@pytest.mark.parametrize("offload", ["nemo-rl", "verl-megatron", "verl-fsdp", "verl-fsdp2", "none"])
+@pytest.mark.parametrize(
+    "offload", ["nemo-rl", "verl-megatron", "verl-fsdp", "verl-fsdp2", "slime", "none"]
+)
 def test_every_offload_exports_as_the_workers_of_its_plan_move_it(zero_stage, offload):
     """The export writes the offload flags of the worker that runs the plan (FSDP for ZeRO-3
     data parallel, Megatron otherwise; FSDP2 where the spec names its moves) and the import

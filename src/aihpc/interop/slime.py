@@ -112,6 +112,7 @@ def import_slime(
     rl = _rl(a, staleness, notes, response_len)
     colocate = a.flag("--colocate")
     rl["placement"] = "colocated" if colocate else "disaggregated"
+    rl["offload"] = "slime"  # its own moves when colocated (perf/rl/switch.py), none apart
     num_gpus = train
     if not colocate:
         rl["rollout_gpus"] = _need(a, "--rollout-num-gpus")

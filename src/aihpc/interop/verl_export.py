@@ -149,7 +149,8 @@ def verl_as_run(spec: RunSpec) -> tuple[RunSpec, list[str]]:
     megatron = _megatron(spec)
     ours = rl.offload
     theirs = ours  # verl's worker for the plan moves the state its own way
-    if ours == "nemo-rl" or (ours != "none" and (ours == "verl-megatron") != megatron):
+    other = ours in ("nemo-rl", "slime")  # another framework's moves
+    if other or (ours != "none" and (ours == "verl-megatron") != megatron):
         theirs = "verl-megatron" if megatron else "verl-fsdp"
     if ours == "verl-fsdp2" and not megatron:
         theirs = ours
@@ -170,9 +171,9 @@ def _offload(spec: RunSpec, config: str, notes: list[str]) -> list[str]:
     rl = spec.rl
     assert rl is not None
     on = rl.offload != "none"
-    if rl.offload == "nemo-rl":
+    if rl.offload in ("nemo-rl", "slime"):
         notes.append(
-            "rl.offload nemo-rl written as verl's param_offload and optimizer_offload on: "
+            f"rl.offload {rl.offload} written as verl's param_offload and optimizer_offload on: "
             "verl moves them inside its own phases (price it as verl-megatron / verl-fsdp)"
         )
     actor = "actor_rollout_ref.actor."

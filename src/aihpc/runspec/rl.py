@@ -67,9 +67,11 @@ ROLLOUT_PRECISIONS = ("bf16", "fp8")
 # out after the refit, both back for the log-prob passes and the update); verl-megatron,
 # verl-fsdp (FSDP1), verl-fsdp2: verl's workers with the actor's param_offload and
 # optimizer_offload on (the parameters in and out around each phase, the optimizer around the
-# update); none: the training state stays on the GPUs (verl with its offloads off) and only the
+# update); slime: slime's --colocate (torch_memory_saver's pinned backup of the optimizer state
+# around training, slime's pinned copies of the parameters; the engine's weights discarded and
+# re-sent); none: the training state stays on the GPUs (verl with its offloads off) and only the
 # engine's weights sleep and wake.
-OFFLOADS = ("nemo-rl", "verl-megatron", "verl-fsdp", "verl-fsdp2", "none")
+OFFLOADS = ("nemo-rl", "verl-megatron", "verl-fsdp", "verl-fsdp2", "slime", "none")
 # The planner's range. The largest published steps generate ~10^4 samples (NeMo-RL: 2,048;
 # verl's DAPO: 512 x 16) of up to ~10^5 tokens; published asynchronous runs stay within 8 steps
 # of staleness (NeMo-RL's 8-step off-policy row, AReaL's eta <= 8). Far beyond these the

@@ -254,3 +254,27 @@ def test_verl_offload_apart_moves_only_the_workers_own_and_refuses_other_names()
     with pytest.raises(SpecError) as err:
         _spec(offload="verl-megatron", offload_optimizer_for_logprob=True)
     assert err.value.field == "rl.offload_optimizer_for_logprob"
+
+
+def test_slime_moves_its_optimizer_through_the_memory_savers_pinned_backup():
+    """slime's --colocate (THUDM/slime 624b824 with torch_memory_saver): the optimizer's fp32
+    master and two moments out at sleep and in at wake_up, the 16-bit parameters restored from
+    slime's pinned copy at wake_up, copied to it after the update and onto the GPU again for the
+    refit's IPC handles; all pinned; the engine's weights are discarded, not copied; nothing when
+    the pools are apart. Its reference swap is two copies of the weights, not three."""
+    spec = _dense_spec(offload="slime")  # Llama 3 8B on 8 H100, dp 8, ZeRO-1
+    slime = estimate_rl(spec)
+    nemo = estimate_rl(_dense_spec())
+    p, dp = num_params(spec.model), 8
+    weights, state = 2 * p, p / dp * (4 + 4 + 4)
+    pin = host_rates(spec.training_cluster()).pinned_d2h * 1e9
+    by = slime.switch_by_timer
+    assert by["wake_up"] == pytest.approx((state + weights) / pin, rel=1e-4)
+    assert by["backup"] == by["update_weights"] == pytest.approx(weights / pin, rel=1e-4)
+    assert by["sleep"] == pytest.approx(state / pin, rel=1e-4)
+    assert slime.phases_s["switch"] == pytest.approx(sum(by.values()))
+    link = spec.cluster.gpu.host_link_GBps * 1e9
+    one_copy = slime.actor.estimate.memory.weights / link
+    assert nemo.phases_s["ref_logprob"] - slime.phases_s["ref_logprob"] == pytest.approx(one_copy)
+    apart = estimate_rl(_spec(placement="disaggregated", rollout_gpus=16, offload="slime"))
+    assert apart.switch_by_timer == {} and apart.phases_s["switch"] == 0.0

@@ -224,16 +224,17 @@ def _sync_bytes_s(model: ModelSpec, cluster: ClusterSpec, rl: RLSpec, train_gpus
     return total / (write * 1e9) + total * engines / (read * 1e9)
 
 
-def reference_swap_s(train: Estimate, cluster: ClusterSpec) -> float:
+def reference_swap_s(train: Estimate, cluster: ClusterSpec, copies: float = 3.0) -> float:
     """Seconds to swap the reference policy in for its log-prob pass and out again, as NeMo-RL
     does (megatron_policy_worker.use_reference_model: the reference's weights live in host
     memory; the policy's own 16-bit weights are copied to the host, the reference's loaded onto
     the GPU, and after the pass the policy's loaded back): three copies of each GPU's weights
     over its host link, at the pinned-memory rate: the copies are pinned (``.to("cpu",
     non_blocking=True)``, whose output PyTorch's ``_to_copy`` allocates pinned, for the policy's
-    copy and for the reference's, made once at start-up). 0 where the GPU names no
-    host_link_GBps."""
+    copy and for the reference's, made once at start-up). slime (``copies`` 2) keeps the
+    policy's pinned copy from its update, so it swaps the reference in and the policy back. 0
+    where the GPU names no host_link_GBps."""
     link = cluster.gpu.host_link_GBps
     if link is None:
         return 0.0
-    return 3.0 * train.memory.weights / (link * 1e9)
+    return copies * train.memory.weights / (link * 1e9)

@@ -141,7 +141,8 @@ def _forward_phases(
         priced = price_training(ref, cluster, plan, spec.training, rl, params, batching)
         out["ref_logprob"] = priced.forward_s
         if not in_process:  # an RL framework's reference weights wait in host memory
-            swap = reference_swap_s(priced.estimate, cluster)
+            copies = 2.0 if rl.offload == "slime" else 3.0  # phases.reference_swap_s
+            swap = reference_swap_s(priced.estimate, cluster, copies)
     out["critic_values"], critic_update = 0.0, 0.0
     if rl.algorithm == "ppo":
         critic = _preset(rl.critic, spec.model, "rl.critic")

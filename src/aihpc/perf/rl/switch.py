@@ -34,10 +34,10 @@ its process's object count; the one published timing found, google/tunix #2086, 
 framework's heap).
 
 Which code moves the state is ``rl.offload`` (OFFLOADS): ``nemo-rl``, the switch above;
-``verl-megatron``, ``verl-fsdp`` and ``verl-fsdp2``, below; ``none``, nothing of the training
-state (verl with its offloads off: the state stays on the GPUs while the engine generates in
-what ``gpu_memory_utilization`` leaves it, ``resident_state_bytes``), only the engine's sleep
-and wake.
+``verl-megatron``, ``verl-fsdp``, ``verl-fsdp2`` and ``slime``, below; ``none``, nothing of the
+training state (verl with its offloads off: the state stays on the GPUs while the engine
+generates in what ``gpu_memory_utilization`` leaves it, ``resident_state_bytes``), only the
+engine's sleep and wake.
 
 verl's Megatron workers with ``megatron.param_offload`` / ``optimizer_offload`` / ``grad_offload``
 (``offload = "verl-megatron"``; volcengine/verl at 588f972, 2025-07-08, the runs' date:
@@ -72,6 +72,18 @@ parameters: ``offload = "verl-fsdp"`` (``strategy: fsdp``, verl's default, FSDP1
 The moves around ``compute_log_prob`` and ``update_actor`` are the actor worker's own, so they
 are priced in a disaggregated placement too; the reshard's and the sleep's only when colocated.
 
+slime's ``--colocate`` (``offload = "slime"``; THUDM/slime at 624b824, its actor
+``slime/backends/megatron_utils/actor.py``, and torch_memory_saver, which slime preloads into its
+training processes with a CPU backup): after the rollout ``wake_up`` resumes the memory saver's
+region, a blocking ``cudaMemcpy`` from a pinned backup of every allocation outside the parameter
+and gradient buffers (the distributed optimizer's fp32 master and moments), and restores the
+16-bit parameters from slime's own pinned copy; after the update slime copies the parameters to
+that pinned copy again, and ``sleep`` pauses the region (the optimizer state out, pinned, the
+parameter and gradient buffers released without a copy); the weight update copies the pinned
+parameters onto the GPU and hands them to SGLang by CUDA IPC. SGLang's own weights and KV cache
+are released without a copy. All pinned; none when the pools are apart (slime offloads only when
+colocated). Its reference swap is two copies, not NeMo-RL's three (phases.reference_swap_s).
+
 verl's ``init_megatron_optim_config`` sets a distributed optimizer and no precision-aware
 optimizer: the optimizer state moved is the step model's whole optimizer shard (fp32 master and
 moments). The reference policy (``ref.megatron.param_offload``) is priced with the log-prob pass
@@ -104,6 +116,7 @@ __all__ = [
     "optimizer_state_bytes",
     "price_switch",
     "resident_state_bytes",
+    "slime_moves",
     "verl_moves",
 ]
 
@@ -229,6 +242,22 @@ def verl_moves(train: Estimate, model: ModelSpec, rl: RLSpec, training: Training
     return moves
 
 
+SLIME_TIMERS = ("wake_up", "backup", "update_weights", "sleep")
+
+
+def slime_moves(train: Estimate) -> list[Move]:
+    """slime's colocated moves per GPU and step (the module's docstring), all pinned."""
+    weights, state = float(train.memory.weights), float(train.memory.optimizer)
+    wake, backup, update, sleep = SLIME_TIMERS
+    return [
+        Move("optimizer state in (torch_memory_saver resume)", wake, state, "pinned", False),
+        Move("parameters in (restore from the pinned copy)", wake, weights, "pinned", False),
+        Move("parameters out (the pinned copy after the update)", backup, weights, "pinned", True),
+        Move("parameters in (for the refit's IPC handles)", update, weights, "pinned", False),
+        Move("optimizer state out (torch_memory_saver pause)", sleep, state, "pinned", True),
+    ]
+
+
 def engine_moves(model: ModelSpec, rl: RLSpec) -> list[Move]:
     """``rl.offload = "none"``: the training state stays on the GPUs; colocated, only the
     engine's weights go to their pinned backup at its sleep and back at its wake."""
@@ -283,17 +312,21 @@ def price_switch(
     vLLM's ``cudaMemcpy`` block, the non_blocking copies are waited for before the next call).
     verl's moves under its ``old_log_prob`` and ``update_actor`` timers go to ``in_phases``
     (those RL phases), not ``seconds``."""
-    verl = rl.offload != "nemo-rl"  # verl's workers' timers (none: the engine's moves alone)
+    timers = VERL_TIMERS  # verl's workers' timers (none: the engine's moves alone)
     if rl.offload == "none":
         moves = engine_moves(model, rl)
-    elif verl:
-        moves = verl_moves(train, model, rl, training)
-    else:
+    elif rl.offload == "slime":
+        moves = slime_moves(train) if rl.placement == "colocated" else []
+        timers = SLIME_TIMERS
+    elif rl.offload == "nemo-rl":
         moves = colocated_moves(train, model, rl, training)
+        timers = TIMERS
+    else:
+        moves = verl_moves(train, model, rl, training)
     if not moves:
         return Switch(0.0, 0.0, {}, True)
     rates = host_rates(cluster)
-    by_timer = dict.fromkeys(VERL_TIMERS if verl else TIMERS, 0.0)
+    by_timer = dict.fromkeys(timers, 0.0)
     for move in moves:
         by_timer[move.timer] += move.seconds(rates)
     to_host = sum(m.bytes for m in moves if m.to_host) / GiB
