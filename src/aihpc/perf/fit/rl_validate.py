@@ -37,7 +37,7 @@ vLLM's default decides: on GPUs of >= 70 GiB (H100, GB200) 1024 through the ``vl
 without a usage context (``vllm_worker_async.py``, every recipe with ``vllm_cfg.async_engine:
 true``: all DeepSeek-V3 and Qwen3-235B recipes and every asynchronous one) takes
 ``UsageContext.ENGINE_CONTEXT``, which vLLM's ``get_batch_defaults`` table lacks, and falls
-back to the scheduler's 128 (NeMo-RL PR #4221, open, measures the same: "max_num_seqs | 128"
+back to the scheduler's 128 (NeMo-RL PR #4221, open, reads the same: "max_num_seqs | 128"
 against 1024). verl at 588f972 passes no ``max_num_seqs`` to vLLM (<= 0.8.5, whose default is
 1024 on >= 70 GiB in its V1 engine, 256 in V0; the rows' engine version is not known: 1024
 priced).
