@@ -366,37 +366,44 @@ def test_every_verl_advantage_estimator_is_priced():
 RL_EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "rl"
 
 
-def _export_cases():
-    """The colocated RL examples; an FSDP layout (ZeRO-3 over data parallel, context parallel as
-    Ulysses) of Llama 3 8B; a Megatron layout with pipeline stages and full recompute."""
-    from aihpc.runspec import load_runspec, runspec_from_dict
+def _small_rl_spec(parallel: dict, **rl):
+    """GRPO for Llama 3 8B on 16 H100, 64 prompts x 8 samples, rollout engines of tp 2; the
+    ``[parallel]`` given, ``[rl]`` fields replaced by ``rl``."""
+    from aihpc.runspec import runspec_from_dict
 
-    yield load_runspec(RL_EXAMPLES / "grpo_qwen3_30b_a3b_64h100.toml")
-    yield load_runspec(RL_EXAMPLES / "grpo_qwen3_30b_a3b_64h100_no_offload.toml")
-    rl = {
+    table = {
         "prompts_per_step": 64,
         "samples_per_prompt": 8,
         "prompt_len": 200,
         "response_len": 1000,
         "max_response_len": 2000,
         "rollout": {"tp": 2},
+        **rl,
     }
-    cluster = {"gpu": "h100-sxm", "num_gpus": 16}
-    yield runspec_from_dict(
+    return runspec_from_dict(
         {
             "model": {"preset": "llama3-8b"},
-            "cluster": cluster,
-            "parallel": {"zero_stage": 3, "cp": 2, "global_batch_size": 128},
-            "rl": {**rl, "algorithm": "reinforce", "offload": "verl-fsdp"},
+            "cluster": {"gpu": "h100-sxm", "num_gpus": 16},
+            "parallel": parallel,
+            "rl": table,
         }
     )
-    yield runspec_from_dict(
-        {
-            "model": {"preset": "llama3-8b"},
-            "cluster": cluster,
-            "parallel": {"tp": 2, "pp": 2, "recompute": "full", "global_batch_size": 128},
-            "rl": {**rl, "kl": False},
-        }
+
+
+def _export_cases():
+    """The colocated RL examples; an FSDP layout (ZeRO-3 over data parallel, context parallel as
+    Ulysses) of Llama 3 8B; a Megatron layout with pipeline stages and full recompute."""
+    from aihpc.runspec import load_runspec
+
+    yield load_runspec(RL_EXAMPLES / "grpo_qwen3_30b_a3b_64h100.toml")
+    yield load_runspec(RL_EXAMPLES / "grpo_qwen3_30b_a3b_64h100_no_offload.toml")
+    yield _small_rl_spec(
+        {"zero_stage": 3, "cp": 2, "global_batch_size": 128},
+        algorithm="reinforce",
+        offload="verl-fsdp",
+    )
+    yield _small_rl_spec(
+        {"tp": 2, "pp": 2, "recompute": "full", "global_batch_size": 128}, kl=False
     )
 
 
@@ -448,23 +455,9 @@ def test_verl_export_is_accepted_by_verls_own_config_and_imports_back():
 )
 def test_what_verls_main_ppo_cannot_run_is_refused_naming_the_field(rl, field):
     from aihpc.interop.verl_export import export_verl
-    from aihpc.runspec import runspec_from_dict
 
-    table = {
-        "prompts_per_step": 64,
-        "samples_per_prompt": 8,
-        "prompt_len": 200,
-        "response_len": 1000,
-        **rl,
-    }
-    spec = runspec_from_dict(
-        {
-            "model": {"preset": "llama3-8b"},
-            "cluster": {"gpu": "h100-sxm", "num_gpus": 16},
-            "parallel": {"global_batch_size": 128 if field != "parallel.global_batch_size" else 64},
-            "rl": table,
-        }
-    )
+    gbs = 64 if field == "parallel.global_batch_size" else 128
+    spec = _small_rl_spec({"global_batch_size": gbs}, **rl)
     with pytest.raises(SpecError) as err:
         export_verl(spec)
     assert err.value.field == field
@@ -530,24 +523,8 @@ def test_every_offload_exports_as_the_workers_of_its_plan_move_it(zero_stage, of
     data parallel, Megatron otherwise; FSDP2 where the spec names its moves) and the import
     reads back what verl_as_run says verl runs."""
     from aihpc.interop.verl_export import export_verl, verl_as_run
-    from aihpc.runspec import runspec_from_dict
 
-    spec = runspec_from_dict(
-        {
-            "model": {"preset": "llama3-8b"},
-            "cluster": {"gpu": "h100-sxm", "num_gpus": 16},
-            "parallel": {"zero_stage": zero_stage, "global_batch_size": 128},
-            "rl": {
-                "prompts_per_step": 64,
-                "samples_per_prompt": 8,
-                "prompt_len": 200,
-                "response_len": 1000,
-                "max_response_len": 2000,
-                "rollout": {"tp": 2},
-                "offload": offload,
-            },
-        }
-    )
+    spec = _small_rl_spec({"zero_stage": zero_stage, "global_batch_size": 128}, offload=offload)
     text, _ = export_verl(spec)
     ran, changes = verl_as_run(spec)
     back = import_verl(text, model="llama3-8b", response_len=1000).spec()

@@ -92,8 +92,7 @@ def _actor(spec: RunSpec, notes: list[str]) -> tuple[str, list[str]]:
     plan = spec.plan()
     actor = "actor_rollout_ref.actor."
     if not _megatron(spec):
-        assert spec.rl is not None
-        strategy = "fsdp2" if spec.rl.offload == "verl-fsdp2" else "fsdp"  # FSDP2's own copies
+        strategy = "fsdp2" if _verl_offload(spec) == "verl-fsdp2" else "fsdp"
         out = [f"{actor}strategy={strategy}"]
         if plan.cp > 1:
             out.append(f"{actor}ulysses_sequence_parallel_size={plan.cp}")
@@ -128,6 +127,18 @@ def _megatron(spec: RunSpec) -> bool:
     return not (plan.zero_stage == 3 and plan.tp == plan.pp == plan.ep == 1)
 
 
+def _verl_offload(spec: RunSpec) -> str:
+    """The offload verl's worker for the plan makes: none where the spec moves nothing, else its
+    Megatron or FSDP worker's (FSDP2 where the spec names FSDP2's own copies)."""
+    rl = spec.rl
+    assert rl is not None
+    if rl.offload == "none":
+        return "none"
+    if _megatron(spec):
+        return "verl-megatron"
+    return "verl-fsdp2" if rl.offload == "verl-fsdp2" else "verl-fsdp"
+
+
 def _max_num_seqs(spec: RunSpec) -> int:
     """The rollout's cap as written: the spec's, else an engine's share of the step (what the
     priced engine may hold at once; verl's own default, 256, could cut it)."""
@@ -146,20 +157,13 @@ def verl_as_run(spec: RunSpec) -> tuple[RunSpec, list[str]]:
     rl = spec.rl
     assert rl is not None
     changes: list[str] = []
-    megatron = _megatron(spec)
-    ours = rl.offload
-    theirs = ours  # verl's worker for the plan moves the state its own way
-    other = ours in ("nemo-rl", "slime")  # another framework's moves
-    if other or (ours != "none" and (ours == "verl-megatron") != megatron):
-        theirs = "verl-megatron" if megatron else "verl-fsdp"
-    if ours == "verl-fsdp2" and not megatron:
-        theirs = ours
-    if theirs != ours:
-        changes.append(f"rl.offload = '{ours}' -> '{theirs}'")
+    theirs = _verl_offload(spec)
+    if theirs != rl.offload:
+        changes.append(f"rl.offload = '{rl.offload}' -> '{theirs}'")
         rl = replace(rl, offload=theirs)
     parallel = spec.parallel
     zero = spec.plan().zero_stage
-    if megatron and zero != 1:
+    if _megatron(spec) and zero != 1:
         changes.append(f"parallel.zero_stage = {zero} -> 1")
         parallel = replace(parallel, zero_stage=1)
     if not changes:
