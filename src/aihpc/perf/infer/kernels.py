@@ -378,16 +378,21 @@ def stage_kernels(e: Engine, w: Work, last_stage: bool = True) -> int:
 
 
 def host_issue_s(e: Engine, w: Work, last_stage: bool = True) -> float:
-    """The host's time to issue one stage's kernels of a step where no CUDA graph replays them
+    """The host's time to issue one stage's layers of a step where no CUDA graph replays them
     and the engine runs its model as PyTorch ops from Python (software.python_host: vLLM with
-    enforce_eager, as verl's rollout ran by default until August 2025): each counted kernel at
-    ModelParams.host_eager_op_s, the published host cost of one eager op on a CUDA tensor. The
-    GPU runs a kernel only once it is issued, so a step is no shorter than this (0: graphs
-    replay the step, or a C++ runtime enqueues it at the launch gap already priced)."""
+    enforce_eager, as verl's rollout ran by default until August 2025): a dense layer's counted
+    kernels at ModelParams.host_eager_op_s, the published host cost of one eager op on a CUDA
+    tensor, and an MoE layer at ModelParams.host_eager_moe_layer_s, the published eager MoE
+    decode steps' host time a layer (its Python-launched routing and Triton GEMMs cost the host
+    about five times its counted kernels). The GPU runs a kernel only once it is issued, so a
+    step is no shorter than this (0: graphs replay the step, or a C++ runtime enqueues it at
+    the launch gap already priced)."""
     sw = e.plan.software
     if sw.cuda_graphs or not sw.python_host or e.gpu.host_is_device:
         return 0.0
-    return stage_kernels(e, w, last_stage) * e.params.host_eager_op_s
+    dense, moe = stage_layer_counts(e.model, e.plan.pp)
+    p = e.params
+    return dense * KERNELS_PER_LAYER * p.host_eager_op_s + moe * p.host_eager_moe_layer_s
 
 
 def stage_compute(e: Engine, w: Work, last_stage: bool = True) -> StageCompute:

@@ -52,6 +52,19 @@ class ModelParams:
     # without the launch, a scalar multiply costs ~2 us on CPU tensors (pytorch/pytorch issue
     # 41383, 2020). Prices eager MoE layers (perf/step/moe_host.py); fitted to no run.
     host_eager_op_s: float = 8e-6
+    # Host (CPU) time of one MoE layer of a decode step that a Python-driven serving engine (vLLM,
+    # SGLang) runs without CUDA graphs, seconds: its router, top-k, expert alignment and grouped
+    # Triton GEMMs launched from Python, beside the attention half's kernels. Published eager
+    # decode steps at one sequence, less the same model's graphed step, over its MoE layers:
+    # vLLM 0.8.5 with enforce_eager, Qwen3-30B-A3B (48 MoE layers) on 4 A10, "20 token per
+    # seconds" against SGLang 0.4.6's CUDA-graphed "60 token per seconds" on the same GPUs
+    # (vllm-project/vllm issue 17469, 2025): (50 - 16.7) ms / 48 = 0.69 ms; SGLang 0.3 without
+    # graphs on DeepSeek-Coder-V2-Lite (26 MoE layers of 27), 31 against 8 ms a token on an A100
+    # (sgl-project/sglang issue 1369): 0.85 ms, and about 4x its graphed 6.22 ms (pull request
+    # 1401): ~0.7 ms. The lowest, and the one of vLLM's eager MoE path: the difference is a lower
+    # bound of the host's time (the graphed step's GPU work runs under it). The counted kernels at
+    # host_eager_op_s (16 x 8 us) give a fifth of it. Fitted to no run.
+    host_eager_moe_layer_s: float = 0.69e-3
     # Host time of one eager PyTorch op on CPU tensors where the CPU is the device (no kernel
     # launch: binding, dispatcher, allocator), seconds: ~2 us for a scalar multiply (pytorch/
     # pytorch issue 41383, 2020). Prices the eager ops of a CPU host's inference step
