@@ -484,8 +484,8 @@ def test_cli_export_to_verl_names_the_run_as_verl_runs_it(tmp_path):
 
 
 def test_a_config_json_names_a_model_no_preset_has():
-    """Most of verl's examples train Qwen2 / Qwen2.5 checkpoints, which have no preset: --model
-    takes the checkpoint's Hugging Face config.json instead (verl and slime)."""
+    """Most of verl's examples train Qwen2 / Qwen2.5 checkpoints, most of which have no preset:
+    --model takes the checkpoint's Hugging Face config.json instead (verl and slime)."""
     path = DATA.parent / "qwen2.5_7b_instruct_config.json"
     config = json.loads(path.read_text())
     script = (DATA / "verl_qwen2_7b_megatron_offload.sh").read_text()
@@ -530,3 +530,25 @@ def test_every_offload_exports_as_the_workers_of_its_plan_move_it(zero_stage, of
     back = import_verl(text, model="llama3-8b", response_len=1000).spec()
     assert back.rl.offload == ran.rl.offload
     assert (ran.rl.offload == offload) == (not any("rl.offload" in c for c in changes))
+
+
+def test_the_qwen25_7b_preset_is_its_published_config():
+    """The ``qwen2.5-7b`` preset (verl's Qwen2.5-7B rows) has the shape of Qwen2.5-7B-Instruct's
+    published config.json, read by the Hugging Face importer."""
+    from aihpc.interop.hf.reader import hf_model_shape
+    from aihpc.runspec.model import model_from_table
+
+    config = json.loads((DATA.parent / "qwen2.5_7b_instruct_config.json").read_text())
+    theirs = model_from_table({**hf_model_shape(config, None), "name": "qwen2.5-7b"})
+    ours = model_from_table({"preset": "qwen2.5-7b"})
+    for name in (
+        "num_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "num_kv_heads",
+        "ffn_hidden_size",
+        "vocab_size",
+        "rope_theta",
+        "tied_embeddings",
+    ):
+        assert getattr(ours, name) == getattr(theirs, name), name

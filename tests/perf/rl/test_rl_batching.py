@@ -122,6 +122,21 @@ def test_padded_batches_pad_to_the_longest_of_the_batch():
         batches(rl, plan, 2048, "dynamic")
 
 
+def test_unpadded_batches_hold_mbs_sequences_of_their_own_lengths():
+    spec = _spec({"micro_batch_size": 2})
+    plan, rl = spec.plan(), spec.rl
+    b = batches(rl, plan, 2048, "unpadded")
+    lengths = sequence_lengths(rl, 2048, pad_unit(plan))
+    assert b.microbatches == -(-2048 // (plan.dp * 2))  # ppo_micro_batch_size_per_gpu each
+    tokens = b.seq * b.mbs  # a micro-batch's tokens: two mean sequences, rounded up
+    assert 2 * lengths.mean() <= tokens <= 2 * lengths.mean() + b.mbs * pad_unit(plan)
+    assert b.useful == pytest.approx(1.0, abs=0.01)  # the padding is removed
+    padded = batches(rl, plan, 2048, "padded")
+    assert padded.seq * padded.mbs > tokens  # where padding to the longest would cost more
+    piped = batches(rl, _spec({"micro_batch_size": 2, "pp": 2}).plan(), 2048, "unpadded")
+    assert piped.seq * piped.mbs >= 2 * lengths.max() and piped.useful < 1.0
+
+
 def test_padding_costs_more_than_packing():
     spec = _spec()
     est = estimate_rl(spec)

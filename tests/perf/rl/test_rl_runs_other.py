@@ -50,13 +50,19 @@ def test_every_row_is_held_out_sourced_and_priced():
 
 
 def test_the_verl_rows_price_verls_offload_inside_its_phases():
-    """Every verl row's script sets offload=True (column ``offload`` verl-megatron): its moves
-    are under verl's timers, NeMo-RL's rows keep NeMo-RL's switch."""
+    """A verl row whose script sets offload=True (column ``offload`` verl-megatron) has its
+    moves under verl's timers; one that does not (``none``) moves nothing there; NeMo-RL's rows
+    keep NeMo-RL's switch."""
     _, rows = _table("rl_runs_other.csv")
-    assert {r["offload"] for r in rows} == {"verl-megatron"}
+    offload = {r["id"]: r["offload"] for r in rows}
+    assert set(offload.values()) == {"verl-megatron", "none"}
     report = validate_rl(_default_csv("rl_runs_other.csv"))
     for row in report.rows:
-        assert row.switch_by_timer["update_actor"] > row.switch_by_timer["old_log_prob"] > 0
+        moves = row.switch_by_timer
+        if offload[row.id] == "verl-megatron":
+            assert moves["update_actor"] > moves["old_log_prob"] > 0, row.id
+        else:
+            assert moves.get("update_actor", 0.0) == moves.get("old_log_prob", 0.0) == 0.0
     nemo = validate_rl(_default_csv("rl_runs.csv"))
     assert all("update_actor" not in r.switch_by_timer for r in nemo.rows)
 
@@ -72,3 +78,20 @@ def test_a_row_naming_an_unknown_offload_is_refused_with_its_row_and_field(tmp_p
     with pytest.raises(SpecError, match=r"row x: rl\.offload") as err:
         validate_rl(path)
     assert err.value.value == "deepspeed" and "verl-megatron" in err.value.allowed
+
+
+def test_a_row_without_dynamic_batching_runs_its_fixed_micro_batches():
+    """verl's rows without dynamic batching (``batching`` unpadded) say their micro-batch size
+    (``train_mbs``, the script's ppo_micro_batch_size_per_gpu) and price more micro-batches than
+    the same row packed, each the row's own sequences, not a padded length."""
+    _, rows = _table("rl_runs_other.csv")
+    fixed = [r for r in rows if r["batching"] == "unpadded"]
+    assert fixed and all(int(r["train_mbs"]) >= 1 for r in fixed)
+    from aihpc.perf.fit.rl_validate import rl_runspec
+    from aihpc.perf.rl.batching import batches
+    from aihpc.runspec import runspec_from_dict
+
+    spec = runspec_from_dict(rl_runspec(fixed[0]))
+    assert spec.plan().micro_batch_size == int(fixed[0]["train_mbs"])
+    rl, plan = spec.rl, spec.plan()
+    assert batches(rl, plan, 512, "unpadded").microbatches > batches(rl, plan, 512).microbatches

@@ -6,6 +6,10 @@ the run spec built from its columns, the predicted step against the measured one
 ``batching`` (optional; ``packed`` where absent): how the row's recipe formed the update's and
 log-prob passes' micro-batches (perf/rl/batching.py): ``packed`` where it left
 ``policy.sequence_packing`` enabled (NeMo-RL's default), ``padded`` where it turned it off.
+``unpadded`` where a verl row ran without dynamic batching (its fixed ``train_mbs`` sequences a
+micro-batch, padding removed). ``train_mbs`` (optional; empty: 1): the plan's micro-batch size
+(``parallel.micro_batch_size``): with ``packed`` the bins hold ``train_mbs`` x (prompt + the
+response cap) tokens, with ``unpadded`` a micro-batch holds ``train_mbs`` sequences.
 ``moe_stack`` and ``cuda_graphs`` (optional, empty: not stated): the row's ``[training]`` facts
 (runspec/training.py). Every NeMo-RL recipe here trains on Megatron-Core with its alltoall token
 dispatcher (``policy.megatron_cfg.moe_token_dispatcher_type`` "alltoall" in v0.6's defaults; the
@@ -147,6 +151,8 @@ def rl_runspec(row: dict[str, str]) -> dict[str, Any]:
         "global_batch_size": v["train_gbs"],
         "recompute": row["recompute"],
     }
+    if (row.get("train_mbs") or "").strip():
+        parallel["micro_batch_size"] = int(row["train_mbs"])
     training = {k: row[k].strip() for k in _TRAINING if (row.get(k) or "").strip()}
     spec = {
         "model": {"preset": row["model"]},

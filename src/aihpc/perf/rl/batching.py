@@ -14,6 +14,12 @@ forward-only (log-prob) passes: NeMo-RL's two ways (nemo_rl/distributed/batched_
   buffer between stages).
 - ``padded`` (no packing, no dynamic batching): every sequence is padded to the longest of the
   whole batch and micro-batches hold ``mbs`` of them; attention runs over the padded length.
+- ``unpadded`` (verl's Megatron actor with ``use_dynamic_bsz`` false, verl's default): each
+  micro-batch holds ``mbs`` sequences (``ppo_micro_batch_size_per_gpu``) whatever their
+  lengths, and the actor removes their padding before the model (it packs the micro-batch's
+  sequences, THD with cu_seqlens), so a micro-batch costs its sequences' own tokens, many
+  small micro-batches where dynamic batching makes few full ones. With pipeline parallelism
+  every micro-batch is priced at ``mbs`` of the longest sequence (a static buffer).
 
 The step model (perf/step) prices micro-batches of ``mbs`` sequences of ``seq_length`` tokens;
 a packed bin of T tokens is priced as T / s equal sequences of the attention-equivalent length
@@ -41,7 +47,7 @@ __all__ = [
     "sequence_lengths",
 ]
 
-BATCHING = ("packed", "padded")
+BATCHING = ("packed", "padded", "unpadded")
 
 
 @dataclass(frozen=True)
@@ -131,6 +137,18 @@ def _padded(rl: RLSpec, plan: ParallelPlan, samples: int, mbs: int) -> Batches:
     return Batches(seq=seq, mbs=mbs, microbatches=per_rank, useful=min(1.0, mean / seq))
 
 
+def _unpadded(rl: RLSpec, plan: ParallelPlan, samples: int, mbs: int) -> Batches:
+    lengths = sequence_lengths(rl, samples, pad_unit(plan))
+    per_rank = math.ceil(samples / (plan.dp * mbs))
+    # pipeline: each micro-batch priced at mbs of the longest; else at mbs of the mean
+    tokens = mbs * float(np.max(lengths) if plan.pp > 1 else np.mean(lengths))
+    attention_len = float(np.sum(lengths**2) / np.sum(lengths))
+    per_mb = max(1, round(tokens / attention_len))
+    seq = _round_up(tokens / per_mb, 2 * plan.cp * plan.tp)
+    useful = float(np.mean(lengths)) * mbs / (seq * per_mb)
+    return Batches(seq=seq, mbs=per_mb, microbatches=per_rank, useful=min(1.0, useful))
+
+
 def batches(
     rl: RLSpec, plan: ParallelPlan, samples: int, how: str = "packed", mbs: int | None = None
 ) -> Batches:
@@ -141,4 +159,5 @@ def batches(
     mbs = mbs or plan.micro_batch_size
     if samples < 1:
         raise SpecError("rl samples", samples, "at least one sample to batch")
-    return (_packed if how == "packed" else _padded)(rl, plan, samples, mbs)
+    cut = {"packed": _packed, "padded": _padded, "unpadded": _unpadded}[how]
+    return cut(rl, plan, samples, mbs)
