@@ -332,16 +332,28 @@ def test_the_verl_defaults_assumed_are_verls_shipped_ones():
 
 def test_verls_shipped_configs_import_as_its_bare_command():
     """verl's own generated configs, imported as YAML, give the run spec its bare `main_ppo`
-    command gives (the FSDP and the Megatron trainer)."""
+    command gives (the FSDP and the Megatron trainer) once the micro-batch is named; without
+    one both are refused naming the key, as verl's own ActorConfig refuses them (no dynamic
+    batching and no ppo_micro_batch_size_per_gpu)."""
     config_dir = _verl_package() / "trainer" / "config"
     command = "python3 -m verl.trainer.main_ppo"
+    mbs = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
     for name, extra in (
         ("_generated_ppo_trainer.yaml", ""),
         ("_generated_ppo_megatron_trainer.yaml", " --config-name ppo_megatron_trainer"),
     ):
-        shipped = import_verl((config_dir / name).read_text(), model="llama3-8b", response_len=100)
-        bare = import_verl(command + extra, model="llama3-8b", response_len=100)
+        text = (config_dir / name).read_text()
+        for source in (text, command + extra):
+            with pytest.raises(SpecError) as err:
+                import_verl(source, model="llama3-8b", response_len=100)
+            assert err.value.field == mbs
+        config = yaml.safe_load(text)
+        config["actor_rollout_ref"]["actor"]["ppo_micro_batch_size_per_gpu"] = 2
+        shipped = import_verl(yaml.safe_dump(config), model="llama3-8b", response_len=100)
+        bare = import_verl(f"{command}{extra} {mbs}=2", model="llama3-8b", response_len=100)
         assert shipped.spec() == bare.spec(), name
+        assert shipped.spec().rl.batching == "unpadded"  # verl's fixed micro-batches
+        assert shipped.spec().plan().micro_batch_size == 2
         assert estimate_rl(shipped.spec()).step_time_s > 0
 
 
@@ -491,8 +503,10 @@ def test_a_config_json_names_a_model_no_preset_has():
     script = (DATA / "verl_qwen2_7b_megatron_offload.sh").read_text()
     imported = import_verl(script, response_len=500, model_config=config)
     model = imported.tables["model"]
-    assert "preset" not in model
-    assert (model["num_layers"], model["hidden_size"], model["num_kv_heads"]) == (28, 3584, 4)
+    # this config's shape is the qwen2.5-7b preset's, so the import names the preset
+    assert model["preset"] == "qwen2.5-7b"
+    shape = imported.spec().model
+    assert (shape.num_layers, shape.hidden_size, shape.num_kv_heads) == (28, 3584, 4)
     assert model["seq_length"] == 1024 + 1024  # the script's prompt and response caps
     assert estimate_rl(imported.spec()).step_time_s > 0
     slime = import_slime((DATA / "slime_qwen3_30b_colocated.sh").read_text(), model_config=config)
@@ -511,7 +525,7 @@ def test_a_config_json_names_a_model_no_preset_has():
         text=True,
     )
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["runspec"]["model"]["num_layers"] == 28
+    assert json.loads(done.stdout)["runspec"]["model"]["preset"] == "qwen2.5-7b"
 
 
 @pytest.mark.parametrize("zero_stage", [3, 1])
@@ -552,3 +566,37 @@ def test_the_qwen25_7b_preset_is_its_published_config():
         "tied_embeddings",
     ):
         assert getattr(ours, name) == getattr(theirs, name), name
+
+
+def test_verl_micro_batching_sets_the_batching_and_its_size():
+    """use_dynamic_bsz packs up to ppo_max_token_len_per_gpu (times the Ulysses degree) tokens:
+    bins of micro_batch_size x (prompt + response caps) that divide a rank's share of the
+    optimizer step; without it, ppo_micro_batch_size_per_gpu sequences, or the older global
+    ppo_micro_batch_size over the data-parallel ranks."""
+    base = (
+        "python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=meta-llama/llama3-8b "
+        "data.max_prompt_length=1024 data.max_response_length=3072 "
+        "actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=64 "
+        "trainer.nnodes=2 trainer.n_gpus_per_node=8 "
+    )
+    actor = "actor_rollout_ref.actor."
+    dynamic = import_verl(
+        base + f"{actor}use_dynamic_bsz=True {actor}ppo_max_token_len_per_gpu=16384 "
+        f"{actor}ulysses_sequence_parallel_size=2",
+        response_len=900,
+    ).spec()
+    # 16384 x 2 tokens hold 8 sequences of 4096; a rank's share is 256 / 8 = 32 samples
+    assert dynamic.rl.batching == "packed" and dynamic.plan().micro_batch_size == 8
+    fixed = import_verl(base + f"{actor}ppo_micro_batch_size_per_gpu=4", response_len=900)
+    assert fixed.spec().rl.batching == "unpadded"
+    assert fixed.spec().plan().micro_batch_size == 4
+    older = import_verl(base + f"{actor}ppo_micro_batch_size=64", response_len=900).spec()
+    assert older.rl.batching == "unpadded" and older.plan().micro_batch_size == 64 // 16
+    # the same layout packed: fewer, fuller micro-batches, a shorter update
+    packed = import_verl(
+        base + f"{actor}use_dynamic_bsz=True {actor}ppo_max_token_len_per_gpu=16384",
+        response_len=900,
+    ).spec()
+    assert packed.plan().micro_batch_size == 4
+    slower = estimate_rl(fixed.spec()).phases_s["update"]
+    assert slower > estimate_rl(packed).phases_s["update"] > 0

@@ -36,6 +36,12 @@ _DEFAULTS: dict[str, Any] = {
             "ppo_epochs": 1,
             "use_kl_loss": False,
             "ulysses_sequence_parallel_size": 1,
+            # micro-batches: fixed (ppo_micro_batch_size_per_gpu sequences, which verl requires
+            # then) unless use_dynamic_bsz packs ppo_max_token_len_per_gpu tokens a GPU
+            "use_dynamic_bsz": False,
+            "ppo_micro_batch_size": None,
+            "ppo_micro_batch_size_per_gpu": None,
+            "ppo_max_token_len_per_gpu": 16384,
             # ppo_trainer.yaml's fsdp_config and ppo_megatron_trainer.yaml's megatron: no offload
             "fsdp_config": {"param_offload": False, "optimizer_offload": False},
             "megatron": {
@@ -265,6 +271,49 @@ def _parallel(cfg: dict[str, Any], samples: int, notes: list[str]) -> dict[str, 
     return out
 
 
+def _micro_batches(
+    cfg: dict[str, Any], parallel: dict[str, Any], total: int, seq: int, notes: list[str]
+) -> str:
+    """``rl.batching`` and ``parallel.micro_batch_size`` (set in ``parallel``) from the actor's
+    micro-batching: with ``use_dynamic_bsz`` verl packs sequences up to
+    ``ppo_max_token_len_per_gpu`` tokens (times the context / Ulysses degree, each GPU holding
+    its share of a sequence), priced as bins of micro_batch_size x ``seq`` (the prompt and
+    response caps); without it a micro-batch is ``ppo_micro_batch_size_per_gpu`` sequences (or
+    the older global ``ppo_micro_batch_size`` over the data-parallel ranks), padding removed."""
+    actor = "actor_rollout_ref.actor."
+    cp = parallel.get("cp", 1)
+    replica = parallel.get("tp", 1) * parallel.get("pp", 1) * cp
+    dp = max(1, total // replica)
+    if _bool(cfg, actor + "use_dynamic_bsz"):
+        tokens = _int(cfg, actor + "ppo_max_token_len_per_gpu") * cp
+        fits = max(1, tokens // seq)
+        # the plan's micro-batches divide a rank's share of the optimizer step: the largest
+        # whole share of it whose bins stay within verl's token cap
+        share = max(1, parallel["global_batch_size"] // dp)
+        parallel["micro_batch_size"] = max(m for m in range(1, fits + 1) if share % m == 0)
+        notes.append(
+            f"dynamic micro-batches of up to {tokens} tokens priced as packed bins of "
+            f"{parallel['micro_batch_size']} x {seq} (prompt + response caps)"
+        )
+        return "packed"
+    if _get(cfg, actor + "ppo_micro_batch_size_per_gpu") is not None:
+        parallel["micro_batch_size"] = _int(cfg, actor + "ppo_micro_batch_size_per_gpu")
+        return "unpadded"
+    if _get(cfg, actor + "ppo_micro_batch_size") is None:
+        raise SpecError(
+            actor + "ppo_micro_batch_size_per_gpu",
+            None,
+            "required without use_dynamic_bsz (verl refuses the run too): set it, or "
+            f"{actor}use_dynamic_bsz=True",
+        )
+    parallel["micro_batch_size"] = max(1, _int(cfg, actor + "ppo_micro_batch_size") // dp)
+    notes.append(
+        f"{actor}ppo_micro_batch_size over {dp} data-parallel ranks: "
+        f"{parallel['micro_batch_size']} sequences a micro-batch"
+    )
+    return "unpadded"
+
+
 def _offload(cfg: dict[str, Any], notes: list[str]) -> str:
     """``rl.offload``: which of verl's workers moves the actor's state through host memory
     (perf/rl/switch.py), from its strategy and its ``param_offload`` / ``optimizer_offload``."""
@@ -346,10 +395,13 @@ def import_verl(
     unpriced = ["reward_model.enable"] if _get(cfg, "reward_model.enable") else []
     per_node = gpus_per_node or _int(cfg, "trainer.n_gpus_per_node", "--gpus-per-node")
     total = num_gpus or _int(cfg, "trainer.nnodes", "--num-gpus") * per_node
+    actor = _model(_get(cfg, "actor_rollout_ref.model.path"), model, notes, model_config)
+    parallel = _parallel(cfg, n, notes)
+    rl["batching"] = _micro_batches(cfg, parallel, total, prompt + cap, notes)
     tables = {
-        "model": _model(_get(cfg, "actor_rollout_ref.model.path"), model, notes, model_config),
+        "model": actor,
         "cluster": cluster_table(gpu, total, per_node),
-        "parallel": _parallel(cfg, n, notes),
+        "parallel": parallel,
         "rl": rl,
     }
     tables["model"]["seq_length"] = prompt + cap

@@ -7,10 +7,11 @@ actor's initial weights, and a critic's or a reward model's own config is not wr
 
 The actor runs FSDP where the plan shards everything over data parallel alone (ZeRO-3, no
 tensor, pipeline or expert parallelism; context parallelism as Ulysses), else Megatron (its
-distributed optimizer: ZeRO-1). Micro-batches are verl's dynamic ones, capped at the plan's
-``micro_batch_size`` sequences of the longest prompt and response, as ``perf/rl/batching.py``
-prices them. The model and the data are the user's to name: the script asks for ``MODEL_PATH``
-and leaves verl's default data files, each with a note.
+distributed optimizer: ZeRO-1). Micro-batches follow ``rl.batching``: packed as verl's dynamic
+ones, capped at the plan's ``micro_batch_size`` sequences of the longest prompt and response,
+unpadded as its fixed ``ppo_micro_batch_size_per_gpu`` (``perf/rl/batching.py`` prices both).
+The model and the data are the user's to name: the script asks for ``MODEL_PATH`` and leaves
+verl's default data files, each with a note.
 """
 
 from __future__ import annotations
@@ -65,6 +66,13 @@ def _refusals(spec: RunSpec) -> None:
         raise SpecError(
             "rl.weight_sync", rl.weight_sync, "verl's hybrid engine syncs in place: auto | cuda_ipc"
         )  # fmt: skip
+    if rl.batching == "padded":
+        raise SpecError(
+            "rl.batching",
+            "padded",
+            "verl removes the padding: packed (use_dynamic_bsz) | unpadded "
+            "(ppo_micro_batch_size_per_gpu)",
+        )
     plan = spec.plan()
     if plan.global_batch_size % rl.samples_per_prompt:
         raise SpecError(
@@ -185,6 +193,30 @@ def _offload(spec: RunSpec, config: str, notes: list[str]) -> list[str]:
     return [f"{actor}{group}.{key}={on}" for key in ("param_offload", "optimizer_offload")]
 
 
+def _micro_batches(spec: RunSpec) -> list[str]:
+    """The plan's micro-batches as verl forms them: ``packed`` as dynamic batching capped at
+    micro_batch_size x (prompt + response cap) tokens a micro-batch (verl's cap is per GPU of a
+    sequence split over cp, so it is divided by cp); ``unpadded`` as micro_batch_size sequences
+    a GPU, for the update and both log-prob passes (verl requires each without dynamic
+    batching)."""
+    rl = spec.rl
+    assert rl is not None
+    plan = spec.plan()
+    if rl.batching == "packed":
+        tokens = math.ceil(plan.micro_batch_size * (rl.prompt_len + rl.response_cap) / plan.cp)
+        return [
+            "actor_rollout_ref.actor.use_dynamic_bsz=True",
+            f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={tokens}",
+        ]
+    mbs = plan.micro_batch_size
+    return [
+        "actor_rollout_ref.actor.use_dynamic_bsz=False",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={mbs}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={mbs}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={mbs}",
+    ]
+
+
 def export_verl(spec: RunSpec, source: str = "") -> tuple[str, list[str]]:
     """(the launch script, notes on what the user must still name or what changes as verl runs
     it); SpecError naming the field verl's main_ppo cannot run."""
@@ -203,7 +235,6 @@ def export_verl(spec: RunSpec, source: str = "") -> tuple[str, list[str]]:
     notes.append("data.train_files / data.val_files are verl's defaults: add your own")
     per_node = cluster.gpus_per_node
     mini = plan.global_batch_size // rl.samples_per_prompt  # verl counts prompts
-    tokens = plan.micro_batch_size * (prompt + cap)  # a dynamic micro-batch's cap, per GPU
     overrides = [
         f"algorithm.adv_estimator={_ESTIMATORS[rl.algorithm]}",
         "algorithm.use_kl_in_reward=False",
@@ -214,8 +245,7 @@ def export_verl(spec: RunSpec, source: str = "") -> tuple[str, list[str]]:
         *actor,
         f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
         f"actor_rollout_ref.actor.ppo_epochs={rl.ppo_epochs}",
-        "actor_rollout_ref.actor.use_dynamic_bsz=True",
-        f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={tokens}",
+        *_micro_batches(spec),
         f"actor_rollout_ref.actor.use_kl_loss={rl.kl}",
         *_offload(spec, config, notes),
         "actor_rollout_ref.rollout.name=vllm",

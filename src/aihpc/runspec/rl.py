@@ -31,6 +31,7 @@ from aihpc.runspec.errors import SpecError
 
 __all__ = [
     "ALGORITHMS",
+    "BATCHINGS",
     "OFFLOADS",
     "PLACEMENTS",
     "RESPONSE_DISTS",
@@ -72,6 +73,12 @@ ROLLOUT_PRECISIONS = ("bf16", "fp8")
 # re-sent); none: the training state stays on the GPUs (verl with its offloads off) and only the
 # engine's weights sleep and wake.
 OFFLOADS = ("nemo-rl", "verl-megatron", "verl-fsdp", "verl-fsdp2", "slime", "none")
+# How the update's and log-prob passes' micro-batches are formed (perf/rl/batching.py): packed,
+# first-fit into bins of micro_batch_size x (prompt + response cap) tokens (NeMo-RL's sequence
+# packing, verl's dynamic batching); unpadded, micro_batch_size sequences each, their padding
+# removed (verl's default fixed micro-batches); padded, micro_batch_size sequences each padded to
+# the step's longest.
+BATCHINGS = ("packed", "unpadded", "padded")
 # The planner's range. The largest published steps generate ~10^4 samples (NeMo-RL: 2,048;
 # verl's DAPO: 512 x 16) of up to ~10^5 tokens; published asynchronous runs stay within 8 steps
 # of staleness (NeMo-RL's 8-step off-policy row, AReaL's eta <= 8). Far beyond these the
@@ -145,6 +152,7 @@ class RLSpec:
     # policy.offload_optimizer_for_logprob, default false). Colocated runs move it regardless.
     offload_optimizer_for_logprob: bool = False
     offload: str = "nemo-rl"  # OFFLOADS
+    batching: str = "packed"  # BATCHINGS
     rollout: RolloutSpec = field(default_factory=RolloutSpec)
 
     def __post_init__(self) -> None:
@@ -160,6 +168,7 @@ class RLSpec:
         check_choice("rl.reward", self.reward, ("rule", "model"))
         check_choice("rl.weight_sync", self.weight_sync, WEIGHT_SYNCS)
         check_choice("rl.offload", self.offload, OFFLOADS)
+        check_choice("rl.batching", self.batching, BATCHINGS)
         if self.offload_optimizer_for_logprob and self.offload != "nemo-rl":
             raise SpecError(
                 "rl.offload_optimizer_for_logprob",

@@ -129,7 +129,7 @@ def test_unpadded_batches_hold_mbs_sequences_of_their_own_lengths():
     lengths = sequence_lengths(rl, 2048, pad_unit(plan))
     assert b.microbatches == -(-2048 // (plan.dp * 2))  # ppo_micro_batch_size_per_gpu each
     tokens = b.seq * b.mbs  # a micro-batch's tokens: two mean sequences, rounded up
-    assert 2 * lengths.mean() <= tokens <= 2 * lengths.mean() + b.mbs * pad_unit(plan)
+    assert 2 * lengths.mean() <= tokens <= 2 * lengths.mean() + b.mbs * 2 * plan.cp * plan.tp
     assert b.useful == pytest.approx(1.0, abs=0.01)  # the padding is removed
     padded = batches(rl, plan, 2048, "padded")
     assert padded.seq * padded.mbs > tokens  # where padding to the longest would cost more

@@ -29,6 +29,7 @@ from aihpc.runspec import SpecError, runspec_from_dict
 
 VERL = (
     "python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo "
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 "
     "actor_rollout_ref.model.path=Qwen/Qwen3-30B-A3B actor_rollout_ref.rollout.n=8 "
     "data.max_response_length=4096 trainer.nnodes=2"
 )

@@ -51,7 +51,10 @@ def test_a_rows_column_sets_the_cap(tmp_path: Path):
 
 
 def test_verl_passes_its_rollout_max_num_seqs():
-    text = "python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=Qwen/Qwen3-30B-A3B"
+    text = (
+        "python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=Qwen/Qwen3-30B-A3B "
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"
+    )
     default = import_verl(text, response_len=500).tables["rl"]["rollout"]
     assert default["max_num_seqs"] == 256  # verl's default since e9405d7 (2026-01-24)
     set_ = import_verl(text + " actor_rollout_ref.rollout.max_num_seqs=64", response_len=500)

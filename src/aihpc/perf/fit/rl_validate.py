@@ -143,6 +143,8 @@ def rl_runspec(row: dict[str, str]) -> dict[str, Any]:
         rl["offload_optimizer_for_logprob"] = _flag(row, "offload_optimizer_for_logprob")
     if (row.get("offload") or "").strip():  # whose code moved the training state
         rl["offload"] = row["offload"].strip()
+    if (row.get("batching") or "").strip():  # how its micro-batches were formed
+        rl["batching"] = row["batching"].strip()
     parallel = {
         "tp": v["train_tp"],
         "cp": v["train_cp"],
@@ -251,8 +253,7 @@ def validate_rl(path: str | Path | None = None, which: str | None = None) -> RLV
                     f"{path.name} row {row.get('id')}: {err.field}", err.value, err.allowed
                 ) from None
             raise SpecError(str(path.name), row.get("id"), f"bad row: {err}") from None
-        how = row_batching(row, path.name)
-        est = estimate_rl(spec, batching=how)
+        est = estimate_rl(spec, batching=row_batching(row, path.name))
         rows.append(
             RLRow(
                 row["id"],

@@ -36,7 +36,7 @@ import numpy as np
 from aihpc.perf.rl.rollout import length_dist
 from aihpc.runspec.errors import SpecError
 from aihpc.runspec.parallel import ParallelPlan
-from aihpc.runspec.rl import RLSpec
+from aihpc.runspec.rl import BATCHINGS, RLSpec
 
 __all__ = [
     "BATCHING",
@@ -47,7 +47,7 @@ __all__ = [
     "sequence_lengths",
 ]
 
-BATCHING = ("packed", "padded", "unpadded")
+BATCHING = BATCHINGS  # the spec's rl.batching choices
 
 
 @dataclass(frozen=True)

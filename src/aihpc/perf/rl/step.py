@@ -161,19 +161,20 @@ def estimate_rl(
     plan: ParallelPlan | None = None,
     params: ModelParams = DEFAULT_PARAMS,
     in_process: bool = False,
-    batching: str = "packed",
+    batching: str | None = None,
 ) -> RLEstimate:
     """Price the run spec's RL step (``[rl]``) under its training plan (or ``plan``).
     ``in_process``: the step as ``aihpc rl train`` runs it (its rollout copy of the policy in
     the training processes, kept resident): none of an RL framework's serving-engine host work,
     engine sleep and wake, offload, reference swap or orchestration between phases.
     ``batching``: how the update's and log-prob passes' micro-batches are formed
-    (perf/rl/batching.py: ``packed``, NeMo-RL's sequence packing, or ``padded``).
+    (perf/rl/batching.py), in place of the spec's ``rl.batching``.
     ``rl.offload`` says whose code moves the training state through host memory
     (perf/rl/switch.py)."""
     rl = spec.rl
     if rl is None:
         raise SpecError("rl", None, "required: an [rl] table (docs/rl.md)")
+    batching = batching or rl.batching
     cluster, train_cluster = spec.cluster, spec.training_cluster()
     plan = plan or spec.plan()
     problem = plan_problem(plan, spec.model, train_cluster)
