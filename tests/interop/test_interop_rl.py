@@ -592,3 +592,18 @@ def test_verl_micro_batching_sets_the_batching_and_its_size():
     assert packed.plan().micro_batch_size == 4
     slower = estimate_rl(fixed.spec()).phases_s["update"]
     assert slower > estimate_rl(packed).phases_s["update"] > 0
+
+
+def test_slime_micro_batching_from_its_own_script():
+    """slime's scripts/run-qwen3-4B.sh (THUDM/slime 624b824, copied unchanged) packs with
+    --use-dynamic-batch-size --max-tokens-per-gpu 9216: packed bins of one prompt-and-response
+    cap each (9216 // (512 + 8192)); without the flag a micro-batch is --micro-batch-size
+    sequences (slime's default 1), packed without padding."""
+    text = (DATA / "slime_run-qwen3-4B.sh").read_text()
+    imported = import_slime(text, model="llama3-8b", response_len=3000)  # a stand-in shape
+    spec = imported.spec()
+    assert spec.rl.batching == "packed" and spec.plan().micro_batch_size == 1
+    static = text.replace("--use-dynamic-batch-size", "--micro-batch-size 2")
+    fixed = import_slime(static, model="llama3-8b", response_len=3000).spec()
+    assert fixed.rl.batching == "unpadded" and fixed.plan().micro_batch_size == 2
+    assert estimate_rl(fixed).phases_s["update"] > 0

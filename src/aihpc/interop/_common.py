@@ -12,7 +12,7 @@ from aihpc.runspec._table import from_table
 from aihpc.runspec.model import model_from_table
 from aihpc.runspec.tomlw import dumps_toml
 
-__all__ = ["Imported", "model_fields", "model_table", "not_carried"]
+__all__ = ["Imported", "model_fields", "model_table", "not_carried", "packed_bin_sequences"]
 
 _SKIP = ("name", "source")
 
@@ -114,3 +114,14 @@ def as_float(value: Any, field_name: str) -> float:
     if not math.isfinite(out):
         raise SpecError(field_name, value, "expected a finite number")
     return out
+
+
+def packed_bin_sequences(tokens: int, seq: int, share: int) -> int:
+    """A framework's token-capped dynamic micro-batch (verl's ``ppo_max_token_len_per_gpu``,
+    slime's ``--max-tokens-per-gpu``, times the context degree) as the planner's packed bins
+    (``rl.batching = "packed"``, bins of micro_batch_size x ``seq`` tokens): the largest count
+    of ``seq``-token sequences within ``tokens`` that divides a data-parallel rank's ``share``
+    of the optimizer step, as the plan's micro-batches must."""
+    fits = max(1, tokens // seq)
+    share = max(1, share)
+    return max(m for m in range(1, fits + 1) if share % m == 0)

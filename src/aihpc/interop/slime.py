@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aihpc.interop._common import Imported, cluster_table, model_table
+from aihpc.interop._common import Imported, cluster_table, model_table, packed_bin_sequences
 from aihpc.interop.bash import read_script
 from aihpc.interop.hf.reader import hf_model_shape
 from aihpc.interop.megatron.flags import Args, parse_flags
@@ -86,6 +86,29 @@ def _rl(a: Args, staleness: int, notes: list[str], response_len: int | None) -> 
     }
 
 
+def _micro_batches(
+    a: Args, parallel: dict[str, Any], train: int, rl: dict[str, Any], notes: list[str]
+) -> str:
+    """``rl.batching`` and ``parallel.micro_batch_size`` (set in ``parallel``): with
+    ``--use-dynamic-batch-size`` slime packs first-fit bins of ``--max-tokens-per-gpu`` x the
+    context degree tokens (slime/utils/dp_schedule.py), priced as packed bins; without it a
+    micro-batch is ``--micro-batch-size`` sequences (slime's default 1), packed without padding."""
+    cp = parallel.get("cp", 1)
+    if a.flag("--use-dynamic-batch-size"):
+        tokens = _need(a, "--max-tokens-per-gpu") * cp
+        seq = rl["prompt_len"] + rl["max_response_len"]
+        dp = max(1, train // (parallel.get("tp", 1) * parallel.get("pp", 1) * cp))
+        share = parallel["global_batch_size"] // dp
+        parallel["micro_batch_size"] = packed_bin_sequences(tokens, seq, share)
+        notes.append(
+            f"dynamic micro-batches of up to {tokens} tokens priced as packed bins of "
+            f"{parallel['micro_batch_size']} x {seq} (prompt + response caps)"
+        )
+        return "packed"
+    parallel["micro_batch_size"] = a.int("--micro-batch-size", 1) or 1
+    return "unpadded"
+
+
 def import_slime(
     text: str,
     model: str | None = None,
@@ -126,6 +149,7 @@ def import_slime(
         parallel["sequence_parallel"] = True
     if a.get("--recompute-granularity") == "full":
         parallel["recompute"] = "full"
+    rl["batching"] = _micro_batches(a, parallel, train, rl, notes)
     tables = {
         "model": {
             **(shape or {"preset": model}),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aihpc.interop._common import Imported, cluster_table, model_table
+from aihpc.interop._common import Imported, cluster_table, model_table, packed_bin_sequences
 from aihpc.interop.bash import read_script
 from aihpc.interop.hf.reader import hf_model_shape
 from aihpc.runspec import SpecError, model_presets
@@ -286,11 +286,8 @@ def _micro_batches(
     dp = max(1, total // replica)
     if _bool(cfg, actor + "use_dynamic_bsz"):
         tokens = _int(cfg, actor + "ppo_max_token_len_per_gpu") * cp
-        fits = max(1, tokens // seq)
-        # the plan's micro-batches divide a rank's share of the optimizer step: the largest
-        # whole share of it whose bins stay within verl's token cap
-        share = max(1, parallel["global_batch_size"] // dp)
-        parallel["micro_batch_size"] = max(m for m in range(1, fits + 1) if share % m == 0)
+        share = parallel["global_batch_size"] // dp
+        parallel["micro_batch_size"] = packed_bin_sequences(tokens, seq, share)
         notes.append(
             f"dynamic micro-batches of up to {tokens} tokens priced as packed bins of "
             f"{parallel['micro_batch_size']} x {seq} (prompt + response caps)"
