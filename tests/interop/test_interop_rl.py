@@ -417,6 +417,15 @@ def _export_cases():
     yield _small_rl_spec(
         {"tp": 2, "pp": 2, "recompute": "full", "global_batch_size": 128}, kl=False
     )
+    # PPO: its critic on the actor's layout (FSDP with Ulysses; Megatron with fixed micro-batches)
+    yield _small_rl_spec(
+        {"zero_stage": 3, "cp": 2, "global_batch_size": 128}, algorithm="ppo", offload="verl-fsdp"
+    )
+    yield _small_rl_spec(
+        {"tp": 2, "global_batch_size": 128, "micro_batch_size": 2},
+        algorithm="ppo",
+        batching="unpadded",
+    )
 
 
 def test_verl_export_is_accepted_by_verls_own_config_and_imports_back():
@@ -457,7 +466,6 @@ def test_verl_export_is_accepted_by_verls_own_config_and_imports_back():
     ("rl", "field"),
     [
         ({"placement": "disaggregated", "rollout_gpus": 8}, "rl.placement"),
-        ({"algorithm": "ppo"}, "rl.algorithm"),
         ({"reward": "model", "reward_model": "llama3-8b"}, "rl.reward"),
         ({"reference": "llama3-70b"}, "rl.reference"),
         ({"samples_per_prompt": 3}, "parallel.global_batch_size"),
@@ -607,3 +615,55 @@ def test_slime_micro_batching_from_its_own_script():
     fixed = import_slime(static, model="llama3-8b", response_len=3000).spec()
     assert fixed.rl.batching == "unpadded" and fixed.plan().micro_batch_size == 2
     assert estimate_rl(fixed).phases_s["update"] > 0
+
+
+def test_ppo_exports_its_critic_as_verl_configures_it():
+    """PPO's critic goes to verl's ``critic`` group on the actor's layout, offload and
+    micro-batches (merged into verl 0.9.1's shipped config in struct mode); its checkpoint is
+    CRITIC_PATH, the actor's by default, or required where rl.critic names another preset."""
+    from omegaconf import OmegaConf
+
+    from aihpc.interop.bash import read_script
+    from aihpc.interop.verl_export import export_verl
+
+    config_dir = _verl_package() / "trainer" / "config"
+    fsdp = _small_rl_spec({"zero_stage": 3, "cp": 2, "global_batch_size": 128}, algorithm="ppo")
+    megatron = _small_rl_spec(
+        {"tp": 2, "global_batch_size": 128, "micro_batch_size": 2},
+        algorithm="ppo",
+        batching="unpadded",
+        critic="llama3-70b",
+    )
+    for spec, name in (
+        (fsdp, "_generated_ppo_trainer.yaml"),
+        (megatron, "_generated_ppo_megatron_trainer.yaml"),
+    ):
+        text, notes = export_verl(spec, "case")
+        (command,) = read_script(text).commands
+        shipped = OmegaConf.load(config_dir / name)
+        OmegaConf.set_struct(shipped, True)
+        overrides = [w for w in command.words if "=" in w and not w.startswith("-")]
+        c = OmegaConf.merge(shipped, OmegaConf.from_dotlist(overrides)).critic
+        assert "algorithm.adv_estimator=gae" in overrides
+        if spec is fsdp:
+            assert c.strategy == "fsdp" and c.ulysses_sequence_parallel_size == 2
+            assert c.use_dynamic_bsz is True
+            assert ': "${CRITIC_PATH:=$MODEL_PATH}"' in text
+        else:
+            assert c.megatron.tensor_model_parallel_size == 2
+            assert (c.use_dynamic_bsz, c.ppo_micro_batch_size_per_gpu) == (False, 2)
+            assert "CRITIC_PATH:?set CRITIC_PATH to the checkpoint of llama3-70b" in text
+        assert any("critic" in n for n in notes)
+
+
+def test_verl_ppo_reads_its_critics_checkpoint():
+    base = (
+        "python3 -m verl.trainer.main_ppo algorithm.adv_estimator=gae "
+        "actor_rollout_ref.model.path=meta-llama/llama3-8b actor_rollout_ref.rollout.n=2 "
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 "
+    )
+    other = import_verl(base + "critic.model.path=/ckpt/llama3-70b", response_len=200)
+    assert other.tables["rl"]["critic"] == "llama3-70b"
+    assert estimate_rl(other.spec()).phases_s["critic_update"] > 0
+    same = import_verl(base + "critic.model.path=/ckpt/llama3-8b-Instruct", response_len=200)
+    assert "critic" not in same.tables["rl"]  # the actor's shape: rl.critic stays unset

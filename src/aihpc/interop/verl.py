@@ -244,6 +244,25 @@ def _model(
     return {"preset": shape}
 
 
+def _critic(
+    cfg: dict[str, Any], actor: dict[str, Any], rl: dict[str, Any], notes: list[str]
+) -> None:
+    """PPO's critic (``critic.model.path``): ``rl.critic`` where the path names a preset other
+    than the actor's; the critic is priced on the actor's layout and micro-batches."""
+    path = _get(cfg, "critic.model.path")
+    name = str(path).rstrip("/").rsplit("/", 1)[-1].lower() if path else ""
+    while name not in model_presets() and name.endswith(_SAME_SHAPE_TAILS):
+        name = name.rsplit("-", 1)[0]
+    if name in model_presets() and name != actor.get("preset"):
+        rl["critic"] = name
+        notes.append(f"critic.model.path {path} priced as preset {name}")
+    else:
+        notes.append(
+            "critic priced with the actor's shape (critic.model.path names no other preset)"
+        )
+    notes.append("critic priced on the actor's layout and micro-batches")
+
+
 def _parallel(cfg: dict[str, Any], samples: int, notes: list[str]) -> dict[str, Any]:
     actor = "actor_rollout_ref.actor."
     mini = _int(cfg, actor + "ppo_mini_batch_size")
@@ -393,6 +412,8 @@ def import_verl(
     per_node = gpus_per_node or _int(cfg, "trainer.n_gpus_per_node", "--gpus-per-node")
     total = num_gpus or _int(cfg, "trainer.nnodes", "--num-gpus") * per_node
     actor = _model(_get(cfg, "actor_rollout_ref.model.path"), model, notes, model_config)
+    if adv == "gae":
+        _critic(cfg, actor, rl, notes)
     parallel = _parallel(cfg, n, notes)
     rl["batching"] = _micro_batches(cfg, parallel, total, prompt + cap, notes)
     tables = {

@@ -3,7 +3,9 @@ Hydra overrides that make verl run the plan (the keys of verl 0.9.1's shipped tr
 ``_generated_ppo_trainer.yaml`` and, for a Megatron actor, ``_generated_ppo_megatron_trainer.yaml``
 through ``--config-name ppo_megatron_trainer``). What verl's ``main_ppo`` cannot run is refused,
 naming the field: it is colocated and on-policy (its hybrid engine), its reference is the
-actor's initial weights, and a critic's or a reward model's own config is not written here.
+actor's initial weights, and a reward model's own config is not written here. PPO's critic is
+written on the actor's layout, offload and micro-batches (``critic.*``), as the step model
+prices it.
 
 The actor runs FSDP where the plan shards everything over data parallel alone (ZeRO-3, no
 tensor, pipeline or expert parallelism; context parallelism as Ulysses), else Megatron (its
@@ -26,6 +28,7 @@ __all__ = ["export_verl", "verl_as_run"]
 
 FRAMEWORK = "verl"
 _ESTIMATORS = {
+    "ppo": "gae",  # with verl's critic worker (critic.*)
     "grpo": "grpo",
     "rloo": "rloo",
     "reinforce": "reinforce_plus_plus",
@@ -54,7 +57,7 @@ def _refusals(spec: RunSpec) -> None:
         raise SpecError(
             "rl.algorithm",
             rl.algorithm,
-            "exported: " + " | ".join(_ESTIMATORS) + " (a critic's config is not written)",
+            "exported: " + " | ".join(_ESTIMATORS),
         )
     if rl.reward == "model":
         raise SpecError("rl.reward", "model", 'exported: "rule" (a reward model is not written)')
@@ -113,12 +116,19 @@ def _actor(spec: RunSpec, notes: list[str]) -> tuple[str, list[str]]:
             f"parallel.zero_stage {plan.zero_stage} runs as ZeRO-1: verl's Megatron actor "
             "always shards the optimizer (its distributed optimizer)"
         )
-    out = [f"{actor}megatron.{key}={getattr(plan, name)}" for key, name in _MEGATRON]
+    return "ppo_megatron_trainer", _megatron_layout(spec, actor)
+
+
+def _megatron_layout(spec: RunSpec, role: str) -> list[str]:
+    """A Megatron worker's degrees and recompute under ``role`` (the actor's or the critic's
+    config group: both carry the same ``megatron`` keys in verl 0.9.1)."""
+    plan = spec.plan()
+    out = [f"{role}megatron.{key}={getattr(plan, name)}" for key, name in _MEGATRON]
     if plan.etp:
-        out.append(f"{actor}megatron.expert_tensor_parallel_size={plan.etp}")
+        out.append(f"{role}megatron.expert_tensor_parallel_size={plan.etp}")
     if plan.vpp and plan.vpp > 1:
-        out.append(f"{actor}megatron.virtual_pipeline_model_parallel_size={plan.vpp}")
-    override = f"{actor}megatron.override_transformer_config."
+        out.append(f"{role}megatron.virtual_pipeline_model_parallel_size={plan.vpp}")
+    override = f"{role}megatron.override_transformer_config."
     if plan.recompute == "full":
         out += [
             f"{override}recompute_granularity=full",
@@ -127,7 +137,30 @@ def _actor(spec: RunSpec, notes: list[str]) -> tuple[str, list[str]]:
         ]
     elif plan.recompute == "selective":
         out.append(f"{override}recompute_granularity=selective")
-    return "ppo_megatron_trainer", out
+    return out
+
+
+def _critic(spec: RunSpec, config: str) -> list[str]:
+    """PPO's critic (verl's ``critic`` group) on the actor's layout, offload and micro-batches,
+    as the step model prices it (perf/rl/step.py trains the critic under the actor's plan)."""
+    rl = spec.rl
+    assert rl is not None
+    plan = spec.plan()
+    critic = "critic."
+    if config == "ppo_trainer":
+        strategy = "fsdp2" if _verl_offload(spec) == "verl-fsdp2" else "fsdp"
+        out = [f"{critic}strategy={strategy}"]
+        if plan.cp > 1:
+            out.append(f"{critic}ulysses_sequence_parallel_size={plan.cp}")
+        out.append(f"{critic}model.enable_gradient_checkpointing={plan.recompute != 'none'}")
+        group = "fsdp"
+    else:
+        out, group = _megatron_layout(spec, critic), "megatron"
+    on = rl.offload != "none"
+    out += [f"{critic}{group}.{key}={on}" for key in ("param_offload", "optimizer_offload")]
+    out += _micro_batches(spec, critic)
+    out.append(f'{critic}model.path="$CRITIC_PATH"')
+    return out
 
 
 def _megatron(spec: RunSpec) -> bool:
@@ -193,7 +226,7 @@ def _offload(spec: RunSpec, config: str, notes: list[str]) -> list[str]:
     return [f"{actor}{group}.{key}={on}" for key in ("param_offload", "optimizer_offload")]
 
 
-def _micro_batches(spec: RunSpec) -> list[str]:
+def _micro_batches(spec: RunSpec, role: str = "actor_rollout_ref.actor.") -> list[str]:
     """The plan's micro-batches as verl forms them: ``packed`` as dynamic batching capped at
     micro_batch_size x (prompt + response cap) tokens a micro-batch (verl's cap is per GPU of a
     sequence split over cp, so it is divided by cp); ``unpadded`` as micro_batch_size sequences
@@ -204,17 +237,26 @@ def _micro_batches(spec: RunSpec) -> list[str]:
     plan = spec.plan()
     if rl.batching == "packed":
         tokens = math.ceil(plan.micro_batch_size * (rl.prompt_len + rl.response_cap) / plan.cp)
-        return [
-            "actor_rollout_ref.actor.use_dynamic_bsz=True",
-            f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={tokens}",
-        ]
+        return [f"{role}use_dynamic_bsz=True", f"{role}ppo_max_token_len_per_gpu={tokens}"]
     mbs = plan.micro_batch_size
-    return [
-        "actor_rollout_ref.actor.use_dynamic_bsz=False",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={mbs}",
-        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={mbs}",
-        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={mbs}",
-    ]
+    out = [f"{role}use_dynamic_bsz=False", f"{role}ppo_micro_batch_size_per_gpu={mbs}"]
+    if role == "actor_rollout_ref.actor.":  # the rollout's and the reference's log-prob passes
+        out += [
+            f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={mbs}",
+            f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={mbs}",
+        ]
+    return out
+
+
+def _critic_path(spec: RunSpec) -> list[str]:
+    """The script's line that names the critic's checkpoint (PPO only)."""
+    rl = spec.rl
+    assert rl is not None
+    if rl.algorithm != "ppo":
+        return []
+    if rl.critic:
+        return [f': "${{CRITIC_PATH:?set CRITIC_PATH to the checkpoint of {rl.critic}}}"']
+    return [': "${CRITIC_PATH:=$MODEL_PATH}"']
 
 
 def export_verl(spec: RunSpec, source: str = "") -> tuple[str, list[str]]:
@@ -256,6 +298,16 @@ def export_verl(spec: RunSpec, source: str = "") -> tuple[str, list[str]]:
         f"actor_rollout_ref.rollout.enforce_eager={not rl.rollout.cuda_graphs}",
     ]
     overrides.append(f"actor_rollout_ref.rollout.max_num_seqs={_max_num_seqs(spec)}")
+    if rl.algorithm == "ppo":
+        overrides += _critic(spec, config)
+        notes.append(
+            "PPO's critic written on the actor's layout, offload and micro-batches (as priced); "
+            + (
+                f"CRITIC_PATH names the {rl.critic} checkpoint"
+                if rl.critic
+                else "CRITIC_PATH defaults to MODEL_PATH (a critic of the actor's shape)"
+            )
+        )
     overrides += [
         f"trainer.nnodes={max(1, cluster.num_gpus // per_node)}",
         f"trainer.n_gpus_per_node={min(per_node, cluster.num_gpus)}",
@@ -268,6 +320,7 @@ def export_verl(spec: RunSpec, source: str = "") -> tuple[str, list[str]]:
         f"{rl.prompts_per_step} prompts x {rl.samples_per_prompt} samples, colocated",
         "set -euo pipefail",
         f': "${{MODEL_PATH:?set MODEL_PATH to the checkpoint of {spec.model.name}}}"',
+        *_critic_path(spec),
         f"python3 -m verl.trainer.main_ppo{name} \\",
     ]
     for i, item in enumerate(overrides):
