@@ -118,6 +118,8 @@ def write_rl_layout(spec: Any, best: Any, path: Path) -> None:
     data["parallel"] = best.plan.as_dict()
     rl = dict(data["rl"])
     rl["placement"] = best.rl.placement
+    if best.rl.offload != spec.rl.offload:  # the search kept verl's state on the GPUs
+        rl["offload"] = best.rl.offload
     rl.pop("rollout_gpus", None)
     rl.pop("weight_sync", None)  # auto: the placement's own
     if best.rl.placement == "disaggregated":
@@ -150,6 +152,8 @@ def _layout(est: Any) -> str:
         train += f" mbs {p.micro_batch_size}"
     if est.rl.placement == "colocated":
         where = f"colocated on {est.num_gpus}"
+        if est.rl.offload == "none":
+            where += " (state kept on the GPUs)"
     else:
         where = f"disaggregated {est.rollout_gpus} rollout + {est.train_gpus} train"
     engine = f"rollout tp{est.rl.rollout.tp}" + (

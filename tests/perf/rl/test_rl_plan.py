@@ -86,6 +86,34 @@ def test_search_ranks_fitting_layouts_fastest_first():
     assert {e.rl.placement for e in found.ranked} == {"colocated", "disaggregated"}
 
 
+def test_search_offers_verl_its_state_kept_on_the_gpus(tmp_path):
+    """Colocated under verl's offload, the search also prices the state kept on the GPUs
+    (verl's default, offload none) and keeps both where they fit; `-o` writes the choice."""
+    from aihpc.cli.rl import write_rl_layout
+    from aihpc.runspec import load_runspec
+
+    data = copy.deepcopy(BASE)
+    data["rl"].update(offload="verl-megatron")
+    data["rl"]["rollout"].update(gpu_memory_utilization=0.5)
+    spec = runspec_from_dict(data)
+    found = search_rl(spec)
+    colocated = {e.rl.offload: e for e in found.ranked if e.rl.placement == "colocated"}
+    assert set(colocated) == {"verl-megatron", "none"}
+    kept, moved = colocated["none"], colocated["verl-megatron"]
+    assert kept.phases_s["update"] < moved.phases_s["update"]  # no state moved in the phase
+    src = tmp_path / "run.toml"
+    src.write_text(
+        '[model]\npreset = "qwen3-30b-a3b"\n[cluster]\ngpu = "h100-sxm"\nnum_gpus = 64\n'
+        "[parallel]\nglobal_batch_size = 512\n[rl]\nprompts_per_step = 64\n"
+        "samples_per_prompt = 32\nprompt_len = 256\nresponse_len = 2900\n"
+        'max_response_len = 3840\noffload = "verl-megatron"\n'
+        "[rl.rollout]\ntp = 8\ngpu_memory_utilization = 0.5\n"
+    )
+    out = tmp_path / "best.toml"
+    write_rl_layout(load_runspec(src), kept, out)
+    assert load_runspec(out).rl.offload == "none"
+
+
 def test_weight_sync_pays_per_tensor_not_only_bytes():
     from aihpc.perf.rl.phases import checkpoint_tensors, sync_s
 

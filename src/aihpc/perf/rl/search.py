@@ -1,7 +1,8 @@
 """The search over an RL step's layouts: placement (colocated, or disaggregated with each split
 of whole nodes between the pools), the rollout engines' tensor (and expert) parallelism and the
-training plan
-(the step search's best plans on the training pool, perf/search), each priced by step.py."""
+training plan (the step search's best plans on the training pool, perf/search), each priced by
+step.py; colocated under one of verl's offloads, also with the training state kept on the GPUs
+(``rl.offload = "none"``, verl's default, where it fits beside the engine)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,10 @@ def _splits(spec: RunSpec) -> list[RLSpec]:
     assert rl is not None
     out = []
     if not rl.staleness:
-        out.append(replace(rl, placement="colocated", rollout_gpus=0, weight_sync="auto"))
+        colocated = replace(rl, placement="colocated", rollout_gpus=0, weight_sync="auto")
+        out.append(colocated)
+        if rl.offload.startswith("verl-"):  # verl may keep the state on the GPUs (its default)
+            out.append(replace(colocated, offload="none"))
     n, per = cluster.num_gpus, cluster.gpus_per_node
     unit = per if n > per else max(1, n // 4)
     for rollout in range(unit, n, unit):
@@ -93,7 +97,13 @@ def search_rl(spec: RunSpec, top_plans: int = 3) -> RLSearch:
                     refused += 1
     best: dict[tuple, RLEstimate] = {}
     for est in ranked:
-        key = (est.rl.placement, est.rollout_gpus, est.rl.rollout.tp, est.rl.rollout.ep)
+        key = (
+            est.rl.placement,
+            est.rollout_gpus,
+            est.rl.rollout.tp,
+            est.rl.rollout.ep,
+            est.rl.offload,
+        )
         if key not in best or est.step_time_s < best[key].step_time_s:
             best[key] = est
     return RLSearch(sorted(best.values(), key=lambda e: e.step_time_s), evaluated, refused)
