@@ -603,7 +603,8 @@ def test_verl_micro_batching_sets_the_batching_and_its_size():
 
 
 def test_slime_micro_batching_from_its_own_script():
-    """slime's scripts/run-qwen3-4B.sh (THUDM/slime 624b824, copied unchanged) packs with
+    """slime's scripts/run-qwen3-4B.sh (THUDM/slime 624b824, copied with its checkpoint folders
+    under ${CKPT_DIR} in place of a machine's absolute ones) packs with
     --use-dynamic-batch-size --max-tokens-per-gpu 9216: packed bins of one prompt-and-response
     cap each (9216 // (512 + 8192)); without the flag a micro-batch is --micro-batch-size
     sequences (slime's default 1), packed without padding."""

@@ -116,12 +116,24 @@ def as_float(value: Any, field_name: str) -> float:
     return out
 
 
-def packed_bin_sequences(tokens: int, seq: int, share: int) -> int:
+def packed_bin_sequences(
+    tokens_per_gpu: int, parallel: dict[str, Any], gpus: int, seq: int, notes: list[str]
+) -> int:
     """A framework's token-capped dynamic micro-batch (verl's ``ppo_max_token_len_per_gpu``,
-    slime's ``--max-tokens-per-gpu``, times the context degree) as the planner's packed bins
+    slime's ``--max-tokens-per-gpu``; each GPU of a context-parallel group holds its share of a
+    sequence, so the cap is times the context degree) as the planner's packed bins
     (``rl.batching = "packed"``, bins of micro_batch_size x ``seq`` tokens): the largest count
-    of ``seq``-token sequences within ``tokens`` that divides a data-parallel rank's ``share``
-    of the optimizer step, as the plan's micro-batches must."""
+    of ``seq``-token sequences within the cap that divides a data-parallel rank's share of the
+    optimizer step (``parallel``'s global batch over ``gpus``), as the plan's micro-batches
+    must; a note says so."""
+    cp = parallel.get("cp", 1)
+    tokens = tokens_per_gpu * cp
+    dp = max(1, gpus // (parallel.get("tp", 1) * parallel.get("pp", 1) * cp))
+    share = max(1, parallel["global_batch_size"] // dp)
     fits = max(1, tokens // seq)
-    share = max(1, share)
-    return max(m for m in range(1, fits + 1) if share % m == 0)
+    mbs = max(m for m in range(1, fits + 1) if share % m == 0)
+    notes.append(
+        f"dynamic micro-batches of up to {tokens} tokens priced as packed bins of {mbs} x {seq} "
+        "(prompt + response caps)"
+    )
+    return mbs

@@ -93,17 +93,10 @@ def _micro_batches(
     ``--use-dynamic-batch-size`` slime packs first-fit bins of ``--max-tokens-per-gpu`` x the
     context degree tokens (slime/utils/dp_schedule.py), priced as packed bins; without it a
     micro-batch is ``--micro-batch-size`` sequences (slime's default 1), packed without padding."""
-    cp = parallel.get("cp", 1)
     if a.flag("--use-dynamic-batch-size"):
-        tokens = _need(a, "--max-tokens-per-gpu") * cp
         seq = rl["prompt_len"] + rl["max_response_len"]
-        dp = max(1, train // (parallel.get("tp", 1) * parallel.get("pp", 1) * cp))
-        share = parallel["global_batch_size"] // dp
-        parallel["micro_batch_size"] = packed_bin_sequences(tokens, seq, share)
-        notes.append(
-            f"dynamic micro-batches of up to {tokens} tokens priced as packed bins of "
-            f"{parallel['micro_batch_size']} x {seq} (prompt + response caps)"
-        )
+        tokens = _need(a, "--max-tokens-per-gpu")
+        parallel["micro_batch_size"] = packed_bin_sequences(tokens, parallel, train, seq, notes)
         return "packed"
     parallel["micro_batch_size"] = a.int("--micro-batch-size", 1) or 1
     return "unpadded"

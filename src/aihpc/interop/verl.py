@@ -300,17 +300,9 @@ def _micro_batches(
     response caps); without it a micro-batch is ``ppo_micro_batch_size_per_gpu`` sequences (or
     the older global ``ppo_micro_batch_size`` over the data-parallel ranks), padding removed."""
     actor = "actor_rollout_ref.actor."
-    cp = parallel.get("cp", 1)
-    replica = parallel.get("tp", 1) * parallel.get("pp", 1) * cp
-    dp = max(1, total // replica)
     if _bool(cfg, actor + "use_dynamic_bsz"):
-        tokens = _int(cfg, actor + "ppo_max_token_len_per_gpu") * cp
-        share = parallel["global_batch_size"] // dp
-        parallel["micro_batch_size"] = packed_bin_sequences(tokens, seq, share)
-        notes.append(
-            f"dynamic micro-batches of up to {tokens} tokens priced as packed bins of "
-            f"{parallel['micro_batch_size']} x {seq} (prompt + response caps)"
-        )
+        tokens = _int(cfg, actor + "ppo_max_token_len_per_gpu")
+        parallel["micro_batch_size"] = packed_bin_sequences(tokens, parallel, total, seq, notes)
         return "packed"
     if _get(cfg, actor + "ppo_micro_batch_size_per_gpu") is not None:
         parallel["micro_batch_size"] = _int(cfg, actor + "ppo_micro_batch_size_per_gpu")
@@ -322,7 +314,8 @@ def _micro_batches(
             "required without use_dynamic_bsz (verl refuses the run too): set it, or "
             f"{actor}use_dynamic_bsz=True",
         )
-    parallel["micro_batch_size"] = max(1, _int(cfg, actor + "ppo_micro_batch_size") // dp)
+    dp = total // (parallel.get("tp", 1) * parallel.get("pp", 1) * parallel.get("cp", 1))
+    parallel["micro_batch_size"] = max(1, _int(cfg, actor + "ppo_micro_batch_size") // max(1, dp))
     notes.append(
         f"{actor}ppo_micro_batch_size over {dp} data-parallel ranks: "
         f"{parallel['micro_batch_size']} sequences a micro-batch"
