@@ -592,6 +592,12 @@ def test_verl_micro_batching_sets_the_batching_and_its_size():
     assert fixed.spec().plan().micro_batch_size == 4
     older = import_verl(base + f"{actor}ppo_micro_batch_size=64", response_len=900).spec()
     assert older.rl.batching == "unpadded" and older.plan().micro_batch_size == 64 // 16
+    with pytest.raises(SpecError) as err:  # both set: verl's ActorConfig refuses it
+        import_verl(
+            base + f"{actor}ppo_micro_batch_size=64 {actor}ppo_micro_batch_size_per_gpu=4",
+            response_len=900,
+        )
+    assert err.value.field == actor + "ppo_micro_batch_size"
     # the same layout packed: fewer, fuller micro-batches, a shorter update
     packed = import_verl(
         base + f"{actor}use_dynamic_bsz=True {actor}ppo_max_token_len_per_gpu=16384",

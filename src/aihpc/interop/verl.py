@@ -305,6 +305,12 @@ def _micro_batches(
         parallel["micro_batch_size"] = packed_bin_sequences(tokens, parallel, total, seq, notes)
         return "packed"
     if _get(cfg, actor + "ppo_micro_batch_size_per_gpu") is not None:
+        if _get(cfg, actor + "ppo_micro_batch_size") is not None:  # verl's ActorConfig too
+            raise SpecError(
+                actor + "ppo_micro_batch_size",
+                _get(cfg, actor + "ppo_micro_batch_size"),
+                "set beside ppo_micro_batch_size_per_gpu, which verl refuses: remove it",
+            )
         parallel["micro_batch_size"] = _int(cfg, actor + "ppo_micro_batch_size_per_gpu")
         return "unpadded"
     if _get(cfg, actor + "ppo_micro_batch_size") is None:
