@@ -192,10 +192,11 @@ def test_published_phase_breakdowns_are_priced_phase_by_phase():
 def test_each_row_is_batched_as_its_recipe_says(tmp_path):
     """The ``batching`` column (the recipe's sequence packing on or off) reaches the step model:
     the row's passes are priced on padded micro-batches where the recipe turned packing off, and
-    a value outside perf/rl/batching.BATCHING is one clear error naming the row and the field."""
+    a value outside runspec.rl.BATCHINGS is one clear error naming the file, the row and the
+    field."""
     import csv
 
-    from aihpc.perf.fit.rl_validate import _default_csv, row_batching, validate_rl
+    from aihpc.perf.fit.rl_validate import _default_csv, rl_runspec, validate_rl
     from aihpc.runspec.errors import SpecError
 
     with open(_default_csv(), newline="", encoding="utf-8") as f:
@@ -214,10 +215,17 @@ def test_each_row_is_batched_as_its_recipe_says(tmp_path):
         if how == "padded":
             padded_s = priced.phases_s["update"]
     assert padded_s > priced.phases_s["update"]  # the padding is computed too
-    assert row_batching({"id": "x"}) == "packed"  # absent: NeMo-RL's default
+    absent = {k: v for k, v in row.items() if k != "batching"}
+    assert "batching" not in rl_runspec(absent)["rl"]  # the spec's default: packed (NeMo-RL's)
+    row["batching"] = "dynamic"
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=list(row))
+        w.writeheader()
+        w.writerow(row)
     with pytest.raises(SpecError) as err:
-        row_batching({"id": "x", "batching": "dynamic"})
-    assert "batching" in err.value.field and err.value.value == "dynamic"
+        validate_rl(path)
+    assert err.value.field == f"one.csv row {row['id']}: rl.batching"
+    assert err.value.value == "dynamic"
 
 
 def test_each_rows_training_facts_reach_its_run_spec():

@@ -58,7 +58,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from aihpc.perf.rl.batching import BATCHING
 from aihpc.perf.rl.step import estimate_rl
 from aihpc.runspec.errors import SpecError
 from aihpc.runspec.runspec import runspec_from_dict
@@ -69,7 +68,6 @@ __all__ = [
     "RLValidation",
     "RefitRow",
     "rl_runspec",
-    "row_batching",
     "validate_phases",
     "validate_refit",
     "validate_rl",
@@ -165,23 +163,6 @@ def rl_runspec(row: dict[str, str]) -> dict[str, Any]:
     return spec | ({"training": training} if training else {})
 
 
-def _row_choice(
-    row: dict[str, str], column: str, default: str, allowed: tuple[str, ...], name: str
-) -> str:
-    """The row's ``column`` value (``default`` where absent or empty), one of ``allowed``."""
-    how = (row.get(column) or default).strip()
-    if how not in allowed:
-        raise SpecError(
-            f"{name} row {row.get('id')}: {column}", how, "one of " + ", ".join(allowed)
-        )
-    return how
-
-
-def row_batching(row: dict[str, str], name: str = "rl_runs.csv") -> str:
-    """The row's micro-batching (``batching`` column; ``packed`` where absent or empty)."""
-    return _row_choice(row, "batching", "packed", BATCHING, name)
-
-
 @dataclass(frozen=True)
 class RLRow:
     id: str
@@ -253,7 +234,7 @@ def validate_rl(path: str | Path | None = None, which: str | None = None) -> RLV
                     f"{path.name} row {row.get('id')}: {err.field}", err.value, err.allowed
                 ) from None
             raise SpecError(str(path.name), row.get("id"), f"bad row: {err}") from None
-        est = estimate_rl(spec, batching=row_batching(row, path.name))
+        est = estimate_rl(spec)  # the row's batching is its spec's rl.batching
         rows.append(
             RLRow(
                 row["id"],

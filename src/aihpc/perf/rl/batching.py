@@ -39,15 +39,12 @@ from aihpc.runspec.parallel import ParallelPlan
 from aihpc.runspec.rl import BATCHINGS, RLSpec
 
 __all__ = [
-    "BATCHING",
     "Batches",
     "batches",
     "first_fit_decreasing",
     "pad_unit",
     "sequence_lengths",
 ]
-
-BATCHING = BATCHINGS  # the spec's rl.batching choices
 
 
 @dataclass(frozen=True)
@@ -153,9 +150,9 @@ def batches(
     rl: RLSpec, plan: ParallelPlan, samples: int, how: str = "packed", mbs: int | None = None
 ) -> Batches:
     """``samples`` sequences of the step cut into micro-batches of ``mbs`` (default: the plan's
-    micro_batch_size) as ``how`` says (BATCHING)."""
-    if how not in BATCHING:
-        raise SpecError("rl batching", how, "one of " + ", ".join(BATCHING))
+    micro_batch_size) as ``how`` says (runspec.rl.BATCHINGS)."""
+    if how not in BATCHINGS:
+        raise SpecError("rl batching", how, "one of " + ", ".join(BATCHINGS))
     mbs = mbs or plan.micro_batch_size
     if samples < 1:
         raise SpecError("rl samples", samples, "at least one sample to batch")
