@@ -36,6 +36,8 @@ def machine() -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "machine": platform.machine(),
+        # the vector unit PyTorch's CPU kernels dispatch to: their rounding, so a CPU run's digits
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpus": os.cpu_count(),
         "load_avg": [round(x, 2) for x in os.getloadavg()],
         "date_utc": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),

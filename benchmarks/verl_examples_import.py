@@ -1,10 +1,14 @@
 """How `aihpc import verl` does on verl's own example scripts: every shell script under a verl
-checkout's examples/ that runs `main_ppo`, imported and priced end to end (the run spec checked,
-then `estimate_rl`), counted as imported or refused, each refusal with its one line. A traceback
-counts as a failure of aihpc, not of the script.
+checkout's examples/ that runs `main_ppo` (or its DAPO recipe's `main_dapo`), imported and
+priced end to end (the run spec checked, then `estimate_rl`), counted as imported or refused,
+each refusal with its one line. A traceback counts as a failure of aihpc, not of the script.
 
     git clone https://github.com/volcengine/verl verl-checkout
     python benchmarks/verl_examples_import.py verl-checkout --results benchmarks/results
+    # the DAPO recipe's scripts, at the last commit that held them (2026-01-06):
+    git -C verl-checkout checkout 246cac4
+    python benchmarks/verl_examples_import.py verl-checkout --under recipe/dapo \
+        --name verl_dapo_recipe_import --results benchmarks/results
 
 A script whose model names no preset (most name Qwen2 / Qwen2.5 checkpoints, which aihpc has no
 preset for) is priced with a stand-in of its kind, llama3-8b, or qwen3-30b-a3b where it sets
@@ -31,9 +35,14 @@ from aihpc.runspec import SpecError
 DENSE, MOE = "llama3-8b", "qwen3-30b-a3b"  # the stand-ins
 
 
-def _scripts(verl: Path) -> list[Path]:
+ENTRIES = ("main_ppo", "main_dapo")  # verl's trainer, its DAPO recipe's
+
+
+def _scripts(verl: Path, under: str) -> list[Path]:
     return sorted(
-        p for p in (verl / "examples").rglob("*.sh") if "main_ppo" in p.read_text(errors="replace")
+        p
+        for p in (verl / under).rglob("*.sh")
+        if any(e in p.read_text(errors="replace") for e in ENTRIES)
     )
 
 
@@ -69,11 +78,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("verl", type=Path, help="a verl checkout")
     ap.add_argument("--response-len", type=int, default=100)
+    ap.add_argument("--under", default="examples", help="the checkout's folder of scripts")
+    ap.add_argument("--name", default="verl_examples_import", help="the results' file name")
     add_results_arg(ap)
     args = ap.parse_args()
-    scripts = _scripts(args.verl)
+    scripts = _scripts(args.verl, args.under)
     if not scripts:
-        sys.exit(f"error: {args.verl}/examples has no script that runs main_ppo")
+        sys.exit(f"error: {args.verl}/{args.under} has no script that runs main_ppo or main_dapo")
     rev = subprocess.run(
         ["git", "-C", str(args.verl), "rev-parse", "--short", "HEAD"],
         capture_output=True,
@@ -89,8 +100,8 @@ def main() -> None:
     counts = Counter(r["outcome"] for r in rows)
     own = sum(r["outcome"] == "imported" and r["model"] == "own" for r in rows)
     lines = [
-        f"verl at {rev or 'an unknown revision'}: {len(rows)} example scripts that run main_ppo, "
-        f"--response-len {args.response_len}",
+        f"verl at {rev or 'an unknown revision'}: {len(rows)} scripts under {args.under} that run "
+        f"main_ppo or main_dapo, --response-len {args.response_len}",
         "",
         f"imported and priced: {counts['imported']} ({own} with their own model's preset, the "
         f"rest with a stand-in); refused in one line: {counts['refused']}; "
@@ -105,7 +116,7 @@ def main() -> None:
         if r["outcome"] != "imported"
     ]
     data = {"verl_revision": rev, "counts": dict(counts), "rows": rows, "machine": machine()}
-    save("verl_examples_import", data, "\n".join(lines), args.results)
+    save(args.name, data, "\n".join(lines), args.results)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import frameworks  # tests/interop/frameworks.py: verl's shipped configs
@@ -674,3 +675,83 @@ def test_verl_ppo_reads_its_critics_checkpoint():
     assert estimate_rl(other.spec()).phases_s["critic_update"] > 0
     same = import_verl(base + "critic.model.path=/ckpt/llama3-8b-Instruct", response_len=200)
     assert "critic" not in same.tables["rl"]  # the actor's shape: rl.critic stays unset
+
+
+def test_verls_dapo_recipe_generates_a_round_of_its_gen_batch():
+    """verl's own DAPO recipe script (recipe.dapo.main_dapo): data.gen_batch_size 3 x 512 prompts
+    a round with the group filter on, 512 trained on; the fewest rounds (one) are priced, and
+    the rollout of the larger round costs more than the trained prompts alone would."""
+    imported = import_verl((DATA / "verl_dapo_qwen2.5_32b.sh").read_text(), model="qwen3-32b")
+    rl = imported.tables["rl"]
+    assert rl["prompts_per_step"] == 512 and rl["generation_batch"] == 3 * 512
+    assert rl["generation_rounds"] == 1
+    assert any("dynamic sampling" in n for n in imported.notes)
+    spec = imported.spec()
+    assert spec.rl.generated_samples_per_step == 3 * 512 * 16
+    assert spec.rl.samples_per_step == 512 * 16  # what the update and log-prob passes see
+    est = estimate_rl(spec)
+    plain = estimate_rl(replace(spec, rl=replace(spec.rl, generation_batch=None)))
+    assert est.phases_s["rollout"] > plain.phases_s["rollout"]
+    for phase in ("update", "old_logprob"):
+        assert est.phases_s[phase] == plain.phases_s[phase]
+
+
+@pytest.mark.parametrize(
+    ("extra", "prompts", "batch", "rounds"),
+    [
+        ("data.gen_batch_size=200 algorithm.filter_groups.enable=True", 512, 200, 3),
+        ("algorithm.filter_groups.enable=True", 512, None, 1),
+        ("data.gen_batch_size=256", 256, None, 1),  # no filter: every generated prompt trains
+    ],
+)
+def test_dapo_rounds_are_the_fewest_that_keep_the_train_batch(extra, prompts, batch, rounds):
+    base = (
+        "python3 -m recipe.dapo.main_dapo algorithm.adv_estimator=grpo data.train_batch_size=512 "
+        "actor_rollout_ref.rollout.n=8 actor_rollout_ref.actor.ppo_mini_batch_size=128 "
+        "actor_rollout_ref.actor.use_dynamic_bsz=True "
+    )
+    rl = import_verl(base + extra, model="qwen2.5-7b", response_len=300).tables["rl"]
+    assert rl["prompts_per_step"] == prompts
+    assert rl.get("generation_batch") == batch
+    assert rl.get("generation_rounds", 1) == rounds
+
+
+def test_dapo_rounds_beyond_its_own_cap_are_refused_and_main_ppos_filter_is_named():
+    command = (
+        "python3 -m recipe.dapo.main_dapo data.train_batch_size=512 data.gen_batch_size=100 "
+        "algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=4 "
+        "actor_rollout_ref.actor.use_dynamic_bsz=True algorithm.filter_groups.enable=True "
+        "algorithm.filter_groups.max_num_gen_batches=4"
+    )
+    with pytest.raises(SpecError) as err:
+        import_verl(command, model="qwen2.5-7b")
+    assert err.value.field == "algorithm.filter_groups.max_num_gen_batches"
+    ppo = command.replace("recipe.dapo.main_dapo", "verl.trainer.main_ppo")
+    imported = import_verl(ppo, model="qwen2.5-7b")
+    assert "algorithm.filter_groups.enable" in imported.unpriced
+    assert "generation_batch" not in imported.tables["rl"]
+
+
+def test_a_script_that_runs_no_verl_entry_is_named_not_read_as_yaml():
+    with pytest.raises(SpecError) as err:
+        import_verl("#!/usr/bin/env bash\nset -x\npython3 -m my.trainer a=1\n", model="qwen2.5-7b")
+    assert "recipe.dapo.main_dapo" in err.value.allowed and "OmegaConf" not in err.value.allowed
+
+
+def test_a_recipe_script_ending_in_a_line_continuation_imports():
+    """verl's test_dapo_8b_megatron_fp8train.sh ends `"${FORWARD_ONLY_SETS[@]}" \\` with no
+    line after it: bash runs the command, and so does the reader."""
+    text = (DATA / "verl_dapo_8b_megatron_fp8train.sh").read_text()
+    assert text.rstrip(" ").endswith("\\")
+    imported = import_verl(text, model="llama3-8b")
+    assert imported.tables["parallel"]["tp"] >= 1
+    assert estimate_rl(imported.spec()).step_time_s > 0
+
+
+def test_dynamic_sampling_is_not_exported_to_main_ppo(tmp_path):
+    imported = import_verl((DATA / "verl_dapo_qwen2.5_32b.sh").read_text(), model="qwen3-32b")
+    from aihpc.interop.verl_export import export_verl
+
+    with pytest.raises(SpecError) as err:
+        export_verl(imported.spec())
+    assert err.value.field == "rl.generation_batch"

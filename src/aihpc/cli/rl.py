@@ -172,6 +172,13 @@ def estimate_lines(est: Any) -> list[str]:
         _layout(est),
         "phase              seconds",
     ]
+    if rl.generated_prompts != rl.prompts_per_step:  # DAPO's dynamic sampling
+        rounds = f" x {rl.generation_rounds} rounds" if rl.generation_rounds > 1 else ""
+        lines.insert(
+            1,
+            f"dynamic sampling: {rl.round_prompts} prompts generated a round{rounds}, "
+            f"{rl.prompts_per_step} of them trained on",
+        )
     for name, value in est.phases_s.items():
         if value or name in ("rollout", "update"):  # a phase this step has
             lines.append(f"  {name:16s} {value:8.1f}")

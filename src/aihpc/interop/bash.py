@@ -437,10 +437,19 @@ def _unescape(text: str, quoted: bool) -> str:
     return re.sub(r"\\(.)", r"\1", text, flags=re.S)
 
 
+def _drop_final_continuation(text: str) -> str:
+    """``text`` without a line continuation that ends the file (``\\`` then at most a newline,
+    as several of verl's recipe scripts end): bash joins it to nothing and runs the command;
+    tree-sitter-bash finds no word after it and errs. An escaped backslash (``\\\\``) stays."""
+    body = text[:-1] if text.endswith("\n") else text
+    trailing = len(body) - len(body.rstrip("\\"))
+    return body[:-1] if trailing % 2 else text
+
+
 def read_script(text: str, env: dict[str, str] | None = None) -> Script:
     """The commands ``text`` would run (expanded as bash would, nothing executed) and the
     assumptions made reading it; SpecError (one line) when bash could not parse it."""
-    src = text.encode(errors="replace")
+    src = _drop_final_continuation(text).encode(errors="replace")
     slurm = {k: v for k, v in sbatch_env(text).items() if k not in (env or {})}
     walker = _Walker(src, {**{k: v for k, (v, _) in slurm.items()}, **(env or {})})
     walker.sbatch = {k: note for k, (_, note) in slurm.items()}

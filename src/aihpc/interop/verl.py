@@ -1,7 +1,8 @@
 """verl's PPO/GRPO trainer config → a run spec with ``[rl]``.
 
 SOURCE is verl's Hydra config as a YAML file (``ppo_trainer.yaml``-shaped) or a launch script
-that runs ``python3 -m verl.trainer.main_ppo key=value ...`` (verl's example scripts): the
+that runs ``python3 -m verl.trainer.main_ppo key=value ...`` (verl's example scripts; or its DAPO
+recipe, ``recipe.dapo.main_dapo``, whose dynamic sampling sets ``rl.generation_batch``): the
 script is read by the bash reader (interop/bash.py, never run), its ``key=value`` words (and
 ``+key=value``) are applied as Hydra applies overrides, with OmegaConf (``${...}`` resolved). The
 keys verl's ``ppo_trainer.yaml`` defaults and aihpc reads are below (``_DEFAULTS``, the values of
@@ -22,11 +23,22 @@ __all__ = ["import_verl"]
 
 FRAMEWORK = "verl"
 _ENTRY = "verl.trainer.main_ppo"
+# verl's DAPO recipe (recipe/dapo/main_dapo.py in verl until 2026-01, then the verl-recipe
+# repository): main_ppo's config plus data.gen_batch_size and algorithm.filter_groups, and a
+# trainer that generates gen_batch_size prompts a round, drops the groups whose rewards all
+# agree and runs more rounds until train_batch_size groups are kept (dapo_ray_trainer.py)
+_DAPO_ENTRY = "recipe.dapo.main_dapo"
+_ENTRIES = (_ENTRY, _DAPO_ENTRY)
 # verl's defaults of the keys read here: verl 0.9.1's shipped _generated_ppo_trainer.yaml (and
 # _generated_ppo_megatron_trainer.yaml for actor.megatron.*), which tests/interop checks them
 # against; the same in v0.4 but enforce_eager and max_num_seqs.
 _DEFAULTS: dict[str, Any] = {
-    "data": {"max_prompt_length": 512, "max_response_length": 512, "train_batch_size": 1024},
+    "data": {
+        "max_prompt_length": 512,
+        "max_response_length": 512,
+        "train_batch_size": 1024,
+        "gen_batch_size": None,  # None: train_batch_size (recipe.dapo: ${data.train_batch_size})
+    },
     "actor_rollout_ref": {
         "hybrid_engine": True,
         "model": {"path": None, "enable_gradient_checkpointing": True},
@@ -67,7 +79,11 @@ _DEFAULTS: dict[str, Any] = {
             "max_num_seqs": 256,
         },
     },
-    "algorithm": {"adv_estimator": "gae", "use_kl_in_reward": False},
+    "algorithm": {
+        "adv_estimator": "gae",
+        "use_kl_in_reward": False,
+        "filter_groups": {"enable": False, "max_num_gen_batches": 0},
+    },
     "reward_model": {"enable": False},
     "trainer": {"nnodes": 1, "n_gpus_per_node": 8},
 }
@@ -113,20 +129,43 @@ _MEGATRON = {
 }
 
 
-def _overrides(text: str, notes: list[str]) -> list[str]:
-    """The ``key=value`` words of the script's ``main_ppo`` command; Hydra's ``--config-name``
-    of verl's Megatron config (ppo_megatron_trainer) sets the actor's strategy to megatron."""
+def _entry(words: list[str]) -> str:
+    """The verl entry point ``words`` run (``_ENTRIES``, as a module or its file), or ""."""
+    for entry in _ENTRIES:
+        file = entry.rsplit(".", 1)[-1] + ".py"
+        if entry in words or any(w.endswith(file) for w in words):
+            return entry
+    return ""
+
+
+def _overrides(text: str, notes: list[str]) -> tuple[list[str], str]:
+    """The ``key=value`` words of the script's ``main_ppo`` (or DAPO recipe) command and the
+    entry point it runs; Hydra's ``--config-name`` of verl's Megatron config
+    (ppo_megatron_trainer, dapo_megatron_trainer) sets the actor's strategy to megatron."""
     script = read_script(text)
     notes += script.notes
     for cmd in script.commands:
         words = cmd.launcher + cmd.words
-        if _ENTRY in words or any(w.endswith("main_ppo.py") for w in words):
+        entry = _entry(words)
+        if entry:
             out = [w.lstrip("+") for w in words if "=" in w and not w.startswith("-")]
             if "megatron" in _config_name(words):
                 out.insert(0, "actor_rollout_ref.actor.strategy=megatron")
                 notes.append("verl's Megatron config (--config-name): the actor runs Megatron")
-            return out
-    raise SpecError("SOURCE", "a script", f"no command runs {_ENTRY} (python3 -m {_ENTRY} ...)")
+            return out, entry
+    raise SpecError(
+        "SOURCE",
+        "a script",
+        f"no command runs {' or '.join(_ENTRIES)} (python3 -m {_ENTRY} ...)",
+    )
+
+
+def _is_script(text: str) -> bool:
+    """A shell script rather than a YAML config: a shebang, or a command that runs Python."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return bool(lines) and (
+        lines[0].startswith("#!") or any(ln.startswith(("python", "ray ")) for ln in lines)
+    )
 
 
 def _config_name(words: list[str]) -> str:
@@ -138,7 +177,9 @@ def _config_name(words: list[str]) -> str:
     return ""
 
 
-def _config(text: str, notes: list[str]) -> dict[str, Any]:
+def _config(text: str, notes: list[str]) -> tuple[dict[str, Any], str]:
+    """verl's config merged over its defaults, and the entry point that runs it (a YAML config:
+    main_ppo's)."""
     import yaml
     from omegaconf import DictConfig, OmegaConf
     from omegaconf.errors import OmegaConfBaseException
@@ -152,9 +193,14 @@ def _config(text: str, notes: list[str]) -> dict[str, Any]:
                 "the shell it was made in): write the value",
             )
     base = OmegaConf.create(_DEFAULTS)
+    entry = _ENTRY
     try:
-        if _ENTRY in text or "main_ppo.py" in text:
-            merged = OmegaConf.merge(base, OmegaConf.from_dotlist(_overrides(text, notes)))
+        if any(e in text or e.rsplit(".", 1)[-1] + ".py" in text for e in _ENTRIES):
+            words, entry = _overrides(text, notes)
+            merged = OmegaConf.merge(base, OmegaConf.from_dotlist(words))
+        elif _is_script(text):
+            _overrides(text, notes)  # names the entry points it lacks
+            raise AssertionError("unreachable")
         else:
             loaded = OmegaConf.create(text)
             if not isinstance(loaded, DictConfig) or not set(loaded) & set(_GROUPS):
@@ -172,7 +218,7 @@ def _config(text: str, notes: list[str]) -> dict[str, Any]:
         line = f"OmegaConf refuses it: {err}".split("\n")[0]
         raise SpecError("SOURCE", "verl config", line) from None
     assert isinstance(out, dict)
-    return out
+    return out, entry
 
 
 def _get(cfg: dict[str, Any], dotted: str) -> Any:
@@ -351,6 +397,56 @@ def _offload(cfg: dict[str, Any], notes: list[str]) -> str:
     return "verl-fsdp2" if strategy == "fsdp2" else "verl-fsdp"
 
 
+def _dynamic_sampling(
+    cfg: dict[str, Any], entry: str, rl: dict[str, Any], unpriced: list[str], notes: list[str]
+) -> None:
+    """DAPO's dynamic sampling (``algorithm.filter_groups``) into ``rl``. verl's DAPO recipe
+    (recipe/dapo/dapo_ray_trainer.py) generates ``data.gen_batch_size`` prompts a round and,
+    with the filter on, drops the groups whose rewards all agree and runs more rounds until
+    ``data.train_batch_size`` groups are kept, training on that many; with it off it trains on
+    every generated prompt. How many rounds the filter needs depends on how many groups the data
+    leaves unanimous, which a config does not say: the fewest are priced (rl.generation_rounds
+    raises them). verl 0.9's main_ppo filters in its v1 trainer instead, refilling each dropped
+    group one prompt at a time: not priced, named."""
+    train = _int(cfg, "data.train_batch_size")
+    filtering = _bool(cfg, "algorithm.filter_groups.enable")
+    if entry != _DAPO_ENTRY:
+        if filtering:
+            unpriced.append("algorithm.filter_groups.enable")
+            notes.append(
+                "algorithm.filter_groups: main_ppo's v1 trainer generates a dropped group's "
+                "prompt again, which depends on the data: set rl.generation_batch to the "
+                "prompts a step generates"
+            )
+        return
+    gen = _int(cfg, "data.gen_batch_size") if _get(cfg, "data.gen_batch_size") else train
+    if not filtering:
+        rl["prompts_per_step"] = gen
+        if gen != train:
+            notes.append(
+                f"{_DAPO_ENTRY} without algorithm.filter_groups trains on every generated "
+                f"prompt: data.gen_batch_size {gen} prompts a step"
+            )
+        return
+    rounds = -(-train // gen)
+    most = _get(cfg, "algorithm.filter_groups.max_num_gen_batches") or 0
+    if most > 0 and rounds > most:
+        raise SpecError(
+            "algorithm.filter_groups.max_num_gen_batches",
+            most,
+            f"below the {rounds} rounds of data.gen_batch_size {gen} that "
+            f"data.train_batch_size {train} needs (verl stops the run there): raise it or 0",
+        )
+    if gen != train:
+        rl["generation_batch"] = gen
+    rl["generation_rounds"] = rounds
+    notes.append(
+        f"dynamic sampling: data.gen_batch_size {gen} prompts a round, {rounds} round(s), the "
+        f"fewest that can keep data.train_batch_size {train} groups (more when the filter drops "
+        "more: set rl.generation_rounds)"
+    )
+
+
 def import_verl(
     text: str,
     model: str | None = None,
@@ -365,7 +461,7 @@ def import_verl(
     n_gpus_per_node, which launch scripts often take from the scheduler's environment;
     ``model_config``: the actor's Hugging Face config.json (in place of a preset)."""
     notes: list[str] = []
-    cfg = _config(text, notes)
+    cfg, entry = _config(text, notes)
     adv = _get(cfg, "algorithm.adv_estimator")
     if adv not in _ALGORITHMS:
         raise SpecError("algorithm.adv_estimator", adv, "priced: " + " | ".join(_ALGORITHMS))
@@ -408,6 +504,7 @@ def import_verl(
         },
     }
     unpriced = ["reward_model.enable"] if _get(cfg, "reward_model.enable") else []
+    _dynamic_sampling(cfg, entry, rl, unpriced, notes)
     per_node = gpus_per_node or _int(cfg, "trainer.n_gpus_per_node", "--gpus-per-node")
     total = num_gpus or _int(cfg, "trainer.nnodes", "--num-gpus") * per_node
     actor = _model(_get(cfg, "actor_rollout_ref.model.path"), model, notes, model_config)

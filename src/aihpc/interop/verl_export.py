@@ -69,6 +69,13 @@ def _refusals(spec: RunSpec) -> None:
         raise SpecError(
             "rl.weight_sync", rl.weight_sync, "verl's hybrid engine syncs in place: auto | cuda_ipc"
         )  # fmt: skip
+    if rl.generated_prompts != rl.prompts_per_step:
+        raise SpecError(
+            "rl.generation_batch" if rl.generation_batch else "rl.generation_rounds",
+            rl.generation_batch or rl.generation_rounds,
+            "exported: none (main_ppo's dynamic sampling generates what its filter drops, no "
+            "count the script can set): remove it to export the step without it",
+        )
     if rl.batching == "padded":
         raise SpecError(
             "rl.batching",

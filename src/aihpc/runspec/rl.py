@@ -8,6 +8,7 @@ The actor is ``[model]``; its training layout is ``[parallel]`` (on the training
     algorithm = "grpo"           # grpo | rloo | ppo (adds a critic) | reinforce | remax
     prompts_per_step = 64
     samples_per_prompt = 32
+    # generation_batch = 192      # DAPO's dynamic sampling: generate 192 a round, train on 64
     prompt_len = 256             # mean prompt tokens
     response_len = 2900          # mean response tokens
     max_response_len = 3840      # the cap (max_new_tokens): the long tail ends here
@@ -133,6 +134,13 @@ class RLSpec:
     prompt_len: int
     response_len: int
     max_response_len: int | None = None  # None: response_len (every response as long)
+    # DAPO's dynamic sampling: the rollout generates (and scores) generation_batch prompts a
+    # round, drops the groups whose rewards all agree, and runs generation_rounds rounds one
+    # after another until prompts_per_step groups are kept (verl's recipe.dapo: data.gen_batch_size
+    # a round; NeMo-RL: num_prompts_per_step x batch_multiplier). None / 1: one round of
+    # prompts_per_step, every generated group trained on.
+    generation_batch: int | None = None
+    generation_rounds: int = 1
     algorithm: str = "grpo"
     response_dist: str = "lognormal"
     response_sigma: float = 0.8  # lognormal's log-space spread
@@ -162,6 +170,7 @@ class RLSpec:
                 raise SpecError(f"rl.{f}", value, "must be an integer >= 1")
         if self.max_response_len is not None and self.max_response_len < 1:
             raise SpecError("rl.max_response_len", self.max_response_len, "must be >= 1")
+        self._check_generation()
         check_choice("rl.algorithm", self.algorithm, ALGORITHMS)
         check_choice("rl.response_dist", self.response_dist, RESPONSE_DISTS)
         check_choice("rl.placement", self.placement, PLACEMENTS)
@@ -180,12 +189,12 @@ class RLSpec:
             raise SpecError("rl.response_sigma", self.response_sigma, "must be in [0, 4]")
         if not 0 <= self.staleness <= MAX_STALENESS:
             raise SpecError("rl.staleness", self.staleness, f"must be in [0, {MAX_STALENESS}]")
-        if self.samples_per_step > MAX_SAMPLES:
+        if self.generated_samples_per_step > MAX_SAMPLES:
             raise SpecError(
                 "rl.samples_per_prompt",
                 self.samples_per_prompt,
-                f"prompts_per_step x samples_per_prompt = {self.samples_per_step}: at most "
-                f"{MAX_SAMPLES} samples a step (the planner's range)",
+                f"generated prompts x samples_per_prompt = {self.generated_samples_per_step}: "
+                f"at most {MAX_SAMPLES} samples a step (the planner's range)",
             )
         for f in ("prompt_len", "response_len", "max_response_len"):
             value = getattr(self, f)
@@ -200,6 +209,19 @@ class RLSpec:
         self._check_lengths()
         self._check_models()
         self._check_placement()
+
+    def _check_generation(self) -> None:
+        if self.generation_batch is not None and self.generation_batch < 1:
+            raise SpecError("rl.generation_batch", self.generation_batch, "an integer >= 1")
+        check_positive("rl.generation_rounds", self.generation_rounds)
+        if self.generated_prompts < self.prompts_per_step:
+            raise SpecError(
+                "rl.generation_rounds" if self.generation_rounds > 1 else "rl.generation_batch",
+                self.generation_rounds if self.generation_rounds > 1 else self.generation_batch,
+                f"generation_batch x generation_rounds = {self.generated_prompts} must be >= "
+                f"rl.prompts_per_step {self.prompts_per_step} (the prompts trained on are some "
+                "of those generated)",
+            )
 
     def _check_lengths(self) -> None:
         if self.max_response_len is not None and self.max_response_len < self.response_len:
@@ -256,7 +278,24 @@ class RLSpec:
 
     @property
     def samples_per_step(self) -> int:
+        """The samples one step trains on."""
         return self.prompts_per_step * self.samples_per_prompt
+
+    @property
+    def round_prompts(self) -> int:
+        """The prompts one generation round samples (``generation_batch``, else every trained
+        prompt)."""
+        return self.generation_batch or self.prompts_per_step
+
+    @property
+    def generated_prompts(self) -> int:
+        """The prompts one step's rollout generates over its rounds."""
+        return self.round_prompts * self.generation_rounds
+
+    @property
+    def generated_samples_per_step(self) -> int:
+        """The samples one step's rollout generates and scores."""
+        return self.generated_prompts * self.samples_per_prompt
 
     @property
     def response_cap(self) -> int:

@@ -152,7 +152,8 @@ def _forward_phases(
     if rl.reward == "model":
         judge = _preset(rl.reward_model, spec.model, "rl.reward_model")
         judged = price_training(judge, cluster, plan, spec.training, rl, params, batching)
-        out["reward"] = judged.forward_s
+        # the reward model scores every generated sample, kept or filtered (DAPO)
+        out["reward"] = judged.forward_s * rl.generated_prompts / rl.prompts_per_step
     return out, critic_update, swap
 
 
