@@ -755,3 +755,28 @@ def test_dynamic_sampling_is_not_exported_to_main_ppo(tmp_path):
     with pytest.raises(SpecError) as err:
         export_verl(imported.spec())
     assert err.value.field == "rl.generation_batch"
+
+
+def test_verl_and_slime_megatron_pipelines_exchange_each_microbatchs_shape():
+    """verl's Megatron config and slime's validate_args always set Megatron's
+    variable_seq_lengths: the import writes it; verl's FSDP actor has no pipeline to pad; an
+    exported Megatron plan is priced with it, as verl runs it."""
+    from aihpc.interop.verl_export import verl_as_run
+
+    megatron = import_verl(
+        (DATA / "verl_qwen2_7b_megatron_offload.sh").read_text(), model="llama3-8b"
+    )
+    assert megatron.tables["rl"]["variable_seq_lengths"] is True
+    fsdp = import_verl((DATA / "verl_qwen2_14b_fsdp_offload.sh").read_text(), model="llama3-8b")
+    assert "variable_seq_lengths" not in fsdp.tables["rl"]
+    slime = import_slime((DATA / "slime_qwen3_30b_colocated.sh").read_text(), model="qwen3-30b-a3b")
+    assert slime.tables["rl"]["variable_seq_lengths"] is True
+    spec = megatron.spec()
+    plain = replace(spec, rl=replace(spec.rl, variable_seq_lengths=False))
+    flat = replace(plain, parallel=replace(plain.parallel, pp=1))
+    as_run, changes = verl_as_run(flat)
+    assert as_run.rl.variable_seq_lengths and not changes  # no pipeline: the same price
+    piped = replace(plain, parallel=replace(plain.parallel, pp=2))
+    as_run, changes = verl_as_run(piped)
+    assert as_run.rl.variable_seq_lengths and "rl.variable_seq_lengths = false -> true" in changes
+    assert estimate_rl(as_run).phases_s["update"] < estimate_rl(piped).phases_s["update"]

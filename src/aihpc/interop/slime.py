@@ -143,6 +143,7 @@ def import_slime(
     if a.get("--recompute-granularity") == "full":
         parallel["recompute"] = "full"
     rl["batching"] = _micro_batches(a, parallel, train, rl, notes)
+    rl["variable_seq_lengths"] = True  # slime's validate_args always sets Megatron's flag
     tables = {
         "model": {
             **(shape or {"preset": model}),

@@ -512,6 +512,8 @@ def import_verl(
         _critic(cfg, actor, rl, notes)
     parallel = _parallel(cfg, n, notes)
     rl["batching"] = _micro_batches(cfg, parallel, total, prompt + cap, notes)
+    if _get(cfg, "actor_rollout_ref.actor.strategy") == "megatron":
+        rl["variable_seq_lengths"] = True  # verl's Megatron config always sets it
     tables = {
         "model": actor,
         "cluster": cluster_table(gpu, total, per_node),

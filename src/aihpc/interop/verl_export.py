@@ -201,7 +201,8 @@ def _max_num_seqs(spec: RunSpec) -> int:
 def verl_as_run(spec: RunSpec) -> tuple[RunSpec, list[str]]:
     """(the run spec as verl runs the exported script, each change "field = ours -> verl's"):
     NeMo-RL's switch becomes verl's own offload; a Megatron actor's optimizer is sharded
-    (ZeRO-1)."""
+    (ZeRO-1) and its pipeline stages exchange each micro-batch's shape (Megatron's
+    variable_seq_lengths, which verl always sets)."""
     rl = spec.rl
     assert rl is not None
     changes: list[str] = []
@@ -209,12 +210,16 @@ def verl_as_run(spec: RunSpec) -> tuple[RunSpec, list[str]]:
     if theirs != rl.offload:
         changes.append(f"rl.offload = '{rl.offload}' -> '{theirs}'")
         rl = replace(rl, offload=theirs)
+    if _megatron(spec) and not rl.variable_seq_lengths:
+        if spec.plan().pp > 1:  # named where it moves the price: a pipeline's micro-batches
+            changes.append("rl.variable_seq_lengths = false -> true")
+        rl = replace(rl, variable_seq_lengths=True)
     parallel = spec.parallel
     zero = spec.plan().zero_stage
     if _megatron(spec) and zero != 1:
         changes.append(f"parallel.zero_stage = {zero} -> 1")
         parallel = replace(parallel, zero_stage=1)
-    if not changes:
+    if rl == spec.rl and parallel == spec.parallel:
         return spec, []
     return replace(spec, rl=rl, parallel=parallel), changes
 

@@ -161,6 +161,11 @@ class RLSpec:
     offload_optimizer_for_logprob: bool = False
     offload: str = "nemo-rl"  # OFFLOADS
     batching: str = "packed"  # BATCHINGS
+    # Megatron's variable_seq_lengths: under pipeline parallelism the stages exchange each
+    # micro-batch's shape, so it crosses them at its own length (verl and slime always set it);
+    # false: every micro-batch padded to the step's longest, a static buffer (NeMo-RL's
+    # pad_full_seq_to)
+    variable_seq_lengths: bool = False
     rollout: RolloutSpec = field(default_factory=RolloutSpec)
 
     def __post_init__(self) -> None:
@@ -178,6 +183,8 @@ class RLSpec:
         check_choice("rl.weight_sync", self.weight_sync, WEIGHT_SYNCS)
         check_choice("rl.offload", self.offload, OFFLOADS)
         check_choice("rl.batching", self.batching, BATCHINGS)
+        if not isinstance(self.variable_seq_lengths, bool):
+            raise SpecError("rl.variable_seq_lengths", self.variable_seq_lengths, "true or false")
         if self.offload_optimizer_for_logprob and self.offload != "nemo-rl":
             raise SpecError(
                 "rl.offload_optimizer_for_logprob",

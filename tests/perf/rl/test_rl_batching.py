@@ -109,6 +109,25 @@ def test_pipeline_pads_every_packed_microbatch_to_the_longest_bin():
     assert b.useful < 1.0
 
 
+def test_variable_seq_lengths_let_each_pipeline_microbatch_cost_its_own_tokens():
+    """Megatron's variable_seq_lengths (verl, slime): the stages exchange each micro-batch's
+    shape, so under pipeline parallelism a packed bin is as full as the mean, an unpadded one
+    holds its own sequences, as without a pipeline; the update costs less than padded bins."""
+    for how, mbs in (("packed", 1), ("unpadded", 2)):
+        flat = batches(_spec({"micro_batch_size": mbs}).rl, _spec().plan(), 512, how, mbs)
+        static = _spec({"pp": 2, "micro_batch_size": mbs})
+        varied = _spec({"pp": 2, "micro_batch_size": mbs}, variable_seq_lengths=True)
+        padded = batches(static.rl, static.plan(), 512, how, mbs)
+        own = batches(varied.rl, varied.plan(), 512, how, mbs)
+        assert own.seq * own.mbs == flat.seq * flat.mbs and own.useful == flat.useful
+        assert padded.seq * padded.mbs > own.seq * own.mbs
+        fast, slow = estimate_rl(varied), estimate_rl(static)
+        assert fast.phases_s["update"] < slow.phases_s["update"]
+    with pytest.raises(SpecError) as err:
+        _spec(variable_seq_lengths="yes")
+    assert err.value.field == "rl.variable_seq_lengths"
+
+
 def test_padded_batches_pad_to_the_longest_of_the_batch():
     spec = _spec()
     plan, rl = spec.plan(), spec.rl

@@ -31,6 +31,11 @@ verl rows, whose launch scripts set ``offload=True`` for the actor's ``megatron.
 ``optimizer_offload`` and ``grad_offload`` (verl's moves inside its old_log_prob and update_actor
 phases).
 
+``variable_seq_lengths`` (optional, true | false; empty: false): Megatron's flag of that name,
+true on every verl row (verl's Megatron config always sets it: verl/utils/megatron_utils.py,
+verl/models/mcore/config_converter.py at d26a913): under pipeline parallelism each micro-batch
+crosses the stages at its own length, not padded to the step's longest as NeMo-RL's are.
+
 ``rollout_max_num_seqs`` (optional; empty: as many as the KV cache holds): the most sequences
 one vLLM engine ran at once, vLLM's ``max_num_seqs`` as the row's code left it, read from the
 code, not the rows. No NeMo-RL release sets it (``max_num_seqs`` appears nowhere in ``nemo_rl/``
@@ -143,6 +148,8 @@ def rl_runspec(row: dict[str, str]) -> dict[str, Any]:
         rl["offload"] = row["offload"].strip()
     if (row.get("batching") or "").strip():  # how its micro-batches were formed
         rl["batching"] = row["batching"].strip()
+    if (row.get("variable_seq_lengths") or "").strip():  # verl's and slime's Megatron flag
+        rl["variable_seq_lengths"] = _flag(row, "variable_seq_lengths")
     parallel = {
         "tp": v["train_tp"],
         "cp": v["train_cp"],

@@ -11,7 +11,8 @@ forward-only (log-prob) passes: NeMo-RL's two ways (nemo_rl/distributed/batched_
   rank runs ceil(bins / dp) of them. Attention stays within each sequence (THD layout with
   cu_seqlens), so a bin costs its tokens in the GEMMs and the sum of its squared lengths in
   attention. With pipeline parallelism every micro-batch is padded to the longest bin (a static
-  buffer between stages).
+  buffer between stages) unless ``rl.variable_seq_lengths`` (Megatron's flag, which verl and
+  slime always set: the stages exchange each micro-batch's shape).
 - ``padded`` (no packing, no dynamic batching): every sequence is padded to the longest of the
   whole batch and micro-batches hold ``mbs`` of them; attention runs over the padded length.
 - ``unpadded`` (verl's Megatron actor with ``use_dynamic_bsz`` false, verl's default): each
@@ -19,7 +20,7 @@ forward-only (log-prob) passes: NeMo-RL's two ways (nemo_rl/distributed/batched_
   lengths, and the actor removes their padding before the model (it packs the micro-batch's
   sequences, THD with cu_seqlens), so a micro-batch costs its sequences' own tokens, many
   small micro-batches where dynamic batching makes few full ones. With pipeline parallelism
-  every micro-batch is priced at ``mbs`` of the longest sequence (a static buffer).
+  and static shapes every micro-batch is priced at ``mbs`` of the longest sequence.
 
 The step model (perf/step) prices micro-batches of ``mbs`` sequences of ``seq_length`` tokens;
 a packed bin of T tokens is priced as T / s equal sequences of the attention-equivalent length
@@ -105,6 +106,12 @@ def first_fit_decreasing(lengths: np.ndarray, capacity: float) -> list[float]:
     return used
 
 
+def _static(rl: RLSpec, plan: ParallelPlan) -> bool:
+    """Pipeline stages exchange one fixed shape, so every micro-batch is padded to the step's
+    longest (NeMo-RL); not with Megatron's ``variable_seq_lengths`` (verl, slime)."""
+    return plan.pp > 1 and not rl.variable_seq_lengths
+
+
 def _round_up(x: float, unit: int) -> int:
     """``x`` up to a whole multiple of ``unit`` (the step model splits a sequence evenly over
     the 2 x cp context chunks and the tp sequence-parallel ranks)."""
@@ -116,8 +123,9 @@ def _packed(rl: RLSpec, plan: ParallelPlan, samples: int, mbs: int) -> Batches:
     capacity = mbs * (rl.prompt_len + rl.response_cap)
     bins = first_fit_decreasing(lengths, capacity)
     per_rank = math.ceil(len(bins) / plan.dp)
-    # pipeline: every micro-batch padded to the longest bin; else each as full as the mean
-    tokens = max(bins) if plan.pp > 1 else sum(bins) / len(bins)
+    # pipeline with static shapes: every micro-batch padded to the longest bin; else each as
+    # full as the mean
+    tokens = max(bins) if _static(rl, plan) else sum(bins) / len(bins)
     attention_len = float(np.sum(lengths**2) / np.sum(lengths))
     per_mb = max(1, round(tokens / attention_len))
     seq = _round_up(tokens / per_mb, 2 * plan.cp * plan.tp)
@@ -137,8 +145,9 @@ def _padded(rl: RLSpec, plan: ParallelPlan, samples: int, mbs: int) -> Batches:
 def _unpadded(rl: RLSpec, plan: ParallelPlan, samples: int, mbs: int) -> Batches:
     lengths = sequence_lengths(rl, samples, pad_unit(plan))
     per_rank = math.ceil(samples / (plan.dp * mbs))
-    # pipeline: each micro-batch priced at mbs of the longest; else at mbs of the mean
-    tokens = mbs * float(np.max(lengths) if plan.pp > 1 else np.mean(lengths))
+    # pipeline with static shapes: each micro-batch priced at mbs of the longest; else at mbs
+    # of the mean
+    tokens = mbs * float(np.max(lengths) if _static(rl, plan) else np.mean(lengths))
     attention_len = float(np.sum(lengths**2) / np.sum(lengths))
     per_mb = max(1, round(tokens / attention_len))
     seq = _round_up(tokens / per_mb, 2 * plan.cp * plan.tp)
