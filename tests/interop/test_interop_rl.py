@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from aihpc.interop import verl as verl_importer
+from aihpc.interop import verl_config
 from aihpc.interop.slime import import_slime
 from aihpc.interop.verl import import_verl
 from aihpc.perf.rl import estimate_rl
@@ -320,7 +321,7 @@ def test_the_verl_defaults_assumed_are_verls_shipped_ones():
     fsdp = yaml.safe_load((config_dir / "_generated_ppo_trainer.yaml").read_text())
     megatron = yaml.safe_load((config_dir / "_generated_ppo_megatron_trainer.yaml").read_text())
     checked = 0
-    for dotted, assumed in _leaves(verl_importer._DEFAULTS):
+    for dotted, assumed in _leaves(verl_config.DEFAULTS):
         if dotted == "actor_rollout_ref.model.path":  # no model is assumed: --model names it
             continue
         shipped = _at(megatron if ".megatron." in dotted else fsdp, dotted)

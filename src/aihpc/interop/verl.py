@@ -5,9 +5,10 @@ that runs ``python3 -m verl.trainer.main_ppo key=value ...`` (verl's example scr
 recipe, ``recipe.dapo.main_dapo``, whose dynamic sampling sets ``rl.generation_batch``): the
 script is read by the bash reader (interop/bash.py, never run), its ``key=value`` words (and
 ``+key=value``) are applied as Hydra applies overrides, with OmegaConf (``${...}`` resolved). The
-keys verl's ``ppo_trainer.yaml`` defaults and aihpc reads are below (``_DEFAULTS``, the values of
-its config); the rest are named as not priced. verl's ``main_ppo`` runs the hybrid engine
-(actor, rollout and reference on the same GPUs): placement colocated, on-policy.
+keys verl's ``ppo_trainer.yaml`` defaults and aihpc reads are in interop/verl_config.py
+(``DEFAULTS``, the values of its config); the rest are named as not priced. verl's ``main_ppo``
+runs the hybrid engine (actor, rollout and reference on the same GPUs): placement colocated,
+on-policy.
 """
 
 from __future__ import annotations
@@ -15,91 +16,20 @@ from __future__ import annotations
 from typing import Any
 
 from aihpc.interop._common import Imported, cluster_table, model_table, packed_bin_sequences
-from aihpc.interop.bash import read_script
 from aihpc.interop.hf.reader import hf_model_shape
+from aihpc.interop.verl_config import (
+    DAPO_ENTRY,
+    get,
+    get_bool,
+    get_float,
+    get_int,
+    read_config,
+)
 from aihpc.runspec import SpecError, model_presets
 
 __all__ = ["import_verl"]
 
 FRAMEWORK = "verl"
-_ENTRY = "verl.trainer.main_ppo"
-# verl's DAPO recipe (recipe/dapo/main_dapo.py in verl until 2026-01, then the verl-recipe
-# repository): main_ppo's config plus data.gen_batch_size and algorithm.filter_groups, and a
-# trainer that generates gen_batch_size prompts a round, drops the groups whose rewards all
-# agree and runs more rounds until train_batch_size groups are kept (dapo_ray_trainer.py)
-_DAPO_ENTRY = "recipe.dapo.main_dapo"
-_ENTRIES = (_ENTRY, _DAPO_ENTRY)
-# verl's defaults of the keys read here: verl 0.9.1's shipped _generated_ppo_trainer.yaml (and
-# _generated_ppo_megatron_trainer.yaml for actor.megatron.*), which tests/interop checks them
-# against; the same in v0.4 but enforce_eager and max_num_seqs.
-_DEFAULTS: dict[str, Any] = {
-    "data": {
-        "max_prompt_length": 512,
-        "max_response_length": 512,
-        "train_batch_size": 1024,
-        "gen_batch_size": None,  # None: train_batch_size (recipe.dapo: ${data.train_batch_size})
-    },
-    "actor_rollout_ref": {
-        "hybrid_engine": True,
-        "model": {"path": None, "enable_gradient_checkpointing": True},
-        "actor": {
-            "strategy": "fsdp",
-            "ppo_mini_batch_size": 256,
-            "ppo_epochs": 1,
-            "use_kl_loss": False,
-            "ulysses_sequence_parallel_size": 1,
-            # micro-batches: fixed (ppo_micro_batch_size_per_gpu sequences, which verl requires
-            # then) unless use_dynamic_bsz packs ppo_max_token_len_per_gpu tokens a GPU
-            "use_dynamic_bsz": False,
-            "ppo_micro_batch_size": None,
-            "ppo_micro_batch_size_per_gpu": None,
-            "ppo_max_token_len_per_gpu": 16384,
-            # ppo_trainer.yaml's fsdp_config and ppo_megatron_trainer.yaml's megatron: no offload
-            "fsdp_config": {"param_offload": False, "optimizer_offload": False},
-            "megatron": {
-                "param_offload": False,
-                "optimizer_offload": False,
-                # ppo_megatron_trainer.yaml's layout: one GPU a model copy unless set
-                "tensor_model_parallel_size": 1,
-                "pipeline_model_parallel_size": 1,
-                "context_parallel_size": 1,
-                "expert_model_parallel_size": 1,
-                "expert_tensor_parallel_size": None,
-            },
-        },
-        "rollout": {
-            "n": 1,
-            "tensor_model_parallel_size": 2,
-            "pipeline_model_parallel_size": 1,
-            "gpu_memory_utilization": 0.5,
-            # False since 2025-08-08 (verl ff6978c; True before it: vLLM without CUDA graphs,
-            # so a script for an older verl that leaves it unset ran eager: set it True)
-            "enforce_eager": False,
-            # passed to vLLM since beb6246 (2025-08-09); 1024 until e9405d7 (2026-01-24)
-            "max_num_seqs": 256,
-        },
-    },
-    "algorithm": {
-        "adv_estimator": "gae",
-        "use_kl_in_reward": False,
-        "filter_groups": {"enable": False, "max_num_gen_batches": 0},
-    },
-    "reward_model": {"enable": False},
-    "trainer": {"nnodes": 1, "n_gpus_per_node": 8},
-}
-# verl's top-level config groups (ppo_trainer.yaml)
-_GROUPS = (
-    "data",
-    "actor_rollout_ref",
-    "critic",
-    "reward_model",
-    "custom_reward_function",
-    "algorithm",
-    "trainer",
-    "ray_init",
-)
-# OmegaConf's resolvers that read the process's environment (oc.decode could assemble one).
-_ENVIRONMENT = ("oc.env", "oc.decode")
 # verl's AdvantageEstimator names (verl/trainer/ppo/core_algos.py, verl 0.9.1) -> [rl] algorithm.
 # The advantage itself is computed on the driver from the rewards, so estimators that differ only
 # there cost the same phases: group baselines as grpo / rloo, batch-wide or per-token baselines as
@@ -127,139 +57,6 @@ _MEGATRON = {
     "expert_model_parallel_size": "ep",
     "expert_tensor_parallel_size": "etp",
 }
-
-
-def _entry(words: list[str]) -> str:
-    """The verl entry point ``words`` run (``_ENTRIES``, as a module or its file), or ""."""
-    for entry in _ENTRIES:
-        file = entry.rsplit(".", 1)[-1] + ".py"
-        if entry in words or any(w.endswith(file) for w in words):
-            return entry
-    return ""
-
-
-def _overrides(text: str, notes: list[str]) -> tuple[list[str], str]:
-    """The ``key=value`` words of the script's ``main_ppo`` (or DAPO recipe) command and the
-    entry point it runs; Hydra's ``--config-name`` of verl's Megatron config
-    (ppo_megatron_trainer, dapo_megatron_trainer) sets the actor's strategy to megatron."""
-    script = read_script(text)
-    notes += script.notes
-    for cmd in script.commands:
-        words = cmd.launcher + cmd.words
-        entry = _entry(words)
-        if entry:
-            out = [w.lstrip("+") for w in words if "=" in w and not w.startswith("-")]
-            if "megatron" in _config_name(words):
-                out.insert(0, "actor_rollout_ref.actor.strategy=megatron")
-                notes.append("verl's Megatron config (--config-name): the actor runs Megatron")
-            return out, entry
-    raise SpecError(
-        "SOURCE",
-        "a script",
-        f"no command runs {' or '.join(_ENTRIES)} (python3 -m {_ENTRY} ...)",
-    )
-
-
-def _is_script(text: str) -> bool:
-    """A shell script rather than a YAML config: a shebang, or a command that runs Python."""
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return bool(lines) and (
-        lines[0].startswith("#!") or any(ln.startswith(("python", "ray ")) for ln in lines)
-    )
-
-
-def _config_name(words: list[str]) -> str:
-    for i, w in enumerate(words):
-        if w.startswith("--config-name="):
-            return w.partition("=")[2]
-        if w == "--config-name" and i + 1 < len(words):
-            return words[i + 1]
-    return ""
-
-
-def _config(text: str, notes: list[str]) -> tuple[dict[str, Any], str]:
-    """verl's config merged over its defaults, and the entry point that runs it (a YAML config:
-    main_ppo's)."""
-    import yaml
-    from omegaconf import DictConfig, OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    for resolver in _ENVIRONMENT:
-        if resolver in text:
-            raise SpecError(
-                "SOURCE",
-                resolver,
-                "reads the environment, which an import does not (the run spec would depend on "
-                "the shell it was made in): write the value",
-            )
-    base = OmegaConf.create(_DEFAULTS)
-    entry = _ENTRY
-    try:
-        if any(e in text or e.rsplit(".", 1)[-1] + ".py" in text for e in _ENTRIES):
-            words, entry = _overrides(text, notes)
-            merged = OmegaConf.merge(base, OmegaConf.from_dotlist(words))
-        elif _is_script(text):
-            _overrides(text, notes)  # names the entry points it lacks
-            raise AssertionError("unreachable")
-        else:
-            loaded = OmegaConf.create(text)
-            if not isinstance(loaded, DictConfig) or not set(loaded) & set(_GROUPS):
-                raise SpecError(
-                    "SOURCE",
-                    "verl config",
-                    "neither verl's config (a YAML of its groups: " + ", ".join(_GROUPS) + ") "
-                    f"nor a script that runs python3 -m {_ENTRY}",
-                )
-            merged = OmegaConf.merge(base, loaded)
-        out = OmegaConf.to_container(merged, resolve=True)
-    except (OmegaConfBaseException, yaml.YAMLError, ValueError) as err:
-        if isinstance(err, SpecError):
-            raise
-        line = f"OmegaConf refuses it: {err}".split("\n")[0]
-        raise SpecError("SOURCE", "verl config", line) from None
-    assert isinstance(out, dict)
-    return out, entry
-
-
-def _get(cfg: dict[str, Any], dotted: str) -> Any:
-    node: Any = cfg
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
-def _bool(cfg: dict[str, Any], dotted: str) -> bool:
-    value = _get(cfg, dotted)
-    if not isinstance(value, bool):
-        raise SpecError(dotted, value, "expected true or false")
-    return value
-
-
-def _int(cfg: dict[str, Any], dotted: str, option: str = "") -> int:
-    """The integer at ``dotted``; ``option``: the import's command-line option that stands in
-    for it, named when the source leaves it empty (an unset shell variable)."""
-    value = _get(cfg, dotted)
-    if value is None and option:
-        raise SpecError(dotted, value, f"empty in the source (an unset variable?): pass {option}")
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise SpecError(dotted, value, "expected an integer")
-    try:
-        out = int(value)
-    except ValueError:
-        raise SpecError(dotted, value, "expected an integer") from None
-    if out < 1:
-        raise SpecError(dotted, value, "must be >= 1")
-    return out
-
-
-def _float(cfg: dict[str, Any], dotted: str) -> float:
-    value = _get(cfg, dotted)
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise SpecError(dotted, value, "expected a number") from None
 
 
 # Checkpoint names' tails that do not change a model's shape (Qwen3-30B-A3B-Base, -Instruct, ...)
@@ -295,7 +92,7 @@ def _critic(
 ) -> None:
     """PPO's critic (``critic.model.path``): ``rl.critic`` where the path names a preset other
     than the actor's; the critic is priced on the actor's layout and micro-batches."""
-    path = _get(cfg, "critic.model.path")
+    path = get(cfg, "critic.model.path")
     name = str(path).rstrip("/").rsplit("/", 1)[-1].lower() if path else ""
     while name not in model_presets() and name.endswith(_SAME_SHAPE_TAILS):
         name = name.rsplit("-", 1)[0]
@@ -311,25 +108,25 @@ def _critic(
 
 def _parallel(cfg: dict[str, Any], samples: int, notes: list[str]) -> dict[str, Any]:
     actor = "actor_rollout_ref.actor."
-    mini = _int(cfg, actor + "ppo_mini_batch_size")
+    mini = get_int(cfg, actor + "ppo_mini_batch_size")
     out: dict[str, Any] = {"global_batch_size": mini * samples}
-    strategy = _get(cfg, actor + "strategy")
+    strategy = get(cfg, actor + "strategy")
     if strategy == "megatron":
         for key, name in _MEGATRON.items():
-            if _get(cfg, f"{actor}megatron.{key}") is not None:
-                out[name] = _int(cfg, f"{actor}megatron.{key}")
+            if get(cfg, f"{actor}megatron.{key}") is not None:
+                out[name] = get_int(cfg, f"{actor}megatron.{key}")
     else:
         out["zero_stage"] = 3  # FSDP shards parameters, gradients and optimizer state
-        sp = _int(cfg, actor + "ulysses_sequence_parallel_size")
+        sp = get_int(cfg, actor + "ulysses_sequence_parallel_size")
         if sp > 1:
             out["cp"] = sp
             notes.append(f"Ulysses sequence parallel {sp} priced as context parallel {sp}")
-    megatron_recompute = _get(
+    megatron_recompute = get(
         cfg, actor + "megatron.override_transformer_config.recompute_granularity"
     )
     if strategy == "megatron" and megatron_recompute in ("full", "selective"):
         out["recompute"] = megatron_recompute
-    elif strategy != "megatron" and _get(
+    elif strategy != "megatron" and get(
         cfg, "actor_rollout_ref.model.enable_gradient_checkpointing"
     ):
         out["recompute"] = "full"
@@ -346,20 +143,20 @@ def _micro_batches(
     response caps); without it a micro-batch is ``ppo_micro_batch_size_per_gpu`` sequences (or
     the older global ``ppo_micro_batch_size`` over the data-parallel ranks), padding removed."""
     actor = "actor_rollout_ref.actor."
-    if _bool(cfg, actor + "use_dynamic_bsz"):
-        tokens = _int(cfg, actor + "ppo_max_token_len_per_gpu")
+    if get_bool(cfg, actor + "use_dynamic_bsz"):
+        tokens = get_int(cfg, actor + "ppo_max_token_len_per_gpu")
         parallel["micro_batch_size"] = packed_bin_sequences(tokens, parallel, total, seq, notes)
         return "packed"
-    if _get(cfg, actor + "ppo_micro_batch_size_per_gpu") is not None:
-        if _get(cfg, actor + "ppo_micro_batch_size") is not None:  # verl's ActorConfig too
+    if get(cfg, actor + "ppo_micro_batch_size_per_gpu") is not None:
+        if get(cfg, actor + "ppo_micro_batch_size") is not None:  # verl's ActorConfig too
             raise SpecError(
                 actor + "ppo_micro_batch_size",
-                _get(cfg, actor + "ppo_micro_batch_size"),
+                get(cfg, actor + "ppo_micro_batch_size"),
                 "set beside ppo_micro_batch_size_per_gpu, which verl refuses: remove it",
             )
-        parallel["micro_batch_size"] = _int(cfg, actor + "ppo_micro_batch_size_per_gpu")
+        parallel["micro_batch_size"] = get_int(cfg, actor + "ppo_micro_batch_size_per_gpu")
         return "unpadded"
-    if _get(cfg, actor + "ppo_micro_batch_size") is None:
+    if get(cfg, actor + "ppo_micro_batch_size") is None:
         raise SpecError(
             actor + "ppo_micro_batch_size_per_gpu",
             None,
@@ -367,7 +164,9 @@ def _micro_batches(
             f"{actor}use_dynamic_bsz=True",
         )
     dp = total // (parallel.get("tp", 1) * parallel.get("pp", 1) * parallel.get("cp", 1))
-    parallel["micro_batch_size"] = max(1, _int(cfg, actor + "ppo_micro_batch_size") // max(1, dp))
+    parallel["micro_batch_size"] = max(
+        1, get_int(cfg, actor + "ppo_micro_batch_size") // max(1, dp)
+    )
     notes.append(
         f"{actor}ppo_micro_batch_size over {dp} data-parallel ranks: "
         f"{parallel['micro_batch_size']} sequences a micro-batch"
@@ -379,10 +178,10 @@ def _offload(cfg: dict[str, Any], notes: list[str]) -> str:
     """``rl.offload``: which of verl's workers moves the actor's state through host memory
     (perf/rl/switch.py), from its strategy and its ``param_offload`` / ``optimizer_offload``."""
     actor = "actor_rollout_ref.actor."
-    strategy = _get(cfg, actor + "strategy")
+    strategy = get(cfg, actor + "strategy")
     group = "megatron." if strategy == "megatron" else "fsdp_config."
-    params = _bool(cfg, actor + group + "param_offload")
-    optimizer = _bool(cfg, actor + group + "optimizer_offload")
+    params = get_bool(cfg, actor + group + "param_offload")
+    optimizer = get_bool(cfg, actor + group + "optimizer_offload")
     if not (params or optimizer):
         return "none"
     if params != optimizer:
@@ -408,9 +207,9 @@ def _dynamic_sampling(
     leaves unanimous, which a config does not say: the fewest are priced (rl.generation_rounds
     raises them). verl 0.9's main_ppo filters in its v1 trainer instead, refilling each dropped
     group one prompt at a time: not priced, named."""
-    train = _int(cfg, "data.train_batch_size")
-    filtering = _bool(cfg, "algorithm.filter_groups.enable")
-    if entry != _DAPO_ENTRY:
+    train = get_int(cfg, "data.train_batch_size")
+    filtering = get_bool(cfg, "algorithm.filter_groups.enable")
+    if entry != DAPO_ENTRY:
         if filtering:
             unpriced.append("algorithm.filter_groups.enable")
             notes.append(
@@ -419,17 +218,17 @@ def _dynamic_sampling(
                 "prompts a step generates"
             )
         return
-    gen = _int(cfg, "data.gen_batch_size") if _get(cfg, "data.gen_batch_size") else train
+    gen = get_int(cfg, "data.gen_batch_size") if get(cfg, "data.gen_batch_size") else train
     if not filtering:
         rl["prompts_per_step"] = gen
         if gen != train:
             notes.append(
-                f"{_DAPO_ENTRY} without algorithm.filter_groups trains on every generated "
+                f"{DAPO_ENTRY} without algorithm.filter_groups trains on every generated "
                 f"prompt: data.gen_batch_size {gen} prompts a step"
             )
         return
     rounds = -(-train // gen)
-    most = _get(cfg, "algorithm.filter_groups.max_num_gen_batches") or 0
+    most = get(cfg, "algorithm.filter_groups.max_num_gen_batches") or 0
     if most > 0 and rounds > most:
         raise SpecError(
             "algorithm.filter_groups.max_num_gen_batches",
@@ -461,8 +260,8 @@ def import_verl(
     n_gpus_per_node, which launch scripts often take from the scheduler's environment;
     ``model_config``: the actor's Hugging Face config.json (in place of a preset)."""
     notes: list[str] = []
-    cfg, entry = _config(text, notes)
-    adv = _get(cfg, "algorithm.adv_estimator")
+    cfg, entry = read_config(text, notes)
+    adv = get(cfg, "algorithm.adv_estimator")
     if adv not in _ALGORITHMS:
         raise SpecError("algorithm.adv_estimator", adv, "priced: " + " | ".join(_ALGORITHMS))
     if adv != "gae" and _ALGORITHMS[adv] != adv:  # gae is PPO's own (its critic's values)
@@ -470,9 +269,9 @@ def import_verl(
             f"algorithm.adv_estimator {adv} priced as {_ALGORITHMS[adv]}: its advantage is "
             "computed from the rewards on the driver, the phases are the same"
         )
-    n = _int(cfg, "actor_rollout_ref.rollout.n")
-    prompt = _int(cfg, "data.max_prompt_length")
-    cap = _int(cfg, "data.max_response_length")
+    n = get_int(cfg, "actor_rollout_ref.rollout.n")
+    prompt = get_int(cfg, "data.max_prompt_length")
+    cap = get_int(cfg, "data.max_response_length")
     mean = response_len or max(1, cap // 2)
     if response_len is None:
         notes.append(
@@ -483,36 +282,36 @@ def import_verl(
     rollout = "actor_rollout_ref.rollout."
     rl = {
         "algorithm": _ALGORITHMS[adv],
-        "prompts_per_step": _int(cfg, "data.train_batch_size"),
+        "prompts_per_step": get_int(cfg, "data.train_batch_size"),
         "samples_per_prompt": n,
         "prompt_len": prompt,
         "response_len": mean,
         "max_response_len": cap,
-        "ppo_epochs": _int(cfg, "actor_rollout_ref.actor.ppo_epochs"),
+        "ppo_epochs": get_int(cfg, "actor_rollout_ref.actor.ppo_epochs"),
         "kl": bool(
-            _get(cfg, "actor_rollout_ref.actor.use_kl_loss")
-            or _get(cfg, "algorithm.use_kl_in_reward")
+            get(cfg, "actor_rollout_ref.actor.use_kl_loss")
+            or get(cfg, "algorithm.use_kl_in_reward")
         ),
         "placement": "colocated",
         "offload": _offload(cfg, notes),
         "rollout": {
-            "tp": _int(cfg, rollout + "tensor_model_parallel_size"),
-            "pp": _int(cfg, rollout + "pipeline_model_parallel_size"),
-            "gpu_memory_utilization": _float(cfg, rollout + "gpu_memory_utilization"),
-            "cuda_graphs": not _bool(cfg, rollout + "enforce_eager"),
-            "max_num_seqs": _int(cfg, rollout + "max_num_seqs"),
+            "tp": get_int(cfg, rollout + "tensor_model_parallel_size"),
+            "pp": get_int(cfg, rollout + "pipeline_model_parallel_size"),
+            "gpu_memory_utilization": get_float(cfg, rollout + "gpu_memory_utilization"),
+            "cuda_graphs": not get_bool(cfg, rollout + "enforce_eager"),
+            "max_num_seqs": get_int(cfg, rollout + "max_num_seqs"),
         },
     }
-    unpriced = ["reward_model.enable"] if _get(cfg, "reward_model.enable") else []
+    unpriced = ["reward_model.enable"] if get(cfg, "reward_model.enable") else []
     _dynamic_sampling(cfg, entry, rl, unpriced, notes)
-    per_node = gpus_per_node or _int(cfg, "trainer.n_gpus_per_node", "--gpus-per-node")
-    total = num_gpus or _int(cfg, "trainer.nnodes", "--num-gpus") * per_node
-    actor = _model(_get(cfg, "actor_rollout_ref.model.path"), model, notes, model_config)
+    per_node = gpus_per_node or get_int(cfg, "trainer.n_gpus_per_node", "--gpus-per-node")
+    total = num_gpus or get_int(cfg, "trainer.nnodes", "--num-gpus") * per_node
+    actor = _model(get(cfg, "actor_rollout_ref.model.path"), model, notes, model_config)
     if adv == "gae":
         _critic(cfg, actor, rl, notes)
     parallel = _parallel(cfg, n, notes)
     rl["batching"] = _micro_batches(cfg, parallel, total, prompt + cap, notes)
-    if _get(cfg, "actor_rollout_ref.actor.strategy") == "megatron":
+    if get(cfg, "actor_rollout_ref.actor.strategy") == "megatron":
         rl["variable_seq_lengths"] = True  # verl's Megatron config always sets it
     tables = {
         "model": actor,
