@@ -178,3 +178,13 @@ def test_reference_swap_is_three_copies_of_the_weights_over_the_host_link():
     assert est.phases_s["ref_logprob"] > inproc.phases_s["ref_logprob"]
     no_kl = estimate_rl(_spec(kl=False))
     assert no_kl.phases_s["ref_logprob"] == 0.0
+
+
+def test_fixed_microbatches_carry_a_note_of_the_cost_left_unpriced():
+    """verl's fixed micro-batches: the estimate counts them and says what published runs show
+    beyond their FLOPs; dynamic batching (packed) has no such note."""
+    fixed = estimate_rl(_spec({"micro_batch_size": 2}, batching="unpadded"))
+    (note,) = [n for n in fixed.notes if n.startswith("fixed micro-batches")]
+    per_rank = fixed.actor.batches.microbatches * fixed.actor.optimizer_steps
+    assert f"({per_rank} a rank each step)" in note and "packed" in note
+    assert not [n for n in estimate_rl(_spec()).notes if n.startswith("fixed micro-batches")]

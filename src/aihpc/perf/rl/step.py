@@ -304,6 +304,14 @@ def _notes(rollout: Rollout, actor: Training, rl: RLSpec) -> list[str]:
         out.append(f"the rollout does not fit: {rollout.why} (raise it or rl.rollout.tp)")
     if not actor.estimate.fits:
         out.append("the training plan does not fit: " + actor.estimate.bottleneck)
+    if rl.batching == "unpadded":
+        per_rank = actor.batches.microbatches * actor.optimizer_steps
+        out.append(
+            f"fixed micro-batches ({per_rank} a rank each step): published verl updates with 2 "
+            "sequences a micro-batch took 2-3x their dynamic-batching twins' time, ~110-150 ms "
+            "a micro-batch more than their FLOPs, which this model does not price (docs/rl.md, "
+            'verl\'s dense rows): dynamic batching (rl.batching = "packed") makes fewer'
+        )
     return out
 
 
