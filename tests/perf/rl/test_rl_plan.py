@@ -9,7 +9,7 @@ from rl_base_spec import BASE
 from rl_base_spec import base_spec as _spec
 
 from aihpc.perf.rl import estimate_rl
-from aihpc.perf.rl.search import search_rl
+from aihpc.perf.rl.search import _training_plans, search_rl
 from aihpc.runspec import SpecError, runspec_from_dict
 
 
@@ -245,3 +245,30 @@ def test_each_rows_training_facts_reach_its_run_spec():
         assert (row["moe_stack"] != "") == spec.model.is_moe
     row = dict(table[0], moe_stack="", cuda_graphs="")
     assert "training" not in rl_runspec(row)
+
+
+def test_search_keeps_every_tp_for_a_bin_of_odd_length():
+    """A packed bin of 150 + 8,192 tokens is not a multiple of 4: the training search's probe
+    is padded so that tp 4 and 8 still split it under sequence parallelism (before, a spec that
+    fixed tp 4 found no layout at all, and a free one lost tp 4 and 8)."""
+    data = {
+        "model": {"preset": "qwen2.5-7b"},
+        "cluster": {"gpu": "h100-sxm", "num_gpus": 8},
+        "parallel": {"tp": 4, "global_batch_size": 512},
+        "rl": {
+            "prompts_per_step": 512,
+            "samples_per_prompt": 16,
+            "prompt_len": 150,
+            "response_len": 556,
+            "max_response_len": 8192,
+            "kl": False,
+            "offload": "none",
+            "rollout": {"tp": 1},
+        },
+    }
+    fixed = search_rl(runspec_from_dict(data), top_plans=2)
+    assert fixed.ranked and {e.plan.tp for e in fixed.ranked} == {4}
+    del data["parallel"]["tp"]
+    free = runspec_from_dict(data)
+    offered = {p.tp for p in _training_plans(free, free.rl, top=200)}
+    assert 4 in offered

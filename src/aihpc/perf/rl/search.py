@@ -59,10 +59,18 @@ def _rollout_layouts(spec: RunSpec) -> list[tuple[int, int]]:
 
 
 def _training_plans(spec: RunSpec, rl: RLSpec, top: int) -> list[ParallelPlan]:
-    """The step search's ``top`` plans on the training pool for sequences of the packed mean."""
+    """The step search's ``top`` plans on the training pool for sequences of a full packed bin,
+    padded so that every tensor-parallel degree the search offers (powers of two within the
+    scale-up domain, or the spec's own) splits it under sequence parallelism: a bin of 150 +
+    8,192 tokens would otherwise rule out tp 4 and 8."""
     trial = replace(spec, rl=rl)
     cluster = trial.training_cluster()
-    probe = ParallelPlan(global_batch_size=spec.parallel.global_batch_size or 1)
+    given = spec.parallel.given()
+    probe = ParallelPlan(
+        tp=given.get("tp", min(cluster.nvlink_domain, cluster.num_gpus)),
+        cp=given.get("cp", 1),
+        global_batch_size=spec.parallel.global_batch_size or 1,
+    )
     model = packed_model(spec.model, rl, probe)
     found = search_plans(model, cluster, spec.parallel, spec.training, top=top)
     return [e.plan for e in found.plans if e.fits][:top]
