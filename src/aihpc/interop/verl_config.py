@@ -127,7 +127,11 @@ def _overrides(text: str, notes: list[str]) -> tuple[list[str], str]:
                 out.insert(0, "actor_rollout_ref.actor.strategy=megatron")
                 notes.append("verl's Megatron config (--config-name): the actor runs Megatron")
             return out, entry
-    raise SpecError(
+    raise _no_entry()
+
+
+def _no_entry() -> SpecError:
+    return SpecError(
         "SOURCE",
         "a script",
         f"no command runs {' or '.join(ENTRIES)} (python3 -m {ENTRY} ...)",
@@ -172,9 +176,8 @@ def read_config(text: str, notes: list[str]) -> tuple[dict[str, Any], str]:
         if any(e in text or e.rsplit(".", 1)[-1] + ".py" in text for e in ENTRIES):
             words, entry = _overrides(text, notes)
             merged = OmegaConf.merge(base, OmegaConf.from_dotlist(words))
-        elif _is_script(text):
-            _overrides(text, notes)  # names the entry points it lacks
-            raise AssertionError("unreachable")
+        elif _is_script(text):  # a launch script of no verl entry point, not a YAML
+            raise _no_entry()
         else:
             loaded = OmegaConf.create(text)
             if not isinstance(loaded, DictConfig) or not set(loaded) & set(GROUPS):
@@ -182,7 +185,7 @@ def read_config(text: str, notes: list[str]) -> tuple[dict[str, Any], str]:
                     "SOURCE",
                     "verl config",
                     "neither verl's config (a YAML of its groups: " + ", ".join(GROUPS) + ") "
-                    f"nor a script that runs python3 -m {ENTRY}",
+                    f"nor a script that runs {' or '.join(ENTRIES)}",
                 )
             merged = OmegaConf.merge(base, loaded)
         out = OmegaConf.to_container(merged, resolve=True)
